@@ -1,0 +1,409 @@
+"""The typed config tree of rtd_scale: one section per component, validated at construction.
+
+Precedence (lowest to highest): preset defaults → command-line flags → ``--set key=value``
+overrides. The resolved tree is written to ``<save>/config.json`` before step 1.
+
+Every rule cites its source. Errors are ``ConfigError`` (a ``ValueError``) naming the field and the fix.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from rtd_scale.cli_errors import UserInputError
+
+class ConfigError(UserInputError):
+    """A config value is invalid; the message names the field or flag and the fix."""
+
+
+# Megatron-LM rounds the vocabulary up to a multiple of this times the TP size
+# (megatron/training/tokenizer: _vocab_size_with_padding, make-vocab-size-divisible-by 128).
+VOCAB_PAD_MULTIPLE = 128
+
+
+class Sharing(str, enum.Enum):
+    """Embedding sharing between generator and discriminator (arXiv 2111.09543 §3.2–3.3)."""
+
+    ES = "es"  # one table, trained by L_MLM + λ L_RTD (ELECTRA)
+    NES = "nes"  # two separate tables
+    GDES = "gdes"  # E_D = stopgrad(E_G) + E_Δ, E_Δ zero-initialised (DeBERTaV3 default)
+
+
+class Precision(str, enum.Enum):
+    FP32 = "fp32"
+    BF16 = "bf16"
+
+
+def _positive(section: str, **values: float) -> None:
+    for name, v in values.items():
+        if v is None or v <= 0:
+            raise ConfigError(f"{section}.{name} must be > 0, got {v!r}")
+
+
+def _probability(section: str, **values: float) -> None:
+    for name, v in values.items():
+        if not (0.0 <= v <= 1.0):
+            raise ConfigError(f"{section}.{name} must be in [0, 1], got {v!r}")
+
+
+@dataclass(kw_only=True)
+class EncoderConfig:
+    """One transformer encoder (generator or discriminator)."""
+
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    ffn_hidden_size: int
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+    layernorm_epsilon: float = 1e-7  # DeBERTa's released configs
+
+    def validate(self, name: str) -> None:
+        _positive(name, num_layers=self.num_layers, hidden_size=self.hidden_size,
+                  num_attention_heads=self.num_attention_heads,
+                  ffn_hidden_size=self.ffn_hidden_size)
+        _probability(name, hidden_dropout=self.hidden_dropout,
+                     attention_dropout=self.attention_dropout)
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError(
+                f"{name}.hidden_size ({self.hidden_size}) must be divisible by "
+                f"{name}.num_attention_heads ({self.num_attention_heads})")
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    """Generator, discriminator and their shared token table.
+
+    ``embedding_size`` is the token table's width. DeBERTaV3 style: equal to both hidden sizes.
+    ELECTRA style: smaller, and each model projects it to its hidden size (arXiv 2003.10555 §3.2).
+    """
+
+    vocab_size: int = 8000  # real ids; replaced by the tokenizer's size at start-up
+    embedding_size: int
+    max_position_embeddings: int = 512
+    generator: EncoderConfig
+    discriminator: EncoderConfig
+    sharing: Sharing = Sharing.GDES
+    init_method_std: float = 0.02
+
+    def padded_vocab_size(self, tensor_model_parallel_size: int) -> int:
+        """Vocabulary rounded up to a multiple of 128 × TP (Megatron's rule, DESIGN.md §3).
+
+        Deterministic in (vocab_size, TP). Padded ids [vocab_size, padded) are never predicted,
+        never sampled and carry no loss.
+        """
+        m = VOCAB_PAD_MULTIPLE * tensor_model_parallel_size
+        return -(-self.vocab_size // m) * m
+
+    def validate(self) -> None:
+        self.sharing = Sharing(self.sharing)
+        _positive("model", vocab_size=self.vocab_size, embedding_size=self.embedding_size,
+                  max_position_embeddings=self.max_position_embeddings,
+                  init_method_std=self.init_method_std)
+        self.generator.validate("model.generator")
+        self.discriminator.validate("model.discriminator")
+
+
+@dataclass(kw_only=True)
+class RTDConfig:
+    """The objective (arXiv 2111.09543 §3.1)."""
+
+    # arXiv 2111.09543 §3.1 / ELECTRA use λ = 50; DeBERTa's released code defaults to 10.
+    rtd_lambda: float = 50.0
+    mask_prob: float = 0.15
+    mask_token_prob: float = 0.8  # BERT's 80/10/10 (also DeBERTa's released code)
+    random_token_prob: float = 0.1
+    temperature: float = 1.0
+    disallow_correct: bool = False  # ELECTRA option: never sample the original token
+
+    def validate(self) -> None:
+        _positive("rtd", temperature=self.temperature)
+        if self.rtd_lambda < 0:
+            raise ConfigError(f"rtd.rtd_lambda must be >= 0, got {self.rtd_lambda}")
+        _probability("rtd", mask_prob=self.mask_prob, mask_token_prob=self.mask_token_prob,
+                     random_token_prob=self.random_token_prob)
+        if self.mask_prob == 0:
+            raise ConfigError("rtd.mask_prob must be > 0 (nothing would be masked); e.g. 0.15")
+        if self.mask_token_prob + self.random_token_prob > 1.0 + 1e-9:
+            raise ConfigError(
+                "rtd.mask_token_prob + rtd.random_token_prob must be <= 1, got "
+                f"{self.mask_token_prob} + {self.random_token_prob}")
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    data_path: list[str] = field(default_factory=list)  # shard prefixes (PREFIX.bin/.idx)
+    tokenizer_model: Optional[str] = None
+    seq_length: int = 512
+
+    def validate(self, model: ModelConfig) -> None:
+        _positive("data", seq_length=self.seq_length)
+        if self.seq_length < 3:
+            raise ConfigError(f"data.seq_length must be >= 3 ([CLS] x [SEP]), got {self.seq_length}")
+        if self.seq_length > model.max_position_embeddings:
+            raise ConfigError(
+                f"--seq-length {self.seq_length} exceeds model.max_position_embeddings "
+                f"{model.max_position_embeddings}; lower --seq-length or raise "
+                "model.max_position_embeddings")
+
+
+@dataclass(kw_only=True)
+class ParallelConfig:
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+
+    def validate(self, model: ModelConfig) -> None:
+        _positive("parallel", tensor_model_parallel_size=self.tensor_model_parallel_size,
+                  pipeline_model_parallel_size=self.pipeline_model_parallel_size)
+        if self.pipeline_model_parallel_size != 1:
+            raise ConfigError(
+                "--pipeline-model-parallel-size > 1 is not supported yet (see the README's "
+                "support table); use 1")
+        tp = self.tensor_model_parallel_size
+        for name, enc in (("generator", model.generator), ("discriminator", model.discriminator)):
+            for what, v in (("num_attention_heads", enc.num_attention_heads),
+                            ("ffn_hidden_size", enc.ffn_hidden_size)):
+                if v % tp:
+                    raise ConfigError(
+                        f"model.{name}.{what} ({v}) must be divisible by "
+                        f"--tensor-model-parallel-size ({tp})")
+
+
+@dataclass(kw_only=True)
+class OptimConfig:
+    """AdamW with linear warm-up then linear decay (arXiv 2111.09543 Table 10)."""
+
+    lr: float = 1e-4
+    min_lr: float = 0.0
+    lr_warmup_iters: int = 0  # optimizer steps, never micro-batches (case C18)
+    lr_decay_iters: Optional[int] = None  # default: train_iters
+    weight_decay: float = 0.01
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.98
+    adam_eps: float = 1e-6
+    clip_grad: float = 1.0  # global gradient-norm clip; 0 disables
+
+    def validate(self) -> None:
+        _positive("optim", lr=self.lr)
+        if self.min_lr < 0 or self.min_lr > self.lr:
+            raise ConfigError(f"optim.min_lr must be in [0, lr={self.lr}], got {self.min_lr}")
+        if self.lr_warmup_iters < 0:
+            raise ConfigError(f"--lr-warmup-iters must be >= 0, got {self.lr_warmup_iters}")
+        if self.clip_grad < 0:
+            raise ConfigError(f"--clip-grad must be >= 0 (0 disables), got {self.clip_grad}")
+        _probability("optim", adam_beta1=self.adam_beta1, adam_beta2=self.adam_beta2)
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    train_iters: int = 1000  # optimizer steps
+    micro_batch_size: int = 8  # samples per rank per forward
+    global_batch_size: int = 8  # samples per optimizer step, all data-parallel ranks
+    precision: Precision = Precision.FP32
+    seed: int = 1234
+    save: Optional[str] = None
+    load: Optional[str] = None
+    save_interval: int = 0  # steps; 0: only at the end
+    log_interval: int = 10
+    tensorboard_dir: Optional[str] = None
+    ds_config: Optional[str] = None
+
+    def validate(self) -> None:
+        self.precision = Precision(self.precision)
+        _positive("train", train_iters=self.train_iters, micro_batch_size=self.micro_batch_size,
+                  global_batch_size=self.global_batch_size, log_interval=self.log_interval)
+        if self.save_interval < 0:
+            raise ConfigError(f"--save-interval must be >= 0, got {self.save_interval}")
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    """The whole tree. Builders get only their section."""
+
+    preset: str = "tiny"
+    model: ModelConfig
+    rtd: RTDConfig = field(default_factory=RTDConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        self.model.validate()
+        self.rtd.validate()
+        self.data.validate(self.model)
+        self.parallel.validate(self.model)
+        self.optim.validate()
+        self.train.validate()
+        if self.optim.lr_warmup_iters > self.train.train_iters:
+            warnings.warn(
+                f"--lr-warmup-iters ({self.optim.lr_warmup_iters}) exceeds --train-iters "
+                f"({self.train.train_iters}): the peak learning rate is never reached")
+
+    def batch_arithmetic(self, world_size: int) -> tuple[int, int]:
+        """(data_parallel_size, gradient_accumulation_steps) for ``world_size`` ranks.
+
+        global_batch_size = micro_batch_size × gradient_accumulation_steps × data_parallel_size.
+
+        Raises:
+            ValueError: naming the flags, when the numbers do not divide.
+        """
+        mp = self.parallel.tensor_model_parallel_size * self.parallel.pipeline_model_parallel_size
+        if world_size % mp:
+            raise ConfigError(
+                f"world size {world_size} is not divisible by tensor × pipeline model-parallel "
+                f"size {mp}; launch a multiple of {mp} ranks")
+        dp = world_size // mp
+        per_step = self.train.micro_batch_size * dp
+        if self.train.global_batch_size % per_step:
+            raise ConfigError(
+                f"--global-batch-size {self.train.global_batch_size} is not divisible by "
+                f"--micro-batch-size {self.train.micro_batch_size} × data-parallel size {dp}; "
+                f"use a multiple of {per_step}")
+        return dp, self.train.global_batch_size // per_step
+
+    def to_dict(self) -> dict[str, Any]:
+        def conv(o: Any) -> Any:
+            if isinstance(o, enum.Enum):
+                return o.value
+            if dataclasses.is_dataclass(o):
+                return {f.name: conv(getattr(o, f.name)) for f in dataclasses.fields(o)}
+            if isinstance(o, list):
+                return [conv(x) for x in o]
+            return o
+
+        return conv(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Presets
+# ----------------------------------------------------------------------------------------------
+
+def _enc(layers: int, hidden: int, heads: int, **kw: Any) -> EncoderConfig:
+    return EncoderConfig(num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                         ffn_hidden_size=4 * hidden, **kw)
+
+
+def _tiny() -> RunConfig:
+    """CPU-sized: discriminator 2×128, generator 1×128 (DeBERTaV3 style: same width, half depth)."""
+    return RunConfig(
+        preset="tiny",
+        model=ModelConfig(vocab_size=8000, embedding_size=128, max_position_embeddings=128,
+                          generator=_enc(1, 128, 2), discriminator=_enc(2, 128, 2)),
+        data=DataConfig(seq_length=128),
+        optim=OptimConfig(lr=1e-3, lr_warmup_iters=30),
+        train=TrainConfig(train_iters=300, micro_batch_size=16, global_batch_size=32),
+    )
+
+
+def _electra(size: str) -> RunConfig:
+    """ELECTRA (arXiv 2003.10555 Table 6): generator narrower, embedding projected."""
+    disc, gen, emb, mask_prob, seq = {
+        # discriminator 12×256, embedding 128, generator 1/4 width
+        "small": (_enc(12, 256, 4), _enc(12, 64, 1), 128, 0.15, 128),
+        # 12×768, generator 1/3 width
+        "base": (_enc(12, 768, 12), _enc(12, 256, 4), 768, 0.15, 512),
+        # 24×1024, generator 1/4 width, mask 25%
+        "large": (_enc(24, 1024, 16), _enc(24, 256, 4), 1024, 0.25, 512),
+    }[size]
+    return RunConfig(
+        preset=f"electra-{size}",
+        model=ModelConfig(vocab_size=30522, embedding_size=emb, max_position_embeddings=512,
+                          generator=gen, discriminator=disc, sharing=Sharing.ES),
+        rtd=RTDConfig(mask_prob=mask_prob, mask_token_prob=0.85, random_token_prob=0.0),
+        data=DataConfig(seq_length=seq),
+        optim=OptimConfig(lr={"small": 5e-4, "base": 2e-4, "large": 2e-4}[size],
+                          lr_warmup_iters=10000, adam_beta2=0.999),
+        train=TrainConfig(train_iters={"small": 1_000_000, "base": 766_000, "large": 400_000}[size],
+                          micro_batch_size=32,
+                          global_batch_size={"small": 128, "base": 256, "large": 2048}[size]),
+    )
+
+
+def _debertav3(size: str) -> RunConfig:
+    """DeBERTaV3 (arXiv 2111.09543 §4, Table 10): generator same width, half depth, GDES."""
+    disc = {
+        "xsmall": _enc(12, 384, 6),
+        "small": _enc(6, 768, 12),
+        "base": _enc(12, 768, 12),
+        "large": _enc(24, 1024, 16),
+    }[size]
+    gen = dataclasses.replace(disc, num_layers=disc.num_layers // 2)
+    return RunConfig(
+        preset=f"debertav3-{size}",
+        model=ModelConfig(vocab_size=128100, embedding_size=disc.hidden_size,
+                          max_position_embeddings=512, generator=gen, discriminator=disc,
+                          sharing=Sharing.GDES),
+        data=DataConfig(seq_length=512),
+        optim=OptimConfig(lr=3e-4 if size == "large" else 6e-4, lr_warmup_iters=10000),
+        train=TrainConfig(train_iters=500_000, micro_batch_size=8, global_batch_size=8192),
+    )
+
+
+PRESETS: dict[str, Callable[[], RunConfig]] = {
+    "tiny": _tiny,
+    **{f"electra-{s}": (lambda s=s: _electra(s)) for s in ("small", "base", "large")},
+    **{f"debertav3-{s}": (lambda s=s: _debertav3(s)) for s in ("xsmall", "small", "base", "large")},
+}
+
+
+def preset(name: str) -> RunConfig:
+    """A fresh config tree for a named preset.
+
+    Raises:
+        ValueError: unknown name (the message lists the known ones).
+    """
+    if name not in PRESETS:
+        raise ConfigError(f"--preset {name!r} is unknown; choose one of {', '.join(PRESETS)}")
+    return PRESETS[name]()
+
+
+def apply_override(cfg: RunConfig, assignment: str) -> None:
+    """Apply one ``section.field=value`` override (``--set``), converting to the field's type.
+
+    Raises:
+        ValueError: malformed assignment, unknown field, or a value of the wrong type.
+    """
+    if "=" not in assignment:
+        raise ConfigError(f"--set {assignment!r}: expected KEY=VALUE, e.g. rtd.mask_prob=0.2")
+    key, raw = assignment.split("=", 1)
+    parts = key.strip().split(".")
+    obj: Any = cfg
+    for p in parts[:-1]:
+        if not dataclasses.is_dataclass(obj) or not hasattr(obj, p):
+            raise ConfigError(f"--set {key}: no config section {p!r}")
+        obj = getattr(obj, p)
+    name = parts[-1]
+    fields = {f.name: f for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj) else {}
+    if name not in fields:
+        raise ConfigError(f"--set {key}: unknown field; known: {', '.join(fields) or 'none'}")
+    current = getattr(obj, name)
+    try:
+        if isinstance(current, bool):
+            if raw.lower() not in ("true", "false", "1", "0"):
+                raise ValueError
+            value: Any = raw.lower() in ("true", "1")
+        elif isinstance(current, enum.Enum):
+            value = type(current)(raw)
+        elif isinstance(current, int):
+            value = int(raw)
+        elif isinstance(current, float):
+            value = float(raw)
+        elif isinstance(current, list):
+            value = [x for x in raw.split(",") if x]
+        else:
+            value = None if raw.lower() == "none" else raw
+    except ValueError:
+        raise ConfigError(
+            f"--set {key}={raw}: expected a value of type {type(current).__name__}") from None
+    setattr(obj, name, value)

@@ -1,0 +1,181 @@
+"""One place that starts and stops everything distributed.
+
+``initialize`` starts torch.distributed through DeepSpeed (gloo on CPU, NCCL on GPU), builds
+megatron-core's parallel state (tensor × data parallel groups), seeds the generators following the
+RNG policy below, and returns a ``ParallelContext``; ``teardown`` undoes it. ``DeepSpeedMpu``
+hands DeepSpeed the groups it needs (``deepspeed.initialize(mpu=...)``).
+
+RNG policy (tested in tests/dist):
+- model initialisation: ``torch.manual_seed(seed)`` on every rank before the model is built;
+  megatron-core's CPU initialisation draws the full weight and keeps this rank's slice, so the
+  initial weights are the same at any TP and DP size;
+- data order and masks: pure functions of (seed, epoch) and (seed, global sample index)
+  (``rtd_scale/data``, ``rtd_scale/objectives/masking.py``) — identical across TP ranks, and
+  different across DP ranks only because each DP rank reads different samples;
+- the generator's sampling noise: a pure function of (seed, step, global sample index, position,
+  global vocab id) (``rtd_scale/objectives/sampling.py``) — independent of TP and DP sizes;
+- dropout outside tensor-parallel regions (hidden dropout): the default generator, seeded with
+  seed + 100·pp_rank + 10·dp_rank after the model is built — equal across TP ranks (their
+  activations are replicated), different across DP ranks;
+- dropout inside tensor-parallel regions (attention probabilities, split by head): megatron-core's
+  model-parallel RNG tracker, state "model-parallel-rng" seeded with that seed + 2718 + tp_rank
+  (megatron-core's rule), CPU-backed when there is no GPU (``cpu_compat``).
+"""
+from __future__ import annotations
+
+from rtd_scale.cli_errors import UserInputError
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from rtd_scale import cpu_compat
+from rtd_scale.config import ParallelConfig
+
+
+@dataclass(frozen=True)
+class ParallelContext:
+    """Where this process sits. Groups are torch.distributed process groups."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    tp_rank: int
+    tp_size: int
+    pp_rank: int
+    pp_size: int
+    dp_rank: int
+    dp_size: int
+    device: torch.device
+    backend: str
+    tp_group: dist.ProcessGroup
+    dp_group: dist.ProcessGroup
+
+    @property
+    def is_logging_rank(self) -> bool:
+        """The one rank that writes TensorBoard and prints (STYLE rule 9): global rank 0."""
+        return self.rank == 0
+
+
+class DeepSpeedMpu:
+    """The ``mpu`` interface ``deepspeed.initialize`` expects, over megatron-core's groups.
+
+    megatron.core.parallel_state lacks get_model_parallel_{world_size,rank}; "model parallel"
+    here is the tensor × pipeline group, and ZeRO shards over the data-parallel group only.
+    """
+
+    def __init__(self) -> None:
+        from megatron.core import parallel_state as ps
+
+        self._ps = ps
+
+    def get_model_parallel_group(self):
+        return self._ps.get_model_parallel_group()
+
+    def get_model_parallel_world_size(self) -> int:
+        return dist.get_world_size(self._ps.get_model_parallel_group())
+
+    def get_model_parallel_rank(self) -> int:
+        return dist.get_rank(self._ps.get_model_parallel_group())
+
+    def get_data_parallel_group(self):
+        return self._ps.get_data_parallel_group()
+
+    def get_data_parallel_world_size(self) -> int:
+        return self._ps.get_data_parallel_world_size()
+
+    def get_data_parallel_rank(self) -> int:
+        return self._ps.get_data_parallel_rank()
+
+
+def _disable_deepspeed_shm_op() -> None:
+    """DeepSpeed's first init compiles a shared-memory op (60–65 s, g++ and ninja) that serves
+    only its inference all-reduce; training never uses it. Marking it incompatible skips the
+    build (there is no environment variable for it in DeepSpeed 0.19)."""
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
+def initialize(parallel: ParallelConfig, *, seed: int, timeout_minutes: int = 30) -> ParallelContext:
+    """Start torch.distributed and megatron-core's parallel state; seed per the RNG policy.
+
+    Reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT (set by the ``deepspeed``
+    launcher, torchrun, or our Slurm scripts); a single process with none of them set runs as a
+    world of 1.
+
+    Raises:
+        ValueError: when the world size does not divide by tensor × pipeline parallel size.
+    """
+    import deepspeed
+    from megatron.core import parallel_state as ps
+
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29500")
+    local_rank = int(os.environ["LOCAL_RANK"])
+    use_cuda = torch.cuda.is_available()
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+        _disable_deepspeed_shm_op()
+    if not dist.is_initialized():
+        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False,
+                                   timeout=datetime.timedelta(minutes=timeout_minutes))
+    world = dist.get_world_size()
+    tp, pp = parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size
+    if world % (tp * pp):
+        raise UserInputError(
+            f"world size {world} is not divisible by --tensor-model-parallel-size {tp} × "
+            f"--pipeline-model-parallel-size {pp}; launch a multiple of {tp * pp} ranks")
+    ps.initialize_model_parallel(
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+        distributed_timeout_minutes=timeout_minutes,
+        create_gloo_process_groups=False,
+    )
+    cpu_compat.install()
+    ctx = ParallelContext(
+        rank=dist.get_rank(), world_size=world, local_rank=local_rank,
+        tp_rank=ps.get_tensor_model_parallel_rank(), tp_size=tp,
+        pp_rank=ps.get_pipeline_model_parallel_rank(), pp_size=pp,
+        dp_rank=ps.get_data_parallel_rank(), dp_size=ps.get_data_parallel_world_size(),
+        device=device, backend=backend,
+        tp_group=ps.get_tensor_model_parallel_group(), dp_group=ps.get_data_parallel_group(),
+    )
+    torch.manual_seed(seed)  # model initialisation: identical on every rank
+    return ctx
+
+
+def seed_after_build(ctx: ParallelContext, seed: int) -> None:
+    """Seed dropout after the model is built (see the module docstring's RNG policy)."""
+    runtime_seed = seed + 100 * ctx.pp_rank + 10 * ctx.dp_rank
+    cpu_compat.model_parallel_manual_seed(runtime_seed, tp_rank=ctx.tp_rank)
+
+
+def teardown() -> None:
+    """Destroy megatron-core's parallel state and the default process group."""
+    from megatron.core import parallel_state as ps
+
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_mean(t: torch.Tensor, group: Optional[dist.ProcessGroup]) -> torch.Tensor:
+    """Mean of ``t`` over ``group`` (a new tensor; ``t`` is untouched)."""
+    out = t.detach().clone()
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(out, group=group)
+        out /= dist.get_world_size(group)
+    return out

@@ -1,0 +1,81 @@
+"""Core attention on ``torch.nn.functional.scaled_dot_product_attention``.
+
+A drop-in ``core_attention`` for megatron-core's ``SelfAttention`` (same constructor and forward
+signature as ``megatron.core.transformer.dot_product_attention.DotProductAttention``). On GPU,
+SDPA dispatches to flash / memory-efficient kernels; on CPU it needs no CUDA state, unlike the
+local ``DotProductAttention``. Attention-probability dropout (inside the tensor-parallel region:
+heads are split over TP ranks) draws from megatron-core's model-parallel RNG tracker.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from megatron.core import tensor_parallel
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+
+class SDPACoreAttention(MegatronModule):
+    """Bidirectional attention with a key-padding mask.
+
+    forward(query, key, value, attention_mask):
+        query, key, value: [s, b, heads_per_rank, head_dim]
+        attention_mask: bool, broadcastable to [b, 1, 1, s], True = masked key (megatron's
+            convention), or None.
+        returns: [s, b, heads_per_rank * head_dim]
+
+    Only keys are masked, so no query row is fully masked (SDPA would return NaN there); a sample
+    that is entirely padding attends to its first position instead.
+    """
+
+    def __init__(
+        self,
+        config: TransformerConfig,
+        layer_number: int,
+        attn_mask_type: AttnMaskType,
+        attention_type: str,
+        attention_dropout: Optional[float] = None,
+        softmax_scale: Optional[float] = None,
+        cp_comm_type: Optional[str] = None,
+        pg_collection=None,
+    ) -> None:
+        super().__init__(config=config)
+        if config.context_parallel_size != 1:
+            raise ValueError("SDPACoreAttention does not support context parallelism")
+        self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
+        head_dim = config.kv_channels
+        self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: Optional[torch.Tensor],
+        attn_mask_type: Optional[AttnMaskType] = None,
+        attention_bias: Optional[torch.Tensor] = None,
+        packed_seq_params=None,
+    ) -> torch.Tensor:
+        if packed_seq_params is not None or attention_bias is not None:
+            raise ValueError("SDPACoreAttention supports neither packed sequences nor attention bias")
+        s, b, h, d = query.shape
+        # [s, b, h, d] -> [b, h, s, d]
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+        keep = None
+        if attention_mask is not None:
+            keep = ~attention_mask.view(b, 1, 1, -1)
+            keep = keep | ~keep.any(dim=-1, keepdim=True)  # never a fully masked row
+        dropout_p = self.dropout_p if self.training else 0.0
+        if dropout_p > 0:
+            with tensor_parallel.get_cuda_rng_tracker().fork():
+                out = F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=keep, dropout_p=dropout_p, scale=self.softmax_scale)
+        else:
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=keep, dropout_p=0.0, scale=self.softmax_scale)
+        # [b, h, s, d] -> [s, b, h * d]
+        return out.permute(2, 0, 1, 3).reshape(s, b, h * d)

@@ -1,0 +1,143 @@
+"""Token tables and the three embedding-sharing modes (arXiv 2111.09543 §3.2–3.3, Tables 1–2).
+
+- ES: one vocab-parallel table E_G; the discriminator holds the very same ``TokenTable`` object,
+  so L_MLM and L_RTD both train it (ELECTRA).
+- NES: the discriminator has its own table E_D.
+- GDES: the discriminator's table is ``E_G.detach() + E_Δ``; E_Δ is vocab-parallel with E_G's
+  partition and zero-initialised, so L_RTD trains only E_Δ and L_MLM only E_G.
+
+Every lookup is one masked local gather of this rank's rows and one all-reduce over the
+tensor-parallel group (megatron-core's ``reduce_from_tensor_model_parallel_region``). The three
+modes differ only here.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from megatron.core import tensor_parallel
+from megatron.core.tensor_parallel.layers import VocabParallelEmbedding
+from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+from rtd_scale.config import EncoderConfig, Sharing
+
+
+def vocab_parallel_lookup(
+    weight: torch.Tensor, ids: torch.Tensor, vocab_start: int, tp_group
+) -> torch.Tensor:
+    """Rows of a vocab-parallel table.
+
+    Args:
+        weight: [V_local, E] this rank's rows, global ids [vocab_start, vocab_start + V_local).
+        ids: [b, s] int64 global ids.
+        vocab_start: global id of ``weight``'s first row.
+        tp_group: tensor-parallel group the vocabulary is split over.
+    Returns:
+        [b, s, E], identical on every rank of ``tp_group``.
+    """
+    v_local = weight.shape[0]
+    if tp_group.size() > 1:
+        outside = (ids < vocab_start) | (ids >= vocab_start + v_local)
+        local_ids = (ids - vocab_start).masked_fill(outside, 0)
+        rows = F.embedding(local_ids, weight).masked_fill(outside.unsqueeze(-1), 0.0)
+    else:
+        rows = F.embedding(ids, weight)
+    return reduce_from_tensor_model_parallel_region(rows, group=tp_group)
+
+
+class TokenTable(VocabParallelEmbedding):
+    """A vocab-parallel token table (megatron-core ``VocabParallelEmbedding``).
+
+    Initialised from the full [V_padded, E] draw on every rank and sliced, so the weights are the
+    same at any tensor-parallel size. forward(ids [b, s]) -> [b, s, E].
+    """
+
+    def __init__(self, padded_vocab_size: int, embedding_size: int, config: TransformerConfig):
+        super().__init__(padded_vocab_size, embedding_size, init_method=config.init_method,
+                         config=config)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return vocab_parallel_lookup(self.weight, ids, self.vocab_start_index, self.tp_group)
+
+
+class GDESTable(torch.nn.Module):
+    """E_D = stopgrad(E_G) + E_Δ (arXiv 2111.09543 §3.3), vocab-parallel with E_G's partition.
+
+    ``delta`` is zero at initialisation. forward(ids [b, s]) -> [b, s, E].
+    """
+
+    def __init__(self, generator_table: TokenTable):
+        super().__init__()
+        self.generator_table = generator_table
+        self.delta = torch.nn.Parameter(torch.zeros_like(generator_table.weight))
+        tensor_parallel.set_tensor_model_parallel_attributes(self.delta, True, 0, 1)
+
+    @property
+    def vocab_start_index(self) -> int:
+        return self.generator_table.vocab_start_index
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        weight = self.generator_table.weight.detach() + self.delta
+        return vocab_parallel_lookup(weight, ids, self.generator_table.vocab_start_index,
+                                     self.generator_table.tp_group)
+
+    def foreign_parameters(self) -> list[torch.nn.Parameter]:
+        """Parameters read in forward but owned by another module (for ZeRO-3)."""
+        return [self.generator_table.weight]
+
+
+def discriminator_table(sharing: Sharing, generator_table: TokenTable, padded_vocab_size: int,
+                        embedding_size: int, config: TransformerConfig) -> torch.nn.Module:
+    """The discriminator's token table for a sharing mode (the only place the modes differ)."""
+    if sharing is Sharing.ES:
+        return generator_table
+    if sharing is Sharing.NES:
+        return TokenTable(padded_vocab_size, embedding_size, config)
+    if sharing is Sharing.GDES:
+        return GDESTable(generator_table)
+    raise AssertionError(f"unhandled sharing mode {sharing}")
+
+
+class EncoderEmbeddings(torch.nn.Module):
+    """Token rows + learned absolute positions, LayerNorm and dropout at the table's width E,
+    then (ELECTRA style, E != H) a linear projection to the encoder's hidden size H.
+
+    forward(ids [b, s]) -> [s, b, H] (megatron layout; the one transpose of this model).
+    """
+
+    def __init__(self, table: torch.nn.Module, encoder: EncoderConfig, embedding_size: int,
+                 max_positions: int, init_std: float):
+        super().__init__()
+        self.table = table
+        self.position = torch.nn.Embedding(max_positions, embedding_size)
+        torch.nn.init.normal_(self.position.weight, std=init_std)
+        self.norm = torch.nn.LayerNorm(embedding_size, eps=encoder.layernorm_epsilon)
+        self.dropout = torch.nn.Dropout(encoder.hidden_dropout)
+        self.projection: Optional[torch.nn.Linear] = None
+        if embedding_size != encoder.hidden_size:
+            self.projection = torch.nn.Linear(embedding_size, encoder.hidden_size)
+            torch.nn.init.normal_(self.projection.weight, std=init_std)
+            torch.nn.init.zeros_(self.projection.bias)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(ids.shape[1], device=ids.device)
+        x = self.table(ids) + self.position(pos).unsqueeze(0)  # [b, s, E]
+        x = self.dropout(self.norm(x))
+        if self.projection is not None:
+            x = self.projection(x)  # [b, s, H]
+        return x.transpose(0, 1).contiguous()  # [s, b, H]
+
+
+def init_normal(std: float):
+    """megatron-style initialiser: N(0, std²)."""
+    def init_(t: torch.Tensor) -> torch.Tensor:
+        return torch.nn.init.normal_(t, mean=0.0, std=std)
+    return init_
+
+
+def scaled_init_normal(std: float, num_layers: int):
+    """megatron's output-layer initialiser: N(0, (std / sqrt(2 · num_layers))²)."""
+    return init_normal(std / math.sqrt(2.0 * num_layers))

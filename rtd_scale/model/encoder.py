@@ -1,0 +1,68 @@
+"""One encoder (generator or discriminator): embeddings → megatron-core TransformerBlock.
+
+The block's layers come from ``model/specs.py``; the final LayerNorm is the block's own
+(``post_layer_norm``). Data enters as [b, s]; inside the block everything is [s, b, h].
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from megatron.core.transformer.transformer_block import TransformerBlock
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+from rtd_scale.config import EncoderConfig
+from rtd_scale.model.embeddings import EncoderEmbeddings, init_normal, scaled_init_normal
+from rtd_scale.model.specs import encoder_layer_spec
+
+
+def transformer_config(enc: EncoderConfig, *, init_std: float, tensor_model_parallel_size: int,
+                       pipeline_model_parallel_size: int = 1) -> TransformerConfig:
+    """megatron-core TransformerConfig for one encoder.
+
+    CPU-safe everywhere: CPU initialisation (the full weight is drawn and sliced, so weights do not
+    depend on the TP size) and no fused kernels that assume CUDA. Parameters are fp32; DeepSpeed
+    casts to bf16 and keeps fp32 master weights.
+    """
+    return TransformerConfig(
+        num_layers=enc.num_layers,
+        hidden_size=enc.hidden_size,
+        num_attention_heads=enc.num_attention_heads,
+        ffn_hidden_size=enc.ffn_hidden_size,
+        hidden_dropout=enc.hidden_dropout,
+        attention_dropout=enc.attention_dropout,
+        layernorm_epsilon=enc.layernorm_epsilon,
+        init_method=init_normal(init_std),
+        output_layer_init_method=scaled_init_normal(init_std, enc.num_layers),
+        init_method_std=init_std,
+        activation_func=F.gelu,
+        add_bias_linear=True,
+        tensor_model_parallel_size=tensor_model_parallel_size,
+        pipeline_model_parallel_size=pipeline_model_parallel_size,
+        use_cpu_initialization=True,
+        params_dtype=torch.float32,
+        gradient_accumulation_fusion=False,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        apply_query_key_layer_scaling=False,
+    )
+
+
+class Encoder(torch.nn.Module):
+    """Embeddings and a TransformerBlock.
+
+    forward(ids [b, s], pad_mask [b, s] bool, True at [PAD]) -> hidden [s, b, H] after the
+    final LayerNorm.
+    """
+
+    def __init__(self, embeddings: EncoderEmbeddings, config: TransformerConfig):
+        super().__init__()
+        self.embeddings = embeddings
+        self.block = TransformerBlock(config=config, spec=encoder_layer_spec(),
+                                      post_layer_norm=True, pre_process=True, post_process=True)
+
+    def forward(self, ids: torch.Tensor, pad_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.embeddings(ids)  # [s, b, H]
+        attention_mask = pad_mask.view(pad_mask.shape[0], 1, 1, pad_mask.shape[1])  # True = masked
+        return self.block(hidden_states=hidden, attention_mask=attention_mask)

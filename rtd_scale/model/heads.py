@@ -1,0 +1,78 @@
+"""The generator's MLM head (masked positions only, tied, vocab-parallel) and the RTD head."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from megatron.core.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
+from megatron.core.tensor_parallel.mappings import copy_to_tensor_model_parallel_region
+
+from rtd_scale.model.embeddings import TokenTable
+
+
+class MLMHead(torch.nn.Module):
+    """dense(H → E) → GELU → LayerNorm(E) → logits against the generator's token table
+    (tied, as BERT/ELECTRA/DeBERTa) plus a vocab-parallel output bias.
+
+    Evaluated at masked positions only (DESIGN.md §1): input [n, H], output [n, V_local] logits of
+    this rank's vocabulary shard. Columns that are padded ids (>= real vocab size) are -inf, so
+    they are never predicted, never sampled and carry no loss (DESIGN.md §3, Vocabulary).
+    """
+
+    def __init__(self, hidden_size: int, table: TokenTable, vocab_size: int, eps: float,
+                 init_std: float):
+        super().__init__()
+        embedding_size = table.weight.shape[1]
+        self.dense = torch.nn.Linear(hidden_size, embedding_size)
+        torch.nn.init.normal_(self.dense.weight, std=init_std)
+        torch.nn.init.zeros_(self.dense.bias)
+        self.norm = torch.nn.LayerNorm(embedding_size, eps=eps)
+        self.table = table
+        self.bias = torch.nn.Parameter(torch.zeros(table.weight.shape[0]))
+        from megatron.core import tensor_parallel
+
+        tensor_parallel.set_tensor_model_parallel_attributes(self.bias, True, 0, 1)
+        global_ids = torch.arange(table.vocab_start_index, table.vocab_end_index)
+        self.register_buffer("padded_column", global_ids >= vocab_size, persistent=False)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        h = self.norm(F.gelu(self.dense(hidden)))  # [n, E]
+        h = copy_to_tensor_model_parallel_region(h, group=self.table.tp_group)
+        logits = F.linear(h, self.table.weight, self.bias)  # [n, V_local]
+        return logits.masked_fill(self.padded_column, float("-inf"))
+
+    def foreign_parameters(self) -> list[torch.nn.Parameter]:
+        """The tied table's weight, read in forward but owned by the table (for ZeRO-3)."""
+        return [self.table.weight]
+
+
+def mlm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over the n masked positions, vocab-parallel (megatron-core).
+
+    Args:
+        logits: [n, V_local] (consumed: megatron-core's kernel works in place on fp32 input).
+        targets: [n] int64 original ids.
+    Returns:
+        scalar fp32 — sum of per-position losses / n (0 when n == 0).
+    """
+    if logits.shape[0] == 0:
+        return logits.float().sum() * 0.0
+    per_position = vocab_parallel_cross_entropy(logits.float().unsqueeze(1), targets.unsqueeze(1))
+    return per_position.mean()
+
+
+class RTDHead(torch.nn.Module):
+    """ELECTRA's discriminator head: dense(H → H) → GELU → linear(H → 1).
+
+    forward(hidden [s, b, H]) -> logits [b, s].
+    """
+
+    def __init__(self, hidden_size: int, init_std: float):
+        super().__init__()
+        self.dense = torch.nn.Linear(hidden_size, hidden_size)
+        self.out = torch.nn.Linear(hidden_size, 1)
+        for lin in (self.dense, self.out):
+            torch.nn.init.normal_(lin.weight, std=init_std)
+            torch.nn.init.zeros_(lin.bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.out(F.gelu(self.dense(hidden))).squeeze(-1).transpose(0, 1)  # [b, s]

@@ -1,0 +1,252 @@
+"""RTD pretraining entry point.
+
+    deepspeed rtd_scale/pretrain.py --ds_config ds_configs/zero3.json --preset tiny \
+        --data-path data/sample/shards_text_document --tokenizer-model data/sample/spm.model \
+        --save runs/tiny --train-iters 300 ...
+
+Flags follow Megatron-LM's names where one exists. Order of work: parse → config (preset, flags,
+``--set`` overrides) → every check that can fail on user input (config, ds_config, tokenizer vs
+shards, ``--load``) → distributed start → model → DeepSpeed engine → resolved config and ds_config
+written into the run directory → train → summary. A user error prints one line
+``error: <what> — <fix>`` and exits 1 before anything is written.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import warnings
+from typing import Optional, Sequence
+
+if __name__ == "__main__" and __package__ in (None, ""):
+    # Run as a script (``deepspeed rtd_scale/pretrain.py``): import the package, not its folder.
+    _here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
+    sys.path.insert(0, os.path.dirname(_here))
+
+from rtd_scale.cli_errors import UserInputError  # noqa: E402
+from rtd_scale.config import (Precision, RunConfig, Sharing, apply_override,  # noqa: E402
+                              preset)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="rtd_scale/pretrain.py",
+        description="Replaced-token-detection pretraining (ELECTRA / DeBERTaV3) on megatron-core "
+                    "and DeepSpeed. Launch with `deepspeed rtd_scale/pretrain.py ...`.")
+    p.add_argument("--ds_config", "--deepspeed_config", dest="ds_config", required=True,
+                   help="DeepSpeed JSON (ZeRO knobs), e.g. ds_configs/zero3.json")
+    p.add_argument("--preset", default="tiny", help="named config: tiny, electra-{small,base,"
+                   "large}, debertav3-{xsmall,small,base,large}")
+    p.add_argument("--data-path", nargs="+", help="shard prefixes (PREFIX.bin/.idx)")
+    p.add_argument("--tokenizer-model", help="SentencePiece .model the shards were made with")
+    p.add_argument("--save", help="run directory: checkpoints, config.json, ds_config.json")
+    p.add_argument("--load", help="resume from the latest checkpoint in this directory")
+    p.add_argument("--train-iters", type=int, help="optimizer steps")
+    p.add_argument("--seq-length", type=int)
+    p.add_argument("--micro-batch-size", type=int)
+    p.add_argument("--global-batch-size", type=int)
+    p.add_argument("--tensor-model-parallel-size", type=int)
+    p.add_argument("--pipeline-model-parallel-size", type=int)
+    p.add_argument("--sharing", choices=[s.value for s in Sharing])
+    p.add_argument("--rtd-lambda", type=float, help="λ in L_MLM + λ·L_RTD (default 50)")
+    p.add_argument("--mask-prob", type=float)
+    p.add_argument("--lr", type=float)
+    p.add_argument("--min-lr", type=float)
+    p.add_argument("--lr-warmup-iters", type=int)
+    p.add_argument("--weight-decay", type=float)
+    p.add_argument("--clip-grad", type=float)
+    p.add_argument("--bf16", action="store_true", help="bf16 compute, fp32 master weights")
+    p.add_argument("--tensorboard-dir", help="default: <save>/tensorboard")
+    p.add_argument("--log-interval", type=int)
+    p.add_argument("--save-interval", type=int)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="override any config field, e.g. --set model.generator.num_layers=2")
+    p.add_argument("--local_rank", "--local-rank", type=int, default=None,
+                   help=argparse.SUPPRESS)  # passed by the deepspeed launcher
+    return p
+
+
+_FLAG_FIELDS = {
+    "data_path": ("data", "data_path"), "tokenizer_model": ("data", "tokenizer_model"),
+    "seq_length": ("data", "seq_length"),
+    "save": ("train", "save"), "load": ("train", "load"), "train_iters": ("train", "train_iters"),
+    "micro_batch_size": ("train", "micro_batch_size"),
+    "global_batch_size": ("train", "global_batch_size"),
+    "tensorboard_dir": ("train", "tensorboard_dir"), "log_interval": ("train", "log_interval"),
+    "save_interval": ("train", "save_interval"), "seed": ("train", "seed"),
+    "ds_config": ("train", "ds_config"),
+    "tensor_model_parallel_size": ("parallel", "tensor_model_parallel_size"),
+    "pipeline_model_parallel_size": ("parallel", "pipeline_model_parallel_size"),
+    "sharing": ("model", "sharing"), "rtd_lambda": ("rtd", "rtd_lambda"),
+    "mask_prob": ("rtd", "mask_prob"), "lr": ("optim", "lr"), "min_lr": ("optim", "min_lr"),
+    "lr_warmup_iters": ("optim", "lr_warmup_iters"), "weight_decay": ("optim", "weight_decay"),
+    "clip_grad": ("optim", "clip_grad"),
+}
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """Preset → flags → ``--set`` overrides, validated once at the end.
+
+    Raises:
+        ValueError: naming the flag or field and the fix.
+    """
+    cfg = preset(args.preset)
+    for flag, (section, name) in _FLAG_FIELDS.items():
+        value = getattr(args, flag)
+        if value is not None:
+            setattr(getattr(cfg, section), name, value)
+    if args.bf16:
+        cfg.train.precision = Precision.BF16
+    for assignment in args.set:
+        apply_override(cfg, assignment)
+    if cfg.train.tensorboard_dir is None and cfg.train.save:
+        cfg.train.tensorboard_dir = os.path.join(cfg.train.save, "tensorboard")
+    cfg.validate()
+    if not cfg.data.data_path:
+        raise UserInputError("--data-path is required: shard prefixes made by tools/preprocess_data.py")
+    if not cfg.data.tokenizer_model:
+        raise UserInputError("--tokenizer-model is required: the SentencePiece model the shards were "
+                         "made with")
+    return cfg
+
+
+def _atomic_write(path: str, text: str) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def prepare(cfg: RunConfig, world_size: int):
+    """Every check on user input that needs no process group. Returns
+    (tokenizer, dataset, resolved ds_config, data_parallel_size, gradient_accumulation_steps).
+
+    Raises:
+        ValueError: naming the file, field or flag and the fix.
+    """
+    from rtd_scale.data import shards
+    from rtd_scale.data.packed import PackedDataset
+    from rtd_scale.data.tokenizer import Tokenizer
+    from rtd_scale.training import checkpoint, engine
+
+    dp, gas = cfg.batch_arithmetic(world_size)
+    ds_config = engine.resolve_ds_config(
+        engine.load_ds_config(cfg.train.ds_config), cfg, data_parallel_size=dp,
+        gradient_accumulation_steps=gas, source=f"--ds_config {cfg.train.ds_config}")
+    tok = Tokenizer(cfg.data.tokenizer_model)
+    for prefix in cfg.data.data_path:
+        shards.check_tokenizer_matches(prefix, cfg.data.tokenizer_model, tok.vocab_size)
+    if cfg.model.vocab_size != tok.vocab_size:
+        cfg.model.vocab_size = tok.vocab_size  # the tokenizer is the truth
+    dataset = PackedDataset(cfg.data.data_path, cfg.data.seq_length)
+    if cfg.train.load:
+        checkpoint.check_loadable(cfg.train.load)
+    return tok, dataset, ds_config, dp, gas
+
+
+def run(cfg: RunConfig, print_fn=print) -> dict:
+    """Train; returns a summary dict (on every rank; history only on the logging rank)."""
+    import torch
+
+    from rtd_scale import distributed
+    from rtd_scale.model.rtd import RTDModel
+    from rtd_scale.training import checkpoint, engine as engine_mod
+    from rtd_scale.training.loop import train
+    from rtd_scale.training.metrics import TensorBoardLogger
+
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    tok, dataset, ds_config, dp, gas = prepare(cfg, world_size)
+    ctx = distributed.initialize(cfg.parallel, seed=cfg.train.seed)
+    try:
+        model = RTDModel(cfg.model, cfg.rtd,
+                         tensor_model_parallel_size=cfg.parallel.tensor_model_parallel_size,
+                         special_ids=tok.special_ids, pad_id=tok.pad_id, mask_id=tok.mask_id,
+                         seed=cfg.train.seed).to(ctx.device)
+        distributed.seed_after_build(ctx, cfg.train.seed)
+        eng = engine_mod.build_engine(model, cfg, ds_config, distributed.DeepSpeedMpu())
+        start_step = 0
+        if cfg.train.load:
+            client = checkpoint.load(eng, cfg.train.load, rank=ctx.rank)
+            start_step = int(client.get("step", 0))
+            if ctx.is_logging_rank:
+                print_fn(f"resumed from {cfg.train.load} at iteration {start_step}")
+        if ctx.is_logging_rank and cfg.train.save:
+            _atomic_write(os.path.join(cfg.train.save, "config.json"), cfg.to_json() + "\n")
+            _atomic_write(os.path.join(cfg.train.save, "ds_config.json"),
+                          json.dumps(ds_config, indent=2, sort_keys=True) + "\n")
+        if ctx.is_logging_rank:
+            n_params = sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel()
+                           for p in {id(p): p for p in model.parameters()}.values())
+            print_fn(f"rtd_scale: preset {cfg.preset}, sharing {cfg.model.sharing.value}, "
+                     f"{n_params / 1e6:.2f}M parameters on this model-parallel rank, vocab "
+                     f"{cfg.model.vocab_size} (padded {model.padded_vocab_size}), world "
+                     f"{ctx.world_size} = TP {ctx.tp_size} × DP {ctx.dp_size}, micro-batch "
+                     f"{cfg.train.micro_batch_size} × accumulation {gas} × DP {dp} = global "
+                     f"{cfg.train.global_batch_size}, ZeRO stage "
+                     f"{ds_config.get('zero_optimization', {}).get('stage', 0)}, "
+                     f"{cfg.train.precision.value}, {len(dataset)} packed samples of "
+                     f"{cfg.data.seq_length} tokens")
+        tb = TensorBoardLogger(cfg.train.tensorboard_dir if ctx.is_logging_rank else None)
+        try:
+            result = train(cfg, ctx, eng, dataset, start_step=start_step, tb=tb, print_fn=print_fn)
+        finally:
+            tb.close()
+        summary = {"history": result.history, "checkpoint_dir": result.checkpoint_dir,
+                   "tensorboard_dir": cfg.train.tensorboard_dir, "start_step": start_step}
+        if ctx.is_logging_rank and result.history:
+            print_fn(summary_text(summary))
+        torch.distributed.barrier()
+        return summary
+    finally:
+        distributed.teardown()
+
+
+def summary_text(summary: dict) -> str:
+    """Human summary: first and last logged losses, where the logs and checkpoint are."""
+    hist = summary["history"]
+    (s0, first), (s1, last) = hist[0], hist[-1]
+    lines = [
+        "",
+        "RTD pretraining summary",
+        f"  L_MLM  first {first['loss/mlm']:.4f} (iteration {s0})  →  last {last['loss/mlm']:.4f}"
+        f" (iteration {s1})",
+        f"  L_RTD  first {first['loss/rtd']:.4f} (iteration {s0})  →  last {last['loss/rtd']:.4f}"
+        f" (iteration {s1})",
+        f"  MLM accuracy {first['mlm/accuracy']:.3f} → {last['mlm/accuracy']:.3f}; discriminator "
+        f"accuracy on replaced {last['rtd/accuracy_replaced']:.3f}, on original "
+        f"{last['rtd/accuracy_original']:.3f}",
+    ]
+    if summary.get("tensorboard_dir"):
+        lines.append(f"  TensorBoard: tensorboard --logdir {summary['tensorboard_dir']}")
+    if summary.get("checkpoint_dir"):
+        lines.append(f"  checkpoint:  {summary['checkpoint_dir']}")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
+    warnings.filterwarnings("ignore", message=".*Apex is not installed.*")
+    # library noise that says nothing about the run
+    warnings.filterwarnings("ignore", message=".*is deprecated. Please use `torch.distributed.*")
+    warnings.filterwarnings("ignore", message=".*full scope is deprecated.*")
+    warnings.filterwarnings("ignore", category=DeprecationWarning, module="megatron")
+    args = build_parser().parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        cfg = config_from_args(args)
+        run(cfg)
+    except (UserInputError, OSError) as e:  # user errors; bugs keep their traceback
+        if os.environ.get("RTD_SCALE_TRACEBACK") == "1":
+            raise
+        if rank == 0:
+            print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""Checkpoints through DeepSpeed, plus what a resumed run needs to continue exactly.
+
+Layout (DeepSpeed's): ``<save>/global_step<N>/`` holds the engine's model and optimizer states
+(ZeRO partitions included) and ``<save>/latest`` names the newest tag. rtd_scale adds the client
+state (step, consumed samples, the resolved config) and one ``rng_rank<R>.pt`` per rank with that
+rank's generator states (dropout), written atomically.
+"""
+from __future__ import annotations
+
+from rtd_scale.cli_errors import UserInputError
+
+import os
+from typing import Any, Optional
+
+import torch
+
+from rtd_scale import cpu_compat
+
+
+def tag_for(step: int) -> str:
+    return f"global_step{step}"
+
+
+def latest_tag(load_dir: str) -> Optional[str]:
+    """The tag in ``<load_dir>/latest``, or None when there is no checkpoint."""
+    path = os.path.join(load_dir, "latest")
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        tag = f.read().strip()
+    return tag if tag and os.path.isdir(os.path.join(load_dir, tag)) else None
+
+
+def check_loadable(load_dir: str) -> str:
+    """The tag ``--load`` will resume from.
+
+    Raises:
+        ValueError: no checkpoint there (message names the directory and the fix).
+    """
+    if not os.path.isdir(load_dir):
+        raise UserInputError(f"--load {load_dir}: no such directory; point --load at a --save "
+                         "directory of an earlier run, or drop --load to start fresh")
+    tag = latest_tag(load_dir)
+    if tag is None:
+        raise UserInputError(f"--load {load_dir}: no checkpoint found (no 'latest' file naming a "
+                         "global_step* directory); drop --load to start fresh")
+    return tag
+
+
+def _rng_state() -> dict[str, Any]:
+    from megatron.core import tensor_parallel
+
+    state = {"cpu": torch.get_rng_state(),
+             "tracker": tensor_parallel.get_cuda_rng_tracker().get_states()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    from megatron.core import tensor_parallel
+
+    cpu_compat.install()
+    torch.set_rng_state(state["cpu"])
+    tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def save(engine, save_dir: str, *, step: int, client_state: dict[str, Any], rank: int) -> str:
+    """Save after optimizer step ``step``; returns the checkpoint directory."""
+    tag = tag_for(step)
+    engine.save_checkpoint(save_dir, tag=tag, client_state=client_state)
+    path = os.path.join(save_dir, tag, f"rng_rank{rank:05d}.pt")
+    tmp = path + ".tmp"
+    torch.save(_rng_state(), tmp)
+    os.replace(tmp, path)
+    return os.path.join(save_dir, tag)
+
+
+def load(engine, load_dir: str, *, rank: int) -> dict[str, Any]:
+    """Load the latest checkpoint into ``engine``; returns its client state.
+
+    Raises:
+        ValueError: no checkpoint in ``load_dir``.
+    """
+    tag = check_loadable(load_dir)
+    path, client_state = engine.load_checkpoint(load_dir, tag=tag)
+    if path is None:
+        raise UserInputError(f"--load {load_dir}: DeepSpeed could not load {tag}")
+    rng_path = os.path.join(load_dir, tag, f"rng_rank{rank:05d}.pt")
+    if os.path.isfile(rng_path):
+        _set_rng_state(torch.load(rng_path, weights_only=False))
+    return client_state or {}

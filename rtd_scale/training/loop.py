@@ -1,0 +1,76 @@
+"""The training loop: micro-batches → DeepSpeed engine → metrics, checkpoints, TensorBoard."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from rtd_scale.config import RunConfig
+from rtd_scale.data.packed import PackedDataset, micro_batches
+from rtd_scale.distributed import ParallelContext
+from rtd_scale.training import checkpoint
+from rtd_scale.training.metrics import (MetricAccumulator, TensorBoardLogger, format_log_line,
+                                        table_cosine)
+
+
+@dataclass
+class TrainResult:
+    """What the loop saw: logged (step, scalars) pairs on the logging rank."""
+
+    first_step: int
+    last_step: int
+    history: list[tuple[int, dict[str, float]]] = field(default_factory=list)
+    checkpoint_dir: Optional[str] = None
+
+
+def train(cfg: RunConfig, ctx: ParallelContext, engine, dataset: PackedDataset, *,
+          start_step: int, tb: TensorBoardLogger, print_fn=print) -> TrainResult:
+    """Run optimizer steps start_step … train_iters − 1 (0-based; logs count them from 1)."""
+    t = cfg.train
+    model = engine.module
+    acc = MetricAccumulator(ctx.device)
+    result = TrainResult(first_step=start_step + 1, last_step=t.train_iters)
+    last_log = time.perf_counter()
+    steps_since_log = 0
+    for step in range(start_step, t.train_iters):
+        lr_used = engine.get_lr()[0]  # the schedule's value for this update (before it steps)
+        for mb in micro_batches(dataset, step=step, seed=t.seed,
+                                global_batch_size=t.global_batch_size,
+                                micro_batch_size=t.micro_batch_size,
+                                dp_rank=ctx.dp_rank, dp_size=ctx.dp_size):
+            out = engine(mb.input_ids.to(ctx.device), mb.sample_index.to(ctx.device), step)
+            engine.backward(out.loss)
+            engine.step()
+            acc.add(out, cfg.rtd.rtd_lambda)
+        steps_since_log += 1
+        done = step + 1
+        if done % t.log_interval == 0 or done == t.train_iters:
+            scalars = acc.reduce(ctx.dp_group)
+            now = time.perf_counter()
+            elapsed = now - last_log
+            scalars["optim/lr"] = lr_used
+            grad_norm = engine.get_global_grad_norm()
+            scalars["optim/grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
+            # non-pad tokens over all data-parallel ranks (reduce() summed them)
+            scalars["throughput/tokens_per_s"] = scalars.pop("_tokens") / elapsed
+            cos = table_cosine(model)
+            if cos is not None:
+                scalars["embedding/cosine_generator_discriminator"] = float(cos)
+            if ctx.is_logging_rank:
+                tb.write(done, scalars)
+                print_fn(format_log_line(done, t.train_iters, done * t.global_batch_size,
+                                         1000.0 * elapsed / steps_since_log, scalars,
+                                         t.global_batch_size))
+                result.history.append((done, scalars))
+            acc.reset()
+            last_log, steps_since_log = now, 0
+        if t.save and ((t.save_interval and done % t.save_interval == 0) or done == t.train_iters):
+            result.checkpoint_dir = checkpoint.save(
+                engine, t.save, step=done, rank=ctx.rank,
+                client_state={"step": done, "consumed_samples": done * t.global_batch_size,
+                              "config": cfg.to_dict()})
+            if ctx.is_logging_rank:
+                print_fn(f"saved checkpoint at iteration {done:8d} to {result.checkpoint_dir}")
+    return result

@@ -1,0 +1,113 @@
+"""Metrics: summed on the device every micro-batch, reduced and written once per log interval.
+
+One TensorBoard writer, on the logging rank (``ParallelContext.is_logging_rank``). Tags:
+loss/mlm, loss/rtd, loss/total, mlm/accuracy, rtd/replaced_fraction, rtd/accuracy_replaced,
+rtd/accuracy_original, optim/lr, optim/grad_norm, throughput/tokens_per_s, and
+embedding/cosine_generator_discriminator (the mean cosine similarity of the two token tables,
+arXiv 2111.09543 Table 1's diagnostic).
+"""
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from rtd_scale.model.rtd import COUNT_KEYS, RTDOutput
+
+
+class MetricAccumulator:
+    """Sums losses and counts over micro-batches without a host sync (STYLE rule 9)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.reset()
+
+    def reset(self) -> None:
+        self.sums = torch.zeros(3 + len(COUNT_KEYS), dtype=torch.float64, device=self.device)
+        self.micro_batches = 0
+        self.started = time.perf_counter()
+
+    def add(self, out: RTDOutput, rtd_lambda: float) -> None:
+        total = out.mlm_loss + rtd_lambda * out.rtd_loss
+        vals = [out.mlm_loss, out.rtd_loss, total] + [out.counts[k] for k in COUNT_KEYS]
+        self.sums += torch.stack([v.detach().to(torch.float64) for v in vals])
+        self.micro_batches += 1
+
+    def reduce(self, group: Optional[dist.ProcessGroup]) -> dict[str, float]:
+        """Means of the losses over micro-batches and data-parallel ranks, ratios of the summed
+        counts; one all-reduce and one host sync."""
+        s = self.sums.clone()
+        n = torch.tensor([float(self.micro_batches)], dtype=torch.float64, device=self.device)
+        s = torch.cat([s, n])
+        if dist.is_initialized() and dist.get_world_size(group) > 1:
+            dist.all_reduce(s, group=group)
+        v = s.tolist()
+        mb = max(v[-1], 1.0)
+        c = dict(zip(COUNT_KEYS, v[3:3 + len(COUNT_KEYS)]))
+
+        def ratio(a: float, b: float) -> float:
+            return a / b if b > 0 else float("nan")
+
+        return {
+            "loss/mlm": v[0] / mb,
+            "loss/rtd": v[1] / mb,
+            "loss/total": v[2] / mb,
+            "mlm/accuracy": ratio(c["mlm_correct"], c["masked"]),
+            "rtd/replaced_fraction": ratio(c["replaced"], c["tokens"]),
+            "rtd/accuracy_replaced": ratio(c["rtd_correct_replaced"], c["replaced"]),
+            "rtd/accuracy_original": ratio(c["rtd_correct_original"], c["original"]),
+            "_tokens": c["tokens"],
+        }
+
+
+@torch.no_grad()
+def table_cosine(model) -> Optional[torch.Tensor]:
+    """Mean cosine similarity between rows of the generator's and discriminator's token tables
+    over this rank's shard (arXiv 2111.09543 Table 1). None when a table is partitioned by
+    ZeRO-3 (its local tensor is empty)."""
+    g = model.generator_table.weight
+    d_mod = model.discriminator_table
+    d = g + d_mod.delta if hasattr(d_mod, "delta") else d_mod.weight
+    if g.numel() == 0 or d.numel() == 0 or g.shape != d.shape:
+        return None
+    return torch.nn.functional.cosine_similarity(g.float(), d.float(), dim=-1).mean()
+
+
+class TensorBoardLogger:
+    """The one writer (created only on the logging rank)."""
+
+    def __init__(self, log_dir: Optional[str]):
+        self.writer = None
+        if log_dir:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(log_dir=log_dir)
+
+    def write(self, step: int, scalars: dict[str, float]) -> None:
+        if self.writer is None:
+            return
+        for tag, value in scalars.items():
+            if not tag.startswith("_"):
+                self.writer.add_scalar(tag, value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def format_log_line(step: int, train_iters: int, consumed: int, ms_per_step: float,
+                    scalars: dict[str, float], global_batch_size: int) -> str:
+    """A Megatron-LM-style training log line."""
+    return (
+        f" iteration {step:8d}/{train_iters:8d} | consumed samples: {consumed:12d} | "
+        f"elapsed time per iteration (ms): {ms_per_step:.1f} | "
+        f"learning rate: {scalars['optim/lr']:.3E} | global batch size: {global_batch_size:5d} | "
+        f"mlm loss: {scalars['loss/mlm']:.6E} | rtd loss: {scalars['loss/rtd']:.6E} | "
+        f"total loss: {scalars['loss/total']:.6E} | mlm acc: {scalars['mlm/accuracy']:.4f} | "
+        f"replaced: {scalars['rtd/replaced_fraction']:.4f} | "
+        f"grad norm: {scalars['optim/grad_norm']:.3f} | "
+        f"tokens/s: {scalars['throughput/tokens_per_s']:.0f} |"
+    )

@@ -1,0 +1,54 @@
+"""Shared fixtures: a one-process gloo group with megatron-core's parallel state, paths."""
+from __future__ import annotations
+
+import os
+import socket
+import warnings
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_CASES = REPO.parent / "shared" / "cases" / "data"
+TEST_DATA = REPO / "tests" / "data"
+
+warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
+warnings.filterwarnings("ignore", message=".*Apex is not installed.*")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def single_process_group():
+    """torch.distributed (gloo, world 1) and megatron-core parallel state at TP=1, for the whole
+    session; yields the ParallelContext."""
+    from rtd_scale import distributed
+    from rtd_scale.config import ParallelConfig
+
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(free_port()))
+    ctx = distributed.initialize(ParallelConfig(), seed=1234)
+    yield ctx
+    distributed.teardown()
+
+
+@pytest.fixture(scope="session")
+def wiki_shards(tmp_path_factory):
+    """A SentencePiece model (vocab 1000) and shards of tests/data/wiki_sample.jsonl (real
+    English text), made with the real tools. Returns (tokenizer_model, shard_prefix)."""
+    import subprocess
+    import sys
+
+    out = tmp_path_factory.mktemp("wiki")
+    corpus = str(TEST_DATA / "wiki_sample.jsonl")
+    subprocess.run([sys.executable, str(REPO / "tools" / "train_tokenizer.py"), "--input", corpus,
+                    "--vocab-size", "1000", "--output-prefix", str(out / "spm")],
+                   check=True, capture_output=True)
+    subprocess.run([sys.executable, str(REPO / "tools" / "preprocess_data.py"), "--input", corpus,
+                    "--tokenizer-model", str(out / "spm.model"), "--output-prefix",
+                    str(out / "wiki"), "--workers", "1"], check=True, capture_output=True)
+    return str(out / "spm.model"), str(out / "wiki_text_document")

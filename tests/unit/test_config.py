@@ -1,0 +1,132 @@
+"""Config validation, presets, batch arithmetic, ds_config ownership, the LR schedule."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rtd_scale.config import ConfigError, Precision, Sharing, apply_override, preset, PRESETS
+from rtd_scale.training.engine import load_ds_config, lr_lambda, resolve_ds_config
+
+
+def test_presets_have_the_published_shapes():
+    e_small, e_base, e_large = (preset(f"electra-{s}").model for s in ("small", "base", "large"))
+    assert (e_small.discriminator.num_layers, e_small.discriminator.hidden_size) == (12, 256)
+    assert e_small.embedding_size == 128 and e_small.generator.hidden_size == 64  # 1/4 width
+    assert e_base.generator.hidden_size == 256  # 1/3 of 768
+    assert (e_large.discriminator.num_layers, e_large.discriminator.hidden_size) == (24, 1024)
+    assert e_large.generator.hidden_size == 256  # 1/4
+    assert preset("electra-large").rtd.mask_prob == 0.25
+    shapes = {"xsmall": (12, 384), "small": (6, 768), "base": (12, 768), "large": (24, 1024)}
+    for size, (layers, hidden) in shapes.items():
+        m = preset(f"debertav3-{size}").model
+        assert (m.discriminator.num_layers, m.discriminator.hidden_size) == (layers, hidden)
+        assert (m.generator.num_layers, m.generator.hidden_size) == (layers // 2, hidden)
+        assert m.vocab_size == 128_100 and m.sharing is Sharing.GDES
+    assert preset("tiny").rtd.rtd_lambda == 50.0
+    assert set(PRESETS) >= {"tiny", "electra-small", "debertav3-large"}
+
+
+def test_vocab_padding_is_deterministic():
+    m = preset("tiny").model
+    m.vocab_size = 32_003  # C16
+    assert m.padded_vocab_size(1) == 32_128
+    assert m.padded_vocab_size(2) == 32_256
+    assert m.padded_vocab_size(8) == 32_768
+    m.vocab_size = 128_100
+    assert m.padded_vocab_size(1) == 128_128
+
+
+@pytest.mark.parametrize("assignment, message", [
+    ("rtd.mask_prob=1.5", "rtd.mask_prob must be in [0, 1]"),
+    ("rtd.mask_prob=0", "rtd.mask_prob must be > 0"),
+    ("rtd.temperature=0", "rtd.temperature must be > 0"),
+    ("model.discriminator.num_attention_heads=3", "divisible by model.discriminator.num_attention_heads"),
+    ("data.seq_length=1000", "exceeds model.max_position_embeddings"),
+    ("parallel.tensor_model_parallel_size=3", "must be divisible by --tensor-model-parallel-size"),
+    ("parallel.pipeline_model_parallel_size=2", "not supported yet"),
+    ("optim.lr=-1", "optim.lr must be > 0"),
+])
+def test_validation_names_the_field(assignment, message):
+    cfg = preset("tiny")
+    apply_override(cfg, assignment)
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        cfg.validate()
+
+
+def test_overrides_convert_types_and_reject_unknown():
+    cfg = preset("tiny")
+    apply_override(cfg, "model.sharing=nes")
+    apply_override(cfg, "rtd.disallow_correct=true")
+    apply_override(cfg, "train.precision=bf16")
+    assert cfg.model.sharing is Sharing.NES and cfg.rtd.disallow_correct is True
+    assert cfg.train.precision is Precision.BF16
+    with pytest.raises(ConfigError, match="unknown field"):
+        apply_override(cfg, "rtd.lamda=3")
+    with pytest.raises(ConfigError, match="expected a value of type int"):
+        apply_override(cfg, "train.train_iters=many")
+    with pytest.raises(ConfigError, match="unknown; choose one of"):
+        preset("bert-huge")
+
+
+def test_batch_arithmetic():
+    cfg = preset("tiny")
+    cfg.train.micro_batch_size, cfg.train.global_batch_size = 4, 32
+    assert cfg.batch_arithmetic(2) == (2, 4)  # dp 2, accumulation 4
+    cfg.train.global_batch_size = 30
+    with pytest.raises(ConfigError, match="--global-batch-size 30 is not divisible"):
+        cfg.batch_arithmetic(2)
+
+
+def test_ds_config_contradictions_are_errors(tmp_path):
+    cfg = preset("tiny")
+    cfg.train.micro_batch_size, cfg.train.global_batch_size = 4, 16
+    ok = resolve_ds_config({"zero_optimization": {"stage": 3}, "train_batch_size": "auto"}, cfg,
+                           data_parallel_size=2, gradient_accumulation_steps=2)
+    assert ok["train_batch_size"] == 16 and ok["gradient_accumulation_steps"] == 2
+    assert ok["train_micro_batch_size_per_gpu"] == 4
+    assert ok["gradient_clipping"] == cfg.optim.clip_grad  # always written (DeepSpeed 0.19.8)
+    assert ok["bf16"] == {"enabled": False}
+    bad = [({"train_batch_size": 64}, "train_batch_size=64 contradicts --global-batch-size"),
+           ({"train_micro_batch_size_per_gpu": 8}, "contradicts --micro-batch-size"),
+           ({"gradient_clipping": 5.0}, "contradicts --clip-grad"),
+           ({"bf16": {"enabled": True}}, "pass --bf16"),
+           ({"optimizer": {"type": "Adam"}}, "defines 'optimizer'")]
+    for user, message in bad:
+        with pytest.raises(ValueError, match=message):
+            resolve_ds_config(user, cfg, data_parallel_size=2, gradient_accumulation_steps=2,
+                              source="ds_configs/x.json")
+    p = tmp_path / "broken.json"
+    p.write_text("{ not json")
+    with pytest.raises(ValueError, match="broken.json: not valid JSON"):
+        load_ds_config(str(p))
+    with pytest.raises(ValueError, match="no such file"):
+        load_ds_config(str(tmp_path / "missing.json"))
+
+
+def test_c18_warmup_counts_optimizer_steps():
+    """C18: warm-up 100 optimizer steps peaks exactly at step 100, whatever the accumulation."""
+    cfg = preset("tiny")
+    cfg.optim.lr, cfg.optim.lr_warmup_iters, cfg.optim.min_lr = 1e-3, 100, 0.0
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=cfg.optim.lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg.optim, train_iters=300))
+    used = []
+    for _ in range(300):
+        used.append(opt.param_groups[0]["lr"])  # the lr this update uses
+        opt.step()
+        sched.step()
+    assert used[99] == pytest.approx(1e-3)  # update 100
+    assert used[98] == pytest.approx(0.99e-3)
+    assert max(used) == used[99] and used.index(max(used)) == 99
+    assert used[0] == pytest.approx(1e-5)
+    assert used[199] == pytest.approx(0.5e-3)  # linear decay to 0 at update 300
+    assert used[299] == pytest.approx(0.0)
+
+
+def test_resolved_config_round_trips_to_json():
+    cfg = preset("debertav3-large")
+    d = json.loads(cfg.to_json())
+    assert d["model"]["sharing"] == "gdes" and d["rtd"]["rtd_lambda"] == 50.0
+    assert d["model"]["generator"]["num_layers"] == 12

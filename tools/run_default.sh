@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# README command 1: the main job on the embedded default, from a fresh machine.
+#   set-up → sample corpus (Wikipedia vital-article leads) → SentencePiece → shards →
+#   `deepspeed rtd_scale/pretrain.py` (tiny preset, 2 ranks, ZeRO-3, 300 steps) → summary.
+# Knobs (environment): RTD_STEPS (300), RTD_RANKS (2), RTD_DS_CONFIG (ds_configs/zero3.json),
+# RTD_RUN_DIR (runs/tiny-<time>).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+start=$(date +%s)
+# shellcheck disable=SC1091
+source tools/setup_env.sh
+export PYTHONWARNINGS="ignore::UserWarning:megatron,ignore::FutureWarning"
+
+data=data/sample
+python tools/build_sample_corpus.py --output "$data/corpus.jsonl"
+if [ ! -f "$data/spm.model" ]; then
+  python tools/train_tokenizer.py --input "$data/corpus.jsonl" --vocab-size 8000 \
+    --output-prefix "$data/spm"
+fi
+if [ ! -f "$data/wiki_text_document.idx" ] || [ "$data/spm.model" -nt "$data/wiki_text_document.idx" ]; then
+  python tools/preprocess_data.py --input "$data/corpus.jsonl" --json-keys text \
+    --tokenizer-model "$data/spm.model" --output-prefix "$data/wiki" --workers 2
+fi
+
+run_dir="${RTD_RUN_DIR:-runs/tiny-$(date +%Y%m%d-%H%M%S)}"
+deepspeed --num_gpus "${RTD_RANKS:-2}" rtd_scale/pretrain.py \
+  --ds_config "${RTD_DS_CONFIG:-ds_configs/zero3.json}" \
+  --preset tiny \
+  --data-path "$data/wiki_text_document" \
+  --tokenizer-model "$data/spm.model" \
+  --save "$run_dir" \
+  --train-iters "${RTD_STEPS:-300}" \
+  --log-interval 25 --save-interval 100 2>&1 \
+  | grep --line-buffered -vE '^\[[0-9-]+ [0-9:,]+\] \[(INFO|WARNING)\]|^ *warnings.warn\(|^  return func'
+echo "main job done in $(( $(date +%s) - start )) s (set-up included)"
