@@ -1,0 +1,284 @@
+"""Token shards: megatron-core ``IndexedDataset`` files plus a small sidecar.
+
+A shard with prefix ``P`` is
+
+- ``P.bin`` — every document's token ids back to back, no header (megatron-core's format);
+- ``P.idx`` — megatron-core's index: dtype code, per-sequence lengths and byte offsets, and the
+  document boundaries. Here one sequence is one document (``add_document(ids, [len(ids)])``,
+  like Megatron-LM's ``preprocess_data.py`` without ``--split-sentences``);
+- ``P.meta.json`` — our sidecar: ``vocab_size``, ``tokenizer_model`` (path as given),
+  ``tokenizer_model_sha256``, ``documents``, ``tokens``, ``empty_documents_skipped``, ``dtype``.
+  Optional: shards from Megatron-LM's own preprocessing have none and still load.
+
+Writing is atomic per shard: ``.bin`` and ``.idx`` are written under temporary names in the same
+directory; on commit the old ``.idx`` and sidecar are removed, the new ``.bin`` and sidecar renamed
+into place, and the new ``.idx`` renamed last. A shard is complete iff its ``.idx`` exists, so a
+crash at any point leaves either the old shard, the new one, or no shard — never a new ``.bin``
+with an old ``.idx``. On abort the temporary files are deleted and existing files are untouched.
+
+megatron-core is imported lazily (importing it costs ~4 s), and its import-time warnings about
+missing Transformer Engine / Apex are silenced here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import warnings
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from rtd_scale.cli_errors import UserInputError
+from rtd_scale.data.tokenizer import file_sha256
+
+__all__ = [
+    "META_SUFFIX",
+    "ShardMismatchError",
+    "ShardWriter",
+    "check_tokenizer_matches",
+    "dtype_for_vocab",
+    "open_shard",
+    "read_shard_meta",
+    "shard_paths",
+]
+
+META_SUFFIX = ".meta.json"
+_META_FORMAT = "rtd_scale.shard_meta.v1"
+_REPROCESS_HINT = "use the tokenizer the shards were made with, or re-run tools/preprocess_data.py with this tokenizer"
+
+
+class ShardMismatchError(UserInputError):
+    """The shards were written with a different tokenizer than the one in use (a ValueError)."""
+
+
+def _indexed_dataset_module():
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
+        warnings.filterwarnings("ignore", category=DeprecationWarning)  # torch.jit, raised at import
+        from megatron.core.datasets import indexed_dataset
+    return indexed_dataset
+
+
+def shard_paths(prefix: str | os.PathLike) -> tuple[str, str, str]:
+    """``(P.bin, P.idx, P.meta.json)`` for prefix ``P`` (the prefix itself has no suffix)."""
+    p = os.fspath(prefix)
+    return p + ".bin", p + ".idx", p + META_SUFFIX
+
+
+def dtype_for_vocab(vocab_size: int) -> np.dtype:
+    """The smallest dtype holding every id in ``[0, vocab_size)`` (C09).
+
+    ``uint16`` when ``vocab_size <= 65536`` (largest id 65535), else ``int32`` (megatron-core's
+    IndexedDataset has no uint32). So 65,535 and 65,536 give uint16 and 128,100 gives int32.
+    Note megatron-core's own ``DType.optimal_dtype`` switches at 65,500; this rule is exact.
+    Raises ValueError for ``vocab_size < 1`` or ``> 2**31``.
+    """
+    if not 1 <= vocab_size <= 2**31:
+        raise ValueError(f"vocab_size must be in [1, 2**31], got {vocab_size}")
+    return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.int32)
+
+
+class ShardWriter:
+    """Write one shard ``prefix.{bin,idx,meta.json}``, one document per entry, atomically.
+
+    Use as a context manager (commits on success, aborts on an exception), or call
+    :meth:`add_document` then :meth:`commit` / :meth:`abort`. ``dtype`` defaults to
+    :func:`dtype_for_vocab`. ``tokenizer_model`` is the ``.model`` file the ids came from; its
+    path and SHA-256 go into the sidecar (``None`` for ids with no tokenizer, e.g. tests).
+    """
+
+    def __init__(
+        self,
+        prefix: str | os.PathLike,
+        *,
+        vocab_size: int,
+        tokenizer_model: str | os.PathLike | None = None,
+        dtype: np.dtype | type | None = None,
+    ) -> None:
+        self.prefix = os.fspath(prefix)
+        self.vocab_size = int(vocab_size)
+        self.dtype = np.dtype(dtype) if dtype is not None else dtype_for_vocab(self.vocab_size)
+        if self.dtype not in (np.dtype(np.uint16), np.dtype(np.int32)):
+            raise ValueError(f"shard dtype must be uint16 or int32, got {self.dtype}")
+        if self.vocab_size - 1 > np.iinfo(self.dtype).max:
+            raise ValueError(f"dtype {self.dtype} cannot hold ids up to {self.vocab_size - 1}; use int32")
+        self.tokenizer_model = os.fspath(tokenizer_model) if tokenizer_model is not None else None
+        self.tokenizer_sha256 = file_sha256(self.tokenizer_model) if self.tokenizer_model else None
+        self.documents = 0
+        self.tokens = 0
+        self.empty_documents_skipped = 0
+
+        directory, name = os.path.split(os.path.abspath(self.prefix))
+        os.makedirs(directory, exist_ok=True)
+        # Unique temporary names (pid + random) in the target directory, so the final renames are
+        # atomic and two writers never share a temporary file; created with the usual umask.
+        tmp_stem = os.path.join(directory, f".{name}.{os.getpid()}.{secrets.token_hex(4)}")
+        self._tmp_bin, self._tmp_idx, self._tmp_meta = (tmp_stem + s for s in (".bin.tmp", ".idx.tmp", ".meta.tmp"))
+        try:
+            self._builder = _indexed_dataset_module().IndexedDatasetBuilder(self._tmp_bin, dtype=self.dtype.type)
+        except BaseException:
+            self._remove_temps()
+            raise
+        self._closed = False
+
+    def add_document(self, ids: Sequence[int] | np.ndarray) -> bool:
+        """Append one document. Empty ``ids`` are not written but counted as skipped.
+
+        Returns True if written. Raises ValueError if an id is negative or ``>= vocab_size``
+        (never a silent wrap-around into the shard dtype), TypeError for non-integer ids.
+        """
+        assert not self._closed, "ShardWriter already committed or aborted"
+        arr = np.asarray(ids)
+        if arr.size == 0:
+            self.empty_documents_skipped += 1
+            return False
+        if arr.ndim != 1 or arr.dtype.kind not in "iu":
+            raise TypeError(f"a document must be a 1-D sequence of integer ids, got {arr.dtype} shape {arr.shape}")
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < 0 or hi >= self.vocab_size:
+            bad = lo if lo < 0 else hi
+            raise ValueError(
+                f"token id {bad} is outside [0, {self.vocab_size}) for shard {self.prefix} "
+                f"(vocab_size {self.vocab_size}); the ids come from a different tokenizer"
+            )
+        self._builder.add_document(arr.astype(self.dtype, copy=False), [arr.size])
+        self.documents += 1
+        self.tokens += arr.size
+        return True
+
+    def meta(self) -> dict[str, Any]:
+        """The sidecar contents as of now."""
+        return {
+            "format": _META_FORMAT,
+            "vocab_size": self.vocab_size,
+            "tokenizer_model": self.tokenizer_model,
+            "tokenizer_model_sha256": self.tokenizer_sha256,
+            "documents": self.documents,
+            "tokens": self.tokens,
+            "empty_documents_skipped": self.empty_documents_skipped,
+            "dtype": self.dtype.name,
+        }
+
+    def commit(self) -> dict[str, Any]:
+        """Finish the index and move the shard into place (see module docstring); returns the sidecar."""
+        assert not self._closed, "ShardWriter already committed or aborted"
+        self._closed = True
+        bin_path, idx_path, meta_path = shard_paths(self.prefix)
+        try:
+            self._builder.finalize(self._tmp_idx)
+            meta = self.meta()
+            with open(self._tmp_meta, "w", encoding="utf-8") as f:
+                json.dump(meta, f, indent=2)
+                f.write("\n")
+            for old in (idx_path, meta_path):  # the .idx marks a complete shard: drop it first
+                if os.path.lexists(old):
+                    os.remove(old)
+            os.replace(self._tmp_bin, bin_path)
+            os.replace(self._tmp_meta, meta_path)
+            os.replace(self._tmp_idx, idx_path)
+        except BaseException:
+            self._remove_temps()
+            raise
+        return meta
+
+    def abort(self) -> None:
+        """Delete the temporary files; existing files at the prefix are left as they were."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._builder.data_file.close()
+        finally:
+            self._remove_temps()
+
+    def _remove_temps(self) -> None:
+        for p in (self._tmp_bin, self._tmp_idx, self._tmp_meta):
+            if os.path.lexists(p):
+                os.remove(p)
+
+    def __enter__(self) -> "ShardWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+
+def read_shard_meta(prefix: str | os.PathLike) -> dict[str, Any] | None:
+    """The sidecar ``prefix.meta.json`` as a dict, or None when there is none (e.g. a shard from
+    Megatron-LM's preprocessing). Raises UserInputError if it exists but is not valid JSON.
+    """
+    meta_path = shard_paths(prefix)[2]
+    try:
+        with open(meta_path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserInputError(f"shard sidecar {meta_path} is not valid JSON ({e}); delete it or re-run tools/preprocess_data.py") from None
+
+
+def open_shard(prefix: str | os.PathLike):
+    """Open a shard as megatron-core's ``IndexedDataset`` (memory-mapped ``.bin``).
+
+    ``len(ds)`` is the number of documents; ``ds[i]`` is document ``i``'s ids (numpy array of the
+    shard dtype). Raises FileNotFoundError naming the missing ``.bin`` / ``.idx`` path.
+
+    Keep ``ds`` referenced while using its arrays: they are views of the mmap, which megatron-core
+    closes in ``__del__``, so touching them after ``ds`` is garbage-collected is a segfault
+    (``open_shard(p)[0].tolist()`` in one expression is fine; storing ``open_shard(p)[0:2]`` is not).
+    Copy (``np.array(ds[i])``) what must outlive it.
+    """
+    bin_path, idx_path, _ = shard_paths(prefix)
+    missing = [p for p in (idx_path, bin_path) if not os.path.isfile(p)]
+    if missing:
+        raise FileNotFoundError(
+            f"shard {os.fspath(prefix)} is incomplete: {' and '.join(missing)} not found "
+            f"(pass the prefix without .bin/.idx, as printed by tools/preprocess_data.py)"
+        )
+    return _indexed_dataset_module().IndexedDataset(os.fspath(prefix), multimodal=False, mmap=True)
+
+
+def check_tokenizer_matches(
+    prefix: str | os.PathLike, tokenizer_model_path: str | os.PathLike | None, vocab_size: int
+) -> None:
+    """Raise ShardMismatchError (a ValueError) if the shard at ``prefix`` was not written with this
+    tokenizer.
+
+    ``vocab_size`` is the tokenizer's own size (``Tokenizer.vocab_size``), not a padded model
+    vocabulary. With a sidecar: its ``vocab_size`` and ``tokenizer_model_sha256`` must equal
+    ``vocab_size`` and the SHA-256 of ``tokenizer_model_path`` (hash skipped when either side has
+    none). Without a sidecar (Megatron-LM shards): every id in the ``.bin`` must be
+    ``< vocab_size`` — one numpy max over the memory-mapped file, O(tokens).
+    """
+    prefix = os.fspath(prefix)
+    meta = read_shard_meta(prefix)
+    if meta is not None:
+        shard_vocab = meta.get("vocab_size")
+        shard_sha = meta.get("tokenizer_model_sha256")
+        run_sha = file_sha256(tokenizer_model_path) if tokenizer_model_path is not None else None
+        vocab_differs = shard_vocab != vocab_size
+        sha_differs = shard_sha is not None and run_sha is not None and shard_sha != run_sha
+        if vocab_differs or sha_differs:
+            raise ShardMismatchError(
+                f"shard {prefix} was written with tokenizer {meta.get('tokenizer_model')} "
+                f"(vocab_size {shard_vocab}, sha256 {str(shard_sha)[:12]}) but this run uses "
+                f"{tokenizer_model_path} (vocab_size {vocab_size}, sha256 {str(run_sha)[:12]}); {_REPROCESS_HINT}"
+            )
+        return
+    ds = open_shard(prefix)
+    dtype = np.dtype(ds.index.dtype)
+    bin_path = shard_paths(prefix)[0]
+    if os.path.getsize(bin_path) == 0:
+        return
+    max_id = int(np.memmap(bin_path, dtype=dtype, mode="r").max())
+    if max_id >= vocab_size:
+        raise ShardMismatchError(
+            f"shard {prefix} (no {META_SUFFIX} sidecar) contains token id {max_id} but tokenizer "
+            f"{tokenizer_model_path} has vocab_size {vocab_size}; {_REPROCESS_HINT}"
+        )

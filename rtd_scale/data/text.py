@@ -1,0 +1,255 @@
+"""Reading raw text corpora: one reader for the tokenizer trainer and the preprocessor.
+
+Formats, chosen by file suffix:
+
+| suffix     | one record is                      | read by                                  |
+|------------|------------------------------------|------------------------------------------|
+| `.jsonl`   | one JSON object per line           | this module, line by line (exact `file:line` errors) |
+| `.json`    | JSON lines (Megatron-LM's "loose json"), or one top-level array of objects | this module |
+| `.parquet` | one row                            | Hugging Face `datasets` (streaming)      |
+| `.txt`     | one line (HF `datasets` "text" convention) | this module, line by line        |
+
+JSON lines and text are read here rather than through `datasets` because its loaders fail on a
+malformed file as a whole (e.g. a bare ``UnicodeDecodeError`` with no line number); reading them
+here gives an error naming the file and line, and lets ``skip_bad_lines`` skip exactly the bad ones.
+
+A *bad line* is: invalid JSON, not a JSON object, a missing key, a value that is not a string
+(``null`` included), or bytes that are not UTF-8. Blank lines in JSON lines files are not records
+and are passed over silently. Empty texts are returned as they are; callers count and skip them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Literal, Sequence
+
+from rtd_scale.cli_errors import UserInputError
+
+__all__ = [
+    "BadLineError",
+    "InputFormat",
+    "ReadStats",
+    "check_inputs",
+    "input_format",
+    "iter_records",
+]
+
+InputFormat = Literal["jsonl", "json", "parquet", "text"]
+_SUFFIX_TO_FORMAT: dict[str, InputFormat] = {
+    ".jsonl": "jsonl",
+    ".json": "json",
+    ".parquet": "parquet",
+    ".txt": "text",
+}
+_TEXT_KEY = "text"  # the one field a .txt record has
+_MAX_EXAMPLES = 3  # bad lines remembered for the summary
+
+
+class BadLineError(UserInputError):
+    """A malformed record: ``<path>:<line>: <reason>``.
+
+    ``line`` is 1-based; for parquet it is the row number and for a JSON array the element number,
+    and ``unit`` says which ("row", "element"), giving ``<path>: row <n>: <reason>``.
+    """
+
+    def __init__(self, path: str, line: int, reason: str, unit: str = "line") -> None:
+        super().__init__(path, line, reason, unit)
+        self.path, self.line, self.reason, self.unit = path, line, reason, unit
+
+    def __str__(self) -> str:
+        if self.unit == "line":
+            return f"{self.path}:{self.line}: {self.reason}"
+        return f"{self.path}: {self.unit} {self.line}: {self.reason}"
+
+
+@dataclass
+class ReadStats:
+    """Counters a reader fills in while it runs.
+
+    ``bytes_read``: input bytes consumed so far (raw file bytes; for parquet the file size once read).
+    ``records``: records returned. ``bad_lines``: malformed records skipped (only with
+    ``skip_bad_lines``); ``bad_examples``: the first few of them.
+    """
+
+    bytes_read: int = 0
+    records: int = 0
+    bad_lines: int = 0
+    bad_examples: list[BadLineError] = field(default_factory=list)
+
+    def bad_lines_summary(self) -> str:
+        """'N bad lines skipped (first: file:line: reason)' or '0 bad lines skipped'."""
+        if not self.bad_lines:
+            return "0 bad lines skipped"
+        return f"{self.bad_lines:,} bad lines skipped (first: {self.bad_examples[0]})"
+
+
+def input_format(path: str | Path) -> InputFormat:
+    """The format of ``path`` from its suffix; raises UserInputError for an unknown suffix."""
+    fmt = _SUFFIX_TO_FORMAT.get(Path(path).suffix.lower())
+    if fmt is None:
+        raise UserInputError(
+            f"{path}: unsupported input suffix {Path(path).suffix!r}; "
+            f"use one of {', '.join(_SUFFIX_TO_FORMAT)}"
+        )
+    return fmt
+
+
+def check_inputs(paths: Sequence[str | Path], json_keys: Sequence[str]) -> list[Path]:
+    """Check before reading anything that every input exists, is a file, has a known suffix,
+    and that ``.txt`` inputs are only asked for the key ``text``.
+
+    Returns the paths as ``Path`` objects. Raises UserInputError naming the first bad path.
+    """
+    if not paths:
+        raise UserInputError("no input files given; pass --input FILE [FILE ...]")
+    if not json_keys:
+        raise UserInputError("no keys given; pass --json-keys KEY [KEY ...]")
+    checked = []
+    for p in map(Path, paths):
+        if not p.exists():
+            raise UserInputError(f"input file not found: {p}")
+        if not p.is_file():
+            raise UserInputError(f"input is not a file: {p}")
+        if input_format(p) == "text" and list(json_keys) != [_TEXT_KEY]:
+            raise UserInputError(
+                f"{p}: a .txt file has one field, 'text' (one record per line); "
+                f"--json-keys {' '.join(json_keys)} applies only to json/jsonl/parquet"
+            )
+        checked.append(p)
+    return checked
+
+
+def iter_records(
+    paths: Sequence[str | Path],
+    json_keys: Sequence[str],
+    *,
+    skip_bad_lines: bool = False,
+    stats: ReadStats | None = None,
+) -> Iterator[tuple[str, ...]]:
+    """Stream the records of ``paths`` in order: one tuple of texts (one per key in ``json_keys``).
+
+    Texts are returned raw (not normalised). Raises BadLineError on the first malformed record
+    unless ``skip_bad_lines``, in which case it is counted in ``stats.bad_lines`` and skipped.
+    Call :func:`check_inputs` first for clean errors about missing files.
+    """
+    stats = stats if stats is not None else ReadStats()
+    keys = tuple(json_keys)
+    for path in map(Path, paths):
+        fmt = input_format(path)
+        if fmt == "parquet":
+            records = _iter_parquet(path, keys, stats)
+        elif fmt == "json" and _starts_with_array(path):
+            records = _iter_json_array(path, keys, stats)
+        elif fmt == "text":
+            records = _iter_text_lines(path, stats)
+        else:
+            records = _iter_json_lines(path, keys, stats)
+        for rec in records:
+            if isinstance(rec, BadLineError):
+                if not skip_bad_lines:
+                    raise rec
+                stats.bad_lines += 1
+                if len(stats.bad_examples) < _MAX_EXAMPLES:
+                    stats.bad_examples.append(rec)
+                continue
+            stats.records += 1
+            yield rec
+
+
+def _decode_utf8(raw: bytes, path: Path, lineno: int) -> str | BadLineError:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return BadLineError(
+            str(path), lineno, f"not valid UTF-8 (byte 0x{raw[e.start]:02x} at byte {e.start + 1} of the line)"
+        )
+
+
+def _fields(obj: object, keys: tuple[str, ...], path: Path, where: int) -> tuple[str, ...] | BadLineError:
+    if not isinstance(obj, dict):
+        return BadLineError(str(path), where, f"expected a JSON object, got {type(obj).__name__}")
+    out = []
+    for key in keys:
+        if key not in obj:
+            present = ", ".join(sorted(map(str, obj)))[:120] or "none"
+            return BadLineError(
+                str(path), where, f"missing key {key!r} (keys present: {present}); choose the field with --json-keys"
+            )
+        value = obj[key]
+        if not isinstance(value, str):
+            kind = "null" if value is None else type(value).__name__
+            return BadLineError(str(path), where, f"key {key!r} is {kind}, expected a string")
+        out.append(value)
+    return tuple(out)
+
+
+def _iter_json_lines(path: Path, keys: tuple[str, ...], stats: ReadStats) -> Iterator[tuple[str, ...] | BadLineError]:
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            stats.bytes_read += len(raw)
+            line = _decode_utf8(raw, path, lineno)
+            if isinstance(line, BadLineError):
+                yield line
+                continue
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                yield BadLineError(str(path), lineno, f"invalid JSON: {e.msg} (column {e.colno})")
+                continue
+            yield _fields(obj, keys, path, lineno)
+
+
+def _iter_text_lines(path: Path, stats: ReadStats) -> Iterator[tuple[str, ...] | BadLineError]:
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            stats.bytes_read += len(raw)
+            line = _decode_utf8(raw, path, lineno)
+            yield line if isinstance(line, BadLineError) else (line.rstrip("\r\n"),)
+
+
+def _starts_with_array(path: Path) -> bool:
+    with open(path, "rb") as f:
+        head = f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
+    return head.startswith(b"[")
+
+
+def _iter_json_array(path: Path, keys: tuple[str, ...], stats: ReadStats) -> Iterator[tuple[str, ...] | BadLineError]:
+    # A top-level array is parsed whole (it cannot be streamed with the stdlib); errors name the
+    # line of the syntax error, or the 1-based element number for a bad element.
+    raw = path.read_bytes()
+    stats.bytes_read += len(raw)
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        lineno = raw.count(b"\n", 0, e.start) + 1
+        raise BadLineError(str(path), lineno, f"not valid UTF-8 (byte 0x{raw[e.start]:02x})") from None
+    except json.JSONDecodeError as e:
+        raise BadLineError(str(path), e.lineno, f"invalid JSON: {e.msg} (column {e.colno})") from None
+    for i, obj in enumerate(data, start=1):
+        rec = _fields(obj, keys, path, i)
+        if isinstance(rec, BadLineError):
+            rec.unit = "element"
+        yield rec
+
+
+def _iter_parquet(path: Path, keys: tuple[str, ...], stats: ReadStats) -> Iterator[tuple[str, ...] | BadLineError]:
+    import datasets  # lazy: ~0.4 s to import, needed only for parquet
+
+    ds = datasets.load_dataset("parquet", data_files=str(path), split="train", streaming=True)
+    columns = ds.column_names
+    if columns is not None:
+        missing = [k for k in keys if k not in columns]
+        if missing:
+            raise UserInputError(
+                f"{path}: missing column {missing[0]!r} (columns: {', '.join(columns)}); choose it with --json-keys"
+            )
+    for row_no, row in enumerate(ds, start=1):
+        rec = _fields(row, keys, path, row_no)
+        if isinstance(rec, BadLineError):
+            rec.unit = "row"
+        yield rec
+    stats.bytes_read += path.stat().st_size

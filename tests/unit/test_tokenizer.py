@@ -1,0 +1,295 @@
+"""Tokenizer: fixed special ids, normalisation (C12), training on long lines (C10), a 70k-char run
+with no spaces (C11), malformed input (C12b), and a vocabulary too large for the corpus.
+
+Fixture text: the case files plus the Python reference manual's topic texts that ship with the
+standard library (``pydoc_data.topics``, real English prose), so that a 400-piece vocabulary is
+trainable offline in ~2 s; the case files alone hold only five distinct sentences.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import re
+import subprocess
+import sys
+import unicodedata
+from pathlib import Path
+
+import pydoc_data.topics
+import pytest
+import sentencepiece as spm
+
+from rtd_scale.data import tokenizer as tokmod
+from rtd_scale.data.text import BadLineError, ReadStats, iter_records
+from rtd_scale.data.tokenizer import (
+    CLS_ID,
+    MASK_ID,
+    PAD_ID,
+    SEP_ID,
+    SPECIAL_IDS,
+    UNK_ID,
+    Tokenizer,
+    TokenizerModelError,
+    TokenizerTrainingError,
+    normalize_text,
+    split_for_training,
+    train_tokenizer,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+CASES = REPO.parent / "shared" / "cases" / "data"
+TRAIN_TOOL = REPO / "tools" / "train_tokenizer.py"
+
+
+def _case_texts(name: str) -> list[str]:
+    return [json.loads(line)["text"] for line in (CASES / name).read_text(encoding="utf-8").splitlines()]
+
+
+def _fixture_documents() -> list[str]:
+    docs = list(pydoc_data.topics.topics.values())
+    for name in ("c06_single_sentence_docs.jsonl", "c10_all_lines_too_long.jsonl",
+                 "c11_no_space_70k.jsonl", "c12_control_chars.jsonl"):
+        docs += _case_texts(name)
+    return docs
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory) -> Tokenizer:
+    prefix = tmp_path_factory.mktemp("tok") / "spm"
+    summary = train_tokenizer(_fixture_documents(), prefix, vocab_size=400, num_threads=2)
+    assert summary.vocab_size == 400
+    return Tokenizer(summary.model_path)
+
+
+def _run_tool(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(TRAIN_TOOL), *args], capture_output=True, text=True, cwd=REPO)
+
+
+def _assert_one_line_error(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    return lines[0]
+
+
+# -- special ids ------------------------------------------------------------------------------
+
+
+def test_special_ids_are_fixed(tokenizer):
+    assert (PAD_ID, CLS_ID, SEP_ID, UNK_ID, MASK_ID) == (0, 1, 2, 3, 4)
+    assert SPECIAL_IDS == (0, 1, 2, 3, 4)
+    assert [tokenizer.id_to_piece(i) for i in range(5)] == ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"]
+    assert [tokenizer.piece_to_id(p) for p in ("[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]")] == [0, 1, 2, 3, 4]
+    assert (tokenizer.pad_id, tokenizer.cls_id, tokenizer.sep_id, tokenizer.unk_id, tokenizer.mask_id) == (0, 1, 2, 3, 4)
+    tokenizer.verify_special_ids()
+
+
+def test_encoding_text_never_yields_pad_cls_sep_mask(tokenizer):
+    # The literal special strings are ordinary text; control ids only come from the packer/masker.
+    ids = tokenizer.encode("[CLS] The [MASK] rises. [SEP] [PAD] <s> </s>")
+    assert ids and not {PAD_ID, CLS_ID, SEP_ID, MASK_ID} & set(ids)
+    for doc in _fixture_documents():
+        assert not {PAD_ID, CLS_ID, SEP_ID, MASK_ID} & set(tokenizer.encode(doc))
+    # Control ids decode to nothing.
+    body = tokenizer.encode("The river")
+    assert tokenizer.decode([CLS_ID, *body, SEP_ID, PAD_ID, MASK_ID]) == "The river"
+
+
+def test_unseen_character_is_unk(tokenizer):
+    assert tokenizer.encode("\u2603")[-1] == UNK_ID  # snowman: not in the fixture text
+
+
+def test_foreign_sentencepiece_model_is_rejected(tmp_path):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(_case_texts("c06_single_sentence_docs.jsonl")), encoding="utf-8")
+    # SentencePiece's defaults: <unk>=0, <s>=1, </s>=2 (like most released models).
+    spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(tmp_path / "foreign"), vocab_size=40, minloglevel=2)
+    with pytest.raises(TokenizerModelError) as e:
+        Tokenizer(tmp_path / "foreign.model")
+    msg = str(e.value)
+    assert str(tmp_path / "foreign.model") in msg
+    assert "id 0 is '<unk>', expected control piece '[PAD]'" in msg
+    assert "tools/train_tokenizer.py" in msg
+    assert isinstance(e.value, ValueError)
+
+
+def test_missing_or_non_model_file(tmp_path):
+    with pytest.raises(TokenizerModelError, match="tokenizer model not found: .*nope.model"):
+        Tokenizer(tmp_path / "nope.model")
+    (tmp_path / "junk.model").write_bytes(b"not a model")
+    with pytest.raises(TokenizerModelError, match="junk.model is not a SentencePiece model"):
+        Tokenizer(tmp_path / "junk.model")
+
+
+def test_tokenizer_pickles_with_its_model(tokenizer):
+    clone = pickle.loads(pickle.dumps(tokenizer))
+    text = "Copper was among the first metals worked by people."
+    assert clone.encode(text) == tokenizer.encode(text)
+    assert clone.sha256 == tokenizer.sha256 == tokmod.file_sha256(tokenizer.model_path)
+
+
+# -- normalisation (C12) ----------------------------------------------------------------------
+
+
+def test_normalize_text_c12_control_chars():
+    got = [normalize_text(t) for t in _case_texts("c12_control_chars.jsonl")]
+    assert got == [
+        "beforeafter The river rises in the northern hills and flows south to the sea.",
+        "bell and escape[31m colour Copper was among the first metals worked by people, long before iron.",
+        "form feed vertical tab A sonnet has fourteen lines and, in English, usually a fixed rhyme scheme.",
+        "zerowidthjoiner The library opened in 1891 and moved to its present building in 1934.",
+    ]
+
+
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ("  a\tb\nc\r\nd\x0be\x0cf  ", "a b c d e f"),  # whitespace controls become one space
+        ("nul\x00 bel\x07 del\x7f c1\x85x", "nul bel del c1 x"),  # U+0085 NEL is whitespace
+        ("\ufeffbom\u200b\u2060\u00adx", "bomx"),  # BOM, zero-width space, word joiner, soft hyphen
+        ("no\u00a0break\u3000ideographic\u2028line", "no break ideographic line"),
+        ("e\u200b\u0301", "\u00e9"),  # dropping U+200B first lets NFC compose e + acute
+        ("lone \ud800surrogate", "lone surrogate"),
+        ("", ""),
+    ],
+)
+def test_normalize_text_rules(raw, expected):
+    assert normalize_text(raw) == expected
+    assert normalize_text(expected) == expected  # idempotent
+
+
+def test_drop_table_is_unicode_control_and_format():
+    for a, b in tokmod._DROP_RANGES:
+        for cp in range(a, b + 1):
+            ch = chr(cp)
+            assert unicodedata.category(ch) in ("Cc", "Cf", "Cs") and not ch.isspace(), hex(cp)
+    # every Cc in Latin-1 is either dropped or whitespace
+    for cp in list(range(0x20)) + list(range(0x7F, 0xA0)):
+        assert normalize_text(f"a{chr(cp)}b") in ("ab", "a b"), hex(cp)
+
+
+# -- training on awkward corpora (C10, C11, C12b) -----------------------------------------------
+
+
+def test_split_for_training_limits_bytes_and_keeps_text():
+    text = normalize_text(_case_texts("c10_all_lines_too_long.jsonl")[0])
+    pieces = split_for_training(text, 4192)
+    assert len(text.encode()) == 11251 and all(len(p.encode()) <= 4192 for p in pieces)
+    assert " ".join(pieces) == text
+    assert split_for_training("aaa bbb ccc dddddddddd e", 5) == ["aaa", "bbb", "ccc", "ddddd", "ddddd", "e"]
+    assert split_for_training("\u00e9\u00e9\u00e9\u00e9\u00e9", 4) == ["\u00e9\u00e9", "\u00e9\u00e9", "\u00e9"]
+
+
+def test_c10_every_line_too_long_trains(tmp_path):
+    lines = _case_texts("c10_all_lines_too_long.jsonl")
+    assert min(len(t.encode()) for t in lines) > 4192  # the case: every line beats SentencePiece's limit
+    proc = _run_tool("--input", str(CASES / "c10_all_lines_too_long.jsonl"), "--output-prefix",
+                     str(tmp_path / "c10"), "--vocab-size", "60", "--character-coverage", "1.0")
+    assert proc.returncode == 0, proc.stderr
+    assert "on 50 documents" in proc.stdout and "vocab 60" in proc.stdout
+    tok = Tokenizer(tmp_path / "c10.model")
+    assert tok.vocab_size == 60
+    # coverage 1.0: "D" of "Document 0." is rarer than SentencePiece's default 0.9995 keeps
+    assert tok.decode(tok.encode(lines[0])) == normalize_text(lines[0])
+
+
+def test_long_line_round_trips(tokenizer):
+    line = _case_texts("c10_all_lines_too_long.jsonl")[7]
+    ids = tokenizer.encode(line)
+    assert len(ids) > 1000 and UNK_ID not in ids
+    assert tokenizer.decode(ids) == normalize_text(line)
+
+
+def test_c11_no_space_run_trains_and_neighbours_intact(tokenizer, tmp_path):
+    before, run, after = _case_texts("c11_no_space_70k.jsonl")
+    assert len(run) == 70014 and run.count(" ") == 2  # "prefix <70,000 letters> suffix"
+    # The fixture tokenizer was trained with these three documents; encoding finishes too.
+    assert tokenizer.decode(tokenizer.encode(before)) == before
+    assert tokenizer.decode(tokenizer.encode(after)) == after
+    assert tokenizer.decode(tokenizer.encode(run)) == run
+    # Alone, through the real CLI (the run is hard-split into <= 4192-byte pieces).
+    proc = _run_tool("--input", str(CASES / "c11_no_space_70k.jsonl"), "--output-prefix",
+                     str(tmp_path / "c11"), "--vocab-size", "40")
+    assert proc.returncode == 0, proc.stderr
+    assert "20 of 20 sentences fed" in proc.stdout  # 2 short + 1 + 17 pieces of the 70,014-byte document
+
+
+def test_c12b_malformed_line_error_names_file_and_line(tmp_path):
+    proc = _run_tool("--input", str(CASES / "c12b_malformed.jsonl"), "--output-prefix", str(tmp_path / "m"),
+                     "--vocab-size", "40")
+    line = _assert_one_line_error(proc)
+    assert "c12b_malformed.jsonl:2: invalid JSON" in line
+    assert "--skip-bad-lines" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_c12b_skip_bad_lines_counts_three(tmp_path):
+    stats = ReadStats()
+    records = list(iter_records([CASES / "c12b_malformed.jsonl"], ["text"], skip_bad_lines=True, stats=stats))
+    assert records == [
+        ("The river rises in the northern hills and flows south to the sea.",),
+        ("A sonnet has fourteen lines and, in English, usually a fixed rhyme scheme.",),
+    ]
+    assert stats.bad_lines == 3
+    assert [(e.line, e.reason.split(" (")[0]) for e in stats.bad_examples] == [
+        (2, "invalid JSON: Invalid control character at"),
+        (3, "missing key 'text'"),
+        (4, "not valid UTF-8"),
+    ]
+    proc = _run_tool("--input", str(CASES / "c12b_malformed.jsonl"), "--output-prefix", str(tmp_path / "m"),
+                     "--vocab-size", "40", "--skip-bad-lines")
+    assert proc.returncode == 0, proc.stderr
+    assert "on 2 documents" in proc.stdout and "3 bad lines skipped" in proc.stdout
+    assert (tmp_path / "m.model").is_file() and (tmp_path / "m.vocab").is_file()
+
+
+def test_bad_line_error_is_one_line_and_picklable():
+    with pytest.raises(BadLineError) as e:
+        list(iter_records([CASES / "c12b_malformed.jsonl"], ["text"]))
+    err = pickle.loads(pickle.dumps(e.value))
+    assert (err.line, str(err).split(": ")[0]) == (2, f"{CASES / 'c12b_malformed.jsonl'}:2")
+
+
+def test_vocab_too_high_names_flag_and_limit(tmp_path):
+    docs = _case_texts("c10_all_lines_too_long.jsonl")
+    with pytest.raises(TokenizerTrainingError) as e:
+        train_tokenizer(docs, tmp_path / "big", vocab_size=400, num_threads=2)
+    m = re.fullmatch(r"--vocab-size 400 is too high for this corpus: SentencePiece can make at most (\d+) "
+                     r"pieces from it; pass --vocab-size \1 or less, or train on more text", str(e.value))
+    assert m, str(e.value)
+    assert not list(tmp_path.iterdir())  # no model, no leftover temp dir
+    limit = int(m.group(1))
+    assert train_tokenizer(docs, tmp_path / "ok", vocab_size=limit, num_threads=2).vocab_size == limit
+
+
+def test_empty_corpus_and_missing_input(tmp_path):
+    with pytest.raises(TokenizerTrainingError, match="all 3 documents are empty after normalisation"):
+        train_tokenizer(["", " \t", "\u200b"], tmp_path / "e")
+    proc = _run_tool("--input", str(tmp_path / "missing.jsonl"), "--output-prefix", str(tmp_path / "x"))
+    assert _assert_one_line_error(proc) == f"error: input file not found: {tmp_path / 'missing.jsonl'}"
+
+
+def test_input_sentence_size_samples(tmp_path):
+    docs = _case_texts("c06_single_sentence_docs.jsonl")
+    s = train_tokenizer(docs, tmp_path / "s", vocab_size=40, input_sentence_size=50, num_threads=1)
+    assert (s.documents, s.sentences, s.sentences_fed) == (300, 300, 50)
+
+
+def test_bpe_keeps_special_ids(tmp_path):
+    s = train_tokenizer(_case_texts("c10_all_lines_too_long.jsonl"), tmp_path / "bpe", vocab_size=200,
+                        model_type="bpe", num_threads=2)
+    tok = Tokenizer(s.model_path)
+    assert [tok.id_to_piece(i) for i in range(5)] == ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"]
+
+
+def test_training_is_reproducible(tmp_path):
+    docs = _case_texts("c06_single_sentence_docs.jsonl")
+    a = train_tokenizer(docs, tmp_path / "a", vocab_size=40, num_threads=2)
+    b = train_tokenizer(docs, tmp_path / "b", vocab_size=40, num_threads=2)
+    assert Path(a.model_path).read_bytes() == Path(b.model_path).read_bytes()
+    vocab = Path(a.vocab_path).read_text(encoding="utf-8").splitlines()
+    assert vocab == Path(b.vocab_path).read_text(encoding="utf-8").splitlines() and len(vocab) == 40
+    assert vocab[:5] == ["[PAD]\t0", "[CLS]\t0", "[SEP]\t0", "[UNK]\t0", "[MASK]\t0"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.model", "a.vocab", "b.model", "b.vocab"]
