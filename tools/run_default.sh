@@ -14,7 +14,7 @@ export PYTHONWARNINGS="ignore::UserWarning:megatron,ignore::FutureWarning"
 data=data/sample
 python tools/build_sample_corpus.py --output "$data/corpus.jsonl"
 if [ ! -f "$data/spm.model" ]; then
-  python tools/train_tokenizer.py --input "$data/corpus.jsonl" --vocab-size 8000 \
+  python tools/train_tokenizer.py --input "$data/corpus.jsonl" --vocab-size 8000 --character-coverage 1.0 \
     --output-prefix "$data/spm"
 fi
 if [ ! -f "$data/wiki_text_document.idx" ] || [ "$data/spm.model" -nt "$data/wiki_text_document.idx" ]; then

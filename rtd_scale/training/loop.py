@@ -46,7 +46,8 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, dataset: PackedDataset, 
             acc.add(out, cfg.rtd.rtd_lambda)
         steps_since_log += 1
         done = step + 1
-        if done % t.log_interval == 0 or done == t.train_iters:
+        # log every log_interval steps, and the run's first and last step (the summary's ends)
+        if done % t.log_interval == 0 or done in (start_step + 1, t.train_iters):
             scalars = acc.reduce(ctx.dp_group)
             now = time.perf_counter()
             elapsed = now - last_log
