@@ -233,9 +233,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # library noise that says nothing about the run
     warnings.filterwarnings("ignore", message=".*is deprecated. Please use `torch.distributed.*")
     warnings.filterwarnings("ignore", message=".*full scope is deprecated.*")
+    warnings.filterwarnings("ignore", message=".*CUDA_DEVICE_MAX_CONNECTIONS.*")
     warnings.filterwarnings("ignore", category=DeprecationWarning, module="megatron")
     args = build_parser().parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
+    if rank != 0:  # every rank would repeat the same configuration warnings
+        warnings.simplefilter("ignore", UserWarning)
     try:
         cfg = config_from_args(args)
         run(cfg)

@@ -23,6 +23,7 @@ from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_para
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from rtd_scale.config import EncoderConfig, Sharing
+from rtd_scale.model.weights import mark_vocab_parallel
 
 
 def vocab_parallel_lookup(
@@ -58,6 +59,7 @@ class TokenTable(VocabParallelEmbedding):
     def __init__(self, padded_vocab_size: int, embedding_size: int, config: TransformerConfig):
         super().__init__(padded_vocab_size, embedding_size, init_method=config.init_method,
                          config=config)
+        mark_vocab_parallel(self.weight)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return vocab_parallel_lookup(self.weight, ids, self.vocab_start_index, self.tp_group)
@@ -74,6 +76,7 @@ class GDESTable(torch.nn.Module):
         self.generator_table = generator_table
         self.delta = torch.nn.Parameter(torch.zeros_like(generator_table.weight))
         tensor_parallel.set_tensor_model_parallel_attributes(self.delta, True, 0, 1)
+        mark_vocab_parallel(self.delta)
 
     @property
     def vocab_start_index(self) -> int:

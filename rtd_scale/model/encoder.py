@@ -19,8 +19,9 @@ def transformer_config(enc: EncoderConfig, *, init_std: float, tensor_model_para
                        pipeline_model_parallel_size: int = 1) -> TransformerConfig:
     """megatron-core TransformerConfig for one encoder.
 
-    CPU-safe everywhere: CPU initialisation (the full weight is drawn and sliced, so weights do not
-    depend on the TP size) and no fused kernels that assume CUDA. Parameters are fp32; DeepSpeed
+    CPU-safe everywhere: parameters allocated on CPU and initialised by
+    ``rtd_scale.model.weights.initialize`` (independent of the TP size), and no fused kernels
+    that assume CUDA. Parameters are fp32; DeepSpeed
     casts to bf16 and keeps fp32 master weights.
     """
     return TransformerConfig(
@@ -39,6 +40,10 @@ def transformer_config(enc: EncoderConfig, *, init_std: float, tensor_model_para
         tensor_model_parallel_size=tensor_model_parallel_size,
         pipeline_model_parallel_size=pipeline_model_parallel_size,
         use_cpu_initialization=True,
+        # megatron-core's initialisation also marks the tensor-parallel attributes
+        # (tensor_model_parallel, partition_dim) that rtd_scale.model.weights relies on; the
+        # values are then redrawn TP-independently by rtd_scale.model.weights.initialize.
+        perform_initialization=True,
         params_dtype=torch.float32,
         gradient_accumulation_fusion=False,
         bias_activation_fusion=False,

@@ -7,6 +7,7 @@ from megatron.core.tensor_parallel.cross_entropy import vocab_parallel_cross_ent
 from megatron.core.tensor_parallel.mappings import copy_to_tensor_model_parallel_region
 
 from rtd_scale.model.embeddings import TokenTable
+from rtd_scale.model.weights import mark_vocab_parallel
 
 
 class MLMHead(torch.nn.Module):
@@ -31,6 +32,7 @@ class MLMHead(torch.nn.Module):
         from megatron.core import tensor_parallel
 
         tensor_parallel.set_tensor_model_parallel_attributes(self.bias, True, 0, 1)
+        mark_vocab_parallel(self.bias)
         global_ids = torch.arange(table.vocab_start_index, table.vocab_end_index)
         self.register_buffer("padded_column", global_ids >= vocab_size, persistent=False)
 
@@ -58,6 +60,30 @@ def mlm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return logits.float().sum() * 0.0
     per_position = vocab_parallel_cross_entropy(logits.float().unsqueeze(1), targets.unsqueeze(1))
     return per_position.mean()
+
+
+@torch.no_grad()
+def vocab_parallel_top1_correct(logits: torch.Tensor, targets: torch.Tensor, vocab_start: int,
+                                tp_group) -> torch.Tensor:
+    """Whether each row's target holds the global maximum logit, without gathering the vocab.
+
+    Args:
+        logits: [n, V_local] this rank's shard; targets: [n] int64 global ids.
+    Returns:
+        [n] bool, identical on every rank of ``tp_group`` (two MAX all-reduces of [n] floats).
+    """
+    n, v_local = logits.shape
+    best = logits.float().max(dim=-1).values
+    local = targets - vocab_start
+    inside = (local >= 0) & (local < v_local)
+    target_logit = torch.full_like(best, float("-inf"))
+    rows = torch.nonzero(inside, as_tuple=True)[0]
+    target_logit[rows] = logits[rows, local[rows]].float()
+    if tp_group.size() > 1:
+        torch.distributed.all_reduce(best, op=torch.distributed.ReduceOp.MAX, group=tp_group)
+        torch.distributed.all_reduce(target_logit, op=torch.distributed.ReduceOp.MAX,
+                                     group=tp_group)
+    return target_logit >= best
 
 
 class RTDHead(torch.nn.Module):

@@ -13,8 +13,9 @@ import torch
 
 from rtd_scale.config import ModelConfig, RTDConfig, Sharing
 from rtd_scale.model.embeddings import EncoderEmbeddings, TokenTable, discriminator_table
+from rtd_scale.model import weights
 from rtd_scale.model.encoder import Encoder, transformer_config
-from rtd_scale.model.heads import MLMHead, RTDHead, mlm_loss
+from rtd_scale.model.heads import MLMHead, RTDHead, mlm_loss, vocab_parallel_top1_correct
 from rtd_scale.objectives.losses import replaced_labels, rtd_loss, total_loss
 from rtd_scale.objectives.masking import mask_tokens
 from rtd_scale.objectives.sampling import sample_from_logits
@@ -52,7 +53,8 @@ class RTDModel(torch.nn.Module):
         tensor_model_parallel_size: TP size (the vocabulary is padded to 128 × TP).
         special_ids: ids never masked and never sampled ([PAD], [CLS], [SEP], [UNK], [MASK]).
         pad_id, mask_id: ids of [PAD] and [MASK].
-        seed: run seed (masks and sampling noise are functions of it).
+        seed: run seed (the initial weights, masks and sampling noise are functions of it; the
+            weights do not depend on the tensor-parallel size, see ``model/weights.py``).
     """
 
     def __init__(self, model: ModelConfig, rtd: RTDConfig, *, tensor_model_parallel_size: int,
@@ -86,6 +88,10 @@ class RTDModel(torch.nn.Module):
             if v0 <= sid < v1:
                 sampleable[sid - v0] = False
         self.register_buffer("sampleable", sampleable, persistent=False)
+        weights.initialize(self, seed=seed, std=std, tp_rank=gen_table.tp_group.rank(),
+                           tp_size=tensor_model_parallel_size, vocab_size=model.vocab_size,
+                           num_layers={"generator": model.generator.num_layers,
+                                       "discriminator": model.discriminator.num_layers})
 
     # The tables, by role (tests and the embedding-similarity metric read these).
     @property
@@ -137,8 +143,8 @@ class RTDModel(torch.nn.Module):
             sampleable=self.sampleable, temperature=rtd.temperature,
             disallow_ids=targets if rtd.disallow_correct else None,
             tp_group=self.generator_table.tp_group)
-        with torch.no_grad():
-            mlm_correct = (logits.argmax(-1) + self.generator_table.vocab_start_index == targets)
+        mlm_correct = vocab_parallel_top1_correct(
+            logits, targets, self.generator_table.vocab_start_index, self.generator_table.tp_group)
         l_mlm = mlm_loss(logits, targets)  # consumes logits
 
         # 4. discriminator input and labels: a correct sample counts as original (C01)
@@ -157,7 +163,6 @@ class RTDModel(torch.nn.Module):
             is_orig = (labels == 0) & valid
             counts = {
                 "masked": m.masked.sum().float(),
-                # at TP > 1 the argmax is per shard; the accuracy is exact at TP = 1
                 "mlm_correct": mlm_correct.sum().float(),
                 "tokens": valid.sum().float(),
                 "replaced": is_rep.sum().float(),

@@ -1,0 +1,163 @@
+"""Weights that do not depend on how the model is split.
+
+- ``initialize``: every parameter is drawn whole — at its unpartitioned shape, real vocabulary rows
+  only — from a generator seeded by (seed, parameter name), and this rank keeps its slice. The
+  initial model is therefore the same at every tensor-parallel size (and, with stage-independent
+  names, every pipeline split), which is what lets a TP=2 run reproduce a TP=1 run.
+- ``full_state_dict`` / ``load_full_state_dict``: a TP-agnostic state dict (tensor-parallel shards
+  gathered along their partition dimension, vocabulary padding removed) and its inverse, so a model
+  trained at one TP size loads at another (case C16).
+
+Initialisation rules (BERT / megatron-core): weights N(0, std²); the output projections of each
+residual branch (attention ``linear_proj``, MLP ``linear_fc2``) N(0, (std / sqrt(2·num_layers))²)
+(megatron-core's ``output_layer_init_method``); biases 0; LayerNorm weight 1, bias 0; the GDES
+residual E_Δ exactly 0 (arXiv 2111.09543 §3.3); vocabulary padding rows 0.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+
+# Attribute set on parameters whose ``vocab_dim`` indexes the (padded) vocabulary.
+VOCAB_DIM_ATTR = "rtd_vocab_dim"
+
+
+def mark_vocab_parallel(param: torch.nn.Parameter, dim: int = 0) -> None:
+    """Record that ``param``'s dimension ``dim`` is the padded, vocab-parallel vocabulary."""
+    setattr(param, VOCAB_DIM_ATTR, dim)
+
+
+def _is_tp(p: torch.Tensor) -> bool:
+    return bool(getattr(p, "tensor_model_parallel", False))
+
+
+def _named_unique_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Parameter]]:
+    seen: set[int] = set()
+    for name, p in model.named_parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            yield name, p
+
+
+def _seed_for(seed: int, name: str) -> int:
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def _norm_param_ids(model: torch.nn.Module) -> set[int]:
+    ids = set()
+    for m in model.modules():
+        if isinstance(m, (torch.nn.LayerNorm, torch.nn.RMSNorm)):
+            ids.update(id(p) for p in m.parameters(recurse=False))
+    return ids
+
+
+def _full_shape(p: torch.Tensor, tp_size: int, vocab_size: int) -> list[int]:
+    shape = list(p.shape)
+    vocab_dim = getattr(p, VOCAB_DIM_ATTR, None)
+    if vocab_dim is not None:
+        shape[vocab_dim] = vocab_size
+    elif _is_tp(p):
+        shape[p.partition_dim] *= tp_size
+    return shape
+
+
+def _local_slice(full: torch.Tensor, p: torch.Tensor, tp_rank: int) -> torch.Tensor:
+    """This rank's part of ``full`` (vocabulary padded with zero rows first)."""
+    vocab_dim = getattr(p, VOCAB_DIM_ATTR, None)
+    dim = vocab_dim if vocab_dim is not None else (p.partition_dim if _is_tp(p) else None)
+    if dim is None:
+        return full
+    n = p.shape[dim]
+    if vocab_dim is not None:
+        pad = n * (tp_rank + 1) - full.shape[dim]
+        if pad > 0:  # the rows of this rank past the real vocabulary are padding (zeros)
+            widths = [0, 0] * (full.dim() - 1 - dim) + [0, pad]
+            full = torch.nn.functional.pad(full, widths)
+    return full.narrow(dim, n * tp_rank, n)
+
+
+@torch.no_grad()
+def initialize(model: torch.nn.Module, *, seed: int, std: float, num_layers: dict[str, int],
+               tp_rank: int, tp_size: int, vocab_size: int) -> None:
+    """Initialise every parameter of ``model`` in place, independently of the TP size.
+
+    Args:
+        seed: run seed; each parameter's generator is seeded by sha256(seed, name).
+        std: the weights' standard deviation (``model.init_method_std``).
+        num_layers: layers per top-level submodule name, e.g. {"generator": 6,
+            "discriminator": 12}, for the scaled residual-output initialisation.
+        tp_rank, tp_size: this rank's place in the tensor-parallel group.
+        vocab_size: real (unpadded) vocabulary size.
+    """
+    norms = _norm_param_ids(model)
+    for name, p in _named_unique_parameters(model):
+        leaf = name.rsplit(".", 1)[-1]
+        shape = _full_shape(p, tp_size, vocab_size)
+        if leaf == "delta":
+            full = torch.zeros(shape)
+        elif id(p) in norms:
+            full = torch.ones(shape) if leaf == "weight" else torch.zeros(shape)
+        elif p.dim() < 2:
+            full = torch.zeros(shape)
+        else:
+            s = std
+            if name.endswith(("linear_proj.weight", "linear_fc2.weight")):
+                s = std / math.sqrt(2.0 * num_layers[name.split(".", 1)[0]])
+            g = torch.Generator().manual_seed(_seed_for(seed, name))
+            full = torch.randn(shape, generator=g) * s
+        p.copy_(_local_slice(full, p, tp_rank).to(p.dtype))
+
+
+def _gather_tp(t: torch.Tensor, dim: int, tp_group) -> torch.Tensor:
+    if tp_group is None or dist.get_world_size(tp_group) == 1:
+        return t
+    parts = [torch.empty_like(t) for _ in range(dist.get_world_size(tp_group))]
+    dist.all_gather(parts, t.contiguous(), group=tp_group)
+    return torch.cat(parts, dim=dim)
+
+
+@torch.no_grad()
+def full_state_dict(model: torch.nn.Module, *, tp_group, vocab_size: int,
+                    grads: bool = False) -> dict[str, torch.Tensor]:
+    """TP-agnostic fp32 CPU copies of the parameters (or their gradients, ``grads=True``):
+    tensor-parallel shards gathered, vocabulary padding removed. Collective over ``tp_group``;
+    every rank gets the result. Shared parameters appear once, under their first name."""
+    out = {}
+    for name, p in _named_unique_parameters(model):
+        t = p.grad if grads else p
+        if t is None:
+            t = torch.zeros_like(p)
+        vocab_dim = getattr(p, VOCAB_DIM_ATTR, None)
+        if vocab_dim is not None:
+            t = _gather_tp(t, vocab_dim, tp_group).narrow(vocab_dim, 0, vocab_size)
+        elif _is_tp(p):
+            t = _gather_tp(t, p.partition_dim, tp_group)
+        out[name] = t.detach().float().cpu().clone()
+    return out
+
+
+@torch.no_grad()
+def load_full_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor], *,
+                         tp_rank: int) -> None:
+    """Inverse of ``full_state_dict``: copy this rank's slice of each full tensor in place.
+
+    Raises:
+        KeyError: a parameter of ``model`` is missing from ``state`` (or the reverse);
+        ValueError: a shape does not fit.
+    """
+    names = dict(_named_unique_parameters(model))
+    missing, unexpected = set(names) - set(state), set(state) - set(names)
+    if missing or unexpected:
+        raise KeyError(f"state dict does not fit the model: missing {sorted(missing)}, "
+                       f"unexpected {sorted(unexpected)}")
+    for name, p in names.items():
+        local = _local_slice(state[name], p, tp_rank)
+        if tuple(local.shape) != tuple(p.shape):
+            raise ValueError(f"{name}: shape {tuple(state[name].shape)} does not fit "
+                             f"{tuple(p.shape)} on tensor-parallel rank {tp_rank}")
+        p.copy_(local.to(p.dtype))

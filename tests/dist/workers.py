@@ -1,0 +1,131 @@
+"""Functions run inside the spawned ranks of tests/dist (importable, module level)."""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.distributed as dist
+
+from rtd_scale.config import Sharing, preset
+
+SPECIAL = (0, 1, 2, 3, 4)
+
+
+def tiny_config(sharing: Sharing, *, embedding_size: int = 48, dropout: float = 0.0,
+                vocab_size: int = 300):
+    cfg = preset("tiny")
+    cfg.model.vocab_size = vocab_size
+    cfg.model.sharing = sharing
+    cfg.model.embedding_size = embedding_size
+    cfg.model.generator = dataclasses.replace(
+        cfg.model.generator, num_layers=1, hidden_size=32, num_attention_heads=2,
+        ffn_hidden_size=64, hidden_dropout=dropout, attention_dropout=dropout)
+    cfg.model.discriminator = dataclasses.replace(
+        cfg.model.discriminator, num_layers=2, hidden_size=48, num_attention_heads=4,
+        ffn_hidden_size=96, hidden_dropout=dropout, attention_dropout=dropout)
+    return cfg
+
+
+def build(cfg, tp_size: int, seed: int = 7):
+    from rtd_scale.model.rtd import RTDModel
+
+    return RTDModel(cfg.model, cfg.rtd, tensor_model_parallel_size=tp_size,
+                    special_ids=SPECIAL, pad_id=0, mask_id=4, seed=seed)
+
+
+def fixed_batch(b: int = 6, s: int = 40, vocab_size: int = 300):
+    g = torch.Generator().manual_seed(123)
+    ids = torch.randint(5, vocab_size, (b, s), generator=g)
+    ids[:, 0] = 1
+    ids[:, -1] = 2
+    ids[1, 20:] = 0  # some padding
+    ids[1, 19] = 2
+    return ids, torch.arange(1000, 1000 + b)
+
+
+def parity(ctx, cases):
+    """One RTD forward/backward per case; returns what TP=1 and TP=2 must agree on."""
+    from rtd_scale.model import weights
+
+    out = {}
+    for name, sharing, embedding_size in cases:
+        cfg = tiny_config(sharing, embedding_size=embedding_size)
+        model = build(cfg, ctx.tp_size)
+        ids, idx = fixed_batch()
+        res = model(ids, idx, step=3)
+        res.loss.backward()
+        # GDES / NES / ES gradient paths, measured on this rank's shard and summed over TP
+        e_g = model.generator_table.weight
+        e_d = getattr(model.discriminator_table, "delta", None)
+        if e_d is None:
+            e_d = model.discriminator_table.weight
+        model.zero_grad(set_to_none=True)
+        res2 = model(ids, idx, step=3)
+        paths = []
+        for loss in (res2.mlm_loss, res2.rtd_loss):
+            gs = torch.autograd.grad(loss, [e_g, e_d], retain_graph=True, allow_unused=True)
+            sums = torch.tensor([0.0 if g is None else g.abs().sum().item() for g in gs])
+            dist.all_reduce(sums, group=ctx.tp_group)
+            paths.append(sums.tolist())
+        model.zero_grad(set_to_none=True)
+        res3 = model(ids, idx, step=3)
+        res3.loss.backward()
+        out[name] = {
+            "corrupted": res.corrupted_ids, "masked": res.masked,
+            "mlm": res.mlm_loss.item(), "rtd": res.rtd_loss.item(),
+            "mlm_correct": res.counts["mlm_correct"].item(),
+            "grads": weights.full_state_dict(model, tp_group=ctx.tp_group,
+                                             vocab_size=cfg.model.vocab_size, grads=True),
+            "paths": paths,
+            "same_object": model.discriminator_table is model.generator_table,
+        }
+    return out
+
+
+def sampler(ctx, n: int, temperatures):
+    """Vocab-parallel Gumbel-max at this TP size on fixed logits over 24 padded ids
+    (20 real, ids 0–4 special)."""
+    from rtd_scale.objectives.sampling import sample_from_logits
+
+    v_padded, v_real = 24, 20
+    v_local = v_padded // ctx.tp_size
+    start = ctx.tp_rank * v_local
+    full = torch.linspace(-2.0, 2.0, v_padded)
+    ids_global = torch.arange(start, start + v_local)
+    sampleable = (ids_global < v_real) & (ids_global >= 5)
+    logits = full[start:start + v_local].expand(n, -1)
+    keys = dict(seed=5, step=2, sample_index=torch.arange(n) // 64,
+                position=torch.arange(n) % 64, vocab_start=start, sampleable=sampleable,
+                tp_group=ctx.tp_group)
+    out = {T: sample_from_logits(logits, temperature=T, **keys) for T in temperatures}
+    original = torch.arange(n) % 15 + 5
+    out["disallow"] = sample_from_logits(logits, disallow_ids=original, **keys)
+    out["original"] = original
+    return out
+
+
+def rng_policy(ctx, shard_prefix: str):
+    """What each rank of TP × DP sees: data, masks, and its generators' next draws."""
+    from megatron.core import tensor_parallel
+
+    from rtd_scale import distributed
+    from rtd_scale.data.packed import PackedDataset, micro_batches
+    from rtd_scale.objectives.masking import mask_tokens
+
+    ds = PackedDataset([shard_prefix], seq_length=32)
+    mb = micro_batches(ds, step=1, seed=3, global_batch_size=8, micro_batch_size=4,
+                       dp_rank=ctx.dp_rank, dp_size=ctx.dp_size)[0]
+    m = mask_tokens(mb.input_ids, mb.sample_index, seed=3, mask_prob=0.15, mask_token_prob=0.8,
+                    random_token_prob=0.1, mask_id=4, vocab_size=1000, special_ids=SPECIAL)
+    cfg = tiny_config(Sharing.GDES, dropout=0.3)
+    model = build(cfg, ctx.tp_size)
+    distributed.seed_after_build(ctx, 3)
+    with tensor_parallel.get_cuda_rng_tracker().fork():
+        tracker_draw = torch.rand(4)
+    default_draw = torch.rand(4)
+    model.train()
+    ids, idx = fixed_batch()
+    res = model(ids, idx, step=0)  # dropout on: TP peers must still agree
+    return {"tp_rank": ctx.tp_rank, "dp_rank": ctx.dp_rank, "ids": mb.input_ids,
+            "sample_index": mb.sample_index, "masked": m.masked, "tracker": tracker_draw,
+            "default": default_draw, "mlm": res.mlm_loss.item(), "rtd": res.rtd_loss.item()}
