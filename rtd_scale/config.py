@@ -193,6 +193,10 @@ class OptimConfig:
             raise ConfigError(f"optim.min_lr must be in [0, lr={self.lr}], got {self.min_lr}")
         if self.lr_warmup_iters < 0:
             raise ConfigError(f"--lr-warmup-iters must be >= 0, got {self.lr_warmup_iters}")
+        if self.lr_decay_iters is not None and self.lr_decay_iters < self.lr_warmup_iters:
+            raise ConfigError(
+                f"--lr-decay-iters ({self.lr_decay_iters}) must be >= --lr-warmup-iters "
+                f"({self.lr_warmup_iters})")
         if self.clip_grad < 0:
             raise ConfigError(f"--clip-grad must be >= 0 (0 disables), got {self.clip_grad}")
         _probability("optim", adam_beta1=self.adam_beta1, adam_beta2=self.adam_beta2)
@@ -211,6 +215,7 @@ class TrainConfig:
     log_interval: int = 10
     tensorboard_dir: Optional[str] = None
     ds_config: Optional[str] = None
+    export: Optional[str] = None  # consolidated TP-agnostic weights written after the last step
 
     def validate(self) -> None:
         self.precision = Precision(self.precision)

@@ -55,9 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float)
     p.add_argument("--min-lr", type=float)
     p.add_argument("--lr-warmup-iters", type=int)
+    p.add_argument("--lr-decay-iters", type=int, help="default: --train-iters")
     p.add_argument("--weight-decay", type=float)
     p.add_argument("--clip-grad", type=float)
     p.add_argument("--bf16", action="store_true", help="bf16 compute, fp32 master weights")
+    p.add_argument("--export", help="after the last step, write a consolidated, TP-agnostic fp32 "
+                   "state dict (ZeRO partitions and TP shards merged, vocabulary padding removed) "
+                   "to this .pt file; loads at any TP size (rtd_scale.model.weights)")
     p.add_argument("--tensorboard-dir", help="default: <save>/tensorboard")
     p.add_argument("--log-interval", type=int)
     p.add_argument("--save-interval", type=int)
@@ -77,12 +81,12 @@ _FLAG_FIELDS = {
     "global_batch_size": ("train", "global_batch_size"),
     "tensorboard_dir": ("train", "tensorboard_dir"), "log_interval": ("train", "log_interval"),
     "save_interval": ("train", "save_interval"), "seed": ("train", "seed"),
-    "ds_config": ("train", "ds_config"),
+    "ds_config": ("train", "ds_config"), "export": ("train", "export"),
     "tensor_model_parallel_size": ("parallel", "tensor_model_parallel_size"),
     "pipeline_model_parallel_size": ("parallel", "pipeline_model_parallel_size"),
     "sharing": ("model", "sharing"), "rtd_lambda": ("rtd", "rtd_lambda"),
     "mask_prob": ("rtd", "mask_prob"), "lr": ("optim", "lr"), "min_lr": ("optim", "min_lr"),
-    "lr_warmup_iters": ("optim", "lr_warmup_iters"), "weight_decay": ("optim", "weight_decay"),
+    "lr_warmup_iters": ("optim", "lr_warmup_iters"), "lr_decay_iters": ("optim", "lr_decay_iters"), "weight_decay": ("optim", "weight_decay"),
     "clip_grad": ("optim", "clip_grad"),
 }
 
@@ -195,6 +199,10 @@ def run(cfg: RunConfig, print_fn=print) -> dict:
             result = train(cfg, ctx, eng, dataset, start_step=start_step, tb=tb, print_fn=print_fn)
         finally:
             tb.close()
+        if cfg.train.export:
+            export_consolidated(eng, model, cfg, ctx, cfg.train.export)
+            if ctx.is_logging_rank:
+                print_fn(f"exported consolidated weights to {cfg.train.export}")
         summary = {"history": result.history, "checkpoint_dir": result.checkpoint_dir,
                    "tensorboard_dir": cfg.train.tensorboard_dir, "start_step": start_step}
         if ctx.is_logging_rank and result.history:
@@ -203,6 +211,30 @@ def run(cfg: RunConfig, print_fn=print) -> dict:
         return summary
     finally:
         distributed.teardown()
+
+
+def export_consolidated(engine, model, cfg: RunConfig, ctx, path: str) -> None:
+    """Gather ZeRO-3 partitions and TP shards; the logging rank writes {"config", "model"}
+    atomically. Collective: every rank must call it."""
+    import contextlib
+
+    import deepspeed
+    import torch
+
+    from rtd_scale.model import weights
+
+    zero3 = engine.zero_optimization_stage() == 3
+    params = list({id(p): p for p in model.parameters()}.values())
+    gather = deepspeed.zero.GatheredParameters(params) if zero3 else contextlib.nullcontext()
+    with gather:
+        state = weights.full_state_dict(model, tp_group=ctx.tp_group,
+                                        vocab_size=cfg.model.vocab_size)
+    if ctx.is_logging_rank:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        tmp = f"{path}.tmp{os.getpid()}"
+        torch.save({"config": cfg.to_dict(), "model": state}, tmp)
+        os.replace(tmp, path)
+    torch.distributed.barrier()
 
 
 def summary_text(summary: dict) -> str:

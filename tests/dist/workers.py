@@ -129,3 +129,73 @@ def rng_policy(ctx, shard_prefix: str):
     return {"tp_rank": ctx.tp_rank, "dp_rank": ctx.dp_rank, "ids": mb.input_ids,
             "sample_index": mb.sample_index, "masked": m.masked, "tracker": tracker_draw,
             "default": default_draw, "mlm": res.mlm_loss.item(), "rtd": res.rtd_loss.item()}
+
+
+def _train_a_little(model, steps: int = 3):
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    ids, idx = fixed_batch()
+    for step in range(steps):
+        opt.zero_grad()
+        model(ids, idx, step=step).loss.backward()
+        opt.step()
+
+
+def _gathered_logits(ctx, model, vocab_size: int):
+    """Generator MLM logits at every position of a fixed batch, [n, vocab_size] over real ids,
+    plus the (global) padded columns' values."""
+    ids, _ = fixed_batch()
+    with torch.no_grad():
+        hidden = model.generator(ids, ids == 0)  # [s, b, h]
+        local = model.mlm_head(hidden.reshape(-1, hidden.shape[-1]))  # [n, V_local]
+        parts = [torch.empty_like(local) for _ in range(ctx.tp_size)]
+        dist.all_gather(parts, local.contiguous(), group=ctx.tp_group)
+        full = torch.cat(parts, dim=-1)
+    return full[:, :vocab_size], full[:, vocab_size:]
+
+
+def c16_save(ctx, path: str, vocab_size: int):
+    """C16, first half: train a little at this TP size, save TP-agnostically."""
+    from rtd_scale.model import weights
+
+    cfg = tiny_config(Sharing.GDES, vocab_size=vocab_size)
+    model = build(cfg, ctx.tp_size)
+    _train_a_little(model)
+    state = weights.full_state_dict(model, tp_group=ctx.tp_group, vocab_size=vocab_size)
+    if ctx.rank == 0:
+        torch.save(state, path)
+    real, padded = _gathered_logits(ctx, model, vocab_size)
+    return {"padded_vocab": model.padded_vocab_size, "logits": real, "padded_logits": padded,
+            "table_rows": model.generator_table.weight.shape[0]}
+
+
+def c16_load(ctx, path: str, vocab_size: int):
+    """C16, second half: load the TP-agnostic state at this TP size."""
+    from rtd_scale.model import weights
+
+    cfg = tiny_config(Sharing.GDES, vocab_size=vocab_size)
+    model = build(cfg, ctx.tp_size, seed=99)  # different init: everything must come from the file
+    weights.load_full_state_dict(model, torch.load(path), tp_rank=ctx.tp_rank)
+    real, padded = _gathered_logits(ctx, model, vocab_size)
+    ids, idx = fixed_batch()
+    res = model(ids, idx, step=0)
+    return {"padded_vocab": model.padded_vocab_size, "logits": real, "padded_logits": padded,
+            "sampled": res.corrupted_ids[res.masked]}
+
+
+def load_export(ctx, path: str):
+    """Strictly load a consolidated export (``pretrain.py --export``) at this TP size."""
+    from rtd_scale.config import RunConfig  # noqa: F401 — the export carries a plain dict
+    from rtd_scale.model import weights
+    from rtd_scale.model.rtd import RTDModel
+
+    blob = torch.load(path)
+    cfg = preset(blob["config"]["preset"])
+    cfg.model.vocab_size = blob["config"]["model"]["vocab_size"]
+    for enc in ("generator", "discriminator"):
+        for key in ("hidden_dropout", "attention_dropout"):
+            setattr(getattr(cfg.model, enc), key, blob["config"]["model"][enc][key])
+    model = RTDModel(cfg.model, cfg.rtd, tensor_model_parallel_size=ctx.tp_size,
+                     special_ids=SPECIAL, pad_id=0, mask_id=4, seed=0)
+    weights.load_full_state_dict(model, blob["model"], tp_rank=ctx.tp_rank)
+    ids, idx = fixed_batch(vocab_size=cfg.model.vocab_size)
+    return float(model(ids, idx, step=0).loss)
