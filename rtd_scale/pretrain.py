@@ -66,6 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-interval", type=int)
     p.add_argument("--save-interval", type=int)
     p.add_argument("--seed", type=int)
+    p.add_argument("--exit-signal-handler", action="store_true",
+                   help="on --exit-signal, save a checkpoint after the current step and exit 0 "
+                        "(for preemption: Slurm's --signal)")
+    p.add_argument("--exit-signal", default="SIGTERM",
+                   choices=["SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT"])
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="override any config field, e.g. --set model.generator.num_layers=2")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None,
@@ -152,7 +157,7 @@ def prepare(cfg: RunConfig, world_size: int):
     return tok, dataset, ds_config, dp, gas
 
 
-def run(cfg: RunConfig, print_fn=print) -> dict:
+def run(cfg: RunConfig, print_fn=print, exit_signal: Optional[int] = None) -> dict:
     """Train; returns a summary dict (on every rank; history only on the logging rank)."""
     import torch
 
@@ -196,14 +201,16 @@ def run(cfg: RunConfig, print_fn=print) -> dict:
                      f"{cfg.data.seq_length} tokens")
         tb = TensorBoardLogger(cfg.train.tensorboard_dir if ctx.is_logging_rank else None)
         try:
-            result = train(cfg, ctx, eng, dataset, start_step=start_step, tb=tb, print_fn=print_fn)
+            result = train(cfg, ctx, eng, dataset, start_step=start_step, tb=tb, print_fn=print_fn,
+                           exit_signal=exit_signal)
         finally:
             tb.close()
-        if cfg.train.export:
+        if cfg.train.export and not result.interrupted:
             export_consolidated(eng, model, cfg, ctx, cfg.train.export)
             if ctx.is_logging_rank:
                 print_fn(f"exported consolidated weights to {cfg.train.export}")
         summary = {"history": result.history, "checkpoint_dir": result.checkpoint_dir,
+                   "interrupted": result.interrupted, "last_step": result.last_step,
                    "tensorboard_dir": cfg.train.tensorboard_dir, "start_step": start_step}
         if ctx.is_logging_rank and result.history:
             print_fn(summary_text(summary))
@@ -273,7 +280,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         warnings.simplefilter("ignore", UserWarning)
     try:
         cfg = config_from_args(args)
-        run(cfg)
+        import signal
+
+        run(cfg, exit_signal=getattr(signal, args.exit_signal) if args.exit_signal_handler else None)
     except (UserInputError, OSError) as e:  # user errors; bugs keep their traceback
         if os.environ.get("RTD_SCALE_TRACEBACK") == "1":
             raise

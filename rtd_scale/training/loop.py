@@ -1,11 +1,13 @@
 """The training loop: micro-batches → DeepSpeed engine → metrics, checkpoints, TensorBoard."""
 from __future__ import annotations
 
+import signal
 import time
 from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
+import torch.distributed as dist
 
 from rtd_scale.config import RunConfig
 from rtd_scale.data.packed import PackedDataset, micro_batches
@@ -23,12 +25,41 @@ class TrainResult:
     last_step: int
     history: list[tuple[int, dict[str, float]]] = field(default_factory=list)
     checkpoint_dir: Optional[str] = None
+    interrupted: bool = False  # stopped early by the exit signal, after saving
+
+
+class ExitSignal:
+    """Megatron-LM's ``--exit-signal-handler``: remember that ``signum`` arrived; the loop then
+    saves a checkpoint after the current step and returns. All ranks agree through one MAX
+    all-reduce per step (only while the handler is installed)."""
+
+    def __init__(self, signum: Optional[int]):
+        self.signum, self.received = signum, False
+        if signum is not None:
+            signal.signal(signum, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.received = True
+
+    def any_rank_received(self, device) -> bool:
+        if self.signum is None:
+            return False
+        flag = torch.tensor([1.0 if self.received else 0.0], device=device)
+        if dist.is_initialized():
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
 
 
 def train(cfg: RunConfig, ctx: ParallelContext, engine, dataset: PackedDataset, *,
-          start_step: int, tb: TensorBoardLogger, print_fn=print) -> TrainResult:
-    """Run optimizer steps start_step … train_iters − 1 (0-based; logs count them from 1)."""
+          start_step: int, tb: TensorBoardLogger, print_fn=print,
+          exit_signal: Optional[int] = None) -> TrainResult:
+    """Run optimizer steps start_step … train_iters − 1 (0-based; logs count them from 1).
+
+    With ``exit_signal`` (e.g. ``signal.SIGUSR1``), receiving it makes the loop save a
+    checkpoint after the current step and return with ``interrupted=True``.
+    """
     t = cfg.train
+    stop = ExitSignal(exit_signal)
     model = engine.module
     acc = MetricAccumulator(ctx.device)
     result = TrainResult(first_step=start_step + 1, last_step=t.train_iters)
@@ -67,11 +98,19 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, dataset: PackedDataset, 
                 result.history.append((done, scalars))
             acc.reset()
             last_log, steps_since_log = now, 0
-        if t.save and ((t.save_interval and done % t.save_interval == 0) or done == t.train_iters):
+        stopping = stop.any_rank_received(ctx.device)
+        if t.save and ((t.save_interval and done % t.save_interval == 0) or done == t.train_iters
+                       or stopping):
             result.checkpoint_dir = checkpoint.save(
                 engine, t.save, step=done, rank=ctx.rank,
                 client_state={"step": done, "consumed_samples": done * t.global_batch_size,
                               "config": cfg.to_dict()})
             if ctx.is_logging_rank:
                 print_fn(f"saved checkpoint at iteration {done:8d} to {result.checkpoint_dir}")
+        if stopping:
+            if ctx.is_logging_rank:
+                print_fn(f"exit signal {signal.Signals(exit_signal).name} received: stopped after "
+                         f"iteration {done}" + ("" if t.save else " (no --save: nothing saved)"))
+            result.interrupted, result.last_step = True, done
+            break
     return result
