@@ -89,6 +89,7 @@ class ModelConfig:
     discriminator: EncoderConfig
     sharing: Sharing = Sharing.GDES
     init_method_std: float = 0.02
+    recompute_activations: bool = False  # megatron-core full-layer recompute, both models
 
     def padded_vocab_size(self, tensor_model_parallel_size: int) -> int:
         """Vocabulary rounded up to a multiple of 128 × TP (Megatron's rule, DESIGN.md §3).
@@ -159,10 +160,13 @@ class ParallelConfig:
     def validate(self, model: ModelConfig) -> None:
         _positive("parallel", tensor_model_parallel_size=self.tensor_model_parallel_size,
                   pipeline_model_parallel_size=self.pipeline_model_parallel_size)
-        if self.pipeline_model_parallel_size != 1:
-            raise ConfigError(
-                "--pipeline-model-parallel-size > 1 is not supported yet (see the README's "
-                "support table); use 1")
+        pp = self.pipeline_model_parallel_size
+        for name, enc in (("generator", model.generator), ("discriminator", model.discriminator)):
+            if enc.num_layers % pp:
+                raise ConfigError(
+                    f"model.{name}.num_layers ({enc.num_layers}) cannot be divided evenly over "
+                    f"--pipeline-model-parallel-size {pp} (both models are split over the same "
+                    f"stages); use a pipeline size that divides both layer counts")
         tp = self.tensor_model_parallel_size
         for name, enc in (("generator", model.generator), ("discriminator", model.discriminator)):
             for what, v in (("num_attention_heads", enc.num_attention_heads),
@@ -300,11 +304,12 @@ def _enc(layers: int, hidden: int, heads: int, **kw: Any) -> EncoderConfig:
 
 
 def _tiny() -> RunConfig:
-    """CPU-sized: discriminator 2×128, generator 1×128 (DeBERTaV3 style: same width, half depth)."""
+    """CPU-sized: discriminator 4×96, generator 2×96 (DeBERTaV3 style: same width, half depth;
+    both layer counts divide by 2, so it also runs at --pipeline-model-parallel-size 2)."""
     return RunConfig(
         preset="tiny",
-        model=ModelConfig(vocab_size=8000, embedding_size=128, max_position_embeddings=128,
-                          generator=_enc(1, 128, 2), discriminator=_enc(2, 128, 2)),
+        model=ModelConfig(vocab_size=8000, embedding_size=96, max_position_embeddings=128,
+                          generator=_enc(2, 96, 2), discriminator=_enc(4, 96, 2)),
         data=DataConfig(seq_length=128),
         optim=OptimConfig(lr=1e-3, lr_warmup_iters=30),
         train=TrainConfig(train_iters=300, micro_batch_size=16, global_batch_size=32),

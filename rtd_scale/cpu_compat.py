@@ -6,6 +6,13 @@ without CUDA we install a tracker with the same interface and semantics over the
 so dropout inside tensor-parallel regions follows megatron-core's policy on CPU too (different
 across TP ranks, the same across data-parallel replicas).
 
+Its pipeline schedules allocate two kinds of tensors on CUDA unconditionally (a token counter with
+``device="cuda"`` in ``schedules.py`` and the receive buffers on ``torch.cuda.current_device()`` in
+``p2p_communication.py``). Those two modules get a ``torch`` stand-in that places such tensors on
+the CPU and delegates everything else to torch; nothing outside them is touched. Activation
+recompute (``tensor_parallel.CheckpointFunction``) saves and restores the "CUDA" generator
+state; on CPU that state is the CPU generator's.
+
 Everything else megatron-core would do on "cuda" is avoided by configuration, not patched:
 ``use_cpu_initialization=True``, the fusions off (gradient_accumulation_fusion,
 bias_dropout_fusion, masked_softmax_fusion, persist_layer_norm), and our own SDPA core attention
@@ -52,18 +59,65 @@ class CpuRNGStatesTracker(mcore_random.CudaRNGStatesTracker):
             torch.set_rng_state(orig)
 
 
+class _CpuDevice:
+    """``torch.cuda`` as seen by megatron-core's pipeline modules on a CPU-only machine."""
+
+    @staticmethod
+    def current_device() -> str:
+        return "cpu"
+
+    @staticmethod
+    def synchronize(*args, **kwargs) -> None:
+        return None
+
+    def __getattr__(self, name):
+        return getattr(torch.cuda, name)
+
+
+class _TorchOnCpu:
+    """``torch`` for megatron-core's pipeline modules: "cuda" placements become "cpu"."""
+
+    cuda = _CpuDevice()
+
+    @staticmethod
+    def _cpu(kwargs):
+        dev = kwargs.get("device")
+        if dev is not None and "cuda" in str(dev):
+            kwargs["device"] = "cpu"
+        return kwargs
+
+    def zeros(self, *args, **kwargs):
+        return torch.zeros(*args, **self._cpu(kwargs))
+
+    def empty(self, *args, **kwargs):
+        return torch.empty(*args, **self._cpu(kwargs))
+
+    def tensor(self, *args, **kwargs):
+        return torch.tensor(*args, **self._cpu(kwargs))
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+
 def needed() -> bool:
     """True when this process computes on CPU (no CUDA device)."""
     return not torch.cuda.is_available()
 
 
 def install() -> None:
-    """Make megatron-core's RNG tracker CPU-backed (no-op when CUDA is available)."""
+    """Make megatron-core's RNG tracker, activation recompute and pipeline schedules work on
+    the CPU (no-op when CUDA is available)."""
     if not needed():
         return
     if not isinstance(mcore_random._CUDA_RNG_STATE_TRACKER, CpuRNGStatesTracker):
         mcore_random._CUDA_RNG_STATE_TRACKER = CpuRNGStatesTracker()
         mcore_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    # activation recompute: the "CUDA" generator state is the CPU one
+    mcore_random._get_cuda_rng_state = lambda *args, **kwargs: torch.get_rng_state()
+    mcore_random._set_cuda_rng_state = lambda state, *args, **kwargs: torch.set_rng_state(state)
+    from megatron.core.pipeline_parallel import p2p_communication, schedules
+
+    schedules.torch = p2p_communication.torch = _TorchOnCpu()
 
 
 def model_parallel_manual_seed(seed: int, tp_rank: int) -> None:

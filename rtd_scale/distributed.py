@@ -54,18 +54,31 @@ class ParallelContext:
     backend: str
     tp_group: dist.ProcessGroup
     dp_group: dist.ProcessGroup
+    pp_group: dist.ProcessGroup
+    embedding_group: Optional[dist.ProcessGroup]  # first + last stage; None elsewhere or at PP=1
+    last_stage_global_rank: int  # this pipeline's last stage (same TP and DP position)
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pp_rank == self.pp_size - 1
 
     @property
     def is_logging_rank(self) -> bool:
-        """The one rank that writes TensorBoard and prints (STYLE rule 9): global rank 0."""
-        return self.rank == 0
+        """The one rank that writes TensorBoard and prints (STYLE rule 9): the first TP and DP
+        rank of the last pipeline stage, which owns the loss (global rank 0 at PP = 1)."""
+        return self.is_last_stage and self.tp_rank == 0 and self.dp_rank == 0
 
 
 class DeepSpeedMpu:
     """The ``mpu`` interface ``deepspeed.initialize`` expects, over megatron-core's groups.
 
     megatron.core.parallel_state lacks get_model_parallel_{world_size,rank}; "model parallel"
-    here is the tensor × pipeline group, and ZeRO shards over the data-parallel group only.
+    here is the tensor × pipeline group (gradient norms are summed over it), and ZeRO shards
+    over the data-parallel group only.
     """
 
     def __init__(self) -> None:
@@ -81,6 +94,17 @@ class DeepSpeedMpu:
 
     def get_model_parallel_rank(self) -> int:
         return dist.get_rank(self._ps.get_model_parallel_group())
+
+    def get_tensor_model_parallel_group(self):
+        return self._ps.get_tensor_model_parallel_group()
+
+    def get_tensor_model_parallel_world_size(self) -> int:
+        return self._ps.get_tensor_model_parallel_world_size()
+
+    def get_tensor_model_parallel_rank(self) -> int:
+        # DeepSpeed counts a parameter replicated across TP ranks once, on TP rank 0 of every
+        # pipeline stage (deepspeed.utils.bwc.bwc_tensor_model_parallel_rank)
+        return self._ps.get_tensor_model_parallel_rank()
 
     def get_data_parallel_group(self):
         return self._ps.get_data_parallel_group()
@@ -151,6 +175,10 @@ def initialize(parallel: ParallelConfig, *, seed: int, timeout_minutes: int = 30
         dp_rank=ps.get_data_parallel_rank(), dp_size=ps.get_data_parallel_world_size(),
         device=device, backend=backend,
         tp_group=ps.get_tensor_model_parallel_group(), dp_group=ps.get_data_parallel_group(),
+        pp_group=ps.get_pipeline_model_parallel_group(),
+        embedding_group=(ps.get_embedding_group() if pp > 1 and ps.is_rank_in_embedding_group()
+                         else None),
+        last_stage_global_rank=ps.get_pipeline_model_parallel_last_rank(),
     )
     torch.manual_seed(seed)  # model initialisation: identical on every rank
     return ctx

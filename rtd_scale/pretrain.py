@@ -173,6 +173,11 @@ def run(cfg: RunConfig, print_fn=print, exit_signal: Optional[int] = None) -> di
     try:
         model = RTDModel(cfg.model, cfg.rtd,
                          tensor_model_parallel_size=cfg.parallel.tensor_model_parallel_size,
+                         pipeline_model_parallel_size=ctx.pp_size,
+                         pre_process=ctx.is_first_stage, post_process=ctx.is_last_stage,
+                         pipeline_dtype=(torch.bfloat16 if cfg.train.precision is Precision.BF16
+                                         else torch.float32),
+                         recompute_activations=cfg.model.recompute_activations,
                          special_ids=tok.special_ids, pad_id=tok.pad_id, mask_id=tok.mask_id,
                          seed=cfg.train.seed).to(ctx.device)
         distributed.seed_after_build(ctx, cfg.train.seed)
@@ -191,9 +196,9 @@ def run(cfg: RunConfig, print_fn=print, exit_signal: Optional[int] = None) -> di
             n_params = sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel()
                            for p in {id(p): p for p in model.parameters()}.values())
             print_fn(f"rtd_scale: preset {cfg.preset}, sharing {cfg.model.sharing.value}, "
-                     f"{n_params / 1e6:.2f}M parameters on this model-parallel rank, vocab "
+                     f"{n_params / 1e6:.2f}M parameters on this rank's model-parallel shard, vocab "
                      f"{cfg.model.vocab_size} (padded {model.padded_vocab_size}), world "
-                     f"{ctx.world_size} = TP {ctx.tp_size} × DP {ctx.dp_size}, micro-batch "
+                     f"{ctx.world_size} = TP {ctx.tp_size} × PP {ctx.pp_size} × DP {ctx.dp_size}, micro-batch "
                      f"{cfg.train.micro_batch_size} × accumulation {gas} × DP {dp} = global "
                      f"{cfg.train.global_batch_size}, ZeRO stage "
                      f"{ds_config.get('zero_optimization', {}).get('stage', 0)}, "
@@ -236,6 +241,10 @@ def export_consolidated(engine, model, cfg: RunConfig, ctx, path: str) -> None:
     with gather:
         state = weights.full_state_dict(model, tp_group=ctx.tp_group,
                                         vocab_size=cfg.model.vocab_size)
+    if ctx.pp_size > 1:  # every stage's share, merged by canonical (stage-independent) names
+        shares = [None] * ctx.pp_size
+        torch.distributed.all_gather_object(shares, state, group=ctx.pp_group)
+        state = {k: v for share in shares for k, v in share.items()}
     if ctx.is_logging_rank:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         tmp = f"{path}.tmp{os.getpid()}"

@@ -65,6 +65,24 @@ class TokenTable(VocabParallelEmbedding):
         return vocab_parallel_lookup(self.weight, ids, self.vocab_start_index, self.tp_group)
 
 
+class TiedOutputTable(TokenTable):
+    """The last pipeline stage's copy of the generator's token table, used as the MLM output
+    weight (Megatron-LM's tied ``output_layer`` across first and last stage).
+
+    Same shape, partition and initial values as the first stage's table (its canonical name is
+    the table's, ``rtd_scale.model.weights``); the two stay equal because the embedding group
+    all-reduces their gradients before every optimizer step. Marked ``ds_pipe_replicated`` so
+    DeepSpeed counts it once, not twice, in the global gradient norm.
+    """
+
+    TIED_NAME = "generator.embeddings.table.weight"
+
+    def __init__(self, padded_vocab_size: int, embedding_size: int, config: TransformerConfig):
+        super().__init__(padded_vocab_size, embedding_size, config)
+        self.weight.rtd_tied_name = self.TIED_NAME
+        self.weight.ds_pipe_replicated = True
+
+
 class GDESTable(torch.nn.Module):
     """E_D = stopgrad(E_G) + E_Δ (arXiv 2111.09543 §3.3), vocab-parallel with E_G's partition.
 

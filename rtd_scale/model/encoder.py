@@ -5,8 +5,11 @@ The block's layers come from ``model/specs.py``; the final LayerNorm is the bloc
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
+from megatron.core.enums import ModelType
 from megatron.core.transformer.transformer_block import TransformerBlock
 from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -16,14 +19,20 @@ from rtd_scale.model.specs import encoder_layer_spec
 
 
 def transformer_config(enc: EncoderConfig, *, init_std: float, tensor_model_parallel_size: int,
-                       pipeline_model_parallel_size: int = 1) -> TransformerConfig:
+                       pipeline_model_parallel_size: int = 1,
+                       pipeline_dtype: torch.dtype = torch.float32,
+                       recompute_activations: bool = False) -> TransformerConfig:
     """megatron-core TransformerConfig for one encoder.
 
     CPU-safe everywhere: parameters allocated on CPU and initialised by
     ``rtd_scale.model.weights.initialize`` (independent of the TP size), and no fused kernels
     that assume CUDA. Parameters are fp32; DeepSpeed
-    casts to bf16 and keeps fp32 master weights.
+    casts to bf16 and keeps fp32 master weights. ``pipeline_dtype`` is the dtype of the
+    activations sent between pipeline stages (bf16 under --bf16). ``recompute_activations``
+    selects megatron-core's full-layer recompute (activation checkpointing, one layer at a time).
     """
+    recompute = dict(recompute_granularity="full", recompute_method="uniform",
+                     recompute_num_layers=1) if recompute_activations else {}
     return TransformerConfig(
         num_layers=enc.num_layers,
         hidden_size=enc.hidden_size,
@@ -51,23 +60,42 @@ def transformer_config(enc: EncoderConfig, *, init_std: float, tensor_model_para
         masked_softmax_fusion=False,
         persist_layer_norm=False,
         apply_query_key_layer_scaling=False,
+        pipeline_dtype=pipeline_dtype,
+        batch_p2p_sync=torch.cuda.is_available(),  # its torch.cuda.synchronize() is CUDA-only
+        **recompute,
     )
 
 
 class Encoder(torch.nn.Module):
-    """Embeddings and a TransformerBlock.
+    """One pipeline stage of an encoder: embeddings on the first stage, this stage's share of the
+    TransformerBlock's layers, and the final LayerNorm on the last stage (megatron-core's
+    ``pre_process`` / ``post_process``).
 
-    forward(ids [b, s], pad_mask [b, s] bool, True at [PAD]) -> hidden [s, b, H] after the
-    final LayerNorm.
+    forward(ids [b, s], pad_mask [b, s] bool, True at [PAD]) -> hidden [s, b, H] (after the
+    final LayerNorm on the last stage). On a stage without ``pre_process`` the input comes from
+    ``set_input_tensor`` (the previous stage's output, set by the pipeline schedule) and ``ids``
+    is unused.
     """
 
-    def __init__(self, embeddings: EncoderEmbeddings, config: TransformerConfig):
+    def __init__(self, embeddings: Optional[EncoderEmbeddings], config: TransformerConfig, *,
+                 pre_process: bool = True, post_process: bool = True):
         super().__init__()
+        assert pre_process == (embeddings is not None), "embeddings live on the first stage only"
+        self.config = config
+        self.model_type = ModelType.encoder_or_decoder  # read by megatron-core's schedules
         self.embeddings = embeddings
         self.block = TransformerBlock(config=config, spec=encoder_layer_spec(),
-                                      post_layer_norm=True, pre_process=True, post_process=True)
+                                      post_layer_norm=True, pre_process=pre_process,
+                                      post_process=post_process)
+
+    def set_input_tensor(self, input_tensor) -> None:
+        """The previous stage's output [s, b, H] (megatron-core's schedules pass a 1-list)."""
+        if isinstance(input_tensor, (list, tuple)):
+            assert len(input_tensor) == 1, "an encoder stage takes one input tensor"
+            input_tensor = input_tensor[0]
+        self.block.set_input_tensor(input_tensor)
 
     def forward(self, ids: torch.Tensor, pad_mask: torch.Tensor) -> torch.Tensor:
-        hidden = self.embeddings(ids)  # [s, b, H]
+        hidden = self.embeddings(ids) if self.embeddings is not None else None  # [s, b, H]
         attention_mask = pad_mask.view(pad_mask.shape[0], 1, 1, pad_mask.shape[1])  # True = masked
         return self.block(hidden_states=hidden, attention_mask=attention_mask)

@@ -12,7 +12,10 @@ from typing import NamedTuple, Sequence
 import torch
 
 from rtd_scale.config import ModelConfig, RTDConfig, Sharing
-from rtd_scale.model.embeddings import EncoderEmbeddings, TokenTable, discriminator_table
+from megatron.core import parallel_state
+
+from rtd_scale.model.embeddings import (EncoderEmbeddings, TiedOutputTable, TokenTable,
+                                        discriminator_table)
 from rtd_scale.model import weights
 from rtd_scale.model.encoder import Encoder, transformer_config
 from rtd_scale.model.heads import MLMHead, RTDHead, mlm_loss, vocab_parallel_top1_correct
@@ -44,8 +47,29 @@ class RTDOutput(NamedTuple):
     masked: torch.Tensor
 
 
+class GeneratorResult(NamedTuple):
+    """The generator's half of the step on one micro-batch (last pipeline stage).
+
+    mlm_loss: scalar, differentiable; corrupted_ids: [b, s]; labels: [b, s] float;
+    mlm_correct: [n] bool; masked: [b, s] bool.
+    """
+
+    mlm_loss: torch.Tensor
+    corrupted_ids: torch.Tensor
+    labels: torch.Tensor
+    mlm_correct: torch.Tensor
+    masked: torch.Tensor
+
+
 class RTDModel(torch.nn.Module):
-    """Generator (masked LM) and discriminator (replaced-token detector) with shared embeddings.
+    """Generator (masked LM) and discriminator (replaced-token detector) with shared embeddings —
+    or, under pipeline parallelism, this stage's share of both.
+
+    Both models are split over the same pipeline ranks: the first stage (``pre_process``) holds
+    both embedding tables, so ES and GDES need no cross-stage traffic; the last stage
+    (``post_process``) holds both heads. When the two differ, the last stage's MLM output weight is
+    a copy of the generator's table (``TiedOutputTable``), kept equal as in Megatron-LM: the
+    embedding group all-reduces the two copies' gradients (``training/pipeline.py``).
 
     Args:
         model: the model section of the config.
@@ -54,46 +78,62 @@ class RTDModel(torch.nn.Module):
         special_ids: ids never masked and never sampled ([PAD], [CLS], [SEP], [UNK], [MASK]).
         pad_id, mask_id: ids of [PAD] and [MASK].
         seed: run seed (the initial weights, masks and sampling noise are functions of it; the
-            weights do not depend on the tensor-parallel size, see ``model/weights.py``).
+            weights do not depend on the tensor- or pipeline-parallel sizes, see
+            ``model/weights.py``).
+        pre_process, post_process: whether this is the first / last pipeline stage.
+        pipeline_dtype: dtype of activations between stages.
+        recompute_activations: megatron-core full-layer activation recompute in both models.
     """
 
     def __init__(self, model: ModelConfig, rtd: RTDConfig, *, tensor_model_parallel_size: int,
-                 special_ids: Sequence[int], pad_id: int, mask_id: int, seed: int):
+                 special_ids: Sequence[int], pad_id: int, mask_id: int, seed: int,
+                 pipeline_model_parallel_size: int = 1, pre_process: bool = True,
+                 post_process: bool = True, pipeline_dtype: torch.dtype = torch.float32,
+                 recompute_activations: bool = False):
         super().__init__()
         self.cfg, self.rtd_cfg = model, rtd
         self.special_ids, self.pad_id, self.mask_id, self.seed = tuple(special_ids), pad_id, mask_id, seed
+        self.pre_process, self.post_process = pre_process, post_process
         self.padded_vocab_size = model.padded_vocab_size(tensor_model_parallel_size)
         std = model.init_method_std
-        gen_tc = transformer_config(model.generator, init_std=std,
-                                    tensor_model_parallel_size=tensor_model_parallel_size)
-        disc_tc = transformer_config(model.discriminator, init_std=std,
-                                     tensor_model_parallel_size=tensor_model_parallel_size)
+        tc = dict(init_std=std, tensor_model_parallel_size=tensor_model_parallel_size,
+                  pipeline_model_parallel_size=pipeline_model_parallel_size,
+                  pipeline_dtype=pipeline_dtype, recompute_activations=recompute_activations)
+        gen_tc = transformer_config(model.generator, **tc)
+        disc_tc = transformer_config(model.discriminator, **tc)
 
-        gen_table = TokenTable(self.padded_vocab_size, model.embedding_size, gen_tc)
-        disc_table = discriminator_table(model.sharing, gen_table, self.padded_vocab_size,
-                                         model.embedding_size, disc_tc)
-        self.generator = Encoder(
-            EncoderEmbeddings(gen_table, model.generator, model.embedding_size,
-                              model.max_position_embeddings, std), gen_tc)
-        self.mlm_head = MLMHead(model.generator.hidden_size, gen_table, model.vocab_size,
-                                model.generator.layernorm_epsilon, std)
-        self.discriminator = Encoder(
-            EncoderEmbeddings(disc_table, model.discriminator, model.embedding_size,
-                              model.max_position_embeddings, std), disc_tc)
-        self.rtd_head = RTDHead(model.discriminator.hidden_size, std)
-
-        v0, v1 = gen_table.vocab_start_index, gen_table.vocab_end_index
-        sampleable = torch.arange(v0, v1) < model.vocab_size
-        for sid in self.special_ids:
-            if v0 <= sid < v1:
-                sampleable[sid - v0] = False
-        self.register_buffer("sampleable", sampleable, persistent=False)
-        weights.initialize(self, seed=seed, std=std, tp_rank=gen_table.tp_group.rank(),
+        gen_emb = disc_emb = None
+        if pre_process:
+            gen_table = TokenTable(self.padded_vocab_size, model.embedding_size, gen_tc)
+            disc_table = discriminator_table(model.sharing, gen_table, self.padded_vocab_size,
+                                             model.embedding_size, disc_tc)
+            gen_emb = EncoderEmbeddings(gen_table, model.generator, model.embedding_size,
+                                        model.max_position_embeddings, std)
+            disc_emb = EncoderEmbeddings(disc_table, model.discriminator, model.embedding_size,
+                                         model.max_position_embeddings, std)
+        self.generator = Encoder(gen_emb, gen_tc, pre_process=pre_process,
+                                 post_process=post_process)
+        self.discriminator = Encoder(disc_emb, disc_tc, pre_process=pre_process,
+                                     post_process=post_process)
+        if post_process:
+            output_table = (gen_emb.table if pre_process else
+                            TiedOutputTable(self.padded_vocab_size, model.embedding_size, gen_tc))
+            self.mlm_head = MLMHead(model.generator.hidden_size, output_table, model.vocab_size,
+                                    model.generator.layernorm_epsilon, std)
+            self.rtd_head = RTDHead(model.discriminator.hidden_size, std)
+            v0, v1 = output_table.vocab_start_index, output_table.vocab_end_index
+            sampleable = torch.arange(v0, v1) < model.vocab_size
+            for sid in self.special_ids:
+                if v0 <= sid < v1:
+                    sampleable[sid - v0] = False
+            self.register_buffer("sampleable", sampleable, persistent=False)
+        weights.initialize(self, seed=seed, std=std,
+                           tp_rank=parallel_state.get_tensor_model_parallel_rank(),
                            tp_size=tensor_model_parallel_size, vocab_size=model.vocab_size,
                            num_layers={"generator": model.generator.num_layers,
                                        "discriminator": model.discriminator.num_layers})
 
-    # The tables, by role (tests and the embedding-similarity metric read these).
+    # The tables, by role (tests and the embedding-similarity metric read these; first stage).
     @property
     def generator_table(self) -> TokenTable:
         return self.generator.embeddings.table
@@ -102,73 +142,108 @@ class RTDModel(torch.nn.Module):
     def discriminator_table(self) -> torch.nn.Module:
         return self.discriminator.embeddings.table
 
+    def tied_parameters(self) -> list[torch.nn.Parameter]:
+        """This stage's copies of the generator's table that the embedding group keeps equal:
+        the input table on the first stage, the MLM output weight on the last (one object when
+        both are here)."""
+        out = []
+        if self.pre_process:
+            out.append(self.generator_table.weight)
+        if self.post_process and not self.pre_process:
+            out.append(self.mlm_head.table.weight)
+        return out
+
     def foreign_parameters(self) -> list[tuple[torch.nn.Module, torch.nn.Parameter]]:
         """(module, parameter) pairs where a module reads a parameter it does not own — the tied
         MLM output and the GDES base table. DeepSpeed ZeRO-3 must gather them for that module."""
-        pairs = [(self.mlm_head, p) for p in self.mlm_head.foreign_parameters()]
-        table = self.discriminator_table
-        if hasattr(table, "foreign_parameters"):
-            pairs += [(table, p) for p in table.foreign_parameters()]
+        pairs = []
+        if self.post_process and self.pre_process:
+            pairs += [(self.mlm_head, p) for p in self.mlm_head.foreign_parameters()]
+        if self.pre_process:
+            table = self.discriminator_table
+            if hasattr(table, "foreign_parameters"):
+                pairs += [(table, p) for p in table.foreign_parameters()]
         return pairs
 
-    def forward(self, input_ids: torch.Tensor, sample_index: torch.Tensor,
-                step: int = 0) -> RTDOutput:
-        """One RTD forward on a micro-batch.
+    # --- the step, in pieces shared by the single-stage forward and the pipeline schedule ---
+
+    def mask(self, input_ids: torch.Tensor, sample_index: torch.Tensor):
+        """Step 1: masked positions and the generator's input (``objectives/masking.py``)."""
+        rtd = self.rtd_cfg
+        return mask_tokens(input_ids, sample_index, seed=self.seed, mask_prob=rtd.mask_prob,
+                           mask_token_prob=rtd.mask_token_prob,
+                           random_token_prob=rtd.random_token_prob, mask_id=self.mask_id,
+                           vocab_size=self.cfg.vocab_size, special_ids=self.special_ids)
+
+    def generator_head(self, gen_hidden: torch.Tensor, input_ids: torch.Tensor,
+                       sample_index: torch.Tensor, masked: torch.Tensor,
+                       step: int) -> GeneratorResult:
+        """Steps 2–4 on the last stage: MLM logits at masked positions only, L_MLM, replacements
+        sampled from softmax(logits / T) (never argmax, no gradient), the discriminator's input
+        and its labels (a correct sample counts as original, C01).
 
         Args:
-            input_ids: [b, s] int64 original ids ([PAD] where a sample is shorter).
-            sample_index: [b] int64 global sample index (masks and noise are keyed by it).
-            step: optimizer step (part of the sampling-noise key).
+            gen_hidden: [s, b, Hg] the generator's final hidden states.
+            input_ids: [b, s]; sample_index: [b]; masked: [b, s] bool.
         """
         rtd = self.rtd_cfg
-        pad = input_ids == self.pad_id  # [b, s]
-        valid = ~pad
-
-        # 1. mask (a pure function of seed, sample index, position)
-        m = mask_tokens(input_ids, sample_index, seed=self.seed, mask_prob=rtd.mask_prob,
-                        mask_token_prob=rtd.mask_token_prob,
-                        random_token_prob=rtd.random_token_prob, mask_id=self.mask_id,
-                        vocab_size=self.cfg.vocab_size, special_ids=self.special_ids)
-
-        # 2. generator forward; MLM logits at masked positions only
-        gen_hidden = self.generator(m.generator_input, pad)  # [s, b, Hg]
-        rows, cols = torch.nonzero(m.masked, as_tuple=True)  # n masked positions (b, s) order
+        table = self.mlm_head.table
+        rows, cols = torch.nonzero(masked, as_tuple=True)  # n masked positions, (b, s) order
         logits = self.mlm_head(gen_hidden[cols, rows])  # [n, V_local]
         targets = input_ids[rows, cols]  # [n]
-
-        # 3. sample replacements from softmax(logits / T), never argmax; no gradient
         sampled = sample_from_logits(
             logits.detach(), seed=self.seed, step=step, sample_index=sample_index[rows],
-            position=cols, vocab_start=self.generator_table.vocab_start_index,
-            sampleable=self.sampleable, temperature=rtd.temperature,
-            disallow_ids=targets if rtd.disallow_correct else None,
-            tp_group=self.generator_table.tp_group)
-        mlm_correct = vocab_parallel_top1_correct(
-            logits, targets, self.generator_table.vocab_start_index, self.generator_table.tp_group)
+            position=cols, vocab_start=table.vocab_start_index, sampleable=self.sampleable,
+            temperature=rtd.temperature, disallow_ids=targets if rtd.disallow_correct else None,
+            tp_group=table.tp_group)
+        mlm_correct = vocab_parallel_top1_correct(logits, targets, table.vocab_start_index,
+                                                  table.tp_group)
         l_mlm = mlm_loss(logits, targets)  # consumes logits
-
-        # 4. discriminator input and labels: a correct sample counts as original (C01)
         corrupted = input_ids.clone()
         corrupted[rows, cols] = sampled
-        labels = replaced_labels(corrupted, input_ids)  # [b, s]
+        return GeneratorResult(l_mlm, corrupted, replaced_labels(corrupted, input_ids),
+                               mlm_correct, masked)
 
-        # 5. discriminator forward; BCE over every non-pad token
-        disc_logits = self.rtd_head(self.discriminator(corrupted, pad))  # [b, s]
-        l_rtd = rtd_loss(disc_logits, labels, valid)
-        loss = total_loss(l_mlm, l_rtd, rtd.rtd_lambda)
+    def discriminator_head(self, disc_hidden: torch.Tensor, gen: GeneratorResult,
+                           pad: torch.Tensor) -> RTDOutput:
+        """Step 5 on the last stage: BCE over every non-pad token, the weighted total, counts.
 
+        Args:
+            disc_hidden: [s, b, Hd] the discriminator's final hidden states; pad: [b, s] bool.
+        """
+        valid = ~pad
+        disc_logits = self.rtd_head(disc_hidden)  # [b, s]
+        l_rtd = rtd_loss(disc_logits, gen.labels, valid)
+        loss = total_loss(gen.mlm_loss, l_rtd, self.rtd_cfg.rtd_lambda)
         with torch.no_grad():
             predicted = disc_logits.float() > 0
-            is_rep = (labels > 0) & valid
-            is_orig = (labels == 0) & valid
+            is_rep = (gen.labels > 0) & valid
+            is_orig = (gen.labels == 0) & valid
             counts = {
-                "masked": m.masked.sum().float(),
-                "mlm_correct": mlm_correct.sum().float(),
+                "masked": gen.masked.sum().float(),
+                "mlm_correct": gen.mlm_correct.sum().float(),
                 "tokens": valid.sum().float(),
                 "replaced": is_rep.sum().float(),
                 "rtd_correct_replaced": (predicted & is_rep).sum().float(),
                 "original": is_orig.sum().float(),
                 "rtd_correct_original": (~predicted & is_orig).sum().float(),
             }
-        return RTDOutput(loss=loss, mlm_loss=l_mlm, rtd_loss=l_rtd,
-                         counts=counts, corrupted_ids=corrupted, masked=m.masked)
+        return RTDOutput(loss=loss, mlm_loss=gen.mlm_loss, rtd_loss=l_rtd, counts=counts,
+                         corrupted_ids=gen.corrupted_ids, masked=gen.masked)
+
+    def forward(self, input_ids: torch.Tensor, sample_index: torch.Tensor,
+                step: int = 0) -> RTDOutput:
+        """One RTD forward on a micro-batch (single pipeline stage; see
+        ``training/pipeline.py`` for the pipelined step).
+
+        Args:
+            input_ids: [b, s] int64 original ids ([PAD] where a sample is shorter).
+            sample_index: [b] int64 global sample index (masks and noise are keyed by it).
+            step: optimizer step (part of the sampling-noise key).
+        """
+        pad = input_ids == self.pad_id  # [b, s]
+        m = self.mask(input_ids, sample_index)  # 1. mask
+        gen_hidden = self.generator(m.generator_input, pad)  # 2. generator  [s, b, Hg]
+        gen = self.generator_head(gen_hidden, input_ids, sample_index, m.masked, step)  # 3–4
+        disc_hidden = self.discriminator(gen.corrupted_ids, pad)  # 5. discriminator
+        return self.discriminator_head(disc_hidden, gen, pad)  # 6. L_MLM + λ·L_RTD

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from typing import Iterator
 
 import torch
@@ -35,12 +36,28 @@ def _is_tp(p: torch.Tensor) -> bool:
     return bool(getattr(p, "tensor_model_parallel", False))
 
 
+_LAYER_RE = re.compile(r"^(.*?\.layers)\.(\d+)\.")
+
+
 def _named_unique_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Parameter]]:
+    """(canonical name, parameter), each parameter once. The canonical name does not depend on
+    the pipeline split: a transformer layer's index is its global ``layer_number`` − 1, and a
+    tied copy (``rtd_tied_name``) carries the name of the parameter it copies."""
     seen: set[int] = set()
     for name, p in model.named_parameters():
-        if id(p) not in seen:
-            seen.add(id(p))
-            yield name, p
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        tied = getattr(p, "rtd_tied_name", None)
+        if tied is not None:
+            yield tied, p
+            continue
+        m = _LAYER_RE.match(name)
+        if m:
+            layer = model.get_submodule(f"{m.group(1)}.{m.group(2)}")
+            number = getattr(layer, "layer_number", int(m.group(2)) + 1)
+            name = f"{m.group(1)}.{number - 1}.{name[m.end():]}"
+        yield name, p
 
 
 def _seed_for(seed: int, name: str) -> int:

@@ -78,8 +78,23 @@ def resolve_ds_config(user: dict[str, Any], cfg: RunConfig, *, data_parallel_siz
             raise UserInputError(f"{source}: {key}.enabled={enabled} contradicts the precision "
                              f"({t.precision.value}); {hint}")
     zero = user.get("zero_optimization", {}).get("stage", 0)
+    pp = cfg.parallel.pipeline_model_parallel_size
+    if pp > 1:
+        if zero != 1:
+            raise UserInputError(
+                f"{source}: ZeRO stage {zero} with --pipeline-model-parallel-size {pp} is not "
+                "supported: with pipeline parallelism the optimizer state is sharded by ZeRO "
+                "stage 1 only (stage 3 gathers parameters in module hooks that megatron-core's "
+                "schedule bypasses; stage 2 partitions gradients before the tied embedding's "
+                "gradients are summed); use ds_configs/zero1.json")
+        # megatron-core's schedule accumulates the micro-batches' gradients in param.grad;
+        # DeepSpeed sees one step of global_batch / dp samples per rank
+        ours["train_micro_batch_size_per_gpu"] = t.global_batch_size // data_parallel_size
+        ours["gradient_accumulation_steps"] = 1
     resolved = dict(user)
     resolved.update(ours)
+    if pp > 1:
+        resolved["managed_gradient_accumulation"] = False
     resolved["bf16"] = {**user.get("bf16", {}), "enabled": bf16}
     resolved.pop("fp16", None)
     resolved.setdefault("steps_per_print", 10**9)  # our own log lines replace DeepSpeed's

@@ -13,6 +13,7 @@ from rtd_scale.config import RunConfig
 from rtd_scale.data.packed import PackedDataset, micro_batches
 from rtd_scale.distributed import ParallelContext
 from rtd_scale.training import checkpoint
+from rtd_scale.training.pipeline import pipeline_train_step
 from rtd_scale.training.metrics import (MetricAccumulator, TensorBoardLogger, format_log_line,
                                         table_cosine)
 
@@ -67,14 +68,19 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, dataset: PackedDataset, 
     steps_since_log = 0
     for step in range(start_step, t.train_iters):
         lr_used = engine.get_lr()[0]  # the schedule's value for this update (before it steps)
-        for mb in micro_batches(dataset, step=step, seed=t.seed,
+        batches = micro_batches(dataset, step=step, seed=t.seed,
                                 global_batch_size=t.global_batch_size,
                                 micro_batch_size=t.micro_batch_size,
-                                dp_rank=ctx.dp_rank, dp_size=ctx.dp_size):
-            out = engine(mb.input_ids.to(ctx.device), mb.sample_index.to(ctx.device), step)
-            engine.backward(out.loss)
-            engine.step()
-            acc.add(out, cfg.rtd.rtd_lambda)
+                                dp_rank=ctx.dp_rank, dp_size=ctx.dp_size)
+        if ctx.pp_size > 1:
+            for out in pipeline_train_step(engine, batches, step=step, ctx=ctx):
+                acc.add(out, cfg.rtd.rtd_lambda)
+        else:
+            for mb in batches:
+                out = engine(mb.input_ids.to(ctx.device), mb.sample_index.to(ctx.device), step)
+                engine.backward(out.loss)
+                engine.step()
+                acc.add(out, cfg.rtd.rtd_lambda)
         steps_since_log += 1
         done = step + 1
         # log every log_interval steps, and the run's first and last step (the summary's ends)

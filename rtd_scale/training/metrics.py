@@ -67,6 +67,8 @@ def table_cosine(model) -> Optional[torch.Tensor]:
     """Mean cosine similarity between rows of the generator's and discriminator's token tables
     over this rank's shard (arXiv 2111.09543 Table 1). None when a table is partitioned by
     ZeRO-3 (its local tensor is empty)."""
+    if not model.pre_process:  # the tables live on the first pipeline stage
+        return None
     g = model.generator_table.weight
     d_mod = model.discriminator_table
     d = g + d_mod.delta if hasattr(d_mod, "delta") else d_mod.weight

@@ -1,5 +1,5 @@
 """One spawn helper for multi-process tests (STYLE rule 11): run ``fn(ctx, *args)`` on
-``world_size`` gloo processes laid out as TP × DP, and return every rank's result."""
+``world_size`` gloo processes laid out as TP × PP × DP, and return every rank's result."""
 from __future__ import annotations
 
 import os
@@ -13,7 +13,8 @@ import torch.multiprocessing as mp
 from tests.conftest import free_port
 
 
-def _worker(rank: int, world_size: int, tp: int, port: int, out_dir: str, fn, args) -> None:
+def _worker(rank: int, world_size: int, tp: int, pp: int, port: int, out_dir: str, fn,
+            args) -> None:
     warnings.filterwarnings("ignore")
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
@@ -23,7 +24,8 @@ def _worker(rank: int, world_size: int, tp: int, port: int, out_dir: str, fn, ar
 
     result = None
     try:
-        ctx = distributed.initialize(ParallelConfig(tensor_model_parallel_size=tp), seed=0)
+        ctx = distributed.initialize(
+            ParallelConfig(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp), seed=0)
         try:
             result = ("ok", fn(ctx, *args))
         finally:
@@ -33,11 +35,11 @@ def _worker(rank: int, world_size: int, tp: int, port: int, out_dir: str, fn, ar
     torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
-def run(fn, *args, world_size: int, tp: int = 1, timeout: float = 600.0) -> list:
+def run(fn, *args, world_size: int, tp: int = 1, pp: int = 1, timeout: float = 600.0) -> list:
     """Results of ``fn(ctx, *args)`` per rank (rank order). ``fn`` must be importable
     (module level). Raises AssertionError with the worker's traceback when a rank fails."""
     with tempfile.TemporaryDirectory() as out_dir:
-        ctx = mp.start_processes(_worker, args=(world_size, tp, free_port(), out_dir, fn, args),
+        ctx = mp.start_processes(_worker, args=(world_size, tp, pp, free_port(), out_dir, fn, args),
                                  nprocs=world_size, join=False, start_method="spawn")
         if not ctx.join(timeout):
             for proc in ctx.processes:

@@ -199,3 +199,82 @@ def load_export(ctx, path: str):
     weights.load_full_state_dict(model, blob["model"], tp_rank=ctx.tp_rank)
     ids, idx = fixed_batch(vocab_size=cfg.model.vocab_size)
     return float(model(ids, idx, step=0).loss)
+
+
+def _pp_config(sharing: Sharing):
+    cfg = tiny_config(sharing)
+    cfg.model.generator = dataclasses.replace(cfg.model.generator, num_layers=2)
+    cfg.model.discriminator = dataclasses.replace(cfg.model.discriminator, num_layers=4)
+    return cfg
+
+
+def _pp_micro_batches(n: int = 4):
+    from rtd_scale.data.packed import MicroBatch
+
+    ids, _ = fixed_batch(b=8)
+    return [MicroBatch(ids[2 * j:2 * j + 2], torch.arange(500 + 2 * j, 502 + 2 * j))
+            for j in range(n)]
+
+
+def _build_stage(ctx, cfg, seed: int = 7):
+    from rtd_scale.model.rtd import RTDModel
+
+    return RTDModel(cfg.model, cfg.rtd, tensor_model_parallel_size=ctx.tp_size,
+                    pipeline_model_parallel_size=ctx.pp_size, pre_process=ctx.is_first_stage,
+                    post_process=ctx.is_last_stage, special_ids=SPECIAL, pad_id=0, mask_id=4,
+                    seed=seed)
+
+
+def pipeline_parity(ctx, sharings):
+    """One step's losses and gradients over 4 micro-batches, at this TP × PP layout (PP = 1:
+    the plain forward, accumulated; PP > 1: the two-pass 1F1B step)."""
+    from rtd_scale.model import weights
+    from rtd_scale.training.pipeline import all_reduce_tied_gradients, pipeline_forward_backward
+
+    out = {}
+    for sharing in sharings:
+        cfg = _pp_config(sharing)
+        model = _build_stage(ctx, cfg)
+        mbs = _pp_micro_batches()
+        if ctx.pp_size == 1:
+            outs = []
+            for mb in mbs:
+                res = model(mb.input_ids, mb.sample_index, step=2)
+                (res.loss / len(mbs)).backward()
+                outs.append(res)
+        else:
+            outs = pipeline_forward_backward(model, mbs, step=2, ctx=ctx)
+            all_reduce_tied_gradients(model, ctx)
+        out[sharing.value] = {
+            "pp_rank": ctx.pp_rank, "tp_rank": ctx.tp_rank,
+            "mlm": [o.mlm_loss.item() for o in outs], "rtd": [o.rtd_loss.item() for o in outs],
+            "corrupted": [o.corrupted_ids for o in outs],
+            "grads": weights.full_state_dict(model, tp_group=ctx.tp_group,
+                                             vocab_size=cfg.model.vocab_size, grads=True),
+        }
+    return out
+
+
+def pipeline_tied_after_training(ctx, steps: int):
+    """``steps`` optimizer steps through DeepSpeed ZeRO-1 at PP = 2; then the first stage's
+    generator table and the last stage's MLM output weight, for a bitwise comparison."""
+    from rtd_scale import distributed
+    from rtd_scale.training import engine as engine_mod
+    from rtd_scale.training.pipeline import pipeline_train_step
+
+    cfg = _pp_config(Sharing.GDES)
+    cfg.train.micro_batch_size, cfg.train.global_batch_size = 2, 8
+    cfg.optim.lr, cfg.optim.lr_warmup_iters = 1e-2, 0
+    cfg.parallel.pipeline_model_parallel_size = ctx.pp_size
+    model = _build_stage(ctx, cfg)
+    distributed.seed_after_build(ctx, 7)
+    ds = engine_mod.resolve_ds_config({"zero_optimization": {"stage": 1}}, cfg,
+                                      data_parallel_size=ctx.dp_size,
+                                      gradient_accumulation_steps=1)
+    eng = engine_mod.build_engine(model, cfg, ds, distributed.DeepSpeedMpu())
+    losses = []
+    for step in range(steps):
+        outs = pipeline_train_step(eng, _pp_micro_batches(), step=step, ctx=ctx)
+        losses += [o.loss.item() for o in outs]
+    w = (model.generator_table.weight if ctx.is_first_stage else model.mlm_head.table.weight)
+    return {"pp_rank": ctx.pp_rank, "weight": w.detach().clone(), "losses": losses}

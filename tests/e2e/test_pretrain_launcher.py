@@ -50,7 +50,7 @@ def test_zero3_two_ranks_train_checkpoint_and_resume_exactly(wiki_shards, tmp_pa
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     r = launch(common(wiki_shards, straight, 6))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "ZeRO stage 3" in r.stdout and "world 2 = TP 1 × DP 2" in r.stdout
+    assert "ZeRO stage 3" in r.stdout and "world 2 = TP 1 × PP 1 × DP 2" in r.stdout
     assert "micro-batch 4 × accumulation 2 × DP 2 = global 16" in r.stdout
     s = scalars(str(straight / "tensorboard"))
     assert TAGS <= set(s)

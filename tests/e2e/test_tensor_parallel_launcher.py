@@ -33,7 +33,7 @@ def test_tp2_dp2_zero3_matches_tp1_and_resumes_exactly(wiki_shards, tmp_path):
     r = launch(_args(wiki_shards, tp_dir, "ds_configs/zero3.json", 20, 2,
                      ["--export", str(tp_dir / "model.pt")]), ranks=4)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "world 4 = TP 2 × DP 2" in r.stdout and "ZeRO stage 3" in r.stdout
+    assert "world 4 = TP 2 × PP 1 × DP 2" in r.stdout and "ZeRO stage 3" in r.stdout
     ref, tp = scalars(str(ref_dir / "tensorboard")), scalars(str(tp_dir / "tensorboard"))
     assert sorted(tp["loss/total"]) == list(range(1, 21))
     for tag in ("loss/mlm", "loss/rtd", "loss/total"):

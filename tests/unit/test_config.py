@@ -42,10 +42,10 @@ def test_vocab_padding_is_deterministic():
     ("rtd.mask_prob=1.5", "rtd.mask_prob must be in [0, 1]"),
     ("rtd.mask_prob=0", "rtd.mask_prob must be > 0"),
     ("rtd.temperature=0", "rtd.temperature must be > 0"),
-    ("model.discriminator.num_attention_heads=3", "divisible by model.discriminator.num_attention_heads"),
+    ("model.discriminator.num_attention_heads=5", "divisible by model.discriminator.num_attention_heads"),
     ("data.seq_length=1000", "exceeds model.max_position_embeddings"),
     ("parallel.tensor_model_parallel_size=3", "must be divisible by --tensor-model-parallel-size"),
-    ("parallel.pipeline_model_parallel_size=2", "not supported yet"),
+    ("parallel.pipeline_model_parallel_size=3", "cannot be divided evenly over"),
     ("optim.lr=-1", "optim.lr must be > 0"),
 ])
 def test_validation_names_the_field(assignment, message):

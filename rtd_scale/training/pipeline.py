@@ -1,0 +1,116 @@
+"""The RTD step under pipeline parallelism (DESIGN.md §3, "Pipeline parallelism").
+
+One optimizer step is two passes of megatron-core's non-interleaved 1F1B schedule over the same
+micro-batches, then one optimizer step:
+
+1. generator pass — stage 0 masks and embeds, every stage runs its generator layers, the last
+   stage computes L_MLM at the masked positions and samples the replacements (no gradient);
+   the schedule back-propagates L_MLM / num_microbatches;
+2. the corrupted ids of every micro-batch go from the last stage to stage 0 (one broadcast over
+   the pipeline group, [num_microbatches, b, s] int64);
+3. discriminator pass — stage 0 embeds the corrupted ids, the last stage computes
+   rtd_lambda · L_RTD / num_microbatches, which the schedule back-propagates;
+4. the two copies of the generator's table (stage 0's input table, the last stage's MLM output
+   weight) get the sum of their gradients through megatron-core's embedding group, so they stay
+   equal (Megatron-LM's tied embeddings); then ``engine.step()`` reduces over the data-parallel
+   group (ZeRO-1) and steps.
+
+The schedule is handed the raw modules (``engine.module``'s encoders), so DeepSpeed's
+per-micro-batch hooks never run and gradients accumulate in ``param.grad`` (measured to match
+PP = 1; see tests/dist/test_pipeline_parallel.py).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+from megatron.core.pipeline_parallel.schedules import (
+    forward_backward_pipelining_without_interleaving,
+)
+
+from rtd_scale.data.packed import MicroBatch
+from rtd_scale.distributed import ParallelContext
+from rtd_scale.model.rtd import GeneratorResult, RTDModel, RTDOutput
+
+
+def _schedule(encoder, forward_step, micro_batches: Sequence[MicroBatch], seq_length: int):
+    forward_backward_pipelining_without_interleaving(
+        forward_step_func=forward_step, data_iterator=iter(enumerate(micro_batches)),
+        model=[encoder], num_microbatches=len(micro_batches), seq_length=seq_length,
+        micro_batch_size=micro_batches[0].input_ids.shape[0], forward_only=False)
+
+
+def pipeline_forward_backward(model: RTDModel, micro_batches: Sequence[MicroBatch], *,
+                              step: int, ctx: ParallelContext) -> list[RTDOutput]:
+    """Steps 1–3 above: both passes, forward and backward, over ``micro_batches``.
+
+    Returns one RTDOutput per micro-batch on the last stage (losses detached), [] elsewhere.
+    """
+    n = len(micro_batches)
+    seq_length = micro_batches[0].input_ids.shape[1]
+    dev = ctx.device
+    gen_results: list[GeneratorResult | None] = [None] * n
+
+    def generator_step(data_iterator, encoder):
+        j, mb = next(data_iterator)
+        ids, idx = mb.input_ids.to(dev), mb.sample_index.to(dev)
+        pad = ids == model.pad_id
+        m = model.mask(ids, idx)
+        hidden = encoder(m.generator_input, pad)
+
+        def loss_func(output):
+            gen = model.generator_head(output, ids, idx, m.masked, step)
+            gen_results[j] = gen
+            return gen.mlm_loss.clone(), {}  # the schedule divides it in place
+
+        return hidden, loss_func
+
+    _schedule(model.generator, generator_step, micro_batches, seq_length)
+
+    # 2. corrupted ids: last stage -> every stage of this pipeline (stage 0 needs them)
+    corrupted = torch.empty(n, *micro_batches[0].input_ids.shape, dtype=torch.int64, device=dev)
+    if ctx.is_last_stage:
+        corrupted.copy_(torch.stack([g.corrupted_ids for g in gen_results]))
+    if ctx.pp_size > 1:
+        dist.broadcast(corrupted, src=ctx.last_stage_global_rank, group=ctx.pp_group)
+
+    outputs: list[RTDOutput | None] = [None] * n
+
+    def discriminator_step(data_iterator, encoder):
+        j, mb = next(data_iterator)
+        ids = mb.input_ids.to(dev)
+        pad = ids == model.pad_id
+        hidden = encoder(corrupted[j], pad)
+
+        def loss_func(output):
+            out = model.discriminator_head(output, gen_results[j], pad)
+            outputs[j] = out._replace(loss=out.loss.detach(), mlm_loss=out.mlm_loss.detach(),
+                                      rtd_loss=out.rtd_loss.detach())
+            return model.rtd_cfg.rtd_lambda * out.rtd_loss, {}
+
+        return hidden, loss_func
+
+    _schedule(model.discriminator, discriminator_step, micro_batches, seq_length)
+    return [o for o in outputs if o is not None]
+
+
+def all_reduce_tied_gradients(model: RTDModel, ctx: ParallelContext) -> None:
+    """Step 4's first half: sum the gradients of the generator table's copies over the embedding
+    group (first and last stage), as megatron-core's ``finalize_model_grads`` does."""
+    if ctx.embedding_group is None:
+        return
+    for p in model.tied_parameters():
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        dist.all_reduce(p.grad, group=ctx.embedding_group)
+
+
+def pipeline_train_step(engine, micro_batches: Sequence[MicroBatch], *, step: int,
+                        ctx: ParallelContext) -> list[RTDOutput]:
+    """One optimizer step at pipeline_model_parallel_size > 1 (steps 1–4 above)."""
+    model: RTDModel = engine.module
+    outputs = pipeline_forward_backward(model, micro_batches, step=step, ctx=ctx)
+    all_reduce_tied_gradients(model, ctx)
+    engine.step()
+    return outputs
