@@ -11,11 +11,11 @@ import torch.distributed as dist
 
 from rtd_scale.config import RunConfig
 from rtd_scale.data.packed import PackedDataset, micro_batches
-from rtd_scale.distributed import ParallelContext
+from rtd_scale.distributed import DeepSpeedMpu, ParallelContext
 from rtd_scale.training import checkpoint
 from rtd_scale.training.pipeline import pipeline_train_step
 from rtd_scale.training.metrics import (MetricAccumulator, TensorBoardLogger, format_log_line,
-                                        table_cosine)
+                                        grad_norm, table_cosine)
 
 
 @dataclass
@@ -66,6 +66,14 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, dataset: PackedDataset, 
     result = TrainResult(first_step=start_step + 1, last_step=t.train_iters)
     last_log = time.perf_counter()
     steps_since_log = 0
+    norm = None
+    own_norm = engine.zero_optimization_stage() == 0  # DeepSpeed keeps no norm at stage 0
+    mp_group = DeepSpeedMpu().get_model_parallel_group()
+
+    def will_log(done: int) -> bool:
+        # every log_interval steps, and the run's first and last step (the summary's ends)
+        return done % t.log_interval == 0 or done in (start_step + 1, t.train_iters)
+
     for step in range(start_step, t.train_iters):
         lr_used = engine.get_lr()[0]  # the schedule's value for this update (before it steps)
         batches = micro_batches(dataset, step=step, seed=t.seed,
@@ -76,21 +84,23 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, dataset: PackedDataset, 
             for out in pipeline_train_step(engine, batches, step=step, ctx=ctx):
                 acc.add(out, cfg.rtd.rtd_lambda)
         else:
-            for mb in batches:
+            for j, mb in enumerate(batches):
                 out = engine(mb.input_ids.to(ctx.device), mb.sample_index.to(ctx.device), step)
                 engine.backward(out.loss)
+                if own_norm and j == len(batches) - 1 and will_log(step + 1):
+                    norm = grad_norm(model, ctx.tp_rank, mp_group)
                 engine.step()
                 acc.add(out, cfg.rtd.rtd_lambda)
         steps_since_log += 1
         done = step + 1
-        # log every log_interval steps, and the run's first and last step (the summary's ends)
-        if done % t.log_interval == 0 or done in (start_step + 1, t.train_iters):
+        if will_log(done):
             scalars = acc.reduce(ctx.dp_group)
             now = time.perf_counter()
             elapsed = now - last_log
             scalars["optim/lr"] = lr_used
-            grad_norm = engine.get_global_grad_norm()
-            scalars["optim/grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
+            if not own_norm:
+                norm = engine.get_global_grad_norm()
+            scalars["optim/grad_norm"] = float(norm) if norm is not None else float("nan")
             # non-pad tokens over all data-parallel ranks (reduce() summed them)
             scalars["throughput/tokens_per_s"] = scalars.pop("_tokens") / elapsed
             cos = table_cosine(model)

@@ -63,6 +63,23 @@ class MetricAccumulator:
 
 
 @torch.no_grad()
+def grad_norm(model: torch.nn.Module, tp_rank: int, model_parallel_group) -> float:
+    """Global L2 norm of the gradients in ``param.grad`` across the tensor × pipeline group:
+    tensor-parallel shards summed over their group, replicated parameters counted once (on TP
+    rank 0), the pipeline's tied copy (``ds_pipe_replicated``) not at all — DeepSpeed's rule.
+    Used where DeepSpeed keeps no norm (ZeRO stage 0); call before ``engine.step()``."""
+    total = torch.zeros(1, dtype=torch.float64)
+    for p in {id(p): p for p in model.parameters()}.values():
+        if p.grad is None or getattr(p, "ds_pipe_replicated", False):
+            continue
+        if getattr(p, "tensor_model_parallel", False) or tp_rank == 0:
+            total += p.grad.detach().double().pow(2).sum().cpu()
+    if dist.is_initialized():
+        dist.all_reduce(total, group=model_parallel_group)
+    return float(total.sqrt())
+
+
+@torch.no_grad()
 def table_cosine(model) -> Optional[torch.Tensor]:
     """Mean cosine similarity between rows of the generator's and discriminator's token tables
     over this rank's shard (arXiv 2111.09543 Table 1). None when a table is partitioned by
