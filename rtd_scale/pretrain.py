@@ -59,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weight-decay", type=float)
     p.add_argument("--clip-grad", type=float)
     p.add_argument("--bf16", action="store_true", help="bf16 compute, fp32 master weights")
+    p.add_argument("--recompute-activations", action="store_true",
+                   help="activation checkpointing in both models (megatron-core full-layer "
+                        "recompute): less memory, one more forward per layer")
     p.add_argument("--export", help="after the last step, write a consolidated, TP-agnostic fp32 "
                    "state dict (ZeRO partitions and TP shards merged, vocabulary padding removed) "
                    "to this .pt file; loads at any TP size (rtd_scale.model.weights)")
@@ -109,6 +112,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
             setattr(getattr(cfg, section), name, value)
     if args.bf16:
         cfg.train.precision = Precision.BF16
+    if args.recompute_activations:
+        cfg.model.recompute_activations = True
     for assignment in args.set:
         apply_override(cfg, assignment)
     if cfg.train.tensorboard_dir is None and cfg.train.save:

@@ -140,3 +140,28 @@ def test_padded_vocab_never_predicted_or_sampled(single_process_group):
     sampled = out.corrupted_ids[out.masked]
     assert sampled.max().item() < 300
     assert not torch.isin(sampled, torch.tensor([0, 1, 2, 3, 4])).any()
+
+
+def test_activation_recompute_gives_the_same_step(single_process_group):
+    """megatron-core's full-layer recompute, on CPU: same losses and gradients (dropout on, so
+    the recomputed forward must replay the same dropout masks)."""
+    cfg = _cfg(Sharing.GDES, dropout=0.1)
+    results = []
+    for recompute in (False, True):
+        torch.manual_seed(3)
+        from megatron.core import tensor_parallel
+
+        tensor_parallel.get_cuda_rng_tracker().reset()
+        tensor_parallel.get_cuda_rng_tracker().add("model-parallel-rng", 77)
+        m = RTDModel(cfg.model, cfg.rtd, tensor_model_parallel_size=1, special_ids=SPECIAL,
+                     pad_id=0, mask_id=4, seed=5, recompute_activations=recompute).train()
+        assert m.generator.block.config.recompute_granularity == ("full" if recompute else None)
+        out = m(_ids(), torch.arange(4))
+        out.loss.backward()
+        results.append((out.loss.item(), {n: p.grad.clone() for n, p in m.named_parameters()
+                                          if p.grad is not None}))
+    (l0, g0), (l1, g1) = results
+    assert l0 == pytest.approx(l1, abs=1e-6)
+    assert g0.keys() == g1.keys()
+    for name in g0:
+        assert (g0[name] - g1[name]).abs().max().item() < 1e-5, name

@@ -1,0 +1,84 @@
+"""tools/estimate_cost.py: the RTD step's model FLOPs against a hand computation."""
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+
+from rtd_scale.config import preset
+from tests.conftest import REPO
+
+_spec = importlib.util.spec_from_file_location("estimate_cost", REPO / "tools" / "estimate_cost.py")
+estimate_cost = importlib.util.module_from_spec(_spec)
+sys.modules.setdefault("estimate_cost", estimate_cost)  # dataclasses look their module up there
+_spec.loader.exec_module(estimate_cost)
+
+
+def test_debertav3_large_per_token_by_hand():
+    # discriminator 24 × 1024, generator 12 × 1024, FFN 4096, s 512, V 128,100, E 1024, p 0.15
+    h, f, s, v, p = 1024, 4096, 512, 128_100, 0.15
+    layer_matmul = 6 * (4 * h * h + 2 * h * f)  # 75,497,472
+    layer_attention = 12 * s * h  # 6,291,456
+    assert layer_matmul == 75_497_472 and layer_attention == 6_291_456
+    mlm_head = p * 6 * (h * h + h * v)  # masked positions only
+    rtd_head = 6 * (h * h + h)
+    hand = 36 * (layer_matmul + layer_attention) + mlm_head + rtd_head
+    assert hand == pytest.approx(3_069_699_686.4)
+
+    got = estimate_cost.rtd_flops_per_token(preset("debertav3-large"))
+    assert got.generator_matmul == 12 * layer_matmul
+    assert got.discriminator_matmul == 24 * layer_matmul
+    assert got.generator_attention == 12 * layer_attention
+    assert got.discriminator_attention == 24 * layer_attention
+    assert got.embedding_projection == 0  # DeBERTaV3: table width = hidden size
+    assert got.mlm_head == pytest.approx(mlm_head)
+    assert got.rtd_head == rtd_head
+    assert got.total == pytest.approx(hand)
+
+    # the regime: 8192 × 512 tokens per step, 500,000 steps
+    total = got.total * 8192 * 512 * 500_000
+    assert total == pytest.approx(6.4376e21, rel=1e-4)
+    gpu_h, wall_h = estimate_cost.gpu_hours(total, 8192 * 512 * 500_000.0, mfu=0.4,
+                                            peak_tflops=989, gpus=64)
+    assert gpu_h == pytest.approx(total / (0.4 * 989e12) / 3600)
+    assert wall_h == pytest.approx(gpu_h / 64)
+
+
+def test_electra_projection_and_narrow_generator():
+    # electra-small: table width 128 projected to 64 (generator) and 256 (discriminator)
+    got = estimate_cost.rtd_flops_per_token(preset("electra-small"))
+    assert got.embedding_projection == 6 * 128 * 64 + 6 * 128 * 256
+    assert got.mlm_head == pytest.approx(0.15 * 6 * (64 * 128 + 128 * 30_522))
+    assert got.generator_matmul == 12 * 6 * (4 * 64 * 64 + 2 * 64 * 256)
+
+
+def test_mask_prob_scales_only_the_mlm_head():
+    cfg = preset("debertav3-base")
+    a = estimate_cost.rtd_flops_per_token(cfg, mask_prob=0.15)
+    b = estimate_cost.rtd_flops_per_token(cfg, mask_prob=0.30)
+    assert b.mlm_head == pytest.approx(2 * a.mlm_head)
+    assert b.total - a.total == pytest.approx(a.mlm_head)
+
+
+def test_gpu_hours_from_measured_throughput():
+    gpu_h, wall_h = estimate_cost.gpu_hours(1e21, 3.6e12, tokens_per_s=1e6, gpus=8)
+    assert wall_h == pytest.approx(1000.0)  # 3.6e12 tokens / 1e6 per s = 3.6e6 s
+    assert gpu_h == pytest.approx(8000.0)
+    with pytest.raises(ValueError, match="--gpus"):
+        estimate_cost.gpu_hours(1e21, 1e12, tokens_per_s=1e6)
+
+
+def test_cli():
+    r = subprocess.run([sys.executable, "tools/estimate_cost.py", "--preset", "debertav3-large",
+                        "--tokens-per-step", "8192*512", "--steps", "500000", "--mfu", "0.4",
+                        "--peak-tflops", "989", "--gpus", "64"],
+                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "total                      3.0697e+09" in r.stdout
+    assert "6.4376e+21 FLOPs" in r.stdout
+    assert "4,520 GPU-hours = 70.6 h (2.9 days) on 64 GPUs" in r.stdout
+    r = subprocess.run([sys.executable, "tools/estimate_cost.py", "--tokens-per-s", "1e6"],
+                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "also pass --gpus" in r.stderr
