@@ -25,6 +25,7 @@ from typing import Sequence
 
 import torch
 import torch.distributed as dist
+from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
 from megatron.core.pipeline_parallel.schedules import (
     forward_backward_pipelining_without_interleaving,
 )
@@ -112,5 +113,11 @@ def pipeline_train_step(engine, micro_batches: Sequence[MicroBatch], *, step: in
     model: RTDModel = engine.module
     outputs = pipeline_forward_backward(model, micro_batches, step=step, ctx=ctx)
     all_reduce_tied_gradients(model, ctx)
+    if isinstance(engine.optimizer, BF16_Optimizer):
+        # DeepSpeed's bf16 optimizer (its ZeRO-1 under --bf16) takes the gradients into its fp32
+        # buffers and reduces them over the data-parallel group in the backward epilogue that
+        # engine.backward() would have run; its step() does neither.
+        engine.optimizer.update_hp_grads(clear_lp_grads=True)
+        engine.allreduce_gradients()
     engine.step()
     return outputs
