@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# One training process per Slurm task (run by srun, once per task): the rank variables
+# torch.distributed reads, taken from Slurm's own, then exec the command.
+#
+#   srun bash slurm/lib/rank_env.sh python -u rtd_scale/pretrain.py ...
+#
+# RANK = SLURM_PROCID, WORLD_SIZE = SLURM_NTASKS, LOCAL_RANK = SLURM_LOCALID (the GPU index on
+# the node). MASTER_ADDR and MASTER_PORT are exported by the batch script (the first host of the
+# job and a port derived from the job id). Setting all five by hand is what keeps DeepSpeed's MPI
+# discovery from replacing MASTER_ADDR with an address from `hostname -I`.
+set -euo pipefail
+
+: "${SLURM_PROCID:?not inside a Slurm job step: run through srun}"
+: "${MASTER_ADDR:?MASTER_ADDR is not set: the batch script exports it}"
+: "${MASTER_PORT:?MASTER_PORT is not set: the batch script exports it}"
+export RANK="$SLURM_PROCID"
+export WORLD_SIZE="${SLURM_STEP_NUM_TASKS:-$SLURM_NTASKS}"
+export LOCAL_RANK="$SLURM_LOCALID"
+exec "$@"

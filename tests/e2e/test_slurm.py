@@ -1,0 +1,314 @@
+"""The Slurm launchers on a real Slurm: a single-node cluster on localhost started from Debian
+packages by tools/slurm_local_start.sh (stopped again at the end of this module).
+
+- slurm/preprocess.sh as a 2-task array job makes the shards the training jobs read;
+- slurm/pretrain_large.sh with the small-test overrides (tiny preset, CPU, 2 tasks) trains 20
+  steps and checkpoints;
+- a second job gets the preemption signal (scancel --signal=USR1 --batch, as Slurm's
+  --signal=B:USR1@600 would send it): it saves, requeues itself and resumes at the saved step.
+
+The Slurm tests skip only when Slurm cannot be installed (no root/sudo, no apt-get, no package
+mirror); any other failure fails. The script checks (bash -n, shellcheck) need no Slurm.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, TEST_DATA
+
+pytestmark = pytest.mark.e2e
+
+SCRIPTS = sorted([*REPO.glob("slurm/*.sh"), *REPO.glob("slurm/lib/*.sh"),
+                  REPO / "tools" / "slurm_local_start.sh", REPO / "tools" / "slurm_local_stop.sh"])
+SLURM_HOME = Path(os.environ.get("RTD_SLURM_HOME", "/var/tmp/rtd_scale_slurm"))
+ITERATION = re.compile(r"^ iteration\s+(\d+)/\s*(\d+) \|.*\| total loss: (\S+) \|", re.M)
+
+
+# ---------------------------------------------------------------- the scripts, without Slurm ----
+
+def test_scripts_parse():
+    assert len(SCRIPTS) >= 7, SCRIPTS
+    for script in SCRIPTS:
+        r = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, f"{script}: {r.stderr}"
+
+
+def _shellcheck() -> str:
+    found = shutil.which("shellcheck")
+    if found is None and os.geteuid() == 0 and shutil.which("apt-get"):
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        cmd = ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "shellcheck"]
+        if subprocess.run(cmd, capture_output=True, env=env, timeout=300).returncode != 0:
+            subprocess.run(["apt-get", "update", "-qq"], capture_output=True, env=env, timeout=300)
+            subprocess.run(cmd, capture_output=True, env=env, timeout=300)
+        found = shutil.which("shellcheck")
+    if found is None:
+        pytest.skip("shellcheck is not installed and cannot be installed here (apt-get as root)")
+    return found
+
+
+def test_scripts_pass_shellcheck():
+    r = subprocess.run([_shellcheck(), "-x", *map(str, SCRIPTS)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def _arithmetic(world: int, tp: int, global_batch: int, micro: int) -> subprocess.CompletedProcess:
+    env = {**os.environ, "RTD_REPO": str(REPO), "RTD_PRESET": "tiny", "RTD_TRAIN_ITERS": "1",
+           "RTD_GLOBAL_BATCH": str(global_batch), "RTD_MICRO_BATCH": str(micro),
+           "RTD_SEQ_LENGTH": "64", "RTD_LR": "1e-3", "RTD_WARMUP_ITERS": "0"}
+    code = (f'source "{REPO}/slurm/lib/pretrain_job.sh"; '
+            f'rtd_batch_arithmetic {world} {tp} {global_batch} {micro}')
+    return subprocess.run(["bash", "-c", code], env=env, capture_output=True, text=True,
+                          timeout=30)
+
+
+def test_batch_arithmetic_for_any_node_count():
+    # micro-batch × accumulation × data-parallel size = 8192
+    for nodes, micro, want in ((8, 8, "64 16"), (1, 8, "8 128"), (16, 8, "128 8"),
+                               (128, 8, "1024 1"), (2, 16, "16 32")):
+        r = _arithmetic(8 * nodes, 1, 8192, micro)
+        assert r.returncode == 0 and r.stdout.split() == want.split(), (nodes, r.stdout, r.stderr)
+    assert _arithmetic(64, 2, 8192, 8).stdout.split() == ["32", "32"]  # TP 2: DP = 32
+    r = _arithmetic(48, 1, 8192, 8)  # 6 nodes × 8 GPUs: 8192 / 48 is not an integer
+    assert r.returncode == 1
+    assert "RTD_GLOBAL_BATCH=8192 is not divisible by the data-parallel size 48" in r.stderr
+    r = _arithmetic(64, 1, 8192, 3)
+    assert r.returncode == 1
+    assert "RTD_MICRO_BATCH=3 does not divide the 128 samples" in r.stderr
+    assert "micro-batch sizes that do: 1 2 4 8 16 32 64 128" in r.stderr
+    r = _arithmetic(6, 4, 8192, 8)
+    assert r.returncode == 1 and "6 tasks are not divisible by RTD_TP=4" in r.stderr
+
+
+# ----------------------------------------------------------------------- a real local Slurm ----
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    """Start (or reuse) the local Slurm; yield the environment for its commands; stop it."""
+    t0 = time.monotonic()
+    r = subprocess.run(["bash", str(REPO / "tools" / "slurm_local_start.sh")],
+                       capture_output=True, text=True, timeout=900)
+    if r.returncode == 3:  # the only skip: Slurm cannot be installed on this machine
+        pytest.skip((r.stderr.strip().splitlines() or ["Slurm cannot be installed here"])[-1])
+    assert r.returncode == 0, r.stdout + r.stderr
+    conf = re.search(r"^export SLURM_CONF=(\S+)$", r.stdout, re.M).group(1)
+    print(f"\n[slurm] install + start: {time.monotonic() - t0:.1f} s")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env["SLURM_CONF"] = conf
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}:/usr/sbin:/sbin"
+    pid_files = [SLURM_HOME / "run" / "slurmctld.pid", SLURM_HOME / "run" / "slurmd.pid",
+                 SLURM_HOME / "munged.started"]
+    try:
+        yield env
+    finally:
+        pids = [int(p.read_text()) for p in pid_files if p.is_file() and p.read_text().strip()]
+        r = subprocess.run(["bash", str(REPO / "tools" / "slurm_local_stop.sh")],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        deadline = time.monotonic() + 15
+        while any(map(_alive, pids)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in pids if _alive(p)], f"daemons left running: {pids}"
+
+
+def _run(env, *cmd: str, cwd=None, timeout: int = 30) -> str:
+    r = subprocess.run(list(cmd), env=env, cwd=cwd, capture_output=True, text=True,
+                       timeout=timeout)
+    assert r.returncode == 0, f"{cmd}: {r.stdout}{r.stderr}"
+    return r.stdout
+
+
+def _sbatch(env, cwd: Path, *args: str) -> int:
+    return int(_run(env, "sbatch", "--parsable", *args, cwd=cwd).strip().split(";")[0])
+
+
+def _job(env, job_id: int) -> dict[str, str]:
+    """`scontrol show job` as a dict (finished jobs stay visible for MinJobAge = 600 s)."""
+    text = _run(env, "scontrol", "show", "job", "-o", str(job_id))
+    return dict(kv.split("=", 1) for kv in text.split() if "=" in kv)
+
+
+def _queued(env, job_id: int) -> str:
+    """'STATE REASON' while the job is pending or running, '' once it has left the queue.
+    (`sbatch --wait` polls at 2, 8, then every 32 s: too slow for a test.)"""
+    return _run(env, "squeue", "-h", "-j", str(job_id), "-o", "%T %r").strip()
+
+
+def _wait(what: str, predicate, timeout: float, log: Path | None = None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    tail = log.read_text()[-4000:] if log is not None and log.exists() else ""
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{tail}")
+
+
+def _venv() -> str:
+    venv = Path(sys.executable).parent.parent
+    return str(venv if (venv / "bin" / "activate").is_file() else REPO / ".venv")
+
+
+@pytest.fixture(scope="module")
+def slurm_shards(slurm, wiki_shards, tmp_path_factory):
+    """Shards made by slurm/preprocess.sh: an array job of 2 tasks over 2 input files.
+    Returns (env for slurm/pretrain_*.sh with the small-test overrides, shard dir)."""
+    tokenizer, _ = wiki_shards
+    work = tmp_path_factory.mktemp("slurm")
+    lines = (TEST_DATA / "wiki_sample.jsonl").read_text().splitlines(keepends=True)
+    half = len(lines) // 2
+    (work / "a.jsonl").write_text("".join(lines[:half]))
+    (work / "b.jsonl").write_text("".join(lines[half:]))
+    (work / "inputs.txt").write_text(f"{work / 'a.jsonl'}\n{work / 'b.jsonl'}\n")
+    shard_dir = work / "shards"
+    env = {**slurm, "RTD_TOKENIZER": tokenizer, "RTD_SHARD_DIR": str(shard_dir),
+           "RTD_VENV": _venv()}
+    t0 = time.monotonic()
+    job = _sbatch(env, work, "--array=0-1", "--cpus-per-task=1",
+                  str(REPO / "slurm" / "preprocess.sh"), "inputs.txt")
+    try:
+        _wait("the preprocessing array job", lambda: not _queued(env, job), 300)
+    finally:
+        subprocess.run(["scancel", str(job)], env=env, capture_output=True, timeout=30)
+    print(f"[slurm] preprocess array job: {time.monotonic() - t0:.1f} s")
+    for task in (0, 1):
+        out = (work / f"slurm-rtd-preprocess-{job}_{task}.out").read_text()
+        assert f"task {task} of 2" in out and "done: " in out, out
+    env.update(RTD_PRESET="tiny", RTD_DEVICE="cpu", RTD_BF16="0", RTD_EXPECT_VOCAB="",
+               RTD_GLOBAL_BATCH="16", RTD_MICRO_BATCH="4", RTD_SEQ_LENGTH="64",
+               RTD_WARMUP_ITERS="5", RTD_LOG_INTERVAL="1", RTD_SEED="7")
+    return env, shard_dir
+
+
+def test_preprocess_array_job(slurm_shards):
+    _, shard_dir = slurm_shards
+    names = sorted(p.name for p in shard_dir.iterdir())
+    assert names == [f"part-0000{i}_text_document.{ext}" for i in (0, 1)
+                     for ext in ("bin", "idx", "meta.json")]
+
+
+def test_mpi_world_through_srun_pmi2(slurm):
+    """The local Slurm launches MPI programs: srun --mpi=pmi2 gives mpi4py (PyPI mpich) a world
+    of 2. (A wrong --mpi silently gives each rank a world of 1, hence the size check.)"""
+    code = "from mpi4py import MPI; c = MPI.COMM_WORLD; print('rank', c.Get_rank(), 'of', c.Get_size())"
+    out = _run(slurm, "srun", "--ntasks=2", "--mpi=pmi2", sys.executable, "-c", code, timeout=120)
+    assert sorted(out.split("\n")[:2]) == ["rank 0 of 2", "rank 1 of 2"], out
+
+
+LARGE = str(REPO / "slurm" / "pretrain_large.sh")
+SMALL_TEST = ("--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0")  # override #SBATCH lines
+
+
+def test_impossible_batch_arithmetic_stops_the_job(slurm_shards, tmp_path):
+    env, _ = slurm_shards
+    env = {**env, "RTD_GLOBAL_BATCH": "15", "RTD_TRAIN_ITERS": "2", "RTD_SAVE": str(tmp_path / "r")}
+    job = _sbatch(env, tmp_path, *SMALL_TEST, LARGE)
+    _wait("the job to end", lambda: not _queued(env, job), 120)
+    state = _job(env, job)
+    assert state["JobState"] == "FAILED" and state["ExitCode"] == "1:0", state
+    out = (tmp_path / f"slurm-rtd-debertav3-large-{job}.out").read_text()
+    assert "error: global batch RTD_GLOBAL_BATCH=15 is not divisible by the data-parallel size 2" \
+        in out, out
+    assert not (tmp_path / "r").exists()
+
+
+def test_pretrain_large_small_overrides_two_ranks(slurm_shards, tmp_path):
+    env, shard_dir = slurm_shards
+    save = tmp_path / "run"
+    env = {**env, "RTD_TRAIN_ITERS": "20", "RTD_SAVE_INTERVAL": "10", "RTD_SAVE": str(save)}
+    t0 = time.monotonic()
+    job = _sbatch(env, tmp_path, *SMALL_TEST, LARGE)  # submitted from outside the repository
+    log = tmp_path / f"slurm-rtd-debertav3-large-{job}.out"
+    try:
+        _wait("the training job to end", lambda: not _queued(env, job), 480, log)
+    finally:
+        subprocess.run(["scancel", str(job)], env=env, capture_output=True, timeout=30)
+    print(f"[slurm] 20-step training job: {time.monotonic() - t0:.1f} s")
+    out = log.read_text()
+    state = _job(env, job)
+    assert state["JobState"] == "COMPLETED" and state["ExitCode"] == "0:0", (state, out[-3000:])
+    assert f"job {job} (restart 0) on 1 node(s) localhost: 2 tasks" in out
+    assert "micro-batch 4 × accumulation 2 × data-parallel 2 = global 16" in out
+    assert "starting fresh" in out and "--load" not in out
+    assert f"--data-path {shard_dir}/part-00000_text_document {shard_dir}/part-00001" in out
+    assert re.search(r"world 2 = TP 1 ×.* DP 2", out), out[-3000:]  # 2 ranks joined one group
+    steps = [(int(m[1]), int(m[2]), float(m[3])) for m in ITERATION.finditer(out)]
+    assert [s for s, _, _ in steps] == list(range(1, 21)), out[-3000:]
+    assert all(total == 20 and math.isfinite(loss) for _, total, loss in steps), steps
+    assert (save / "latest").read_text().strip() == "global_step20"
+    for tag in ("global_step10", "global_step20"):  # every rank wrote its own RNG state
+        assert sorted(p.name for p in (save / tag).glob("rng_rank*.pt")) == \
+            ["rng_rank00000.pt", "rng_rank00001.pt"]
+    assert (save / "config.json").is_file() and list((save / "tensorboard").glob("events.*"))
+    assert "training finished" in out
+
+
+def test_preemption_saves_requeues_and_resumes(slurm_shards, tmp_path):
+    env, _ = slurm_shards
+    save = tmp_path / "run"
+    env = {**env, "RTD_TRAIN_ITERS": "20", "RTD_SAVE_INTERVAL": "100", "RTD_SAVE": str(save)}
+    t0 = time.monotonic()
+    job = _sbatch(env, tmp_path, *SMALL_TEST, LARGE)
+    log = tmp_path / f"slurm-rtd-debertav3-large-{job}.out"
+    try:
+        # once training runs, preempt it the way --signal=B:USR1@600 does: SIGUSR1 to the batch
+        # shell, which forwards it to the tasks
+        _wait("iteration 2", lambda: log.exists() and
+              any(int(m[1]) >= 2 for m in ITERATION.finditer(log.read_text())), 300, log)
+        _run(env, "scancel", "--signal=USR1", "--batch", str(job))
+        # requeued: Slurm holds it for AuthInfo cred_expire (120 s; EligibleTime = requeue +
+        # 121 s) because slurmd refuses a credential issued no later (in whole seconds) than its
+        # revocation of the killed run's: StartTime=now 0.2 s after the requeue made the job
+        # FAILED ("Job credential revoked"). Two seconds later it is safe; skip the rest.
+        _wait("the job to be requeued", lambda: _queued(env, job) in ("PENDING BeginTime", ""),
+              300, log)
+        assert _queued(env, job) == "PENDING BeginTime", \
+            f"the job ended instead of requeueing: {_job(env, job)}\n{log.read_text()[-3000:]}"
+        time.sleep(2.5)
+        _run(env, "scontrol", "update", f"JobId={job}", "StartTime=now")
+        _wait("the requeued job to end", lambda: not _queued(env, job), 480, log)
+    finally:
+        subprocess.run(["scancel", str(job)], env=env, capture_output=True, timeout=30)
+    print(f"[slurm] preempted, requeued and resumed job: {time.monotonic() - t0:.1f} s")
+    out = log.read_text()
+    state = _job(env, job)
+    assert state["JobState"] == "COMPLETED" and state["ExitCode"] == "0:0", (state, out[-3000:])
+    assert state["Restarts"] == "1", state
+
+    first, second = out.split(f"job {job} (restart 1)")  # one output file, appended on requeue
+    saved = int(re.search(r"exit signal SIGUSR1 received: stopped after iteration (\d+)",
+                          first)[1])
+    assert 2 <= saved < 20, first[-3000:]
+    assert f"saved checkpoint at iteration {saved:8d} to {save}/global_step{saved}" in first
+    assert f"stopped at global_step{saved} (was none): requeueing job {job}" in first
+    assert [int(m[1]) for m in ITERATION.finditer(first)] == list(range(1, saved + 1))
+
+    assert f"resuming: {save}/latest names global_step{saved}" in second
+    assert f"--load {save}" in second
+    assert f"resumed from {save} at iteration {saved}" in second
+    resumed = [(int(m[1]), float(m[3])) for m in ITERATION.finditer(second)]
+    assert [s for s, _ in resumed] == list(range(saved + 1, 21)), second[-3000:]
+    assert all(math.isfinite(loss) for _, loss in resumed)
+    assert "training finished" in second
+    assert (save / "latest").read_text().strip() == "global_step20"

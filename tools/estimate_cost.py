@@ -1,0 +1,211 @@
+#!/usr/bin/env python
+"""Model FLOPs of one RTD training step, of a whole regime, and the GPU-hours it takes.
+
+    python tools/estimate_cost.py --preset debertav3-large --tokens-per-step 8192*512 \\
+        --steps 500000 --mfu 0.4 --peak-tflops 989 --gpus 64
+    python tools/estimate_cost.py --preset debertav3-large --tokens-per-s 1.2e6 --gpus 64
+
+Shapes come from the rtd_scale.config preset (generator and discriminator: layers, hidden size,
+FFN size; the shared table's width E; vocabulary V; mask probability p). Defaults for the regime
+are the preset's: tokens per step = global batch × sequence length, steps = train_iters.
+
+Formula: model FLOPs per token of one training step (forward + backward), counting each
+multiply-add as 2 FLOPs and the backward pass as twice the forward (gradients with respect to
+inputs and to weights), so every matmul costs 6 × (its weight count) per token it is applied to:
+
+  per encoder layer (hidden h, FFN f, sequence length s, all s positions attend to all s):
+      matmuls     6 · (4h² + 2hf)        Q, K, V and output projections (4h²), FFN in and out (2hf)
+      attention   12 · s · h             QKᵀ and attention × V: 2·s·h each forward, × 3
+  per model:      L · (matmuls + attention) [+ 6 · E · h when E ≠ h: the ELECTRA-style projection
+                                             of the shared table's width E to the hidden size]
+  MLM head        p · 6 · (h_G · E + E · V)  dense h_G → E, then logits against the tied table,
+                                             at the masked positions only (a fraction p of tokens)
+  RTD head        6 · (h_D² + h_D)           dense h_D → h_D and h_D → 1, at every position
+
+  F_token = generator + discriminator + MLM head + RTD head
+  F_step  = F_token · tokens_per_step;      F_total = F_step · steps
+
+Both encoders run forward and backward every step: the generator is trained by L_MLM, the
+discriminator by λ·L_RTD, and the sampled replacements carry no gradient. Excluded, as in the
+usual model-FLOPs (MFU) convention: embedding lookups and their scatter-add gradients, layer
+norms, softmax, GELU, dropout, biases, the Gumbel-max sampling (elementwise, no matmul), the
+optimizer update and any activation recomputation. V is the real vocabulary, not the padded one.
+
+GPU-hours: with a measured throughput (--tokens-per-s, for the whole job, and --gpus),
+hours = total tokens / tokens-per-s / 3600 and GPU-hours = hours × GPUs. With an assumed model
+FLOPs utilisation (--mfu and --peak-tflops, per GPU, e.g. 989 dense bf16 TFLOPs for an H100 SXM),
+GPU-hours = F_total / (mfu · peak) / 3600, and wall-clock hours = GPU-hours / GPUs.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Optional, Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rtd_scale.config import EncoderConfig, PRESETS, RunConfig, preset  # noqa: E402
+
+
+def encoder_layer_flops_per_token(hidden_size: int, ffn_hidden_size: int,
+                                  seq_length: int) -> tuple[float, float]:
+    """(matmul, attention) FLOPs per token of one encoder layer, forward + backward."""
+    h, f, s = hidden_size, ffn_hidden_size, seq_length
+    return 6.0 * (4 * h * h + 2 * h * f), 12.0 * s * h
+
+
+@dataclass(frozen=True)
+class StepFlops:
+    """FLOPs per token of one RTD training step (forward + backward), by component."""
+
+    generator_matmul: float
+    generator_attention: float
+    discriminator_matmul: float
+    discriminator_attention: float
+    embedding_projection: float
+    mlm_head: float
+    rtd_head: float
+
+    @property
+    def total(self) -> float:
+        return sum(getattr(self, f.name) for f in fields(self))
+
+
+def _encoder(enc: EncoderConfig, seq_length: int) -> tuple[float, float]:
+    matmul, attention = encoder_layer_flops_per_token(enc.hidden_size, enc.ffn_hidden_size,
+                                                      seq_length)
+    return enc.num_layers * matmul, enc.num_layers * attention
+
+
+def rtd_flops_per_token(cfg: RunConfig, *, seq_length: Optional[int] = None,
+                        vocab_size: Optional[int] = None,
+                        mask_prob: Optional[float] = None) -> StepFlops:
+    """Model FLOPs per token of one step for ``cfg``'s shapes (module docstring: the formula).
+
+    ``seq_length``, ``vocab_size`` and ``mask_prob`` default to the config's values.
+    """
+    m = cfg.model
+    s = seq_length or cfg.data.seq_length
+    v = vocab_size or m.vocab_size
+    p = cfg.rtd.mask_prob if mask_prob is None else mask_prob
+    e = m.embedding_size
+    gen, disc = m.generator, m.discriminator
+    g_mm, g_att = _encoder(gen, s)
+    d_mm, d_att = _encoder(disc, s)
+    projection = sum(6.0 * e * enc.hidden_size for enc in (gen, disc) if enc.hidden_size != e)
+    return StepFlops(
+        generator_matmul=g_mm, generator_attention=g_att,
+        discriminator_matmul=d_mm, discriminator_attention=d_att,
+        embedding_projection=projection,
+        mlm_head=p * 6.0 * (gen.hidden_size * e + e * v),
+        rtd_head=6.0 * (disc.hidden_size ** 2 + disc.hidden_size),
+    )
+
+
+def gpu_hours(total_flops: float, total_tokens: float, *, tokens_per_s: Optional[float] = None,
+              gpus: Optional[int] = None, mfu: Optional[float] = None,
+              peak_tflops: Optional[float] = None) -> tuple[float, Optional[float]]:
+    """(GPU-hours, wall-clock hours or None when the GPU count is unknown).
+
+    Raises:
+        ValueError: neither (tokens_per_s and gpus) nor (mfu and peak_tflops) given.
+    """
+    if tokens_per_s is not None:
+        if gpus is None:
+            raise ValueError("--tokens-per-s is the whole job's throughput: also pass --gpus")
+        hours = total_tokens / tokens_per_s / 3600.0
+        return hours * gpus, hours
+    if mfu is None or peak_tflops is None:
+        raise ValueError("pass --tokens-per-s with --gpus, or --mfu with --peak-tflops")
+    gpu_h = total_flops / (mfu * peak_tflops * 1e12) / 3600.0
+    return gpu_h, (gpu_h / gpus if gpus else None)
+
+
+def _product(text: str) -> int:
+    """'8192*512' → 4194304 (integers joined by '*'; also plain integers and 1e6-style floats)."""
+    try:
+        return math.prod(int(float(part)) for part in text.replace("×", "*").split("*"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or a product like 8192*512, "
+                                         f"got {text!r}") from None
+
+
+def _positive(kind):
+    def parse(text: str):
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+    return parse
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default="debertav3-large", choices=list(PRESETS))
+    p.add_argument("--seq-length", type=_positive(int), help="default: the preset's")
+    p.add_argument("--vocab-size", type=_positive(int), help="default: the preset's")
+    p.add_argument("--mask-prob", type=float, help="default: the preset's")
+    p.add_argument("--tokens-per-step", type=_product,
+                   help="e.g. 8192*512; default: the preset's global batch × sequence length")
+    p.add_argument("--steps", type=_positive(int), help="default: the preset's train_iters")
+    p.add_argument("--tokens-per-s", type=_positive(float),
+                   help="measured throughput of the whole job (TensorBoard "
+                        "throughput/tokens_per_s); needs --gpus")
+    p.add_argument("--gpus", type=_positive(int), help="GPUs in the job")
+    p.add_argument("--mfu", type=_positive(float), help="assumed model FLOPs utilisation, e.g. 0.4")
+    p.add_argument("--peak-tflops", type=_positive(float),
+                   help="peak dense TFLOPs per GPU at the training precision, e.g. 989 (H100 "
+                        "SXM bf16) or 312 (A100 bf16)")
+    args = p.parse_args(argv)
+    if args.tokens_per_s is not None and args.gpus is None:
+        p.error("--tokens-per-s is the whole job's throughput: also pass --gpus")
+    if (args.mfu is None) != (args.peak_tflops is None):
+        p.error("--mfu and --peak-tflops go together")
+    if args.tokens_per_s is not None and args.mfu is not None:
+        p.error("pass --tokens-per-s (measured) or --mfu with --peak-tflops (assumed), not both")
+    return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    cfg = preset(args.preset)
+    seq = args.seq_length or cfg.data.seq_length
+    per_token = rtd_flops_per_token(cfg, seq_length=seq, vocab_size=args.vocab_size,
+                                    mask_prob=args.mask_prob)
+    tokens_per_step = args.tokens_per_step or cfg.train.global_batch_size * seq
+    steps = args.steps or cfg.train.train_iters
+    total_tokens = float(tokens_per_step) * steps
+    total = per_token.total * total_tokens
+    m = cfg.model
+    print(f"{args.preset}: generator {m.generator.num_layers} × {m.generator.hidden_size} "
+          f"(FFN {m.generator.ffn_hidden_size}), discriminator {m.discriminator.num_layers} × "
+          f"{m.discriminator.hidden_size} (FFN {m.discriminator.ffn_hidden_size}), table width "
+          f"{m.embedding_size}, vocab {args.vocab_size or m.vocab_size}, sequence {seq}, mask "
+          f"{cfg.rtd.mask_prob if args.mask_prob is None else args.mask_prob:g}")
+    print("model FLOPs per token (forward + backward):")
+    for f in fields(per_token):
+        value = getattr(per_token, f.name)
+        print(f"  {f.name:<24} {value:12.4e}  {100 * value / per_token.total:5.1f}%")
+    print(f"  {'total':<24} {per_token.total:12.4e}")
+    print(f"per step:  {tokens_per_step:,} tokens × {per_token.total:.4e} = "
+          f"{per_token.total * tokens_per_step:.4e} FLOPs")
+    print(f"regime:    {steps:,} steps, {total_tokens:.4e} tokens, {total:.4e} FLOPs")
+    if args.tokens_per_s is not None or args.mfu is not None:
+        gpu_h, wall_h = gpu_hours(total, total_tokens, tokens_per_s=args.tokens_per_s,
+                                  gpus=args.gpus, mfu=args.mfu, peak_tflops=args.peak_tflops)
+        line = f"cost:      {gpu_h:,.0f} GPU-hours"
+        if wall_h is not None:
+            line += f" = {wall_h:,.1f} h ({wall_h / 24:.1f} days) on {args.gpus} GPUs"
+        if args.tokens_per_s is not None:
+            implied = total / (gpu_h * 3600.0) / 1e12
+            line += f"; implies {implied:.0f} model TFLOPs per GPU"
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
