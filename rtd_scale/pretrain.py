@@ -137,7 +137,8 @@ def _atomic_write(path: str, text: str) -> None:
 
 def prepare(cfg: RunConfig, world_size: int):
     """Every check on user input that needs no process group. Returns
-    (tokenizer, dataset, resolved ds_config, data_parallel_size, gradient_accumulation_steps).
+    (tokenizer, dataset, resolved ds_config, data_parallel_size, gradient_accumulation_steps,
+    layout, checkpoint metadata or None).
 
     Raises:
         ValueError: naming the file, field or flag and the fix.
@@ -157,9 +158,36 @@ def prepare(cfg: RunConfig, world_size: int):
     if cfg.model.vocab_size != tok.vocab_size:
         cfg.model.vocab_size = tok.vocab_size  # the tokenizer is the truth
     dataset = PackedDataset(cfg.data.data_path, cfg.data.seq_length)
+    zero = ds_config.get("zero_optimization", {}).get("stage", 0)
+    if zero not in (0, 1, 2, 3):
+        raise UserInputError(f"--ds_config {cfg.train.ds_config}: zero_optimization.stage is "
+                             f"{zero!r}; DeepSpeed's stages are 0, 1, 2 and 3")
+    layout = {"world_size": world_size, "data_parallel_size": dp,
+              "tensor_model_parallel_size": cfg.parallel.tensor_model_parallel_size,
+              "pipeline_model_parallel_size": cfg.parallel.pipeline_model_parallel_size,
+              "zero_stage": zero}
+    meta = None
     if cfg.train.load:
-        checkpoint.check_loadable(cfg.train.load)
-    return tok, dataset, ds_config, dp, gas
+        tag = checkpoint.check_loadable(cfg.train.load)
+        meta = checkpoint.check_compatible(cfg.train.load, tag, cfg.to_dict(), layout)
+    if cfg.train.save:
+        save = cfg.train.save
+        if os.path.exists(save) and not os.path.isdir(save):
+            raise UserInputError(f"--save {save}: exists and is not a directory; pass a "
+                                 "directory for checkpoints and logs")
+        previous = checkpoint.latest_tag(save) if os.path.isdir(save) else None
+        if previous and os.path.abspath(cfg.train.load or "") != os.path.abspath(save):
+            raise UserInputError(
+                f"--save {save}: already holds a run ({previous}); pass --load {save} to "
+                "continue it, or choose another --save directory")
+        try:
+            os.makedirs(save, exist_ok=True)
+        except OSError as e:
+            raise UserInputError(f"--save {save}: cannot create it ({e.strerror}); pass a "
+                                 "writable directory") from None
+        if not os.access(save, os.W_OK):
+            raise UserInputError(f"--save {save}: not writable; pass a writable directory")
+    return tok, dataset, ds_config, dp, gas, layout, meta
 
 
 def run(cfg: RunConfig, print_fn=print, exit_signal: Optional[int] = None) -> dict:
@@ -173,7 +201,14 @@ def run(cfg: RunConfig, print_fn=print, exit_signal: Optional[int] = None) -> di
     from rtd_scale.training.metrics import TensorBoardLogger
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    tok, dataset, ds_config, dp, gas = prepare(cfg, world_size)
+    tok, dataset, ds_config, dp, gas, layout, meta = prepare(cfg, world_size)
+    if meta is not None and meta["step"] >= cfg.train.train_iters:
+        if int(os.environ.get("RANK", "0")) == 0:
+            print_fn(f"nothing to do: {cfg.train.load} is at iteration {meta['step']}, and "
+                     f"--train-iters is {cfg.train.train_iters}; raise --train-iters to continue")
+        return {"history": [], "checkpoint_dir": None, "interrupted": False,
+                "last_step": meta["step"], "tensorboard_dir": cfg.train.tensorboard_dir,
+                "start_step": meta["step"]}
     ctx = distributed.initialize(cfg.parallel, seed=cfg.train.seed)
     try:
         model = RTDModel(cfg.model, cfg.rtd,
@@ -187,12 +222,19 @@ def run(cfg: RunConfig, print_fn=print, exit_signal: Optional[int] = None) -> di
                          seed=cfg.train.seed).to(ctx.device)
         distributed.seed_after_build(ctx, cfg.train.seed)
         eng = engine_mod.build_engine(model, cfg, ds_config, distributed.DeepSpeedMpu())
-        start_step = 0
+        start_step = consumed = 0
         if cfg.train.load:
             client = checkpoint.load(eng, cfg.train.load, rank=ctx.rank)
             start_step = int(client.get("step", 0))
+            consumed = int(client.get("consumed_samples", start_step * cfg.train.global_batch_size))
             if ctx.is_logging_rank:
-                print_fn(f"resumed from {cfg.train.load} at iteration {start_step}")
+                print_fn(f"resumed from {cfg.train.load} at iteration {start_step} "
+                         f"({consumed} samples consumed)")
+                old_iters = (client.get("config") or {}).get("train", {}).get("train_iters")
+                if old_iters is not None and old_iters != cfg.train.train_iters:
+                    print_fn(f"note: --train-iters changed from {old_iters} to "
+                             f"{cfg.train.train_iters}; the learning-rate schedule follows the "
+                             "new value from this step on")
         if ctx.is_logging_rank and cfg.train.save:
             _atomic_write(os.path.join(cfg.train.save, "config.json"), cfg.to_json() + "\n")
             _atomic_write(os.path.join(cfg.train.save, "ds_config.json"),
@@ -211,8 +253,9 @@ def run(cfg: RunConfig, print_fn=print, exit_signal: Optional[int] = None) -> di
                      f"{cfg.data.seq_length} tokens")
         tb = TensorBoardLogger(cfg.train.tensorboard_dir if ctx.is_logging_rank else None)
         try:
-            result = train(cfg, ctx, eng, dataset, start_step=start_step, tb=tb, print_fn=print_fn,
-                           exit_signal=exit_signal)
+            result = train(cfg, ctx, eng, dataset, start_step=start_step,
+                           consumed_samples=consumed, tb=tb, print_fn=print_fn,
+                           exit_signal=exit_signal, layout=layout)
         finally:
             tb.close()
         if cfg.train.export and not result.interrupted:

@@ -9,8 +9,8 @@ Order (STYLE rule 10): the k-th sample a run consumes, counting from 0 over the 
 ``order(seed, epoch)[k mod N]`` with epoch = k div N and ``order`` a seeded permutation. ``k`` is the
 *global sample index* that keys the masks, so an epoch's repeat of a sample is masked afresh
 (dynamic masking, RoBERTa) yet every mask is a pure function of (seed, k). Step t of a run with
-global batch G consumes k ∈ [t·G, (t+1)·G); data-parallel rank r takes the r-th contiguous slice,
-split into micro-batches.
+global batch G consumes the next G sample indices after those already consumed (t·G when G never
+changed); data-parallel rank r takes the r-th contiguous slice, split into micro-batches.
 """
 from __future__ import annotations
 
@@ -110,14 +110,18 @@ class MicroBatch:
     sample_index: torch.Tensor
 
 
-def micro_batches(dataset: PackedDataset, *, step: int, seed: int, global_batch_size: int,
+def micro_batches(dataset: PackedDataset, *, consumed_samples: int, seed: int,
+                  global_batch_size: int,
                   micro_batch_size: int, dp_rank: int, dp_size: int) -> list[MicroBatch]:
-    """This data-parallel rank's micro-batches of optimizer step ``step`` (0-based).
+    """This data-parallel rank's micro-batches of the optimizer step that starts after
+    ``consumed_samples`` samples (the run's position, kept in checkpoints).
 
-    Consumes global sample indices [step·G, (step+1)·G); rank r gets its G/dp slice in order.
+    Consumes global sample indices [consumed, consumed + G); rank r gets its G/dp slice in
+    order. Keyed by samples, not steps, so a resume with another global batch size continues
+    where the data left off.
     """
     per_rank = global_batch_size // dp_size
-    first = step * global_batch_size + dp_rank * per_rank
+    first = consumed_samples + dp_rank * per_rank
     out = []
     for j in range(per_rank // micro_batch_size):
         k = np.arange(first + j * micro_batch_size, first + (j + 1) * micro_batch_size,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from rtd_scale.cli_errors import UserInputError
 
+import json
 import os
 from typing import Any, Optional
 
@@ -47,6 +48,64 @@ def check_loadable(load_dir: str) -> str:
     return tag
 
 
+META_FILE = "rtd_meta.json"
+
+# Model fields that change the shape of some parameter: a checkpoint only loads into the same.
+_SHAPE_FIELDS = ("vocab_size", "embedding_size", "max_position_embeddings", "sharing")
+_ENCODER_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size")
+
+
+def read_meta(load_dir: str, tag: str) -> Optional[dict[str, Any]]:
+    """The checkpoint's ``rtd_meta.json`` (step, consumed samples, layout, config), or None."""
+    path = os.path.join(load_dir, tag, META_FILE)
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def check_compatible(load_dir: str, tag: str, config: dict[str, Any],
+                     layout: dict[str, int]) -> Optional[dict[str, Any]]:
+    """Refuse, before anything is built, a ``--load`` whose checkpoint cannot continue this run:
+    another process layout (DeepSpeed's ZeRO and model-parallel files are per rank) or another
+    model shape. Returns the checkpoint's metadata (None for a checkpoint without it).
+
+    Raises:
+        UserInputError: naming each difference and the fix.
+    """
+    meta = read_meta(load_dir, tag)
+    if meta is None:
+        return None
+    diffs = [f"{k} {meta['layout'].get(k)} → {v}" for k, v in layout.items()
+             if meta["layout"].get(k) != v]
+    if diffs:
+        raise UserInputError(
+            f"--load {load_dir}: {tag} was saved with another layout ({', '.join(diffs)}); "
+            "resume with the same number of ranks, parallel sizes and ZeRO stage")
+    old, new = meta["config"]["model"], config["model"]
+    diffs = [f"model.{k} {old.get(k)} → {new.get(k)}" for k in _SHAPE_FIELDS
+             if old.get(k) != new.get(k)]
+    for enc in ("generator", "discriminator"):
+        diffs += [f"model.{enc}.{k} {old[enc].get(k)} → {new[enc].get(k)}"
+                  for k in _ENCODER_FIELDS if old[enc].get(k) != new[enc].get(k)]
+    if diffs:
+        raise UserInputError(
+            f"--load {load_dir}: {tag} holds another model ({', '.join(diffs)}); use the "
+            f"preset and overrides it was trained with (see {load_dir}/config.json)")
+    return meta
+
+
+def refresh_learning_rate(engine) -> None:
+    """After a load, set the optimizer's learning rate from this run's schedule at the restored
+    step: the checkpoint carries the previous run's last value, stale when --train-iters or
+    --lr-decay-iters changed."""
+    sched = engine.lr_scheduler
+    if sched is None:
+        return
+    for group, base, fn in zip(sched.optimizer.param_groups, sched.base_lrs, sched.lr_lambdas):
+        group["lr"] = base * fn(sched.last_epoch)
+
+
 def _rng_state() -> dict[str, Any]:
     from megatron.core import tensor_parallel
 
@@ -67,7 +126,8 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def save(engine, save_dir: str, *, step: int, client_state: dict[str, Any], rank: int) -> str:
+def save(engine, save_dir: str, *, step: int, client_state: dict[str, Any], rank: int,
+         layout: Optional[dict[str, int]] = None) -> str:
     """Save after optimizer step ``step``; returns the checkpoint directory."""
     tag = tag_for(step)
     engine.save_checkpoint(save_dir, tag=tag, client_state=client_state)
@@ -75,6 +135,13 @@ def save(engine, save_dir: str, *, step: int, client_state: dict[str, Any], rank
     tmp = path + ".tmp"
     torch.save(_rng_state(), tmp)
     os.replace(tmp, path)
+    if rank == 0:
+        meta = {"step": step, "consumed_samples": client_state.get("consumed_samples"),
+                "layout": layout or {}, "config": client_state.get("config", {})}
+        meta_path = os.path.join(save_dir, tag, META_FILE)
+        with open(meta_path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump(meta, f, indent=2, sort_keys=True)
+        os.replace(meta_path + ".tmp", meta_path)
     return os.path.join(save_dir, tag)
 
 
@@ -88,6 +155,7 @@ def load(engine, load_dir: str, *, rank: int) -> dict[str, Any]:
     path, client_state = engine.load_checkpoint(load_dir, tag=tag)
     if path is None:
         raise UserInputError(f"--load {load_dir}: DeepSpeed could not load {tag}")
+    refresh_learning_rate(engine)
     rng_path = os.path.join(load_dir, tag, f"rng_rank{rank:05d}.pt")
     if os.path.isfile(rng_path):
         _set_rng_state(torch.load(rng_path, weights_only=False))

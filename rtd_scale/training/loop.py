@@ -52,8 +52,8 @@ class ExitSignal:
 
 
 def train(cfg: RunConfig, ctx: ParallelContext, engine, dataset: PackedDataset, *,
-          start_step: int, tb: TensorBoardLogger, print_fn=print,
-          exit_signal: Optional[int] = None) -> TrainResult:
+          start_step: int, consumed_samples: int, tb: TensorBoardLogger, print_fn=print,
+          exit_signal: Optional[int] = None, layout: Optional[dict] = None) -> TrainResult:
     """Run optimizer steps start_step … train_iters − 1 (0-based; logs count them from 1).
 
     With ``exit_signal`` (e.g. ``signal.SIGUSR1``), receiving it makes the loop save a
@@ -76,7 +76,7 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, dataset: PackedDataset, 
 
     for step in range(start_step, t.train_iters):
         lr_used = engine.get_lr()[0]  # the schedule's value for this update (before it steps)
-        batches = micro_batches(dataset, step=step, seed=t.seed,
+        batches = micro_batches(dataset, consumed_samples=consumed_samples, seed=t.seed,
                                 global_batch_size=t.global_batch_size,
                                 micro_batch_size=t.micro_batch_size,
                                 dp_rank=ctx.dp_rank, dp_size=ctx.dp_size)
@@ -92,6 +92,7 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, dataset: PackedDataset, 
                 engine.step()
                 acc.add(out, cfg.rtd.rtd_lambda)
         steps_since_log += 1
+        consumed_samples += t.global_batch_size
         done = step + 1
         if will_log(done):
             scalars = acc.reduce(ctx.dp_group)
@@ -108,7 +109,7 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, dataset: PackedDataset, 
                 scalars["embedding/cosine_generator_discriminator"] = float(cos)
             if ctx.is_logging_rank:
                 tb.write(done, scalars)
-                print_fn(format_log_line(done, t.train_iters, done * t.global_batch_size,
+                print_fn(format_log_line(done, t.train_iters, consumed_samples,
                                          1000.0 * elapsed / steps_since_log, scalars,
                                          t.global_batch_size))
                 result.history.append((done, scalars))
@@ -119,8 +120,9 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, dataset: PackedDataset, 
                        or stopping):
             result.checkpoint_dir = checkpoint.save(
                 engine, t.save, step=done, rank=ctx.rank,
-                client_state={"step": done, "consumed_samples": done * t.global_batch_size,
-                              "config": cfg.to_dict()})
+                client_state={"step": done, "consumed_samples": consumed_samples,
+                              "config": cfg.to_dict()},
+                layout=layout)
             if ctx.is_logging_rank:
                 print_fn(f"saved checkpoint at iteration {done:8d} to {result.checkpoint_dir}")
         if stopping:

@@ -113,7 +113,7 @@ def rng_policy(ctx, shard_prefix: str):
     from rtd_scale.objectives.masking import mask_tokens
 
     ds = PackedDataset([shard_prefix], seq_length=32)
-    mb = micro_batches(ds, step=1, seed=3, global_batch_size=8, micro_batch_size=4,
+    mb = micro_batches(ds, consumed_samples=8, seed=3, global_batch_size=8, micro_batch_size=4,
                        dp_rank=ctx.dp_rank, dp_size=ctx.dp_size)[0]
     m = mask_tokens(mb.input_ids, mb.sample_index, seed=3, mask_prob=0.15, mask_token_prob=0.8,
                     random_token_prob=0.1, mask_id=4, vocab_size=1000, special_ids=SPECIAL)

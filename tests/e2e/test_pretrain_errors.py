@@ -74,3 +74,65 @@ def test_launcher_reports_a_user_error_without_traceback(wiki_shards, tmp_path):
     assert r.returncode != 0
     assert "Traceback" not in r.stderr + r.stdout
     assert f"error: --load {tmp_path / 'missing'}: no such directory" in r.stderr + r.stdout
+
+
+def _fake_checkpoint(root, step=4, layout=None, model=None):
+    from rtd_scale.config import preset
+
+    tag = root / f"global_step{step}"
+    tag.mkdir(parents=True)
+    (root / "latest").write_text(f"global_step{step}")
+    cfg = preset("tiny").to_dict()
+    cfg["model"]["vocab_size"] = 1000
+    if model:
+        cfg["model"]["discriminator"].update(model)
+    layout = layout or {"world_size": 2, "data_parallel_size": 2, "tensor_model_parallel_size": 1,
+                        "pipeline_model_parallel_size": 1, "zero_stage": 3}
+    (tag / "rtd_meta.json").write_text(json.dumps(
+        {"step": step, "consumed_samples": 32, "layout": layout, "config": cfg}))
+    return root
+
+
+def test_save_into_an_existing_run_needs_load(wiki_shards, tmp_path, capsys, monkeypatch):
+    run = _fake_checkpoint(tmp_path / "run")
+    msg = _error(capsys, _args(wiki_shards, run), monkeypatch)
+    assert f"--save {run}: already holds a run (global_step4); pass --load {run}" in msg
+    assert (run / "latest").read_text() == "global_step4"  # untouched
+
+
+def test_load_refuses_another_layout_or_model(wiki_shards, tmp_path, capsys, monkeypatch):
+    run = _fake_checkpoint(tmp_path / "a", layout={
+        "world_size": 4, "data_parallel_size": 4, "tensor_model_parallel_size": 1,
+        "pipeline_model_parallel_size": 1, "zero_stage": 3})
+    msg = _error(capsys, _args(wiki_shards, tmp_path / "new", "--load", str(run)), monkeypatch)
+    assert "saved with another layout (world_size 4 → 2, data_parallel_size 4 → 2)" in msg
+    run = _fake_checkpoint(tmp_path / "b", model={"num_layers": 6})
+    msg = _error(capsys, _args(wiki_shards, tmp_path / "new", "--load", str(run)), monkeypatch)
+    assert "holds another model (model.discriminator.num_layers 6 → 4)" in msg
+    assert not (tmp_path / "new").exists()
+
+
+def test_load_at_or_past_train_iters_is_nothing_to_do(wiki_shards, tmp_path, capsys,
+                                                      monkeypatch):
+    run = _fake_checkpoint(tmp_path / "run", step=4)
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    argv = _args(wiki_shards, run, "--load", str(run))
+    argv[argv.index("--train-iters") + 1] = "4"
+    assert pretrain.main(argv) == 0
+    assert "nothing to do: " in capsys.readouterr().out
+    assert not (run / "config.json").exists()
+
+
+def test_unusable_save_and_bad_zero_stage(wiki_shards, tmp_path, capsys, monkeypatch):
+    f = tmp_path / "a_file"
+    f.write_text("x")
+    assert f"--save {f}: exists and is not a directory" in _error(
+        capsys, _args(wiki_shards, f), monkeypatch)
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"zero_optimization": {"stage": 7}}))
+    argv = _args(wiki_shards, tmp_path / "run")
+    argv[1] = str(ds)
+    assert "zero_optimization.stage is 7; DeepSpeed's stages are 0, 1, 2 and 3" in _error(
+        capsys, argv, monkeypatch)

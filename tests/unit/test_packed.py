@@ -45,7 +45,7 @@ def test_sample_order_is_a_pure_function_of_seed_and_epoch():
 def test_data_parallel_ranks_split_the_global_batch(wiki_shards):
     _, prefix = wiki_shards
     ds = PackedDataset([prefix], seq_length=32)
-    kw = dict(step=3, seed=1, global_batch_size=16)
+    kw = dict(consumed_samples=48, seed=1, global_batch_size=16)
     single = micro_batches(ds, micro_batch_size=8, dp_rank=0, dp_size=1, **kw)
     parts = [mb for r in range(2)
              for mb in micro_batches(ds, micro_batch_size=4, dp_rank=r, dp_size=2, **kw)]
