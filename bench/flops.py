@@ -1,0 +1,96 @@
+"""Model FLOPs of one RTD training step and of an encoder stack: the numerator of bench/'s MFU.
+
+MFU = (model FLOPs per token × tokens/s) / (measured bf16 matmul ceiling in FLOP/s).
+
+A multiply-add counts 2 FLOPs. For a linear layer applied to one token, the forward pass costs
+2·(fan_in·fan_out); the backward pass costs twice that (gradient w.r.t. the input and w.r.t. the
+weight), so forward + backward = 3 × forward. Per token and per encoder layer with hidden size h,
+FFN size f and sequence length s, the forward matmuls are:
+
+    QKV projections     3 · 2h²  = 6h²
+    output projection       2h²
+    FFN (h → f → h)         4hf   (= 16h² when f = 4h)
+    attention scores QKᵀ    2sh   (one s-long dot product per head dimension, all heads)
+    attention · V           2sh
+    ------------------------------------------
+    forward               8h² + 4hf + 4sh  = 24h² + 4sh when f = 4h
+    forward + backward    3 · (24h² + 4sh)
+
+Attention is bidirectional, so the s² terms are not halved. An RTD step adds, per token,
+forward + backward (× 3) of:
+
+    the generator's and the discriminator's layers (above, each with its own h, f, layer count);
+    the embedding projection E → h of a model whose hidden size h differs from the table width E
+        (ELECTRA's narrower generator): 2·E·h;
+    the generator's MLM head at masked positions only, i.e. × mask_prob:
+        dense h_g → E (2·h_g·E) and the tied vocabulary projection E → V (2·E·V);
+    the discriminator's RTD head at every token: dense h_d → h_d (2h_d²) and h_d → 1 (2h_d).
+
+Not counted: embedding lookups (gathers, no multiply-adds), biases, LayerNorm, GELU, softmax,
+dropout, losses, the sampler and the optimizer — elementwise work, small next to the matmuls and
+not "model FLOPs". V is the real vocabulary (rtd_scale's padding to a multiple of 128 is not
+model work). An implementation that computes MLM logits at every position (Hugging Face's
+``labels=-100`` idiom) or recomputes attention in the backward pass (flash) does more hardware
+work than this; MFU deliberately does not credit it, so for one workload MFU ratios equal
+tokens/s ratios. DeBERTa's disentangled attention is likewise not credited (its row counts the
+same nominal FLOPs as the absolute-position encoder rtd_scale trains).
+
+Check against issue 7's anchors: ELECTRA-large (disc 24×1024, gen 24×256, E 1024, V 30,522,
+s 512, mask 15%) is 2.150 GFLOP per token, so 96.4k tokens/s = 207 TFLOP/s = 27.5% of 754 TFLOP/s;
+the 24×1024 stack alone is 1.963 GFLOP per token, so 191.5k tokens/s = 376 TFLOP/s
+(tests/unit/test_bench_gpu_script.py asserts both).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class EncoderDims:
+    """The matmul shapes of one encoder."""
+
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class RTDDims:
+    """Everything the FLOP count of one RTD step needs."""
+
+    generator: EncoderDims
+    discriminator: EncoderDims
+    embedding_size: int  # E, the shared token table's width
+    vocab_size: int  # V, real ids (not padded)
+    seq_length: int  # s
+    mask_prob: float  # fraction of tokens that reach the MLM head
+
+
+def layer_forward_flops_per_token(hidden_size: int, ffn_hidden_size: int, seq_length: int) -> int:
+    """Forward FLOPs of one encoder layer for one token: 8h² + 4hf + 4sh (24h² + 4sh at f = 4h)."""
+    h, f, s = hidden_size, ffn_hidden_size, seq_length
+    return 8 * h * h + 4 * h * f + 4 * s * h
+
+
+def stack_flops_per_token(enc: EncoderDims, seq_length: int) -> int:
+    """Forward + backward FLOPs per token of a layer stack alone: 3 · L · (8h² + 4hf + 4sh)."""
+    return 3 * enc.num_layers * layer_forward_flops_per_token(
+        enc.hidden_size, enc.ffn_hidden_size, seq_length)
+
+
+def rtd_flops_per_token(d: RTDDims) -> float:
+    """Forward + backward model FLOPs of one RTD step, per input token (see the module docstring).
+
+    Returns a float because the MLM head term is scaled by ``mask_prob``.
+    """
+    g, disc, e, v = d.generator, d.discriminator, d.embedding_size, d.vocab_size
+    layers = stack_flops_per_token(g, d.seq_length) + stack_flops_per_token(disc, d.seq_length)
+    projections = sum(3 * 2 * e * enc.hidden_size for enc in (g, disc) if enc.hidden_size != e)
+    mlm_head = 3 * (2 * g.hidden_size * e + 2 * e * v) * d.mask_prob
+    rtd_head = 3 * (2 * disc.hidden_size * disc.hidden_size + 2 * disc.hidden_size)
+    return layers + projections + mlm_head + rtd_head
+
+
+def mfu(flops_per_token: float, tokens_per_s: float, ceiling_flops_per_s: float) -> float:
+    """Model FLOPs utilisation: achieved model FLOP/s over the measured matmul ceiling."""
+    return flops_per_token * tokens_per_s / ceiling_flops_per_s
