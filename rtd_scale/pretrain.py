@@ -303,8 +303,12 @@ def export_consolidated(engine, model, cfg: RunConfig, ctx, path: str) -> None:
 
 def summary_text(summary: dict) -> str:
     """Human summary: first and last logged losses, where the logs and checkpoint are."""
+    import math
+
     hist = summary["history"]
     (s0, first), (s1, last) = hist[0], hist[-1]
+    p = last["rtd/replaced_fraction"]
+    prior = -(p * math.log(p) + (1 - p) * math.log(1 - p)) if 0 < p < 1 else float("nan")
     lines = [
         "",
         "RTD pretraining summary",
@@ -312,6 +316,8 @@ def summary_text(summary: dict) -> str:
         f" (iteration {s1})",
         f"  L_RTD  first {first['loss/rtd']:.4f} (iteration {s0})  →  last {last['loss/rtd']:.4f}"
         f" (iteration {s1})",
+        f"         (a discriminator that only knows the replaced fraction {p:.3f} scores "
+        f"{prior:.4f}: below that it detects replacements from context)",
         f"  MLM accuracy {first['mlm/accuracy']:.3f} → {last['mlm/accuracy']:.3f}; discriminator "
         f"accuracy on replaced {last['rtd/accuracy_replaced']:.3f}, on original "
         f"{last['rtd/accuracy_original']:.3f}",

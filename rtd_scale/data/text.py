@@ -239,15 +239,34 @@ def _iter_json_array(path: Path, keys: tuple[str, ...], stats: ReadStats) -> Ite
 def _iter_parquet(path: Path, keys: tuple[str, ...], stats: ReadStats) -> Iterator[tuple[str, ...] | BadLineError]:
     import datasets  # lazy: ~0.4 s to import, needed only for parquet
 
-    ds = datasets.load_dataset("parquet", data_files=str(path), split="train", streaming=True)
-    columns = ds.column_names
+    import pyarrow
+
+    def unreadable(e: Exception) -> UserInputError:
+        reason = " ".join(str(e).split())[:200]
+        return UserInputError(f"{path}: not a readable parquet file ({reason}); check the file "
+                              "or give it the suffix of its real format")
+
+    try:
+        ds = datasets.load_dataset("parquet", data_files=str(path), split="train", streaming=True)
+        columns = ds.column_names
+    except (pyarrow.ArrowException, datasets.exceptions.DatasetGenerationError, OSError) as e:
+        raise unreadable(e) from None
     if columns is not None:
         missing = [k for k in keys if k not in columns]
         if missing:
             raise UserInputError(
                 f"{path}: missing column {missing[0]!r} (columns: {', '.join(columns)}); choose it with --json-keys"
             )
-    for row_no, row in enumerate(ds, start=1):
+    rows = iter(ds)
+    row_no = 0
+    while True:
+        try:
+            row = next(rows)
+        except StopIteration:
+            break
+        except (pyarrow.ArrowException, datasets.exceptions.DatasetGenerationError) as e:
+            raise unreadable(e) from None
+        row_no += 1
         rec = _fields(row, keys, path, row_no)
         if isinstance(rec, BadLineError):
             rec.unit = "row"

@@ -104,9 +104,9 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, dataset: PackedDataset, 
             scalars["optim/grad_norm"] = float(norm) if norm is not None else float("nan")
             # non-pad tokens over all data-parallel ranks (reduce() summed them)
             scalars["throughput/tokens_per_s"] = scalars.pop("_tokens") / elapsed
-            cos = table_cosine(model)
+            cos = table_cosine(model, ctx.tp_group, zero3=engine.zero_optimization_stage() == 3)
             if cos is not None:
-                scalars["embedding/cosine_generator_discriminator"] = float(cos)
+                scalars["embedding/cosine_generator_discriminator"] = cos
             if ctx.is_logging_rank:
                 tb.write(done, scalars)
                 print_fn(format_log_line(done, t.train_iters, consumed_samples,

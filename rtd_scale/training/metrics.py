@@ -8,6 +8,7 @@ arXiv 2111.09543 Table 1's diagnostic).
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Optional
 
@@ -80,18 +81,31 @@ def grad_norm(model: torch.nn.Module, tp_rank: int, model_parallel_group) -> flo
 
 
 @torch.no_grad()
-def table_cosine(model) -> Optional[torch.Tensor]:
-    """Mean cosine similarity between rows of the generator's and discriminator's token tables
-    over this rank's shard (arXiv 2111.09543 Table 1). None when a table is partitioned by
-    ZeRO-3 (its local tensor is empty)."""
+def table_cosine(model, tp_group, zero3: bool) -> Optional[float]:
+    """Mean cosine similarity between the generator's and the discriminator's token rows over
+    the real vocabulary (arXiv 2111.09543 Table 1's diagnostic; 1.0 under ES). Gathers ZeRO-3
+    partitions of the two tables and sums over the tensor-parallel group, so every rank of the
+    first stage must call it; None on other pipeline stages."""
     if not model.pre_process:  # the tables live on the first pipeline stage
         return None
-    g = model.generator_table.weight
-    d_mod = model.discriminator_table
-    d = g + d_mod.delta if hasattr(d_mod, "delta") else d_mod.weight
-    if g.numel() == 0 or d.numel() == 0 or g.shape != d.shape:
-        return None
-    return torch.nn.functional.cosine_similarity(g.float(), d.float(), dim=-1).mean()
+    g_table, d_mod = model.generator_table, model.discriminator_table
+    params = [g_table.weight] + ([d_mod.delta] if hasattr(d_mod, "delta") else [d_mod.weight])
+    gather = contextlib.nullcontext()
+    if zero3:
+        import deepspeed
+
+        gather = deepspeed.zero.GatheredParameters(params)
+    with gather:
+        g = g_table.weight.float()
+        d = g + d_mod.delta.float() if hasattr(d_mod, "delta") else d_mod.weight.float()
+        real = torch.arange(g_table.vocab_start_index, g_table.vocab_end_index,
+                            device=g.device) < model.cfg.vocab_size
+        cos = torch.nn.functional.cosine_similarity(g[real], d[real], dim=-1)
+        stats = torch.stack([cos.sum().double(), torch.tensor(float(cos.numel()),
+                                                              dtype=torch.float64)])
+    if dist.is_initialized() and dist.get_world_size(tp_group) > 1:
+        dist.all_reduce(stats, group=tp_group)
+    return float(stats[0] / stats[1].clamp(min=1))
 
 
 class TensorBoardLogger:

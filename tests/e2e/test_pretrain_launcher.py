@@ -43,7 +43,7 @@ def common(wiki_shards, save: Path, iters: int, extra=()) -> list[str]:
 
 TAGS = {"loss/mlm", "loss/rtd", "loss/total", "mlm/accuracy", "rtd/replaced_fraction",
         "rtd/accuracy_replaced", "rtd/accuracy_original", "optim/lr", "optim/grad_norm",
-        "throughput/tokens_per_s"}
+        "throughput/tokens_per_s", "embedding/cosine_generator_discriminator"}
 
 
 def test_zero3_two_ranks_train_checkpoint_and_resume_exactly(wiki_shards, tmp_path):
@@ -55,6 +55,9 @@ def test_zero3_two_ranks_train_checkpoint_and_resume_exactly(wiki_shards, tmp_pa
     s = scalars(str(straight / "tensorboard"))
     assert TAGS <= set(s)
     assert sorted(s["loss/total"]) == [1, 2, 3, 4, 5, 6]
+    # GDES: E_D = E_G + E_Δ starts equal to E_G (cosine 1), then E_Δ moves it (ZeRO-3 gathered)
+    cos = s["embedding/cosine_generator_discriminator"]
+    assert cos[1] == pytest.approx(1.0, abs=1e-3) and 0.0 < cos[6] < 1.0
     for step, v in s["loss/total"].items():
         assert v == v and abs(v) < 1e4, (step, v)  # finite
         assert v == pytest.approx(s["loss/mlm"][step] + 50.0 * s["loss/rtd"][step], rel=1e-5)

@@ -285,3 +285,11 @@ def test_check_tokenizer_matches(corpus, tokenizer, tmp_path):
 def test_open_shard_names_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError, match=f"{tmp_path / 'none'}.idx and {tmp_path / 'none'}.bin not found"):
         open_shard(tmp_path / "none")
+
+
+def test_a_file_that_is_not_parquet_is_a_one_line_error(tmp_path):
+    fake = tmp_path / "fake.parquet"
+    fake.write_bytes(b"not parquet at all")
+    stats = ReadStats()
+    with pytest.raises(ValueError, match=r"fake\.parquet: not a readable parquet file"):
+        list(iter_records([fake], ("text",), stats=stats))
