@@ -36,6 +36,7 @@ import argparse
 import contextlib
 import dataclasses
 import gc
+import io
 import json
 import logging
 import os
@@ -771,7 +772,8 @@ def rtd_engine_step(cfg, s: Settings, zero_stage: int) -> tuple[Stepper, Any]:
     model = build_rtd_model(cfg, s)
     ds = resolve_ds_config({"zero_optimization": {"stage": zero_stage}}, cfg,
                            data_parallel_size=1, gradient_accumulation_steps=1)
-    eng = build_engine(model, cfg, ds, distributed.DeepSpeedMpu())
+    with contextlib.redirect_stdout(io.StringIO()):  # BF16_Optimizer prints memory banners
+        eng = build_engine(model, cfg, ds, distributed.DeepSpeedMpu())
     batches = rtd_batches(cfg)
 
     def forward(i: int):  # training/loop.py's micro-batch step
