@@ -25,6 +25,7 @@ if __name__ == "__main__" and __package__ in (None, ""):
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
     sys.path.insert(0, os.path.dirname(_here))
 
+from rtd_scale.atomic import write_atomic  # noqa: E402
 from rtd_scale.cli_errors import UserInputError  # noqa: E402
 from rtd_scale.config import (Precision, RunConfig, Sharing, apply_override,  # noqa: E402
                               preset)
@@ -125,14 +126,6 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         raise UserInputError("--tokenizer-model is required: the SentencePiece model the shards were "
                          "made with")
     return cfg
-
-
-def _atomic_write(path: str, text: str) -> None:
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def prepare(cfg: RunConfig, world_size: int):
@@ -236,8 +229,8 @@ def run(cfg: RunConfig, print_fn=print, exit_signal: Optional[int] = None) -> di
                              f"{cfg.train.train_iters}; the learning-rate schedule follows the "
                              "new value from this step on")
         if ctx.is_logging_rank and cfg.train.save:
-            _atomic_write(os.path.join(cfg.train.save, "config.json"), cfg.to_json() + "\n")
-            _atomic_write(os.path.join(cfg.train.save, "ds_config.json"),
+            write_atomic(os.path.join(cfg.train.save, "config.json"), cfg.to_json() + "\n")
+            write_atomic(os.path.join(cfg.train.save, "ds_config.json"),
                           json.dumps(ds_config, indent=2, sort_keys=True) + "\n")
         if ctx.is_logging_rank:
             n_params = sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel()

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from rtd_scale.atomic import write_atomic  # noqa: E402
 from rtd_scale.cli_errors import UserInputError, run_cli  # noqa: E402
 from rtd_scale.data.tokenizer import normalize_text  # noqa: E402
 
@@ -104,13 +104,7 @@ def write_if_changed(path: Path, data: bytes) -> bool:
     """Atomically write ``data`` to ``path`` (temp name, then os.replace) unless it already holds it."""
     if path.is_file() and path.stat().st_size == len(data) and path.read_bytes() == data:
         return False
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    write_atomic(path, data)
     return True
 
 

@@ -26,7 +26,6 @@ import json
 import os
 import secrets
 import warnings
-from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np

@@ -40,6 +40,7 @@ from typing import Iterable, Literal, Sequence
 import numpy as np
 import sentencepiece as spm
 
+from rtd_scale.atomic import write_atomic
 from rtd_scale.cli_errors import UserInputError
 
 __all__ = [
@@ -291,14 +292,6 @@ class Tokenizer:
         return self._sp.piece_to_id(piece)
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def _tokenizer_from_bytes(model_path: str, model_bytes: bytes) -> Tokenizer:
@@ -440,8 +433,8 @@ def train_tokenizer(
     trained = _tokenizer_from_bytes(str(model_path), model_bytes.getvalue())  # verifies the special ids
     # SentencePiece's .vocab format: piece, tab, score (C++ ostream default = 6 significant digits).
     vocab_text = "".join(f"{trained.id_to_piece(i)}\t{trained._sp.get_score(i):g}\n" for i in range(trained.vocab_size))
-    _write_atomic(vocab_path, vocab_text.encode("utf-8"))
-    _write_atomic(model_path, model_bytes.getvalue())
+    write_atomic(vocab_path, vocab_text.encode("utf-8"))
+    write_atomic(model_path, model_bytes.getvalue())
     return TrainingSummary(
         model_path=str(model_path),
         vocab_path=str(vocab_path),

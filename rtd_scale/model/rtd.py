@@ -11,7 +11,7 @@ from typing import NamedTuple, Sequence
 
 import torch
 
-from rtd_scale.config import ModelConfig, RTDConfig, Sharing
+from rtd_scale.config import ModelConfig, RTDConfig
 from megatron.core import parallel_state
 
 from rtd_scale.model.embeddings import (EncoderEmbeddings, TiedOutputTable, TokenTable,

@@ -16,6 +16,7 @@ from typing import Any, Optional
 import torch
 
 from rtd_scale import cpu_compat
+from rtd_scale.atomic import write_atomic
 
 
 def tag_for(step: int) -> str:
@@ -138,10 +139,8 @@ def save(engine, save_dir: str, *, step: int, client_state: dict[str, Any], rank
     if rank == 0:
         meta = {"step": step, "consumed_samples": client_state.get("consumed_samples"),
                 "layout": layout or {}, "config": client_state.get("config", {})}
-        meta_path = os.path.join(save_dir, tag, META_FILE)
-        with open(meta_path + ".tmp", "w", encoding="utf-8") as f:
-            json.dump(meta, f, indent=2, sort_keys=True)
-        os.replace(meta_path + ".tmp", meta_path)
+        write_atomic(os.path.join(save_dir, tag, META_FILE),
+                     json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return os.path.join(save_dir, tag)
 
 

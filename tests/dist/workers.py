@@ -184,7 +184,6 @@ def c16_load(ctx, path: str, vocab_size: int):
 
 def load_export(ctx, path: str):
     """Strictly load a consolidated export (``pretrain.py --export``) at this TP size."""
-    from rtd_scale.config import RunConfig  # noqa: F401 — the export carries a plain dict
     from rtd_scale.model import weights
     from rtd_scale.model.rtd import RTDModel
 

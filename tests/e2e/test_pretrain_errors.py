@@ -5,7 +5,6 @@ import json
 import subprocess
 import sys
 
-import pytest
 
 from rtd_scale import pretrain
 from tests.conftest import REPO, TEST_DATA
