@@ -95,7 +95,8 @@ fi
 # ------------------------------------------------------------------------------- slurm.conf ----
 mkdir -p "$home/etc" "$home/state" "$home/spool" "$home/log" "$home/run"
 chmod 0755 "$home" "$home/etc" "$home/spool"
-node_line="$(slurmd -C | head -n 1)"  # NodeName=<host> CPUs=… Boards=… … RealMemory=<MB>
+node_line="$(slurmd -C)"
+node_line="${node_line%%$'\n'*}"  # NodeName=<host> CPUs=… Boards=… … RealMemory=<MB>
 mem_mb="$(sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p' <<<"$node_line")"
 [ -n "$mem_mb" ] || die "cannot read RealMemory from 'slurmd -C': $node_line"
 topology="$(sed -e 's/^NodeName=[^ ]* //' -e 's/ *RealMemory=[0-9]*//' <<<"$node_line")"
@@ -135,7 +136,7 @@ EOF
 
 # -------------------------------------------------------------------------------- daemons ----
 alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
-node_state() { timeout 10 sinfo -h -n localhost -o %T 2>/dev/null | head -n 1; }
+node_state() { timeout 10 sinfo -h -n localhost -o %T 2>/dev/null; }
 ctld_pid="$home/run/slurmctld.pid" d_pid="$home/run/slurmd.pid"
 export SLURM_CONF="$conf"
 

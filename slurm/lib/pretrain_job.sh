@@ -76,6 +76,10 @@ rtd_latest_tag() {  # the tag RTD_SAVE/latest names, or nothing
   if [ -f "$RTD_SAVE/latest" ]; then tr -d '[:space:]' < "$RTD_SAVE/latest"; fi
 }
 
+rtd_is_final() {  # TAG: true when global_step<N> has N >= RTD_TRAIN_ITERS (training is done)
+  [[ "$1" =~ ^global_step([0-9]+)$ ]] && (( BASH_REMATCH[1] >= RTD_TRAIN_ITERS ))
+}
+
 # --------------------------------------------------------------------------------- main ----
 rtd_pretrain_main() {
   local world tp dp gas master_addr tag_at_start load_args=() data_paths=() srun_pid="" rc=0
@@ -128,12 +132,12 @@ rtd_pretrain_main() {
       "--vocab-size $RTD_EXPECT_VOCAB), or set RTD_EXPECT_VOCAB= to accept it"
   fi
 
-  master_addr="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
-  export MASTER_ADDR="$master_addr"
+  master_addr="$(scontrol show hostnames "$SLURM_JOB_NODELIST")"  # one host per line
+  export MASTER_ADDR="${master_addr%%$'\n'*}"  # the first (no pipe: no SIGPIPE under pipefail)
   export MASTER_PORT="${RTD_MASTER_PORT:-$(( 10000 + SLURM_JOB_ID % 20000 ))}"
 
   tag_at_start="$(rtd_latest_tag)"
-  if [ "$tag_at_start" = "global_step$RTD_TRAIN_ITERS" ]; then
+  if rtd_is_final "$tag_at_start"; then
     rtd_log "$RTD_SAVE already holds the final checkpoint ($tag_at_start): nothing to do"
     return 0
   fi
@@ -197,7 +201,7 @@ rtd_pretrain_main() {
 
   local tag
   tag="$(rtd_latest_tag)"
-  if [ "$rc" = 0 ] && [ "$tag" = "global_step$RTD_TRAIN_ITERS" ]; then
+  if [ "$rc" = 0 ] && rtd_is_final "$tag"; then
     rtd_log "training finished: $RTD_SAVE/$tag"
     return 0
   fi

@@ -263,6 +263,14 @@ def test_pretrain_large_small_overrides_two_ranks(slurm_shards, tmp_path):
     assert (save / "config.json").is_file() and list((save / "tensorboard").glob("events.*"))
     assert "training finished" in out
 
+    # the same submission again finds the final checkpoint and stops at once
+    again = _sbatch(env, tmp_path, *SMALL_TEST, LARGE)
+    _wait("the second submission to end", lambda: not _queued(env, again), 120)
+    assert _job(env, again)["JobState"] == "COMPLETED"
+    out = (tmp_path / f"slurm-rtd-debertav3-large-{again}.out").read_text()
+    assert "already holds the final checkpoint (global_step20): nothing to do" in out, out
+    assert "running: srun" not in out
+
 
 def test_preemption_saves_requeues_and_resumes(slurm_shards, tmp_path):
     env, _ = slurm_shards
