@@ -183,7 +183,7 @@ def prepare(cfg: RunConfig, world_size: int):
     return tok, dataset, ds_config, dp, gas, layout, meta
 
 
-def run(cfg: RunConfig, print_fn=print, exit_signal: Optional[int] = None) -> dict:
+def run(cfg: RunConfig, print_fn=print, stop=None) -> dict:
     """Train; returns a summary dict (on every rank; history only on the logging rank)."""
     import torch
 
@@ -248,7 +248,7 @@ def run(cfg: RunConfig, print_fn=print, exit_signal: Optional[int] = None) -> di
         try:
             result = train(cfg, ctx, eng, dataset, start_step=start_step,
                            consumed_samples=consumed, tb=tb, print_fn=print_fn,
-                           exit_signal=exit_signal, layout=layout)
+                           stop=stop, layout=layout)
         finally:
             tb.close()
         if cfg.train.export and not result.interrupted:
@@ -334,11 +334,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     if rank != 0:  # every rank would repeat the same configuration warnings
         warnings.simplefilter("ignore", UserWarning)
-    try:
-        cfg = config_from_args(args)
+    stop = None
+    if args.exit_signal_handler:  # installed first: a signal during start-up or load counts too
         import signal
 
-        run(cfg, exit_signal=getattr(signal, args.exit_signal) if args.exit_signal_handler else None)
+        from rtd_scale.training.loop import ExitSignal
+
+        stop = ExitSignal(getattr(signal, args.exit_signal))
+    try:
+        cfg = config_from_args(args)
+        run(cfg, stop=stop)
     except (UserInputError, OSError) as e:  # user errors; bugs keep their traceback
         if os.environ.get("RTD_SCALE_TRACEBACK") == "1":
             raise

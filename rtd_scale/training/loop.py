@@ -53,14 +53,15 @@ class ExitSignal:
 
 def train(cfg: RunConfig, ctx: ParallelContext, engine, dataset: PackedDataset, *,
           start_step: int, consumed_samples: int, tb: TensorBoardLogger, print_fn=print,
-          exit_signal: Optional[int] = None, layout: Optional[dict] = None) -> TrainResult:
+          stop: Optional["ExitSignal"] = None, layout: Optional[dict] = None) -> TrainResult:
     """Run optimizer steps start_step … train_iters − 1 (0-based; logs count them from 1).
 
-    With ``exit_signal`` (e.g. ``signal.SIGUSR1``), receiving it makes the loop save a
-    checkpoint after the current step and return with ``interrupted=True``.
+    With ``stop`` (an installed ``ExitSignal``), its signal — received at any time since it was
+    installed — makes the loop save a checkpoint after the current step and return with
+    ``interrupted=True``.
     """
     t = cfg.train
-    stop = ExitSignal(exit_signal)
+    stop = stop or ExitSignal(None)
     model = engine.module
     acc = MetricAccumulator(ctx.device)
     result = TrainResult(first_step=start_step + 1, last_step=t.train_iters)
@@ -127,7 +128,7 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, dataset: PackedDataset, 
                 print_fn(f"saved checkpoint at iteration {done:8d} to {result.checkpoint_dir}")
         if stopping:
             if ctx.is_logging_rank:
-                print_fn(f"exit signal {signal.Signals(exit_signal).name} received: stopped after "
+                print_fn(f"exit signal {signal.Signals(stop.signum).name} received: stopped after "
                          f"iteration {done}" + ("" if t.save else " (no --save: nothing saved)"))
             result.interrupted, result.last_step = True, done
             break

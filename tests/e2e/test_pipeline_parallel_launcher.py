@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.test_pretrain_launcher import launch, scalars
+from tests.e2e.test_pretrain_launcher import assert_resume_continues, launch, scalars
 from tests.e2e.test_tensor_parallel_launcher import NO_DROPOUT
 
 pytestmark = pytest.mark.e2e
@@ -36,15 +36,9 @@ def test_pp2_dp2_zero1_matches_pp1_and_resumes_exactly(wiki_shards, tmp_path):
         assert pp["optim/grad_norm"][step] == pytest.approx(ref["optim/grad_norm"][step],
                                                             rel=1e-4)
 
-    r = launch(_args(wiki_shards, res_dir, "ds_configs/zero1.json", 5, 2), ranks=4)
-    assert r.returncode == 0, r.stderr[-3000:]
-    r = launch(_args(wiki_shards, res_dir, "ds_configs/zero1.json", 10, 2,
-                     ["--load", str(res_dir)]), ranks=4)
-    assert r.returncode == 0, r.stderr[-3000:]
-    resumed = scalars(str(res_dir / "tensorboard"))
-    for step in range(6, 11):
-        for tag in ("loss/mlm", "loss/rtd"):
-            assert resumed[tag][step] == pytest.approx(pp[tag][step], rel=1e-6), (tag, step)
+    assert_resume_continues(
+        lambda iters, extra: _args(wiki_shards, res_dir, "ds_configs/zero1.json", iters, 2, extra),
+        pp, ranks=4, save_dir=res_dir)
 
 
 def test_pipeline_rejects_zero3(wiki_shards, tmp_path):

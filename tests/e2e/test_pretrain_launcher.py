@@ -31,6 +31,19 @@ def scalars(tb_dir: str) -> dict[str, dict[int, float]]:
     return {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
 
 
+def assert_resume_continues(args, straight: dict, ranks: int, save_dir) -> None:
+    """``args(iters, extra)`` gives the launch arguments: 5 steps, then ``--load`` to 10; steps
+    6–10 must repeat ``straight``'s losses (TensorBoard scalars of an uninterrupted run)."""
+    r = launch(args(5, []), ranks=ranks)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = launch(args(10, ["--load", str(save_dir)]), ranks=ranks)
+    assert r.returncode == 0, r.stderr[-3000:]
+    resumed = scalars(str(save_dir / "tensorboard"))
+    for step in range(6, 11):
+        for tag in ("loss/mlm", "loss/rtd"):
+            assert resumed[tag][step] == pytest.approx(straight[tag][step], rel=1e-6), (tag, step)
+
+
 def common(wiki_shards, save: Path, iters: int, extra=()) -> list[str]:
     tok, prefix = wiki_shards
     return ["--ds_config", "ds_configs/zero3.json", "--preset", "tiny", "--data-path", prefix,

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.dist import harness, workers
-from tests.e2e.test_pretrain_launcher import launch, scalars
+from tests.e2e.test_pretrain_launcher import assert_resume_continues, launch, scalars
 
 pytestmark = pytest.mark.e2e
 
@@ -53,12 +53,6 @@ def test_tp2_dp2_zero3_matches_tp1_and_resumes_exactly(wiki_shards, tmp_path):
     harness.run(workers.load_export, str(tp_dir / "model.pt"), world_size=1, tp=1)
 
     # save at TP=2 × DP=2 (step 5), resume: the next 5 losses equal the uninterrupted run's
-    r = launch(_args(wiki_shards, res_dir, "ds_configs/zero3.json", 5, 2), ranks=4)
-    assert r.returncode == 0, r.stderr[-3000:]
-    r = launch(_args(wiki_shards, res_dir, "ds_configs/zero3.json", 10, 2,
-                     ["--load", str(res_dir)]), ranks=4)
-    assert r.returncode == 0, r.stderr[-3000:]
-    resumed = scalars(str(res_dir / "tensorboard"))
-    for step in range(6, 11):
-        for tag in ("loss/mlm", "loss/rtd"):
-            assert resumed[tag][step] == pytest.approx(tp[tag][step], rel=1e-6), (tag, step)
+    assert_resume_continues(
+        lambda iters, extra: _args(wiki_shards, res_dir, "ds_configs/zero3.json", iters, 2, extra),
+        tp, ranks=4, save_dir=res_dir)
