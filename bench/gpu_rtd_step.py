@@ -19,7 +19,7 @@ Issue 7. In one run (≤ 8 minutes on one H200) this prints, side by side:
    own cost.
 
 One table: workload, implementation, micro-batch, tokens/s, TFLOP/s, MFU (of the measured
-ceiling), peak memory, target. FLOPs: ``bench/flops.py`` (formula in bench/README.md).
+ceiling), peak memory, target. FLOPs: ``rtd_scale/flops.py`` (formula in bench/README.md).
 Warm-up steps are excluded; timed steps run back to back and the host waits for the device
 only at measurement boundaries. Each row has a time budget, the whole run a deadline (rows that
 no longer fit are reported as skipped), and an out-of-memory error or any other failure of a
@@ -58,7 +58,7 @@ if str(REPO) not in sys.path:
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from bench.flops import (EncoderDims, RTDDims, mfu, rtd_flops_per_token,  # noqa: E402
+from rtd_scale.flops import (EncoderDims, RTDDims, mfu, rtd_flops_per_token,  # noqa: E402
                          stack_flops_per_token)
 
 # rtd_scale's fixed special ids (rtd_scale/data/tokenizer.py); the HF step uses the same ids.
@@ -1211,7 +1211,7 @@ def header(s: Settings) -> str:
         f"{'tiny CPU sizes (seq 64)' if s.tiny else 'issue 7 sizes (seq 512)'}; deadline "
         f"{s.deadline_s:.0f}s; warm-up {s.warmup_steps}, timed {s.min_steps}-{s.max_steps} steps "
         f"within {s.row_budget_s:.0f}s per row; masking {MASK_PROB:.0%}, lambda {RTD_LAMBDA:g}",
-        "FLOPs per token (bench/flops.py, bench/README.md): 3 x sum over layers (24h^2 + 4sh) "
+        "FLOPs per token (rtd_scale/flops.py, bench/README.md): 3 x sum over layers (24h^2 + 4sh) "
         "+ 3 x mask_prob x MLM head (2 h_g E + 2 E V) + projections + RTD head; MFU = FLOP/s over "
         "the measured bf16 matmul ceiling",
         "Setup of this machine (also --print-setup):",

@@ -47,14 +47,8 @@ from typing import Optional, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rtd_scale.config import EncoderConfig, PRESETS, RunConfig, preset  # noqa: E402
-
-
-def encoder_layer_flops_per_token(hidden_size: int, ffn_hidden_size: int,
-                                  seq_length: int) -> tuple[float, float]:
-    """(matmul, attention) FLOPs per token of one encoder layer, forward + backward."""
-    h, f, s = hidden_size, ffn_hidden_size, seq_length
-    return 6.0 * (4 * h * h + 2 * h * f), 12.0 * s * h
+from rtd_scale import flops  # noqa: E402
+from rtd_scale.config import PRESETS, RunConfig, preset  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -74,35 +68,14 @@ class StepFlops:
         return sum(getattr(self, f.name) for f in fields(self))
 
 
-def _encoder(enc: EncoderConfig, seq_length: int) -> tuple[float, float]:
-    matmul, attention = encoder_layer_flops_per_token(enc.hidden_size, enc.ffn_hidden_size,
-                                                      seq_length)
-    return enc.num_layers * matmul, enc.num_layers * attention
-
-
 def rtd_flops_per_token(cfg: RunConfig, *, seq_length: Optional[int] = None,
                         vocab_size: Optional[int] = None,
                         mask_prob: Optional[float] = None) -> StepFlops:
-    """Model FLOPs per token of one step for ``cfg``'s shapes (module docstring: the formula).
-
-    ``seq_length``, ``vocab_size`` and ``mask_prob`` default to the config's values.
-    """
-    m = cfg.model
-    s = seq_length or cfg.data.seq_length
-    v = vocab_size or m.vocab_size
-    p = cfg.rtd.mask_prob if mask_prob is None else mask_prob
-    e = m.embedding_size
-    gen, disc = m.generator, m.discriminator
-    g_mm, g_att = _encoder(gen, s)
-    d_mm, d_att = _encoder(disc, s)
-    projection = sum(6.0 * e * enc.hidden_size for enc in (gen, disc) if enc.hidden_size != e)
-    return StepFlops(
-        generator_matmul=g_mm, generator_attention=g_att,
-        discriminator_matmul=d_mm, discriminator_attention=d_att,
-        embedding_projection=projection,
-        mlm_head=p * 6.0 * (gen.hidden_size * e + e * v),
-        rtd_head=6.0 * (disc.hidden_size ** 2 + disc.hidden_size),
-    )
+    """Model FLOPs per token of one step for ``cfg``'s shapes (``rtd_scale.flops``, the formula
+    bench/ uses for MFU). ``seq_length``, ``vocab_size`` and ``mask_prob`` default to the
+    config's values."""
+    return StepFlops(**flops.rtd_flops_breakdown(flops.dims_of(
+        cfg, seq_length=seq_length, vocab_size=vocab_size, mask_prob=mask_prob)))
 
 
 def gpu_hours(total_flops: float, total_tokens: float, *, tokens_per_s: Optional[float] = None,

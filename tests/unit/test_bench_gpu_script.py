@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from bench import gpu_rtd_step as bench
-from bench.flops import EncoderDims, RTDDims, mfu, rtd_flops_per_token, stack_flops_per_token
+from rtd_scale.flops import EncoderDims, RTDDims, mfu, rtd_flops_per_token, stack_flops_per_token
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bench" / "gpu_rtd_step.py"

@@ -1,4 +1,5 @@
-"""Model FLOPs of one RTD training step and of an encoder stack: the numerator of bench/'s MFU.
+"""Model FLOPs of one RTD training step and of an encoder stack: the numerator of bench/'s MFU
+and the basis of tools/estimate_cost.py (one formula for both).
 
 MFU = (model FLOPs per token × tokens/s) / (measured bf16 matmul ceiling in FLOP/s).
 
@@ -72,10 +73,34 @@ def layer_forward_flops_per_token(hidden_size: int, ffn_hidden_size: int, seq_le
     return 8 * h * h + 4 * h * f + 4 * s * h
 
 
+def layer_flops_per_token(hidden_size: int, ffn_hidden_size: int,
+                          seq_length: int) -> tuple[int, int]:
+    """(matmul, attention) forward + backward FLOPs per token of one layer:
+    3·(8h² + 4hf) and 3·4sh."""
+    h, f, s = hidden_size, ffn_hidden_size, seq_length
+    return 3 * (8 * h * h + 4 * h * f), 3 * 4 * s * h
+
+
 def stack_flops_per_token(enc: EncoderDims, seq_length: int) -> int:
     """Forward + backward FLOPs per token of a layer stack alone: 3 · L · (8h² + 4hf + 4sh)."""
     return 3 * enc.num_layers * layer_forward_flops_per_token(
         enc.hidden_size, enc.ffn_hidden_size, seq_length)
+
+
+def rtd_flops_breakdown(d: RTDDims) -> dict[str, float]:
+    """Forward + backward model FLOPs of one RTD step per input token, by component (see the
+    module docstring)."""
+    g, disc, e, v = d.generator, d.discriminator, d.embedding_size, d.vocab_size
+    out: dict[str, float] = {}
+    for name, enc in (("generator", g), ("discriminator", disc)):
+        mm, att = layer_flops_per_token(enc.hidden_size, enc.ffn_hidden_size, d.seq_length)
+        out[f"{name}_matmul"] = float(enc.num_layers * mm)
+        out[f"{name}_attention"] = float(enc.num_layers * att)
+    out["embedding_projection"] = float(
+        sum(3 * 2 * e * enc.hidden_size for enc in (g, disc) if enc.hidden_size != e))
+    out["mlm_head"] = 3 * (2 * g.hidden_size * e + 2 * e * v) * d.mask_prob
+    out["rtd_head"] = float(3 * (2 * disc.hidden_size * disc.hidden_size + 2 * disc.hidden_size))
+    return out
 
 
 def rtd_flops_per_token(d: RTDDims) -> float:
@@ -83,12 +108,21 @@ def rtd_flops_per_token(d: RTDDims) -> float:
 
     Returns a float because the MLM head term is scaled by ``mask_prob``.
     """
-    g, disc, e, v = d.generator, d.discriminator, d.embedding_size, d.vocab_size
-    layers = stack_flops_per_token(g, d.seq_length) + stack_flops_per_token(disc, d.seq_length)
-    projections = sum(3 * 2 * e * enc.hidden_size for enc in (g, disc) if enc.hidden_size != e)
-    mlm_head = 3 * (2 * g.hidden_size * e + 2 * e * v) * d.mask_prob
-    rtd_head = 3 * (2 * disc.hidden_size * disc.hidden_size + 2 * disc.hidden_size)
-    return layers + projections + mlm_head + rtd_head
+    return sum(rtd_flops_breakdown(d).values())
+
+
+def dims_of(cfg, *, seq_length=None, vocab_size=None, mask_prob=None) -> RTDDims:
+    """The RTDDims of a ``rtd_scale.config.RunConfig`` (overrides default to the config's)."""
+    m = cfg.model
+
+    def enc(e):
+        return EncoderDims(num_layers=e.num_layers, hidden_size=e.hidden_size,
+                           ffn_hidden_size=e.ffn_hidden_size)
+
+    return RTDDims(generator=enc(m.generator), discriminator=enc(m.discriminator),
+                   embedding_size=m.embedding_size, vocab_size=vocab_size or m.vocab_size,
+                   seq_length=seq_length or cfg.data.seq_length,
+                   mask_prob=cfg.rtd.mask_prob if mask_prob is None else mask_prob)
 
 
 def mfu(flops_per_token: float, tokens_per_s: float, ceiling_flops_per_s: float) -> float:
