@@ -6,7 +6,8 @@
 - GDES: the discriminator's table is ``E_G.detach() + E_Δ``; E_Δ is vocab-parallel with E_G's
   partition and zero-initialised, so L_RTD trains only E_Δ and L_MLM only E_G.
 
-Every lookup is one masked local gather of this rank's rows and one all-reduce over the
+Every lookup is one masked local gather of this rank's rows (under GDES, of the rows of E_G and
+E_Δ, summed — the tables themselves are never added) and one all-reduce over the
 tensor-parallel group (megatron-core's ``reduce_from_tensor_model_parallel_region``). The three
 modes differ only here.
 """
@@ -27,25 +28,32 @@ from rtd_scale.model.weights import mark_vocab_parallel
 
 
 def vocab_parallel_lookup(
-    weight: torch.Tensor, ids: torch.Tensor, vocab_start: int, tp_group
+    weights: torch.Tensor | tuple[torch.Tensor, ...], ids: torch.Tensor, vocab_start: int, tp_group
 ) -> torch.Tensor:
-    """Rows of a vocab-parallel table.
+    """Rows of a vocab-parallel table, or of the sum of tables that share one partition.
 
     Args:
-        weight: [V_local, E] this rank's rows, global ids [vocab_start, vocab_start + V_local).
+        weights: [V_local, E] this rank's rows (global ids [vocab_start, vocab_start + V_local)),
+            or a tuple of such tables whose looked-up rows are summed (GDES: E_G.detach(), E_Δ)
+            — only the b·s rows are added, never the whole tables.
         ids: [b, s] int64 global ids.
-        vocab_start: global id of ``weight``'s first row.
+        vocab_start: global id of the tables' first row.
         tp_group: tensor-parallel group the vocabulary is split over.
     Returns:
-        [b, s, E], identical on every rank of ``tp_group``.
+        [b, s, E], identical on every rank of ``tp_group`` (one all-reduce).
     """
-    v_local = weight.shape[0]
+    if isinstance(weights, torch.Tensor):
+        weights = (weights,)
+    v_local = weights[0].shape[0]
+    outside = None
     if tp_group.size() > 1:
         outside = (ids < vocab_start) | (ids >= vocab_start + v_local)
-        local_ids = (ids - vocab_start).masked_fill(outside, 0)
-        rows = F.embedding(local_ids, weight).masked_fill(outside.unsqueeze(-1), 0.0)
-    else:
-        rows = F.embedding(ids, weight)
+        ids = (ids - vocab_start).masked_fill(outside, 0)
+    rows = F.embedding(ids, weights[0])
+    for w in weights[1:]:
+        rows = rows + F.embedding(ids, w)
+    if outside is not None:
+        rows = rows.masked_fill(outside.unsqueeze(-1), 0.0)
     return reduce_from_tensor_model_parallel_region(rows, group=tp_group)
 
 
@@ -101,9 +109,9 @@ class GDESTable(torch.nn.Module):
         return self.generator_table.vocab_start_index
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        weight = self.generator_table.weight.detach() + self.delta
-        return vocab_parallel_lookup(weight, ids, self.generator_table.vocab_start_index,
-                                     self.generator_table.tp_group)
+        table = self.generator_table
+        return vocab_parallel_lookup((table.weight.detach(), self.delta), ids,
+                                     table.vocab_start_index, table.tp_group)
 
     def foreign_parameters(self) -> list[torch.nn.Parameter]:
         """Parameters read in forward but owned by another module (for ZeRO-3)."""
