@@ -6,17 +6,19 @@
 #   sbatch --array=0-99%32 slurm/preprocess.sh inputs.txt   # ≤ 32 tasks at a time
 #
 # Task i reads line i+1 of the list and runs tools/preprocess_data.py on that file with
-# --workers = the CPUs Slurm gave the task, writing RTD_SHARD_DIR/part-<i, 5 digits>_<KEY>_document
-# .{bin,idx,meta.json} (KEY from RTD_JSON_KEYS). Shards appear only when complete, and a task whose
-# shards already exist does nothing, so rerunning the same array (or `sbatch --array=7,12 ...`
-# for the failed ones) resumes a crashed preprocessing. slurm/pretrain_*.sh then read every
-# *_text_document shard in RTD_SHARD_DIR.
+# --workers = the CPUs Slurm gave the task and --resume, writing the dataset
+# RTD_SHARD_DIR/part-<i, 5 digits>_<KEY>_document (KEY from RTD_JSON_KEYS): shards _00000, _00001, …
+# of RTD_SHARD_MB MB each, then a .manifest.json. Shards appear only when complete; a task whose
+# manifest exists does nothing, and a requeued or resubmitted task (`sbatch --array=7,12 ...` for
+# the failed ones) keeps its complete shards and continues after them. slurm/pretrain_*.sh then
+# read every *_text_document dataset in RTD_SHARD_DIR.
 #
 # Environment:
 #   RTD_TOKENIZER   <repo>/data/spm.model   SentencePiece model (tools/train_tokenizer.py)
 #   RTD_SHARD_DIR   <repo>/data/shards      output directory
 #   RTD_JSON_KEYS   text                    fields to tokenize, space-separated
 #   RTD_WORKERS     SLURM_CPUS_PER_TASK     encoding processes per task
+#   RTD_SHARD_MB    1024                    shard size (MB of token data; --shard-size-mb)
 #   RTD_VENV        <repo>/.venv            activated when present
 #   RTD_REPO        (found)                 the rtd_scale checkout
 #
@@ -60,6 +62,7 @@ input="${inputs[$i]}"
 : "${RTD_SHARD_DIR:=$RTD_REPO/data/shards}"
 : "${RTD_JSON_KEYS:=text}"
 : "${RTD_WORKERS:=${SLURM_CPUS_PER_TASK:-1}}"
+: "${RTD_SHARD_MB:=1024}"
 : "${RTD_VENV:=$RTD_REPO/.venv}"
 if [ -f "$RTD_VENV/bin/activate" ]; then
   set +u
@@ -72,7 +75,7 @@ prefix="$RTD_SHARD_DIR/$(printf 'part-%05d' "$i")"
 read -r -a keys <<<"$RTD_JSON_KEYS"
 done_already=1
 for key in "${keys[@]}"; do
-  if [ ! -f "${prefix}_${key}_document.idx" ] || [ ! -f "${prefix}_${key}_document.bin" ]; then
+  if [ ! -f "${prefix}_${key}_document.manifest.json" ]; then
     done_already=0
   fi
 done
@@ -83,4 +86,5 @@ fi
 mkdir -p "$RTD_SHARD_DIR"
 echo "task $i of $n: $input → $prefix (workers $RTD_WORKERS)"
 python "$RTD_REPO/tools/preprocess_data.py" --input "$input" --json-keys "${keys[@]}" \
-  --tokenizer-model "$RTD_TOKENIZER" --output-prefix "$prefix" --workers "$RTD_WORKERS"
+  --tokenizer-model "$RTD_TOKENIZER" --output-prefix "$prefix" --workers "$RTD_WORKERS" \
+  --shard-size-mb "$RTD_SHARD_MB" --resume

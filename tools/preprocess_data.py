@@ -1,14 +1,27 @@
 #!/usr/bin/env python
-"""Tokenize a corpus into megatron-core .bin/.idx shards (Megatron-LM's flag names and output names).
+"""Tokenize a corpus into megatron-core .bin/.idx shards, streaming, resumable (Megatron-LM's flag names).
 
     python tools/preprocess_data.py --input data/sample/corpus.jsonl \\
         --tokenizer-model data/sample/spm.model --output-prefix data/sample/corpus --workers 2
 
-For each --json-keys KEY this writes {output_prefix}_{KEY}_document.{bin,idx} (Megatron-LM's naming,
-one document per entry, no [CLS]/[SEP] added) plus a .meta.json sidecar naming the tokenizer, and
-prints the prefix to pass as --data-path. Documents empty after normalisation are skipped and
-counted. Outputs appear only when complete: on any error nothing is written and existing shards at
-the prefix are left as they were.
+For each --json-keys KEY this writes the dataset D = {output_prefix}_{KEY}_document (Megatron-LM's
+naming; one document per entry, no [CLS]/[SEP] added):
+
+- shards D_00000, D_00001, … (.bin, .idx and a .meta.json sidecar each), a new one started when
+  the current one's token data reaches --shard-size-mb; every shard is written under a temporary
+  name and renamed when complete;
+- D.manifest.json, written last: the shard list and totals. Its presence means D is complete;
+  pass D as --data-path.
+
+Inputs are read as a stream (.jsonl / .json / .txt, optionally .gz/.xz/.bz2, and .parquet), at
+most 2 x --workers batches in flight, so memory does not grow with the corpus. Documents empty
+after normalisation are skipped and counted.
+
+After a crash or a cancelled job, the same command with --resume keeps the complete shards, reads
+the input from where the last of them ended (recorded in its sidecar) and writes the rest; the
+output is byte-identical to an uninterrupted run. Without --resume an existing dataset at the
+prefix is an error (pass --overwrite to replace it). On any error, complete shards stay, nothing
+half-written is left, and a previous complete dataset is untouched unless --overwrite was given.
 """
 
 from __future__ import annotations
@@ -16,8 +29,11 @@ from __future__ import annotations
 import argparse
 import collections
 import multiprocessing
+import os
+import re
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
@@ -26,21 +42,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 from rtd_scale.cli_errors import UserInputError, run_cli  # noqa: E402
-from rtd_scale.data.text import BadLineError, ReadStats, check_inputs, iter_records  # noqa: E402
+from rtd_scale.data.text import (  # noqa: E402
+    BadLineError, Position, ReadStats, check_inputs, input_fingerprint, iter_positioned_records)
 from rtd_scale.data.tokenizer import Tokenizer  # noqa: E402
 
 _BATCH_RECORDS = 512  # records per task sent to a worker
 _BATCH_CHARS = 4 << 20  # ... or fewer if they hold this many characters
+_SHARD_DIGITS = 5
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--input", nargs="+", required=True, metavar="FILE", help="corpus files (.jsonl .json .parquet .txt)")
+    p.add_argument("--input", nargs="+", required=True, metavar="FILE",
+                   help="corpus files (.jsonl .json .txt, optionally .gz/.xz/.bz2; .parquet), read in order")
     p.add_argument("--json-keys", nargs="+", default=["text"], metavar="KEY",
-                   help="fields to tokenize, one shard per key (default: text)")
+                   help="fields to tokenize, one dataset per key (default: text)")
     p.add_argument("--tokenizer-model", required=True, help="SentencePiece .model from tools/train_tokenizer.py")
-    p.add_argument("--output-prefix", required=True, help="writes PREFIX_{KEY}_document.{bin,idx,meta.json}")
+    p.add_argument("--output-prefix", required=True, help="writes PREFIX_{KEY}_document_NNNNN.{bin,idx,meta.json} "
+                   "and PREFIX_{KEY}_document.manifest.json")
     p.add_argument("--workers", type=int, default=1, help="encoding processes (default 1)")
+    p.add_argument("--shard-size-mb", type=float, default=1024.0, metavar="MB",
+                   help="start a new shard once a shard's token data reaches MB megabytes (default 1024)")
+    p.add_argument("--resume", action="store_true",
+                   help="finish an interrupted run: keep its complete shards and continue after them")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing dataset at the prefix")
     p.add_argument("--skip-bad-lines", action="store_true", help="skip and count malformed lines instead of stopping")
     p.add_argument("--log-interval", type=int, default=10000, metavar="DOCS",
                    help="progress line every DOCS documents when stderr is not a terminal (default 10000)")
@@ -49,56 +74,216 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 # -- encoding, in this process or in spawned workers ------------------------------------------
 
-_worker_tokenizer: Tokenizer | None = None  # set once per worker process by _init_worker
+# (tokenizer, shard dtype), set once per worker process by _init_worker
+_worker_state: tuple[Tokenizer, np.dtype] | None = None
 
 
-def _init_worker(tokenizer: Tokenizer) -> None:
-    global _worker_tokenizer
-    _worker_tokenizer = tokenizer
+def _init_worker(tokenizer: Tokenizer, dtype: np.dtype) -> None:
+    global _worker_state
+    _worker_state = (tokenizer, dtype)
 
 
-def _encode_batch_in_worker(batch: list[tuple[str, ...]]) -> list[tuple[np.ndarray, ...]]:
-    assert _worker_tokenizer is not None
-    return _encode_batch(_worker_tokenizer, batch)
+def _encode_batch_in_worker(batch: list[tuple[str, ...]]) -> list[tuple[np.ndarray, np.ndarray]]:
+    assert _worker_state is not None
+    return _encode_batch(*_worker_state, batch)
 
 
-def _encode_batch(tokenizer: Tokenizer, batch: list[tuple[str, ...]]) -> list[tuple[np.ndarray, ...]]:
-    """[records][keys] texts -> [records][keys] int32 id arrays (empty for an empty document)."""
+def _encode_batch(tokenizer: Tokenizer, dtype: np.dtype,
+                  batch: list[tuple[str, ...]]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """[records][keys] texts -> per key (ids of all records back to back [sum(lengths)] in the
+    shard dtype, tokens per record [records] int64; 0 for an empty document)."""
     width = len(batch[0])
     flat = tokenizer.encode_batch([text for record in batch for text in record])
-    arrays = [np.asarray(ids, dtype=np.int32) for ids in flat]
-    return [tuple(arrays[i : i + width]) for i in range(0, len(arrays), width)]
+    out = []
+    for k in range(width):
+        docs = flat[k::width]
+        lengths = np.fromiter(map(len, docs), dtype=np.int64, count=len(docs))
+        ids = np.fromiter((i for d in docs for i in d), dtype=dtype, count=int(lengths.sum()))
+        out.append((ids, lengths))
+    return out
 
 
-def _batches(records: Iterable[tuple[str, ...]]) -> Iterator[list[tuple[str, ...]]]:
+def _batches(records: Iterable[tuple[Position, tuple[str, ...]]]
+             ) -> Iterator[tuple[list[Position], list[tuple[str, ...]]]]:
+    positions: list[Position] = []
     batch: list[tuple[str, ...]] = []
     chars = 0
-    for record in records:
+    for position, record in records:
+        positions.append(position)
         batch.append(record)
         chars += sum(len(t) for t in record)
         if len(batch) >= _BATCH_RECORDS or chars >= _BATCH_CHARS:
-            yield batch
-            batch, chars = [], 0
+            yield positions, batch
+            positions, batch, chars = [], [], 0
     if batch:
-        yield batch
+        yield positions, batch
 
 
-def _encoded(
-    batches: Iterator[list[tuple[str, ...]]], tokenizer: Tokenizer, pool, workers: int
-) -> Iterator[list[tuple[np.ndarray, ...]]]:
-    """Encoded batches in input order. With a pool, at most 2 x workers batches are in flight,
-    so memory stays bounded however large the input (Pool.imap would read ahead without limit)."""
+def _encoded(batches, tokenizer: Tokenizer, dtype: np.dtype, pool, workers: int):
+    """(positions, encoded) in input order. With a pool, at most 2 x workers batches are in
+    flight, so memory stays bounded however large the input (Pool.imap would read ahead without
+    limit)."""
     if pool is None:
-        for batch in batches:
-            yield _encode_batch(tokenizer, batch)
+        for positions, batch in batches:
+            yield positions, _encode_batch(tokenizer, dtype, batch)
         return
     pending: collections.deque = collections.deque()
-    for batch in batches:
-        pending.append(pool.apply_async(_encode_batch_in_worker, (batch,)))
+    for positions, batch in batches:
+        pending.append((positions, pool.apply_async(_encode_batch_in_worker, (batch,))))
         if len(pending) >= 2 * workers:
-            yield pending.popleft().get()
+            positions, result = pending.popleft()
+            yield positions, result.get()
     while pending:
-        yield pending.popleft().get()
+        positions, result = pending.popleft()
+        yield positions, result.get()
+
+
+# -- the datasets being written: shards, sidecars, resume ------------------------------------
+
+
+def shard_prefix(dataset: str, index: int) -> str:
+    """The prefix of shard ``index`` of ``dataset``: ``D_00003``."""
+    return f"{dataset}_{index:0{_SHARD_DIGITS}d}"
+
+
+def _shard_indices(dataset: str) -> list[int]:
+    """Indices of the shards of ``dataset`` that exist complete (their .idx is renamed last)."""
+    directory, name = os.path.split(os.path.abspath(dataset))
+    pattern = re.compile(re.escape(name) + rf"_(\d{{{_SHARD_DIGITS}}})\.idx")
+    if not os.path.isdir(directory):
+        return []
+    return sorted(int(m.group(1)) for n in os.listdir(directory) if (m := pattern.fullmatch(n)))
+
+
+def _remove_dataset(dataset: str, shards_from: int = 0) -> None:
+    """Delete the manifest (and a single shard named ``dataset`` itself, e.g. from an older run)
+    and shards ``shards_from`` onwards of ``dataset``, and temporaries left by a killed writer.
+    Each .idx goes first so no half-deleted shard looks complete."""
+    from rtd_scale.data import shards
+
+    for path in (dataset + shards.MANIFEST_SUFFIX, *shards.shard_paths(dataset)):
+        if os.path.lexists(path):  # the manifest, and a single shard at the dataset's own prefix
+            os.remove(path)
+    for i in _shard_indices(dataset):
+        if i >= shards_from:
+            bin_path, idx_path, meta_path = shards.shard_paths(shard_prefix(dataset, i))
+            for path in (idx_path, bin_path, meta_path):
+                if os.path.lexists(path):
+                    os.remove(path)
+    directory, name = os.path.split(os.path.abspath(dataset))
+    temp = re.compile(r"\." + re.escape(name) + r"_\d+\..*\.tmp")
+    if os.path.isdir(directory):
+        for n in os.listdir(directory):
+            if temp.fullmatch(n):
+                os.remove(os.path.join(directory, n))
+
+
+@dataclass
+class Totals:
+    """Counts over every shard written so far, for one dataset (resumed from a sidecar)."""
+
+    documents: int = 0
+    tokens: int = 0
+    empty_documents_skipped: int = 0
+    shards: int = 0
+
+    def add(self, writer) -> None:
+        self.documents += writer.documents
+        self.tokens += writer.tokens
+        self.empty_documents_skipped += writer.empty_documents_skipped
+
+
+@dataclass
+class Plan:
+    """Where writing starts: the next shard index, the input position and each dataset's totals."""
+
+    next_shard: int = 0
+    position: Position | None = None
+    totals: dict[str, Totals] = field(default_factory=dict)
+    complete: bool = False
+
+
+def _run_signature(paths: Sequence[Path], keys: Sequence[str], tokenizer: Tokenizer,
+                   shard_size_bytes: int) -> dict:
+    """What must not change between a run and its --resume (stored in every sidecar).
+    --skip-bad-lines may be added on resume: the shards kept were written before any bad line."""
+    return {"inputs": [input_fingerprint(p) for p in paths], "json_keys": list(keys),
+            "tokenizer_model_sha256": tokenizer.sha256, "shard_size_bytes": shard_size_bytes}
+
+
+def _signature_difference(expected: dict, found: dict | None) -> str | None:
+    if not isinstance(found, dict):
+        return "its sidecar has no run record (not written by this tool's resumable mode)"
+    for name in ("inputs", "json_keys", "tokenizer_model_sha256", "shard_size_bytes"):
+        if found.get(name) != expected[name]:
+            flag = {"inputs": "--input", "json_keys": "--json-keys", "tokenizer_model_sha256": "--tokenizer-model",
+                    "shard_size_bytes": "--shard-size-mb"}[name]
+            return f"{flag} differs ({name}: was {found.get(name)!r}, now {expected[name]!r})"
+    return None
+
+
+def plan_output(datasets: dict[str, str], signature: dict, *, resume: bool, overwrite: bool) -> Plan:
+    """Decide where to start, after checking what already exists at the output prefixes.
+
+    Raises UserInputError when a dataset or an unfinished run exists and neither --resume nor
+    --overwrite was given, or when --resume finds shards written with other arguments.
+    """
+    from rtd_scale.data import shards
+
+    existing = {key: _shard_indices(d) for key, d in datasets.items()}
+    manifests = {key: os.path.exists(d + shards.MANIFEST_SUFFIX) for key, d in datasets.items()}
+    if overwrite:
+        for d in datasets.values():
+            _remove_dataset(d)
+        return Plan(totals={key: Totals() for key in datasets})
+    if not resume:
+        for key, d in datasets.items():
+            single = os.path.exists(d + ".idx")
+            if manifests[key] or existing[key] or single:
+                what = ("a dataset" if manifests[key] else "a shard" if single
+                        else "an unfinished run's shards")
+                raise UserInputError(
+                    f"--output-prefix: {d} already holds {what} ({len(existing[key])} shard(s)); pass "
+                    f"--resume to finish or keep it, --overwrite to replace it, or choose another --output-prefix")
+        for d in datasets.values():
+            _remove_dataset(d)  # stale temporaries only
+        return Plan(totals={key: Totals() for key in datasets})
+
+    # --resume: the complete shards 0..k-1 present for every key, written with these arguments
+    for d in datasets.values():
+        if os.path.exists(d + ".idx"):
+            raise UserInputError(f"--resume: {d} is a single shard ({d}.idx), not a run of this tool "
+                                 "to resume; pass --overwrite to replace it, or choose another --output-prefix")
+    k = min(len(v) for v in existing.values())
+    for key, d in datasets.items():
+        run = 0
+        while run < len(existing[key]) and existing[key][run] == run:
+            run += 1
+        k = min(k, run)
+    last_meta = {}
+    for key, d in datasets.items():
+        for i in range(k):
+            meta = shards.read_shard_meta(shard_prefix(d, i))
+            diff = _signature_difference(signature, (meta or {}).get("run"))
+            if diff:
+                raise UserInputError(
+                    f"--resume: shard {shard_prefix(d, i)} was written with other arguments: {diff}; "
+                    "rerun with the original arguments, or pass --overwrite to start again")
+            if i == k - 1:
+                last_meta[key] = meta
+    if k and all(manifests.values()) and all(len(v) == k for v in existing.values()):
+        return Plan(next_shard=k, complete=True)
+    for d in datasets.values():
+        _remove_dataset(d, shards_from=k)  # incomplete tails, old manifests and temporaries
+    if k == 0:
+        return Plan(totals={key: Totals() for key in datasets})
+    positions = {tuple(sorted(m["resume"]["position"].items())) for m in last_meta.values()}
+    assert len(positions) == 1, f"shards {k - 1} of the datasets end at different input positions"
+    totals = {key: Totals(m["resume"]["documents_total"], m["resume"]["tokens_total"],
+                          m["resume"]["empty_documents_skipped_total"], k)
+              for key, m in last_meta.items()}
+    return Plan(next_shard=k, position=Position.from_dict(last_meta[next(iter(datasets))]["resume"]["position"]),
+                totals=totals)
 
 
 # -- main ---------------------------------------------------------------------------------------
@@ -110,55 +295,102 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise UserInputError(f"--workers must be >= 1, got {args.workers}")
     if args.log_interval < 1:
         raise UserInputError(f"--log-interval must be >= 1, got {args.log_interval}")
+    if not args.shard_size_mb > 0:
+        raise UserInputError(f"--shard-size-mb must be > 0, got {args.shard_size_mb}")
+    if args.resume and args.overwrite:
+        raise UserInputError("--resume and --overwrite contradict each other; pass one of them")
     paths = check_inputs(args.input, args.json_keys)
     tokenizer = Tokenizer(args.tokenizer_model)
     keys = list(dict.fromkeys(args.json_keys))
-    prefixes = {key: f"{args.output_prefix}_{key}_document" for key in keys}
-    out_dir = Path(prefixes[keys[0]]).resolve().parent
+    datasets = {key: f"{args.output_prefix}_{key}_document" for key in keys}
+    shard_size_bytes = max(1, int(args.shard_size_mb * 1e6))
+    signature = _run_signature(paths, keys, tokenizer, shard_size_bytes)
+    out_dir = Path(datasets[keys[0]]).resolve().parent
     out_dir_existed = out_dir.exists()
-    total_bytes = sum(p.stat().st_size for p in paths)
+    plan = plan_output(datasets, signature, resume=args.resume, overwrite=args.overwrite)
+    if plan.complete:
+        print(f"nothing to do: {', '.join(datasets.values())} complete ({plan.next_shard} shard(s) each)")
+        for key, d in datasets.items():
+            print(f"--data-path {d}    # {key}")
+        return
+    if plan.position is not None:
+        print(f"resuming after shard {plan.next_shard - 1}: {plan.totals[keys[0]].documents:,} documents "
+              f"already written; reading {paths[plan.position.file]} from line {plan.position.line + 1:,}")
 
     # Workers are spawned before megatron-core (and torch) is imported by ShardWriter.
-    pool = (
-        multiprocessing.get_context("spawn").Pool(args.workers, initializer=_init_worker, initargs=(tokenizer,))
-        if args.workers > 1
-        else None
-    )
-    from rtd_scale.data.shards import ShardWriter
+    from rtd_scale.data.shards import dtype_for_vocab
+
+    dtype = dtype_for_vocab(tokenizer.vocab_size)
+    pool = (multiprocessing.get_context("spawn").Pool(args.workers, initializer=_init_worker,
+                                                      initargs=(tokenizer, dtype))
+            if args.workers > 1 else None)
+    from rtd_scale.data import shards
 
     from tqdm import tqdm
 
     stats = ReadStats()
-    writers: dict[str, ShardWriter] = {}
+    writers: dict[str, shards.ShardWriter] = {}
+    next_shard = plan.next_shard
+    totals = plan.totals
+
+    def open_writers() -> None:
+        for key, d in datasets.items():
+            writers[key] = shards.ShardWriter(shard_prefix(d, next_shard), vocab_size=tokenizer.vocab_size,
+                                              tokenizer_model=args.tokenizer_model, dtype=dtype)
+
+    def commit_writers(position: Position) -> None:
+        nonlocal next_shard
+        for key, w in writers.items():
+            totals[key].add(w)
+            totals[key].shards += 1
+            w.commit({"shard_index": next_shard, "run": signature, "resume": {
+                "position": position.to_dict(), "documents_total": totals[key].documents,
+                "tokens_total": totals[key].tokens,
+                "empty_documents_skipped_total": totals[key].empty_documents_skipped}})
+        writers.clear()
+        next_shard += 1
+
     try:
-        for key, prefix in prefixes.items():
-            writers[key] = ShardWriter(prefix, vocab_size=tokenizer.vocab_size, tokenizer_model=args.tokenizer_model)
+        open_writers()
         start = time.perf_counter()
-        records = iter_records(paths, keys, skip_bad_lines=args.skip_bad_lines, stats=stats)
-        bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="preprocess", file=sys.stderr,
-                   disable=not sys.stderr.isatty())
+        records = iter_positioned_records(paths, keys, start=plan.position,
+                                          skip_bad_lines=args.skip_bad_lines, stats=stats)
+        compressed = any(p.suffix.lower() in (".gz", ".xz", ".bz2") for p in paths)
+        bar = tqdm(total=None if compressed else sum(p.stat().st_size for p in paths), unit="B",
+                   unit_scale=True, desc="preprocess", file=sys.stderr, disable=not sys.stderr.isatty())
         shown_bytes, next_log = 0, args.log_interval
         with bar:
-            for encoded in _encoded(_batches(records), tokenizer, pool, args.workers):
-                for record_ids in encoded:
-                    for key, ids in zip(keys, record_ids):
-                        writers[key].add_document(ids)
+            for positions, encoded in _encoded(_batches(records), tokenizer, dtype, pool, args.workers):
+                _write_batch(positions, encoded, keys, writers, shard_size_bytes, open_writers, commit_writers)
                 bar.update(stats.bytes_read - shown_bytes)
                 shown_bytes = stats.bytes_read
                 if bar.disable and stats.records >= next_log:
                     next_log = (stats.records // args.log_interval + 1) * args.log_interval
                     print(f"processed {stats.records:,} records, {_rate(stats.bytes_read, start)}", file=sys.stderr)
-        if all(w.documents == 0 for w in writers.values()):
+        last = any(w.documents for w in writers.values()) or next_shard == 0
+        if not last:  # nothing after the last full shard but empty documents: count, don't write
+            for key, w in writers.items():
+                totals[key].add(w)
+                w.abort()
+            writers.clear()
+        if sum(t.documents for t in totals.values()) + sum(w.documents for w in writers.values()) == 0:
             raise UserInputError(
                 f"no non-empty documents in {', '.join(map(str, paths))} (read {stats.records:,} records, "
-                f"{stats.bad_lines_summary()}); nothing written"
-            )
-        for w in writers.values():
-            w.commit()
+                f"{stats.bad_lines_summary()}); nothing written")
+        if last:
+            commit_writers(_end_position(paths, stats))
         seconds = time.perf_counter() - start
+        for key, d in datasets.items():
+            t = totals[key]
+            shards.write_manifest(
+                d, [shard_prefix(d, i) for i in range(next_shard)], documents=t.documents, tokens=t.tokens,
+                empty_documents_skipped=t.empty_documents_skipped, bad_lines_skipped=stats.bad_lines,
+                vocab_size=tokenizer.vocab_size, tokenizer_model=args.tokenizer_model,
+                tokenizer_model_sha256=tokenizer.sha256, dtype=dtype.name, run=signature)
     except BadLineError as e:
         _abort(writers, out_dir, out_dir_existed)
-        raise UserInputError(f"{e}; pass --skip-bad-lines to skip and count malformed lines; nothing written") from None
+        raise UserInputError(f"{e}; pass --skip-bad-lines to skip and count malformed lines "
+                             f"({_kept(next_shard)})") from None
     except BaseException:
         _abort(writers, out_dir, out_dir_existed)
         raise
@@ -167,16 +399,52 @@ def main(argv: Sequence[str] | None = None) -> None:
             pool.terminate()
             pool.join()
 
-    documents = sum(w.documents for w in writers.values())
-    empty = sum(w.empty_documents_skipped for w in writers.values())
-    tokens = sum(w.tokens for w in writers.values())
+    t0 = totals[keys[0]]
+    documents = sum(t.documents for t in totals.values())
+    empty = sum(t.empty_documents_skipped for t in totals.values())
+    tokens = sum(t.tokens for t in totals.values())
     print(
         f"done: {documents:,} documents written, {empty:,} empty documents skipped, "
-        f"{stats.bad_lines_summary()}, {tokens:,} tokens; "
+        f"{stats.bad_lines_summary()}, {tokens:,} tokens in {t0.shards} shard(s) per key; "
         f"{stats.bytes_read / 1e6:.2f} MB in {seconds:.2f} s ({stats.bytes_read / 1e6 / max(seconds, 1e-9):.2f} MB/s)"
     )
-    for key, w in writers.items():
-        print(f"--data-path {w.prefix}    # {key}: {w.documents:,} documents, {w.tokens:,} tokens, {w.dtype.name}")
+    for key, d in datasets.items():
+        t = totals[key]
+        print(f"--data-path {d}    # {key}: {t.documents:,} documents, {t.tokens:,} tokens, "
+              f"{t.shards} shard(s), {dtype.name}")
+
+
+def _write_batch(positions, encoded, keys, writers, shard_size_bytes, open_writers, commit_writers) -> None:
+    """Add one encoded batch record by record in bulk, committing the open shards after the first
+    record that brings any key's shard to ``shard_size_bytes`` (so cuts depend only on the
+    input, never on batching or worker count)."""
+    n = len(positions)
+    starts = [np.concatenate([[0], np.cumsum(lengths)]) for _, lengths in encoded]
+    i = 0
+    while i < n:
+        cut = n
+        for k, key in enumerate(keys):
+            itemsize = writers[key].dtype.itemsize
+            filled = writers[key].bin_bytes + (starts[k][i + 1:] - starts[k][i]) * itemsize
+            over = np.flatnonzero(filled >= shard_size_bytes)
+            if over.size:
+                cut = min(cut, i + int(over[0]) + 1)
+        for k, key in enumerate(keys):
+            ids, lengths = encoded[k]
+            writers[key].add_documents(ids[starts[k][i]:starts[k][cut]], lengths[i:cut])
+        if cut < n or any(w.bin_bytes >= shard_size_bytes for w in writers.values()):
+            commit_writers(positions[cut - 1])
+            open_writers()
+        i = cut
+
+
+def _end_position(paths: Sequence[Path], stats: ReadStats) -> Position:
+    return Position(file=len(paths), offset=0, line=0, bad_lines=stats.bad_lines)
+
+
+def _kept(next_shard: int) -> str:
+    return (f"the {next_shard} complete shard(s) before it are kept: add --skip-bad-lines --resume "
+            "to continue after them" if next_shard else "nothing written")
 
 
 def _rate(nbytes: int, start: float) -> str:

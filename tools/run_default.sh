@@ -17,9 +17,10 @@ if [ ! -f "$data/spm.model" ]; then
   python tools/train_tokenizer.py --input "$data/corpus.jsonl" --vocab-size 8000 --character-coverage 1.0 \
     --output-prefix "$data/spm"
 fi
-if [ ! -f "$data/wiki_text_document.idx" ] || [ "$data/spm.model" -nt "$data/wiki_text_document.idx" ]; then
+manifest="$data/wiki_text_document.manifest.json"
+if [ ! -f "$manifest" ] || [ "$data/spm.model" -nt "$manifest" ]; then
   python tools/preprocess_data.py --input "$data/corpus.jsonl" --json-keys text \
-    --tokenizer-model "$data/spm.model" --output-prefix "$data/wiki" --workers 2
+    --tokenizer-model "$data/spm.model" --output-prefix "$data/wiki" --workers 2 --overwrite
 fi
 
 run_dir="${RTD_RUN_DIR:-runs/tiny-$(date +%Y%m%d-%H%M%S)}"

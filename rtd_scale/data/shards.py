@@ -39,13 +39,19 @@ __all__ = [
     "ShardWriter",
     "check_tokenizer_matches",
     "dtype_for_vocab",
+    "MANIFEST_SUFFIX",
     "open_shard",
+    "read_manifest",
     "read_shard_meta",
+    "resolve_data_path",
     "shard_paths",
+    "write_manifest",
 ]
 
 META_SUFFIX = ".meta.json"
+MANIFEST_SUFFIX = ".manifest.json"
 _META_FORMAT = "rtd_scale.shard_meta.v1"
+_MANIFEST_FORMAT = "rtd_scale.dataset_manifest.v1"
 _REPROCESS_HINT = "use the tokenizer the shards were made with, or re-run tools/preprocess_data.py with this tokenizer"
 
 
@@ -129,24 +135,70 @@ class ShardWriter:
         Returns True if written. Raises ValueError if an id is negative or ``>= vocab_size``
         (never a silent wrap-around into the shard dtype), TypeError for non-integer ids.
         """
-        assert not self._closed, "ShardWriter already committed or aborted"
         arr = np.asarray(ids)
         if arr.size == 0:
+            assert not self._closed, "ShardWriter already committed or aborted"
             self.empty_documents_skipped += 1
             return False
-        if arr.ndim != 1 or arr.dtype.kind not in "iu":
+        if arr.ndim != 1:
             raise TypeError(f"a document must be a 1-D sequence of integer ids, got {arr.dtype} shape {arr.shape}")
-        lo, hi = int(arr.min()), int(arr.max())
+        self.add_documents(arr, np.array([arr.size]))
+        return True
+
+    def add_documents(self, ids: np.ndarray, lengths: np.ndarray) -> None:
+        """Append several documents at once: ``ids`` [sum(lengths)] integer ids back to back,
+        ``lengths`` [n] tokens per document (0 = an empty document: counted, not written).
+
+        One write for the whole batch (the preprocessor's hot path). Raises as :meth:`add_document`.
+        """
+        assert not self._closed, "ShardWriter already committed or aborted"
+        ids = np.asarray(ids)
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
+            raise TypeError(f"documents must be 1-D integer ids, got {ids.dtype} shape {ids.shape}")
+        if int(lengths.sum()) != ids.size or (lengths < 0).any():
+            raise ValueError(f"lengths sum to {int(lengths.sum())} but {ids.size} ids were given")
+        empty = int((lengths == 0).sum())
+        self.empty_documents_skipped += empty
+        if ids.size == 0:
+            return
+        lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= self.vocab_size:
             bad = lo if lo < 0 else hi
             raise ValueError(
                 f"token id {bad} is outside [0, {self.vocab_size}) for shard {self.prefix} "
                 f"(vocab_size {self.vocab_size}); the ids come from a different tokenizer"
             )
-        self._builder.add_document(arr.astype(self.dtype, copy=False), [arr.size])
-        self.documents += 1
-        self.tokens += arr.size
-        return True
+        b = self._builder
+        b.data_file.write(ids.astype(self.dtype, copy=False).tobytes(order="C"))
+        kept = lengths[lengths > 0]
+        first = len(b.sequence_lengths)
+        b.sequence_lengths.extend(kept.tolist())  # one sequence per document (see module docstring)
+        b.document_indices.extend(range(first + 1, first + len(kept) + 1))
+        self.documents += len(kept)
+        self.tokens += ids.size
+
+    def add_shard(self, prefix: str | os.PathLike) -> None:
+        """Append every document of the shard at ``prefix`` as it is (megatron-core's
+        ``IndexedDatasetBuilder.add_index``: index entries and document boundaries kept, the
+        ``.bin`` copied in blocks). Raises UserInputError if its dtype differs from this shard's."""
+        assert not self._closed, "ShardWriter already committed or aborted"
+        ds = open_shard(prefix)
+        dtype = np.dtype(ds.index.dtype)
+        if dtype != self.dtype:
+            raise UserInputError(f"shard {os.fspath(prefix)} holds {dtype.name} ids but the output is "
+                                 f"{self.dtype.name}; shards made with the same tokenizer share a dtype")
+        tokens = int(np.asarray(ds.sequence_lengths).sum())  # before ds (and its mmap) goes
+        docs = len(ds.document_indices) - 1
+        del ds
+        self._builder.add_index(os.fspath(prefix))
+        self.documents += docs
+        self.tokens += tokens
+
+    @property
+    def bin_bytes(self) -> int:
+        """Bytes of token data written so far."""
+        return self.tokens * self.dtype.itemsize
 
     def meta(self) -> dict[str, Any]:
         """The sidecar contents as of now."""
@@ -161,14 +213,15 @@ class ShardWriter:
             "dtype": self.dtype.name,
         }
 
-    def commit(self) -> dict[str, Any]:
-        """Finish the index and move the shard into place (see module docstring); returns the sidecar."""
+    def commit(self, extra_meta: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Finish the index and move the shard into place (see module docstring); returns the
+        sidecar (``extra_meta`` is added to it, e.g. the preprocessor's resume position)."""
         assert not self._closed, "ShardWriter already committed or aborted"
         self._closed = True
         bin_path, idx_path, meta_path = shard_paths(self.prefix)
         try:
             self._builder.finalize(self._tmp_idx)
-            meta = self.meta()
+            meta = {**self.meta(), **(extra_meta or {})}
             with open(self._tmp_meta, "w", encoding="utf-8") as f:
                 json.dump(meta, f, indent=2)
                 f.write("\n")
@@ -281,3 +334,85 @@ def check_tokenizer_matches(
             f"shard {prefix} (no {META_SUFFIX} sidecar) contains token id {max_id} but tokenizer "
             f"{tokenizer_model_path} has vocab_size {vocab_size}; {_REPROCESS_HINT}"
         )
+
+
+# -- datasets of several shards -------------------------------------------------------------------
+
+
+def write_manifest(dataset_prefix: str | os.PathLike, shard_prefixes: Sequence[str | os.PathLike],
+                   **fields: Any) -> str:
+    """Write ``dataset_prefix.manifest.json`` (atomically) listing ``shard_prefixes``.
+
+    A *dataset prefix* names one corpus written as several shards: tools/preprocess_data.py writes
+    ``D_00000``, ``D_00001``, … and then this manifest, last, so its presence means every shard is
+    complete. Shard names are stored relative to the manifest's directory (the directory can be
+    moved). ``fields`` (totals, tokenizer, …) are stored alongside. Returns the manifest path.
+    """
+    from rtd_scale.atomic import write_atomic
+
+    path = os.fspath(dataset_prefix) + MANIFEST_SUFFIX
+    directory = os.path.dirname(os.path.abspath(path))
+    names = [os.path.relpath(os.path.abspath(os.fspath(p)), directory) for p in shard_prefixes]
+    body = {"format": _MANIFEST_FORMAT, "shards": names, **fields}
+    write_atomic(path, json.dumps(body, indent=2) + "\n")
+    return path
+
+
+def read_manifest(dataset_prefix: str | os.PathLike) -> dict[str, Any] | None:
+    """The manifest of ``dataset_prefix`` with ``shards`` made absolute prefixes, or None if there
+    is none. Raises UserInputError if it is not valid JSON or lists no shards."""
+    path = os.fspath(dataset_prefix) + MANIFEST_SUFFIX
+    try:
+        with open(path, encoding="utf-8") as f:
+            body = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserInputError(f"dataset manifest {path} is not valid JSON ({e}); re-run "
+                             "tools/preprocess_data.py --resume to rewrite it") from None
+    shards = body.get("shards") if isinstance(body, dict) else None
+    if not isinstance(shards, list) or not shards or not all(isinstance(n, str) for n in shards):
+        raise UserInputError(f"dataset manifest {path} lists no shards (field 'shards'); re-run "
+                             "tools/preprocess_data.py --resume to rewrite it")
+    directory = os.path.dirname(os.path.abspath(path))
+    body["shards"] = [os.path.join(directory, n) for n in shards]
+    return body
+
+
+def resolve_data_path(prefix: str | os.PathLike) -> list[str]:
+    """The shard prefixes that ``prefix`` (one ``--data-path`` entry) stands for.
+
+    - ``prefix.idx`` exists: the prefix is one shard (a merged shard, or one from Megatron-LM's
+      own tools/preprocess_data.py) → ``[prefix]``;
+    - else ``prefix.manifest.json`` exists: the dataset written by our tools/preprocess_data.py →
+      its shards in order (each checked to be complete);
+    - else UserInputError naming both files looked for and the fix (including an interrupted
+      preprocessing run, which leaves shards but no manifest: re-run it with ``--resume``).
+    """
+    p = os.fspath(prefix)
+    for suffix in (".bin", ".idx", MANIFEST_SUFFIX, META_SUFFIX):
+        if p.endswith(suffix):
+            raise UserInputError(f"--data-path {p}: pass the prefix without the {suffix} suffix "
+                                 f"(e.g. {p[: -len(suffix)]}), as printed by tools/preprocess_data.py")
+    manifest = read_manifest(p)
+    if os.path.isfile(p + ".idx"):
+        if manifest is not None:
+            raise UserInputError(f"--data-path {p}: both a shard ({p}.idx) and a dataset manifest "
+                                 f"({p}{MANIFEST_SUFFIX}) exist; remove the stale one")
+        return [p]
+    if manifest is None:
+        partial = sorted(n for n in os.listdir(os.path.dirname(os.path.abspath(p)) or ".")
+                         if n.startswith(os.path.basename(p) + "_") and n.endswith(".idx")) \
+            if os.path.isdir(os.path.dirname(os.path.abspath(p))) else []
+        hint = (f"; {len(partial)} shard(s) {os.path.basename(p)}_*.idx exist without a manifest: "
+                "the preprocessing run did not finish — re-run it with --resume" if partial else
+                "; pass the prefix printed by tools/preprocess_data.py")
+        raise UserInputError(f"--data-path {p}: neither a shard ({p}.idx) nor a dataset manifest "
+                             f"({p}{MANIFEST_SUFFIX}) exists{hint}")
+    for shard in manifest["shards"]:
+        missing = [f for f in shard_paths(shard)[:2] if not os.path.isfile(f)]
+        if missing:
+            raise UserInputError(f"--data-path {p}: shard {shard} listed in {p}{MANIFEST_SUFFIX} is "
+                                 f"incomplete ({' and '.join(missing)} not found); re-run "
+                                 "tools/preprocess_data.py with the same arguments and --resume")
+    return manifest["shards"]

@@ -9,6 +9,12 @@ Formats, chosen by file suffix:
 | `.parquet` | one row                            | Hugging Face `datasets` (streaming)      |
 | `.txt`     | one line (HF `datasets` "text" convention) | this module, line by line        |
 
+Each of `.jsonl`, `.json` and `.txt` may also be compressed: `.gz`, `.xz`, `.bz2` (e.g.
+`corpus.jsonl.xz`), decompressed while streaming.
+
+Every record comes with its :class:`Position` — where the input continues after it — so a reader
+can be restarted exactly there (``tools/preprocess_data.py --resume``).
+
 JSON lines and text are read here rather than through `datasets` because its loaders fail on a
 malformed file as a whole (e.g. a bare ``UnicodeDecodeError`` with no line number); reading them
 here gives an error naming the file and line, and lets ``skip_bad_lines`` skip exactly the bad ones.
@@ -20,8 +26,12 @@ and are passed over silently. Empty texts are returned as they are; callers coun
 
 from __future__ import annotations
 
+import bz2
+import gzip
+import hashlib
 import json
-from dataclasses import dataclass, field
+import lzma
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator, Literal, Sequence
 
@@ -30,9 +40,12 @@ from rtd_scale.cli_errors import UserInputError
 __all__ = [
     "BadLineError",
     "InputFormat",
+    "Position",
     "ReadStats",
     "check_inputs",
+    "input_fingerprint",
     "input_format",
+    "iter_positioned_records",
     "iter_records",
 ]
 
@@ -43,6 +56,7 @@ _SUFFIX_TO_FORMAT: dict[str, InputFormat] = {
     ".parquet": "parquet",
     ".txt": "text",
 }
+_COMPRESSION = {".gz": gzip.open, ".xz": lzma.open, ".bz2": bz2.open}
 _TEXT_KEY = "text"  # the one field a .txt record has
 _MAX_EXAMPLES = 3  # bad lines remembered for the summary
 
@@ -68,7 +82,8 @@ class BadLineError(UserInputError):
 class ReadStats:
     """Counters a reader fills in while it runs.
 
-    ``bytes_read``: input bytes consumed so far (raw file bytes; for parquet the file size once read).
+    ``bytes_read``: input bytes consumed so far (decompressed bytes; for parquet the file size once
+    read; on a resumed read, counted from the resume point).
     ``records``: records returned. ``bad_lines``: malformed records skipped (only with
     ``skip_bad_lines``); ``bad_examples``: the first few of them.
     """
@@ -85,15 +100,36 @@ class ReadStats:
         return f"{self.bad_lines:,} bad lines skipped (first: {self.bad_examples[0]})"
 
 
+def _split_suffix(path: str | Path) -> tuple[str, str | None]:
+    """(format suffix, compression suffix or None): ``a.jsonl.xz`` → (".jsonl", ".xz")."""
+    suffixes = [x.lower() for x in Path(path).suffixes]
+    if suffixes and suffixes[-1] in _COMPRESSION:
+        return (suffixes[-2] if len(suffixes) > 1 else ""), suffixes[-1]
+    return (suffixes[-1] if suffixes else ""), None
+
+
 def input_format(path: str | Path) -> InputFormat:
-    """The format of ``path`` from its suffix; raises UserInputError for an unknown suffix."""
-    fmt = _SUFFIX_TO_FORMAT.get(Path(path).suffix.lower())
+    """The format of ``path`` from its suffix (a compression suffix .gz/.xz/.bz2 is looked
+    through); raises UserInputError for an unknown suffix or compressed parquet."""
+    suffix, compression = _split_suffix(path)
+    fmt = _SUFFIX_TO_FORMAT.get(suffix)
     if fmt is None:
         raise UserInputError(
-            f"{path}: unsupported input suffix {Path(path).suffix!r}; "
-            f"use one of {', '.join(_SUFFIX_TO_FORMAT)}"
+            f"{path}: unsupported input suffix {''.join(Path(path).suffixes[-2:])!r}; use one of "
+            f"{', '.join(_SUFFIX_TO_FORMAT)}, optionally compressed ({', '.join(_COMPRESSION)})"
         )
+    if fmt == "parquet" and compression:
+        raise UserInputError(f"{path}: parquet is compressed internally; give the .parquet file itself")
     return fmt
+
+
+def input_fingerprint(path: str | Path) -> dict:
+    """``{"path", "bytes", "head_sha256"}`` of an input file: its size and the SHA-256 of its first
+    MiB — cheap at any size, and enough to notice that a resumed run is reading another file."""
+    path = Path(path)
+    with open(path, "rb") as f:
+        head = hashlib.sha256(f.read(1 << 20)).hexdigest()
+    return {"path": str(path), "bytes": path.stat().st_size, "head_sha256": head}
 
 
 def check_inputs(paths: Sequence[str | Path], json_keys: Sequence[str]) -> list[Path]:
@@ -121,6 +157,29 @@ def check_inputs(paths: Sequence[str | Path], json_keys: Sequence[str]) -> list[
     return checked
 
 
+@dataclass(frozen=True)
+class Position:
+    """Where a read continues: after the record it is attached to.
+
+    ``file``: index into the list of inputs. ``offset``: for JSON lines and text, decompressed
+    bytes of that file consumed; for a JSON array, elements consumed; for parquet, rows consumed.
+    ``line``: lines (elements, rows) consumed in that file. ``bad_lines``: malformed records
+    skipped so far over all files (with ``skip_bad_lines``).
+    """
+
+    file: int = 0
+    offset: int = 0
+    line: int = 0
+    bad_lines: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Position":
+        return cls(**{k: int(d[k]) for k in ("file", "offset", "line", "bad_lines")})
+
+
 def iter_records(
     paths: Sequence[str | Path],
     json_keys: Sequence[str],
@@ -134,28 +193,56 @@ def iter_records(
     unless ``skip_bad_lines``, in which case it is counted in ``stats.bad_lines`` and skipped.
     Call :func:`check_inputs` first for clean errors about missing files.
     """
+    for _, record in iter_positioned_records(paths, json_keys, skip_bad_lines=skip_bad_lines, stats=stats):
+        yield record
+
+
+def iter_positioned_records(
+    paths: Sequence[str | Path],
+    json_keys: Sequence[str],
+    *,
+    start: Position | None = None,
+    skip_bad_lines: bool = False,
+    stats: ReadStats | None = None,
+) -> Iterator[tuple[Position, tuple[str, ...]]]:
+    """:func:`iter_records` with the :class:`Position` after each record, starting at ``start``
+    (default: the beginning). Reading from a record's position gives exactly the records after it,
+    so a stopped reader resumes where it was (bad lines after it are read and counted again).
+    """
     stats = stats if stats is not None else ReadStats()
+    start = start or Position()
+    bad = start.bad_lines
+    stats.bad_lines = bad
     keys = tuple(json_keys)
-    for path in map(Path, paths):
+    for index, path in enumerate(map(Path, paths)):
+        if index < start.file:
+            continue
+        offset, line = (start.offset, start.line) if index == start.file else (0, 0)
         fmt = input_format(path)
         if fmt == "parquet":
-            records = _iter_parquet(path, keys, stats)
+            records = _iter_parquet(path, keys, stats, line)
         elif fmt == "json" and _starts_with_array(path):
-            records = _iter_json_array(path, keys, stats)
+            records = _iter_json_array(path, keys, stats, line)
         elif fmt == "text":
-            records = _iter_text_lines(path, stats)
+            records = _iter_text_lines(path, stats, offset, line)
         else:
-            records = _iter_json_lines(path, keys, stats)
-        for rec in records:
+            records = _iter_json_lines(path, keys, stats, offset, line)
+        for offset, line, rec in records:
             if isinstance(rec, BadLineError):
                 if not skip_bad_lines:
                     raise rec
-                stats.bad_lines += 1
+                bad += 1
+                stats.bad_lines = bad
                 if len(stats.bad_examples) < _MAX_EXAMPLES:
                     stats.bad_examples.append(rec)
                 continue
             stats.records += 1
-            yield rec
+            yield Position(index, offset, line, bad), rec
+
+
+def _open_binary(path: Path):
+    opener = _COMPRESSION.get(_split_suffix(path)[1] or "")
+    return opener(path, "rb") if opener else open(path, "rb")
 
 
 def _decode_utf8(raw: bytes, path: Path, lineno: int) -> str | BadLineError:
@@ -185,42 +272,51 @@ def _fields(obj: object, keys: tuple[str, ...], path: Path, where: int) -> tuple
     return tuple(out)
 
 
-def _iter_json_lines(path: Path, keys: tuple[str, ...], stats: ReadStats) -> Iterator[tuple[str, ...] | BadLineError]:
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
+def _lines(path: Path, stats: ReadStats, offset: int, line: int):
+    """(offset after, line number, raw bytes) of each line from byte ``offset`` (line ``line``)."""
+    with _open_binary(path) as f:
+        if offset:
+            f.seek(offset)  # compressed files: decompresses forward to the offset
+        for raw in f:
+            offset += len(raw)
+            line += 1
             stats.bytes_read += len(raw)
-            line = _decode_utf8(raw, path, lineno)
-            if isinstance(line, BadLineError):
-                yield line
-                continue
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                yield BadLineError(str(path), lineno, f"invalid JSON: {e.msg} (column {e.colno})")
-                continue
-            yield _fields(obj, keys, path, lineno)
+            yield offset, line, raw
 
 
-def _iter_text_lines(path: Path, stats: ReadStats) -> Iterator[tuple[str, ...] | BadLineError]:
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            stats.bytes_read += len(raw)
-            line = _decode_utf8(raw, path, lineno)
-            yield line if isinstance(line, BadLineError) else (line.rstrip("\r\n"),)
+def _iter_json_lines(path: Path, keys: tuple[str, ...], stats: ReadStats, offset: int, line: int):
+    for offset, lineno, raw in _lines(path, stats, offset, line):
+        text = _decode_utf8(raw, path, lineno)
+        if isinstance(text, BadLineError):
+            yield offset, lineno, text
+            continue
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            yield offset, lineno, BadLineError(str(path), lineno, f"invalid JSON: {e.msg} (column {e.colno})")
+            continue
+        yield offset, lineno, _fields(obj, keys, path, lineno)
+
+
+def _iter_text_lines(path: Path, stats: ReadStats, offset: int, line: int):
+    for offset, lineno, raw in _lines(path, stats, offset, line):
+        text = _decode_utf8(raw, path, lineno)
+        yield offset, lineno, (text if isinstance(text, BadLineError) else (text.rstrip("\r\n"),))
 
 
 def _starts_with_array(path: Path) -> bool:
-    with open(path, "rb") as f:
+    with _open_binary(path) as f:
         head = f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
     return head.startswith(b"[")
 
 
-def _iter_json_array(path: Path, keys: tuple[str, ...], stats: ReadStats) -> Iterator[tuple[str, ...] | BadLineError]:
+def _iter_json_array(path: Path, keys: tuple[str, ...], stats: ReadStats, skip: int):
     # A top-level array is parsed whole (it cannot be streamed with the stdlib); errors name the
     # line of the syntax error, or the 1-based element number for a bad element.
-    raw = path.read_bytes()
+    with _open_binary(path) as f:
+        raw = f.read()
     stats.bytes_read += len(raw)
     try:
         data = json.loads(raw.decode("utf-8"))
@@ -229,14 +325,15 @@ def _iter_json_array(path: Path, keys: tuple[str, ...], stats: ReadStats) -> Ite
         raise BadLineError(str(path), lineno, f"not valid UTF-8 (byte 0x{raw[e.start]:02x})") from None
     except json.JSONDecodeError as e:
         raise BadLineError(str(path), e.lineno, f"invalid JSON: {e.msg} (column {e.colno})") from None
-    for i, obj in enumerate(data, start=1):
-        rec = _fields(obj, keys, path, i)
+    del raw
+    for i in range(skip, len(data)):
+        rec = _fields(data[i], keys, path, i + 1)
         if isinstance(rec, BadLineError):
             rec.unit = "element"
-        yield rec
+        yield i + 1, i + 1, rec
 
 
-def _iter_parquet(path: Path, keys: tuple[str, ...], stats: ReadStats) -> Iterator[tuple[str, ...] | BadLineError]:
+def _iter_parquet(path: Path, keys: tuple[str, ...], stats: ReadStats, skip: int):
     import datasets  # lazy: ~0.4 s to import, needed only for parquet
 
     import pyarrow
@@ -257,8 +354,10 @@ def _iter_parquet(path: Path, keys: tuple[str, ...], stats: ReadStats) -> Iterat
             raise UserInputError(
                 f"{path}: missing column {missing[0]!r} (columns: {', '.join(columns)}); choose it with --json-keys"
             )
+    if skip:
+        ds = ds.skip(skip)
     rows = iter(ds)
-    row_no = 0
+    row_no = skip
     while True:
         try:
             row = next(rows)
@@ -270,5 +369,5 @@ def _iter_parquet(path: Path, keys: tuple[str, ...], stats: ReadStats) -> Iterat
         rec = _fields(row, keys, path, row_no)
         if isinstance(rec, BadLineError):
             rec.unit = "row"
-        yield rec
+        yield row_no, row_no, rec
     stats.bytes_read += path.stat().st_size

@@ -116,12 +116,16 @@ rtd_pretrain_main() {
   if [ -n "$RTD_DATA_PATH" ]; then
     read -r -a data_paths <<<"$RTD_DATA_PATH"
   else
-    local idx
-    for idx in "$RTD_SHARD_DIR"/*_text_document.idx; do
-      [ -e "$idx" ] && data_paths+=("${idx%.idx}")
+    local found
+    # datasets of tools/preprocess_data.py (a manifest each), and single shards (merged, or
+    # from Megatron-LM's own preprocessing)
+    for found in "$RTD_SHARD_DIR"/*_text_document.manifest.json "$RTD_SHARD_DIR"/*_text_document.idx; do
+      [ -e "$found" ] || continue
+      found="${found%.manifest.json}"
+      data_paths+=("${found%.idx}")
     done
-    [ "${#data_paths[@]}" -gt 0 ] || rtd_die "no shards in RTD_SHARD_DIR=$RTD_SHARD_DIR" \
-      "(*_text_document.idx); run slurm/preprocess.sh first or set RTD_DATA_PATH"
+    [ "${#data_paths[@]}" -gt 0 ] || rtd_die "no datasets in RTD_SHARD_DIR=$RTD_SHARD_DIR" \
+      "(*_text_document.manifest.json or *_text_document.idx); run slurm/preprocess.sh first or set RTD_DATA_PATH"
   fi
   if [ -n "$RTD_EXPECT_VOCAB" ]; then
     local vocab

@@ -204,8 +204,9 @@ def slurm_shards(slurm, wiki_shards, tmp_path_factory):
 def test_preprocess_array_job(slurm_shards):
     _, shard_dir = slurm_shards
     names = sorted(p.name for p in shard_dir.iterdir())
-    assert names == [f"part-0000{i}_text_document.{ext}" for i in (0, 1)
-                     for ext in ("bin", "idx", "meta.json")]
+    assert names == sorted([f"part-0000{i}_text_document_00000.{ext}" for i in (0, 1)
+                            for ext in ("bin", "idx", "meta.json")]
+                           + [f"part-0000{i}_text_document.manifest.json" for i in (0, 1)])
 
 
 def test_mpi_world_through_srun_pmi2(slurm):

@@ -27,6 +27,7 @@ from rtd_scale.data.shards import (
     check_tokenizer_matches,
     dtype_for_vocab,
     open_shard,
+    read_manifest,
     read_shard_meta,
     shard_paths,
 )
@@ -63,6 +64,7 @@ def tokenizer(corpus, tmp_path_factory) -> Tokenizer:
 def preprocess_module():
     spec = importlib.util.spec_from_file_location("preprocess_data", TOOL)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
@@ -84,8 +86,9 @@ def test_c05_empty_documents_skipped_and_counted(tokenizer, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
     assert "done: 2 documents written, 4 empty documents skipped, 0 bad lines skipped" in proc.stdout
-    prefix = tmp_path / "c05_text_document"  # Megatron-LM's naming
-    assert f"--data-path {prefix}" in proc.stdout
+    dataset = tmp_path / "c05_text_document"  # Megatron-LM's naming
+    assert f"--data-path {dataset}    # text: 2 documents" in proc.stdout
+    prefix = tmp_path / "c05_text_document_00000"  # its one shard
     ds = open_shard(prefix)
     assert len(ds) == 2 and ds.document_indices.tolist() == [0, 1, 2]
     non_empty = [t for t in _texts(CASES / "c05_empty_docs.jsonl") if normalize_text(t)]
@@ -94,20 +97,23 @@ def test_c05_empty_documents_skipped_and_counted(tokenizer, tmp_path):
     assert (meta["documents"], meta["empty_documents_skipped"], meta["vocab_size"], meta["dtype"]) == (2, 4, 400, "uint16")
     assert meta["tokens"] == sum(len(tokenizer.encode(t)) for t in non_empty)
     assert meta["tokenizer_model_sha256"] == tokenizer.sha256
+    manifest = read_manifest(dataset)
+    assert (manifest["documents"], manifest["empty_documents_skipped"], manifest["shards"]) == (2, 4, [str(prefix)])
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "c05_text_document.bin", "c05_text_document.idx", "c05_text_document.meta.json"]
+        "c05_text_document.manifest.json", "c05_text_document_00000.bin", "c05_text_document_00000.idx",
+        "c05_text_document_00000.meta.json"]
 
 
 def test_round_trip_and_workers_give_identical_bytes(corpus, tokenizer, tmp_path, preprocess_module, capsys):
     args = ["--input", str(corpus), "--tokenizer-model", tokenizer.model_path]
-    assert run_cli(preprocess_module.main, [*args, "--output-prefix", str(tmp_path / "w1"), "--workers", "1"]) == 0
-    proc = _run(*args, "--output-prefix", str(tmp_path / "w2"), "--workers", "2")  # spawned workers
+    assert run_cli(preprocess_module.main, [*args, "--output-prefix", str(tmp_path / "w1" / "o"), "--workers", "1"]) == 0
+    proc = _run(*args, "--output-prefix", str(tmp_path / "w2" / "o"), "--workers", "2")  # spawned workers
     assert proc.returncode == 0, proc.stderr
-    outputs = {w: [Path(p).read_bytes() for p in shard_paths(tmp_path / f"w{w}_text_document")[:2]] for w in (1, 2)}
-    assert outputs[1] == outputs[2]
+    outputs = {w: _snapshot(tmp_path / f"w{w}") for w in (1, 2)}
+    assert outputs[1] == outputs[2] and len(outputs[1]) == 4  # manifest + one shard, same bytes
 
     docs = [t for t in _texts(corpus) if normalize_text(t)]
-    ds = open_shard(tmp_path / "w2_text_document")
+    ds = open_shard(tmp_path / "w2" / "o_text_document_00000")
     assert len(ds) == len(docs) == len(_texts(corpus)) - 4  # C05's four empty documents
     for i, text in enumerate(docs):
         assert ds[i].dtype == np.uint16
@@ -160,7 +166,7 @@ def test_dtype_too_small_for_vocab_raises(tmp_path):
 # -- errors: malformed input, missing input, empty corpus, atomic outputs -------------------------
 
 
-def test_c12b_malformed_leaves_existing_outputs_untouched(tokenizer, tmp_path, preprocess_module):
+def test_existing_dataset_is_kept_unless_resume_or_overwrite(tokenizer, tmp_path, preprocess_module, capsys):
     good = run_cli(preprocess_module.main, ["--input", str(CASES / "c05_empty_docs.jsonl"), "--tokenizer-model",
                                             tokenizer.model_path, "--output-prefix", str(tmp_path / "out")])
     assert good == 0
@@ -168,12 +174,28 @@ def test_c12b_malformed_leaves_existing_outputs_untouched(tokenizer, tmp_path, p
 
     proc = _run("--input", str(CASES / "c12b_malformed.jsonl"), "--tokenizer-model", tokenizer.model_path,
                 "--output-prefix", str(tmp_path / "out"))
-    assert proc.returncode == 1
-    assert "Traceback" not in proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"error: {CASES / 'c12b_malformed.jsonl'}:2: invalid JSON")
-    assert "nothing written" in lines[0]
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr == (f"error: --output-prefix: {tmp_path / 'out_text_document'} already holds a dataset "
+                           "(1 shard(s)); pass --resume to finish or keep it, --overwrite to replace it, or "
+                           "choose another --output-prefix\n")
     assert _snapshot(tmp_path) == before  # same files, same bytes, no temporaries left
+
+    # --resume on a complete dataset does nothing; with other inputs it refuses, naming the flag
+    capsys.readouterr()
+    args = ["--tokenizer-model", tokenizer.model_path, "--output-prefix", str(tmp_path / "out"), "--resume"]
+    assert run_cli(preprocess_module.main, ["--input", str(CASES / "c05_empty_docs.jsonl"), *args]) == 0
+    assert capsys.readouterr().out.startswith("nothing to do: ")
+    assert run_cli(preprocess_module.main, ["--input", str(CASES / "c06_single_sentence_docs.jsonl"), *args]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --resume: shard {tmp_path / 'out_text_document_00000'} was written with other "
+                          "arguments: --input differs") and err.count("\n") == 1
+    assert _snapshot(tmp_path) == before
+
+    # --overwrite replaces it
+    assert run_cli(preprocess_module.main, ["--input", str(CASES / "c06_single_sentence_docs.jsonl"), "--tokenizer-model",
+                                            tokenizer.model_path, "--output-prefix", str(tmp_path / "out"),
+                                            "--overwrite"]) == 0
+    assert read_manifest(tmp_path / "out_text_document")["documents"] == 300
 
 
 def test_malformed_new_prefix_writes_nothing(tokenizer, tmp_path, preprocess_module, capsys):
@@ -190,7 +212,7 @@ def test_skip_bad_lines_counts(tokenizer, tmp_path, preprocess_module, capsys):
     out = capsys.readouterr().out
     assert status == 0
     assert "done: 2 documents written, 0 empty documents skipped, 3 bad lines skipped (first: " in out
-    assert len(open_shard(tmp_path / "m_text_document")) == 2
+    assert len(open_shard(tmp_path / "m_text_document_00000")) == 2
 
 
 def test_missing_input_one_line_error(tokenizer, tmp_path):
@@ -223,11 +245,12 @@ def test_several_json_keys_one_shard_each(tokenizer, tmp_path, preprocess_module
     status = run_cli(preprocess_module.main, ["--input", str(src), "--json-keys", "text", "title",
                                               "--tokenizer-model", tokenizer.model_path, "--output-prefix", str(tmp_path / "o")])
     assert status == 0, capsys.readouterr().err
-    text = open_shard(tmp_path / "o_text_document")  # keep it alive: ds[i] are views of its mmap
+    text = open_shard(tmp_path / "o_text_document_00000")  # keep it alive: ds[i] are views of its mmap
     assert [d.tolist() for d in text[0:2]] == [tokenizer.encode(r["text"]) for r in rows]
-    title = open_shard(tmp_path / "o_title_document")
+    title = open_shard(tmp_path / "o_title_document_00000")
     assert len(title) == 1 and title[0].tolist() == tokenizer.encode("River")
-    assert read_shard_meta(tmp_path / "o_title_document")["empty_documents_skipped"] == 1
+    assert read_shard_meta(tmp_path / "o_title_document_00000")["empty_documents_skipped"] == 1
+    assert read_manifest(tmp_path / "o_title_document")["empty_documents_skipped"] == 1
 
 
 # -- readers other than jsonl ----------------------------------------------------------------------

@@ -1,0 +1,239 @@
+"""Datasets of several shards: resumable reading positions, size-cut shards, --resume after a
+crash (simulated and a real SIGKILL) giving byte-identical output, merging (C07), and how a
+--data-path entry resolves to shards."""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import importlib.util
+import json
+import lzma
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from rtd_scale.cli_errors import UserInputError, run_cli
+from rtd_scale.data.shards import ShardWriter, open_shard, read_manifest, read_shard_meta, resolve_data_path
+from rtd_scale.data.text import Position, ReadStats, iter_positioned_records
+from tests.conftest import REPO, TEST_DATA
+
+TOOL = REPO / "tools" / "preprocess_data.py"
+MERGE = REPO / "tools" / "merge_datasets.py"
+WIKI = TEST_DATA / "wiki_sample.jsonl"
+
+
+def _load(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def tools():
+    return _load(TOOL), _load(MERGE)
+
+
+def _snapshot(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+
+
+def _preprocess(tools, tok: str, inputs, prefix: Path, *extra: str) -> None:
+    argv = ["--input", *map(str, inputs), "--tokenizer-model", tok, "--output-prefix", str(prefix), *extra]
+    assert run_cli(tools[0].main, argv) == 0
+
+
+# -- reading positions -------------------------------------------------------------------------
+
+
+def _write_formats(tmp_path: Path) -> list[Path]:
+    lines = WIKI.read_bytes().splitlines(keepends=True)[:40]
+    lines.insert(7, b'{"text": broken\n')  # a bad line, skipped and counted
+    raw = b"".join(lines)
+    out = [tmp_path / "w.jsonl", tmp_path / "w.jsonl.gz", tmp_path / "w.jsonl.xz", tmp_path / "w.jsonl.bz2"]
+    out[0].write_bytes(raw)
+    for path, module in zip(out[1:], (gzip, lzma, bz2)):
+        path.write_bytes(module.compress(raw))
+    texts = [json.loads(x)["text"] for x in lines if b"broken" not in x]
+    (tmp_path / "w.txt").write_text("\n".join(t.replace("\n", " ") for t in texts[:25]) + "\n", encoding="utf-8")
+    (tmp_path / "w.json").write_text(json.dumps([{"text": t} for t in texts[:25]]), encoding="utf-8")
+    pq.write_table(pa.table({"text": texts[:25]}), tmp_path / "w.parquet", row_group_size=4)
+    return out + [tmp_path / "w.txt", tmp_path / "w.json", tmp_path / "w.parquet"]
+
+
+def test_reading_resumes_exactly_after_any_record_in_every_format(tmp_path):
+    paths = _write_formats(tmp_path)
+    everything = list(iter_positioned_records(paths, ["text"], skip_bad_lines=True))
+    assert len(everything) == 4 * 40 + 3 * 25
+    assert everything[6][0].bad_lines == 0 and everything[7][0].bad_lines == 1  # counted where it lies
+    for i in (0, 6, 7, 39, 40, 100, 159, 160, 185, 209, len(everything) - 1):
+        rest = list(iter_positioned_records(paths, ["text"], start=everything[i][0], skip_bad_lines=True))
+        assert rest == everything[i + 1:], i
+    # the compressed copies read exactly like the plain file, positions in decompressed bytes
+    per_file = [[(p.offset, p.line, r) for p, r in everything if p.file == f] for f in range(4)]
+    assert per_file[1] == per_file[2] == per_file[3] == per_file[0]
+    assert Position.from_dict(everything[50][0].to_dict()) == everything[50][0]
+
+
+# -- size-cut shards and --resume ----------------------------------------------------------------
+
+
+def test_crash_then_resume_is_byte_identical_to_a_clean_run(tools, wiki_shards, tmp_path):
+    tok, _ = wiki_shards
+    xz = tmp_path / "wiki.jsonl.xz"  # compressed input: resuming seeks in the decompressed stream
+    xz.write_bytes(lzma.compress(WIKI.read_bytes()))
+    clean, crashed = tmp_path / "clean", tmp_path / "crashed"
+    args = ("--shard-size-mb", "0.015", "--workers", "1")
+    _preprocess(tools, tok, [xz], clean / "x", *args)
+    manifest = read_manifest(clean / "x_text_document")
+    n = len(manifest["shards"])
+    assert n >= 4 and manifest["documents"] == 402
+    sizes = [os.path.getsize(s + ".bin") for s in manifest["shards"]]
+    assert all(s >= 15_000 for s in sizes[:-1]) and sizes[-1] > 0  # cut once a shard reaches 15 kB
+
+    # the state a crash leaves: complete shards 0 and 1, shard 2 without its .idx, a temporary
+    shutil.copytree(clean, crashed)
+    (crashed / "x_text_document.manifest.json").unlink()
+    for i in range(3, n):
+        for ext in ("bin", "idx", "meta.json"):
+            (crashed / f"x_text_document_{i:05d}.{ext}").unlink()
+    (crashed / "x_text_document_00002.idx").unlink()
+    (crashed / ".x_text_document_00002.4242.beef.bin.tmp").write_bytes(b"\0" * 100)
+    with pytest.raises(UserInputError, match="did not finish — re-run it with --resume"):
+        resolve_data_path(crashed / "x_text_document")
+
+    _preprocess(tools, tok, [xz], crashed / "x", *args, "--resume")
+    assert _snapshot(crashed) == _snapshot(clean)
+    assert resolve_data_path(crashed / "x_text_document") == [
+        str(crashed / f"x_text_document_{i:05d}") for i in range(n)]
+
+
+def test_sigkill_then_resume_is_byte_identical(tools, wiki_shards, tmp_path):
+    tok, _ = wiki_shards
+    big = tmp_path / "big.jsonl"
+    big.write_bytes(WIKI.read_bytes() * 30)  # 12,060 documents, ~6 MB
+    args = ["--input", str(big), "--tokenizer-model", tok, "--shard-size-mb", "0.05", "--workers", "2"]
+    proc = subprocess.Popen([sys.executable, str(TOOL), *args, "--output-prefix", str(tmp_path / "killed" / "x")],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    third = tmp_path / "killed" / "x_text_document_00002.idx"
+    deadline = time.monotonic() + 120
+    while not third.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    os.killpg(proc.pid, signal.SIGKILL)  # the tool and its workers, mid-run
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert not (tmp_path / "killed" / "x_text_document.manifest.json").exists()
+
+    resumed = subprocess.run([sys.executable, str(TOOL), *args, "--output-prefix", str(tmp_path / "killed" / "x"),
+                              "--resume"], cwd=REPO, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming after shard " in resumed.stdout
+    # in-process, so one worker (spawned workers cannot import a module loaded from a file path);
+    # the bytes do not depend on the worker count
+    _preprocess(tools, tok, [big], tmp_path / "clean" / "x", "--shard-size-mb", "0.05")
+    assert _snapshot(tmp_path / "killed") == _snapshot(tmp_path / "clean")
+    assert read_manifest(tmp_path / "clean" / "x_text_document")["documents"] == 12_060
+
+
+def test_resume_refuses_other_arguments(tools, wiki_shards, tmp_path, capsys):
+    tok, _ = wiki_shards
+    _preprocess(tools, tok, [WIKI], tmp_path / "x", "--shard-size-mb", "0.015")
+    (tmp_path / "x_text_document.manifest.json").unlink()  # as if interrupted
+    status = run_cli(tools[0].main, ["--input", str(WIKI), "--tokenizer-model", tok, "--output-prefix",
+                                     str(tmp_path / "x"), "--shard-size-mb", "0.02", "--resume"])
+    assert status == 1
+    assert "was written with other arguments: --shard-size-mb differs (shard_size_bytes: was 15000, now 20000)" \
+        in capsys.readouterr().err
+
+
+# -- C07: merging ------------------------------------------------------------------------------
+
+
+def test_c07_merged_halves_equal_a_single_pass(tools, wiki_shards, tmp_path, capsys):
+    tok, _ = wiki_shards
+    lines = WIKI.read_bytes().splitlines(keepends=True)
+    halves = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
+    halves[0].write_bytes(b"".join(lines[:201]))
+    halves[1].write_bytes(b"".join(lines[201:]))
+    _preprocess(tools, tok, [halves[0]], tmp_path / "a", "--shard-size-mb", "0.02")  # several shards each
+    _preprocess(tools, tok, [halves[1]], tmp_path / "b", "--shard-size-mb", "0.02")
+    _preprocess(tools, tok, halves, tmp_path / "single")  # one pass, one shard
+    assert len(read_manifest(tmp_path / "a_text_document")["shards"]) > 1
+    capsys.readouterr()
+    assert run_cli(tools[1].main, ["--input", str(tmp_path / "a_text_document"), str(tmp_path / "b_text_document"),
+                                   "--output-prefix", str(tmp_path / "merged")]) == 0
+    assert "merged " in capsys.readouterr().out
+
+    single, merged = open_shard(tmp_path / "single_text_document_00000"), open_shard(tmp_path / "merged")
+    assert len(merged) == len(single) == 402
+    assert merged.document_indices.tolist() == single.document_indices.tolist() == list(range(403))
+    for i in range(402):
+        assert np.array_equal(merged[i], single[i]), i
+    for ext in (".bin", ".idx"):  # the same bytes, too
+        assert (tmp_path / f"merged{ext}").read_bytes() == (tmp_path / f"single_text_document_00000{ext}").read_bytes()
+    meta = read_shard_meta(tmp_path / "merged")
+    assert (meta["documents"], meta["tokens"]) == (402, int(single.sequence_lengths.sum()))
+    assert meta["tokenizer_model_sha256"] == read_manifest(tmp_path / "single_text_document")["tokenizer_model_sha256"]
+    assert resolve_data_path(tmp_path / "merged") == [str(tmp_path / "merged")]
+
+
+def test_merge_keeps_megatron_sentence_documents_and_refuses_mixed_tokenizers(tools, tmp_path, capsys):
+    import torch
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    # a shard as Megatron-LM's preprocess_data.py --split-sentences writes it: no sidecar,
+    # several sequences (sentences) per document
+    builder = IndexedDatasetBuilder(str(tmp_path / "mlm.bin"), dtype=np.uint16)
+    builder.add_document(torch.tensor([5, 6, 7, 8, 9]), [2, 3])
+    builder.add_document(torch.tensor([10, 11]), [2])
+    builder.finalize(str(tmp_path / "mlm.idx"))
+    with ShardWriter(tmp_path / "ours", vocab_size=100) as w:
+        w.add_document([12, 13, 14])
+    assert run_cli(tools[1].main, ["--input", str(tmp_path / "mlm"), str(tmp_path / "ours"),
+                                   "--output-prefix", str(tmp_path / "m")]) == 0
+    m = open_shard(tmp_path / "m")
+    assert m.sequence_lengths.tolist() == [2, 3, 2, 3] and m.document_indices.tolist() == [0, 2, 3, 4]
+    assert [m[i].tolist() for i in range(4)] == [[5, 6], [7, 8, 9], [10, 11], [12, 13, 14]]
+
+    with ShardWriter(tmp_path / "other", vocab_size=200) as w:
+        w.add_document([1, 2])
+    capsys.readouterr()
+    assert run_cli(tools[1].main, ["--input", str(tmp_path / "ours"), str(tmp_path / "other"),
+                                   "--output-prefix", str(tmp_path / "bad")]) == 1
+    err = capsys.readouterr().err
+    assert "were made with different tokenizers" in err and err.count("\n") == 1
+    assert not list(tmp_path.glob("bad*")) and not list(tmp_path.glob(".bad*"))
+    assert run_cli(tools[1].main, ["--input", str(tmp_path / "ours"), "--output-prefix", str(tmp_path / "m")]) == 1
+    assert "m.idx already exists; pass --overwrite" in capsys.readouterr().err
+
+
+# -- --data-path entries -------------------------------------------------------------------------
+
+
+def test_resolve_data_path_errors_name_the_fix(tmp_path):
+    with pytest.raises(UserInputError, match=r"pass the prefix without the \.idx suffix"):
+        resolve_data_path(tmp_path / "x.idx")
+    with pytest.raises(UserInputError, match="neither a shard .* nor a dataset manifest .* exists; pass the prefix"):
+        resolve_data_path(tmp_path / "x")
+    with ShardWriter(tmp_path / "x", vocab_size=10) as w:
+        w.add_document([1])
+    (tmp_path / "x.manifest.json").write_text(json.dumps({"shards": ["x"]}))
+    with pytest.raises(UserInputError, match="both a shard .* and a dataset manifest .* exist"):
+        resolve_data_path(tmp_path / "x")
+    (tmp_path / "y.manifest.json").write_text(json.dumps({"shards": ["y_00000"]}))
+    with pytest.raises(UserInputError, match="shard .*y_00000 listed in .* is incomplete.*--resume"):
+        resolve_data_path(tmp_path / "y")
+    (tmp_path / "z.manifest.json").write_text("{")
+    with pytest.raises(UserInputError, match="is not valid JSON"):
+        resolve_data_path(tmp_path / "z")
