@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import multiprocessing
 import os
 import re
@@ -98,7 +99,7 @@ def _encode_batch(tokenizer: Tokenizer, dtype: np.dtype,
     for k in range(width):
         docs = flat[k::width]
         lengths = np.fromiter(map(len, docs), dtype=np.int64, count=len(docs))
-        ids = np.fromiter((i for d in docs for i in d), dtype=dtype, count=int(lengths.sum()))
+        ids = np.fromiter(itertools.chain.from_iterable(docs), dtype=dtype, count=int(lengths.sum()))
         out.append((ids, lengths))
     return out
 

@@ -99,6 +99,10 @@ _DROP_RANGES: tuple[tuple[int, int], ...] = (
     (0x110CD, 0x110CD), (0x13430, 0x13438), (0x1BCA0, 0x1BCA3), (0x1D173, 0x1D17A),
     (0xE0001, 0xE0001), (0xE0020, 0xE007F),
 )
+# The ASCII part of the rule, for bytes: Cc non-whitespace (dropped) and U+001C-U+001F (whitespace
+# to str.split but not to bytes.split, so mapped to a space first).
+_ASCII_DROP = bytes([*range(0x00, 0x09), *range(0x0E, 0x1C), 0x7F])
+_ASCII_SEPARATORS_TO_SPACE = bytes.maketrans(b"\x1c\x1d\x1e\x1f", b"    ")
 _DROP_RE = re.compile(
     "[" + "".join(f"\\U{a:08x}-\\U{b:08x}" for a, b in _DROP_RANGES) + "]"
 )
@@ -117,9 +121,10 @@ def normalize_text(text: str) -> str:
 
     Example: ``"before\\x00after\\x0bvertical\\u200btab "`` → ``"beforeafter verticaltab"``.
     """
-    text = _DROP_RE.sub("", text)
-    if not text.isascii():
-        text = unicodedata.normalize("NFC", text)
+    if text.isascii():  # the common case, ~3x faster on bytes: same rule restricted to ASCII
+        raw = text.encode("ascii").translate(_ASCII_SEPARATORS_TO_SPACE, _ASCII_DROP)
+        return b" ".join(raw.split()).decode("ascii")
+    text = unicodedata.normalize("NFC", _DROP_RE.sub("", text))
     return " ".join(text.split())
 
 

@@ -293,3 +293,16 @@ def test_training_is_reproducible(tmp_path):
     assert vocab == Path(b.vocab_path).read_text(encoding="utf-8").splitlines() and len(vocab) == 40
     assert vocab[:5] == ["[PAD]\t0", "[CLS]\t0", "[SEP]\t0", "[UNK]\t0", "[MASK]\t0"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.model", "a.vocab", "b.model", "b.vocab"]
+
+
+def test_ascii_fast_path_follows_the_unicode_rule_for_every_ascii_character():
+    """normalize_text's ASCII-only path (bytes) and its general path (regex, NFC) apply one rule:
+    each of the 128 ASCII characters is kept, dropped (Cc, not whitespace) or made a space."""
+    import unicodedata
+
+    for code in range(128):
+        c = chr(code)
+        expected = "a b" if c.isspace() else "ab" if unicodedata.category(c) == "Cc" else f"a{c}b"
+        assert normalize_text(f"a{c}b") == expected, hex(code)  # ASCII path
+        assert normalize_text(f"\u00e9{c}b") == "\u00e9" + expected[1:], hex(code)  # general path
+        assert normalize_text(f"  {c}{c}\t") == ("" if c.isspace() or expected == "ab" else c + c), hex(code)
