@@ -60,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 f"--input: {s0} and {s} were made with different tokenizers ({m0.get('tokenizer_model')}, "
                 f"vocab {m0.get('vocab_size')} vs {m.get('tokenizer_model')}, vocab {m.get('vocab_size')}); "
                 "merge only shards of one tokenizer")
-    dtypes = {np.dtype(shards.open_shard(s).index.dtype) for s in sources}
+    dtypes = {shards.read_index(shards.shard_paths(s)[1])[0] for s in sources}
     if len(dtypes) > 1:
         raise UserInputError(f"--input: the shards hold ids of different dtypes ({', '.join(sorted(d.name for d in dtypes))}); "
                              "shards of one tokenizer share a dtype")

@@ -48,7 +48,7 @@ from rtd_scale.data.text import (  # noqa: E402
 from rtd_scale.data.tokenizer import Tokenizer  # noqa: E402
 
 _BATCH_RECORDS = 512  # records per task sent to a worker
-_BATCH_CHARS = 4 << 20  # ... or fewer if they hold this many characters
+_BATCH_CHARS = 1 << 20  # ... or fewer if they hold this many characters (memory: 2 x workers in flight)
 _SHARD_DIGITS = 5
 
 
@@ -318,14 +318,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"resuming after shard {plan.next_shard - 1}: {plan.totals[keys[0]].documents:,} documents "
               f"already written; reading {paths[plan.position.file]} from line {plan.position.line + 1:,}")
 
-    # Workers are spawned before megatron-core (and torch) is imported by ShardWriter.
-    from rtd_scale.data.shards import dtype_for_vocab
-
-    dtype = dtype_for_vocab(tokenizer.vocab_size)
-    pool = (multiprocessing.get_context("spawn").Pool(args.workers, initializer=_init_worker,
-                                                      initargs=(tokenizer, dtype))
-            if args.workers > 1 else None)
     from rtd_scale.data import shards
+
+    dtype = shards.dtype_for_vocab(tokenizer.vocab_size)
+    # fork: workers start at once with the loaded tokenizer. This tool never imports torch (whose
+    # threads make fork unsafe); if a caller has, spawn instead.
+    start_method = "spawn" if "torch" in sys.modules or not hasattr(os, "fork") else "fork"
+    pool = (multiprocessing.get_context(start_method).Pool(args.workers, initializer=_init_worker,
+                                                           initargs=(tokenizer, dtype))
+            if args.workers > 1 else None)
 
     from tqdm import tqdm
 

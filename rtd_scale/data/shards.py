@@ -16,8 +16,12 @@ into place, and the new ``.idx`` renamed last. A shard is complete iff its ``.id
 crash at any point leaves either the old shard, the new one, or no shard — never a new ``.bin``
 with an old ``.idx``. On abort the temporary files are deleted and existing files are untouched.
 
-megatron-core is imported lazily (importing it costs ~4 s), and its import-time warnings about
-missing Transformer Engine / Apex are silenced here.
+Reading uses megatron-core's ``IndexedDataset`` (:func:`open_shard`), imported lazily (~4 s, it
+pulls in torch) with its import-time warnings about Transformer Engine / Apex silenced. Writing
+uses this module's own writer of the same format (:func:`write_index`; byte-identical to
+megatron-core's ``IndexedDatasetBuilder``, tested), because the builder needs torch: importing it
+would cost every preprocessing run ~4 s and ~320 MB before its first document, and its index
+writer loops in Python per sequence.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
+import struct
 import warnings
 from typing import Any, Sequence
 
@@ -41,10 +47,12 @@ __all__ = [
     "dtype_for_vocab",
     "MANIFEST_SUFFIX",
     "open_shard",
+    "read_index",
     "read_manifest",
     "read_shard_meta",
     "resolve_data_path",
     "shard_paths",
+    "write_index",
     "write_manifest",
 ]
 
@@ -86,6 +94,49 @@ def dtype_for_vocab(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.int32)
 
 
+# megatron-core's .idx layout (megatron/core/datasets/indexed_dataset.py, _IndexWriter/_IndexReader):
+# magic, version 1 (<Q), dtype code (<B), sequence count (<Q), document count (<Q), then
+# int32 lengths[sequences], int64 byte pointers[sequences], int64 document indices[documents].
+_INDEX_MAGIC = b"MMIDIDX\x00\x00"
+_DTYPE_CODES = {np.dtype(np.uint8): 1, np.dtype(np.int8): 2, np.dtype(np.int16): 3, np.dtype(np.int32): 4,
+                np.dtype(np.int64): 5, np.dtype(np.float64): 6, np.dtype(np.float32): 7, np.dtype(np.uint16): 8}
+
+
+def write_index(idx_path: str, dtype: np.dtype, lengths: np.ndarray, document_indices: np.ndarray) -> None:
+    """Write a megatron-core ``.idx`` file: ``lengths`` [sequences] tokens per sequence,
+    ``document_indices`` [documents + 1] (0, then the sequence index ending each document).
+    Byte-identical to ``IndexedDatasetBuilder.finalize`` for the same sequences."""
+    dtype = np.dtype(dtype)
+    lengths = np.asarray(lengths, dtype=np.int32)
+    pointers = np.zeros(lengths.size, dtype=np.int64)
+    np.cumsum(lengths[:-1].astype(np.int64) * dtype.itemsize, out=pointers[1:])
+    with open(idx_path, "wb") as f:
+        f.write(_INDEX_MAGIC + struct.pack("<Q", 1) + struct.pack("<B", _DTYPE_CODES[dtype]))
+        f.write(struct.pack("<Q", lengths.size) + struct.pack("<Q", len(document_indices)))
+        f.write(lengths.tobytes(order="C"))
+        f.write(pointers.tobytes(order="C"))
+        f.write(np.asarray(document_indices, dtype=np.int64).tobytes(order="C"))
+
+
+def read_index(idx_path: str) -> tuple[np.dtype, np.ndarray, np.ndarray]:
+    """(dtype, lengths [sequences] int32, document_indices [documents + 1] int64) of a megatron-core
+    ``.idx`` file, read into memory. Raises UserInputError naming the file if it is not one."""
+    codes = {v: k for k, v in _DTYPE_CODES.items()}
+    with open(idx_path, "rb") as f:
+        head = f.read(len(_INDEX_MAGIC) + 8 + 1 + 8 + 8)
+        if len(head) < 34 or head[:9] != _INDEX_MAGIC or struct.unpack("<Q", head[9:17])[0] != 1 \
+                or head[17] not in codes:
+            raise UserInputError(f"{idx_path} is not a megatron-core index (.idx) file; re-create the shard "
+                                 "with tools/preprocess_data.py")
+        sequences, documents = struct.unpack("<QQ", head[18:34])
+        lengths = np.fromfile(f, dtype=np.int32, count=sequences)
+        f.seek(sequences * 8, os.SEEK_CUR)  # pointers: implied by the lengths
+        document_indices = np.fromfile(f, dtype=np.int64, count=documents)
+    if lengths.size != sequences or document_indices.size != documents:
+        raise UserInputError(f"{idx_path} is truncated; re-create the shard with tools/preprocess_data.py")
+    return codes[head[17]], lengths, document_indices
+
+
 class ShardWriter:
     """Write one shard ``prefix.{bin,idx,meta.json}``, one document per entry, atomically.
 
@@ -122,11 +173,10 @@ class ShardWriter:
         # atomic and two writers never share a temporary file; created with the usual umask.
         tmp_stem = os.path.join(directory, f".{name}.{os.getpid()}.{secrets.token_hex(4)}")
         self._tmp_bin, self._tmp_idx, self._tmp_meta = (tmp_stem + s for s in (".bin.tmp", ".idx.tmp", ".meta.tmp"))
-        try:
-            self._builder = _indexed_dataset_module().IndexedDatasetBuilder(self._tmp_bin, dtype=self.dtype.type)
-        except BaseException:
-            self._remove_temps()
-            raise
+        self._bin = open(self._tmp_bin, "wb")
+        self._lengths: list[np.ndarray] = []  # int32 tokens per sequence, in chunks
+        self._document_ends: list[np.ndarray] = []  # int64 sequence index ending each document
+        self._sequences = 0
         self._closed = False
 
     def add_document(self, ids: Sequence[int] | np.ndarray) -> bool:
@@ -169,31 +219,36 @@ class ShardWriter:
                 f"token id {bad} is outside [0, {self.vocab_size}) for shard {self.prefix} "
                 f"(vocab_size {self.vocab_size}); the ids come from a different tokenizer"
             )
-        b = self._builder
-        b.data_file.write(ids.astype(self.dtype, copy=False).tobytes(order="C"))
+        self._bin.write(ids.astype(self.dtype, copy=False).tobytes(order="C"))
         kept = lengths[lengths > 0]
-        first = len(b.sequence_lengths)
-        b.sequence_lengths.extend(kept.tolist())  # one sequence per document (see module docstring)
-        b.document_indices.extend(range(first + 1, first + len(kept) + 1))
+        # one sequence per document (see module docstring)
+        self._append_index(kept, np.arange(1, len(kept) + 1, dtype=np.int64))
         self.documents += len(kept)
         self.tokens += ids.size
 
+    def _append_index(self, lengths: np.ndarray, document_ends: np.ndarray) -> None:
+        if lengths.size and int(lengths.max()) > np.iinfo(np.int32).max:
+            raise ValueError(f"a sequence of {int(lengths.max())} tokens exceeds the index's int32 length")
+        self._lengths.append(lengths.astype(np.int32))
+        self._document_ends.append(document_ends + self._sequences)
+        self._sequences += lengths.size
+
     def add_shard(self, prefix: str | os.PathLike) -> None:
-        """Append every document of the shard at ``prefix`` as it is (megatron-core's
-        ``IndexedDatasetBuilder.add_index``: index entries and document boundaries kept, the
-        ``.bin`` copied in blocks). Raises UserInputError if its dtype differs from this shard's."""
+        """Append every document of the shard at ``prefix`` as it is: its index entries and
+        document boundaries (several sequences per document in a Megatron-LM ``--split-sentences``
+        shard stay so), its ``.bin`` copied in blocks — what megatron-core's
+        ``IndexedDatasetBuilder.add_index`` does. Raises UserInputError if its dtype differs."""
         assert not self._closed, "ShardWriter already committed or aborted"
-        ds = open_shard(prefix)
-        dtype = np.dtype(ds.index.dtype)
+        bin_path, idx_path, _ = shard_paths(prefix)
+        dtype, lengths, document_indices = read_index(idx_path)
         if dtype != self.dtype:
             raise UserInputError(f"shard {os.fspath(prefix)} holds {dtype.name} ids but the output is "
                                  f"{self.dtype.name}; shards made with the same tokenizer share a dtype")
-        tokens = int(np.asarray(ds.sequence_lengths).sum())  # before ds (and its mmap) goes
-        docs = len(ds.document_indices) - 1
-        del ds
-        self._builder.add_index(os.fspath(prefix))
-        self.documents += docs
-        self.tokens += tokens
+        self._append_index(lengths, document_indices[1:].astype(np.int64))
+        with open(bin_path, "rb") as f:
+            shutil.copyfileobj(f, self._bin, 16 << 20)
+        self.documents += len(document_indices) - 1
+        self.tokens += int(lengths.sum(dtype=np.int64))
 
     @property
     def bin_bytes(self) -> int:
@@ -220,7 +275,10 @@ class ShardWriter:
         self._closed = True
         bin_path, idx_path, meta_path = shard_paths(self.prefix)
         try:
-            self._builder.finalize(self._tmp_idx)
+            self._bin.close()
+            write_index(self._tmp_idx, self.dtype,
+                        np.concatenate([np.zeros(0, np.int32), *self._lengths]),
+                        np.concatenate([np.zeros(1, np.int64), *self._document_ends]))
             meta = {**self.meta(), **(extra_meta or {})}
             with open(self._tmp_meta, "w", encoding="utf-8") as f:
                 json.dump(meta, f, indent=2)
@@ -242,7 +300,7 @@ class ShardWriter:
             return
         self._closed = True
         try:
-            self._builder.data_file.close()
+            self._bin.close()
         finally:
             self._remove_temps()
 

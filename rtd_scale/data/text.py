@@ -242,7 +242,7 @@ def iter_positioned_records(
 
 def _open_binary(path: Path):
     opener = _COMPRESSION.get(_split_suffix(path)[1] or "")
-    return opener(path, "rb") if opener else open(path, "rb")
+    return opener(path, "rb") if opener else open(path, "rb", buffering=1 << 20)
 
 
 def _decode_utf8(raw: bytes, path: Path, lineno: int) -> str | BadLineError:
@@ -290,7 +290,7 @@ def _iter_json_lines(path: Path, keys: tuple[str, ...], stats: ReadStats, offset
         if isinstance(text, BadLineError):
             yield offset, lineno, text
             continue
-        if not text.strip():
+        if not text or text.isspace():  # a blank line is not a record (no copy, unlike strip)
             continue
         try:
             obj = json.loads(text)

@@ -99,10 +99,10 @@ _DROP_RANGES: tuple[tuple[int, int], ...] = (
     (0x110CD, 0x110CD), (0x13430, 0x13438), (0x1BCA0, 0x1BCA3), (0x1D173, 0x1D17A),
     (0xE0001, 0xE0001), (0xE0020, 0xE007F),
 )
-# The ASCII part of the rule, for bytes: Cc non-whitespace (dropped) and U+001C-U+001F (whitespace
-# to str.split but not to bytes.split, so mapped to a space first).
+# The ASCII part of the rule, for bytes: Cc that is not whitespace (dropped), and whitespace
+# (str.isspace: \t \n \v \f \r and U+001C-U+001F) made a space.
 _ASCII_DROP = bytes([*range(0x00, 0x09), *range(0x0E, 0x1C), 0x7F])
-_ASCII_SEPARATORS_TO_SPACE = bytes.maketrans(b"\x1c\x1d\x1e\x1f", b"    ")
+_ASCII_WHITESPACE_TO_SPACE = bytes.maketrans(b"\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f", b" " * 9)
 _DROP_RE = re.compile(
     "[" + "".join(f"\\U{a:08x}-\\U{b:08x}" for a, b in _DROP_RANGES) + "]"
 )
@@ -121,9 +121,16 @@ def normalize_text(text: str) -> str:
 
     Example: ``"before\\x00after\\x0bvertical\\u200btab "`` → ``"beforeafter verticaltab"``.
     """
-    if text.isascii():  # the common case, ~3x faster on bytes: same rule restricted to ASCII
-        raw = text.encode("ascii").translate(_ASCII_SEPARATORS_TO_SPACE, _ASCII_DROP)
-        return b" ".join(raw.split()).decode("ascii")
+    # Two fast paths give the same result as the general one (tested character by character and
+    # by fuzzing): they are ~4x faster, and this runs on every document of the corpus.
+    if text.isascii():  # on bytes: ASCII whitespace to " ", ASCII Cc dropped, runs of " " collapsed
+        raw = text.encode("ascii").translate(_ASCII_WHITESPACE_TO_SPACE, _ASCII_DROP)
+        while b"  " in raw:
+            raw = raw.replace(b"  ", b" ")
+        return raw.strip(b" ").decode("ascii")
+    collapsed = " ".join(text.split())
+    if collapsed.isprintable():  # nothing to drop (no Cc, Cf, Cs left); NFC commutes with (3)
+        return unicodedata.normalize("NFC", collapsed)
     text = unicodedata.normalize("NFC", _DROP_RE.sub("", text))
     return " ".join(text.split())
 

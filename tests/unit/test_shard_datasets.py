@@ -237,3 +237,30 @@ def test_resolve_data_path_errors_name_the_fix(tmp_path):
     (tmp_path / "z.manifest.json").write_text("{")
     with pytest.raises(UserInputError, match="is not valid JSON"):
         resolve_data_path(tmp_path / "z")
+
+
+@pytest.mark.parametrize("dtype, vocab", [(np.uint16, 65_536), (np.int32, 128_100)])
+def test_our_writer_is_byte_identical_to_megatron_core_builder(tmp_path, dtype, vocab):
+    """ShardWriter writes megatron-core's format itself (no torch import in preprocessing);
+    its .bin/.idx must equal IndexedDatasetBuilder's, byte for byte, and load with IndexedDataset."""
+    import torch
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(0, vocab, size=int(n)) for n in rng.integers(1, 300, size=50)]
+    builder = IndexedDatasetBuilder(str(tmp_path / "mc.bin"), dtype=dtype)
+    with ShardWriter(tmp_path / "ours", vocab_size=vocab) as w:
+        for d in docs[:20]:
+            builder.add_document(torch.tensor(d), [len(d)])
+            assert w.add_document(d)
+        w.add_document([])  # empty: counted, not written
+        lengths = np.array([len(d) for d in docs[20:]] + [0])
+        w.add_documents(np.concatenate(docs[20:]), lengths)  # the preprocessor's bulk path
+        for d in docs[20:]:
+            builder.add_document(torch.tensor(d), [len(d)])
+    builder.finalize(str(tmp_path / "mc.idx"))
+    for ext in (".bin", ".idx"):
+        assert (tmp_path / f"ours{ext}").read_bytes() == (tmp_path / f"mc{ext}").read_bytes(), ext
+    assert read_shard_meta(tmp_path / "ours")["empty_documents_skipped"] == 2
+    ds = open_shard(tmp_path / "ours")
+    assert len(ds) == 50 and all(np.array_equal(ds[i], docs[i]) for i in range(50))

@@ -306,3 +306,24 @@ def test_ascii_fast_path_follows_the_unicode_rule_for_every_ascii_character():
         assert normalize_text(f"a{c}b") == expected, hex(code)  # ASCII path
         assert normalize_text(f"\u00e9{c}b") == "\u00e9" + expected[1:], hex(code)  # general path
         assert normalize_text(f"  {c}{c}\t") == ("" if c.isspace() or expected == "ab" else c + c), hex(code)
+
+
+def test_fast_paths_match_the_plain_rule_on_random_text():
+    """normalize_text's fast paths against the rule written plainly (drop, NFC, collapse), on
+    200,000 random strings over ASCII, whitespace, format, control, surrogate, private-use,
+    combining and Hangul characters."""
+    import random
+    import unicodedata
+
+    from rtd_scale.data.tokenizer import _DROP_RE
+
+    def plain(text: str) -> str:
+        return " ".join(unicodedata.normalize("NFC", _DROP_RE.sub("", text)).split())
+
+    extra = [0x85, 0xA0, 0xAD, 0x200B, 0x200D, 0x2000, 0x2001, 0x2028, 0x3000, 0xFEFF, 0xE0041, 0x1D173,
+             0x301, 0x327, 0xE9, 0xD800, 0xE000, 0x378, 0x1100, 0x1161, 0x11A8, 0xAC00]
+    alphabet = [chr(c) for c in [*range(0x80), *extra]]
+    rng = random.Random(0)
+    for _ in range(200_000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(12)))
+        assert normalize_text(text) == plain(text), repr(text)
