@@ -137,9 +137,52 @@ class RTDConfig:
 
 @dataclass(kw_only=True)
 class DataConfig:
-    data_path: list[str] = field(default_factory=list)  # shard prefixes (PREFIX.bin/.idx)
+    """Data, packing and loading (Megatron-LM's flag names; rtd_scale/data/*.py)."""
+
+    # --data-path as typed: shard or dataset prefixes (one dataset, concatenated), or
+    # WEIGHT PREFIX pairs (a blend, weights normalised), e.g. ["0.7", "A", "0.3", "B"]
+    data_path: list[str] = field(default_factory=list)
     tokenizer_model: Optional[str] = None
     seq_length: int = 512
+    split: str = "969,30,1"  # train,valid,test document shares of each dataset (Megatron-LM)
+    data_cache_path: Optional[str] = None  # sample-index cache; default index-cache/ by the shards
+    num_workers: int = 2  # DataLoader worker processes per rank (Megatron-LM's default)
+    prefetch_factor: int = 2  # micro-batches read ahead per worker (with num_workers > 0)
+
+    def split_weights(self) -> tuple[float, float, float]:
+        """``split`` as three non-negative floats (missing trailing shares are 0)."""
+        try:
+            w = [float(x) for x in self.split.replace("/", ",").split(",") if x.strip()]
+        except ValueError:
+            w = []
+        if not 1 <= len(w) <= 3 or min(w) < 0 or w[0] <= 0 or any(x != x for x in w):
+            raise ConfigError(f"--split {self.split!r}: expected up to three non-negative "
+                              "train,valid,test shares with a positive train share, e.g. 969,30,1")
+        return tuple(w + [0.0] * (3 - len(w)))  # type: ignore[return-value]
+
+    def sources(self) -> list[tuple[float, list[str]]]:
+        """The datasets of ``data_path``: (normalised weight, [entries]) pairs. Plain prefixes
+        are one dataset of weight 1; ``W1 P1 W2 P2 …`` is a blend (Megatron-LM's syntax)."""
+        tokens = list(self.data_path)
+        if not tokens:
+            return []
+
+        def weight(t: str) -> Optional[float]:
+            try:
+                return float(t)
+            except ValueError:
+                return None
+
+        if weight(tokens[0]) is None:
+            return [(1.0, tokens)]
+        pairs = list(zip(tokens[0::2], tokens[1::2]))
+        bad = (len(tokens) % 2 or any(weight(w) is None or not weight(w) > 0 for w, _ in pairs)
+               or any(weight(p) is not None for _, p in pairs))
+        if bad:
+            raise ConfigError(f"--data-path {' '.join(tokens)}: expected either prefixes only, or "
+                              "positive WEIGHT PREFIX pairs (e.g. --data-path 0.7 A 0.3 B)")
+        total = sum(float(w) for w, _ in pairs)
+        return [(float(w) / total, [p]) for w, p in pairs]
 
     def validate(self, model: ModelConfig) -> None:
         _positive("data", seq_length=self.seq_length)
@@ -150,6 +193,13 @@ class DataConfig:
                 f"--seq-length {self.seq_length} exceeds model.max_position_embeddings "
                 f"{model.max_position_embeddings}; lower --seq-length or raise "
                 "model.max_position_embeddings")
+        self.split_weights()
+        self.sources()
+        if self.num_workers < 0:
+            raise ConfigError(f"--num-workers must be >= 0 (0: load in the training process), "
+                              f"got {self.num_workers}")
+        if self.prefetch_factor < 1:
+            raise ConfigError(f"data.prefetch_factor must be >= 1, got {self.prefetch_factor}")
 
 
 @dataclass(kw_only=True)
@@ -220,6 +270,13 @@ class TrainConfig:
     tensorboard_dir: Optional[str] = None
     ds_config: Optional[str] = None
     export: Optional[str] = None  # consolidated TP-agnostic weights written after the last step
+    eval_interval: int = 1000  # steps between validations (Megatron-LM's default); 0: never
+    eval_iters: int = 100  # global batches per validation; 0: never validate
+    data_digest: Optional[str] = None  # audit: per-step jsonl of sample ids, mask and loss hashes
+
+    @property
+    def evaluates(self) -> bool:
+        return self.eval_interval > 0 and self.eval_iters > 0
 
     def validate(self) -> None:
         self.precision = Precision(self.precision)
@@ -227,6 +284,9 @@ class TrainConfig:
                   global_batch_size=self.global_batch_size, log_interval=self.log_interval)
         if self.save_interval < 0:
             raise ConfigError(f"--save-interval must be >= 0, got {self.save_interval}")
+        if self.eval_interval < 0 or self.eval_iters < 0:
+            raise ConfigError(f"--eval-interval and --eval-iters must be >= 0 (0 disables "
+                              f"validation), got {self.eval_interval} and {self.eval_iters}")
 
 
 @dataclass(kw_only=True)
@@ -251,6 +311,10 @@ class RunConfig:
         self.parallel.validate(self.model)
         self.optim.validate()
         self.train.validate()
+        if self.train.evaluates and self.data.split_weights()[1] == 0:
+            warnings.warn(f"--split {self.data.split} gives validation no documents: "
+                          "--eval-interval has no effect (give the second share a weight, "
+                          "e.g. --split 969,30,1)")
         if self.optim.lr_warmup_iters > self.train.train_iters:
             warnings.warn(
                 f"--lr-warmup-iters ({self.optim.lr_warmup_iters}) exceeds --train-iters "
@@ -310,9 +374,11 @@ def _tiny() -> RunConfig:
         preset="tiny",
         model=ModelConfig(vocab_size=8000, embedding_size=96, max_position_embeddings=128,
                           generator=_enc(2, 96, 2), discriminator=_enc(4, 96, 2)),
-        data=DataConfig(seq_length=128),
+        # no loader workers: the tiny model steps faster than worker start-up pays back on CPU
+        data=DataConfig(seq_length=128, num_workers=0),
         optim=OptimConfig(lr=1e-3, lr_warmup_iters=30),
-        train=TrainConfig(train_iters=300, micro_batch_size=16, global_batch_size=32),
+        train=TrainConfig(train_iters=300, micro_batch_size=16, global_batch_size=32,
+                          eval_interval=100, eval_iters=2),
     )
 
 

@@ -1,94 +1,397 @@
-"""Packed sequences over token shards, a reproducible sample order, and the data-parallel split.
+"""Packed [CLS] … [SEP] samples over token shards, with a cached sample index and a seeded order.
 
-Packing (RoBERTa's FULL-SENTENCES, arXiv 1907.11692 §4.2): the documents of all shards, each
-followed by [SEP], form one token stream; sample i is [CLS] + stream[i·(L−2) : (i+1)·(L−2)] + [SEP]
-for seq_length L. Samples never need padding (a corpus shorter than one sample gives one padded
-sample).
+Packing (RoBERTa's FULL-SENTENCES, arXiv 1907.11692 §4.2): the documents of a dataset's shards, in
+order, each followed by one [SEP], form one token stream; with C = seq_length − 2, sample i is
+``[CLS] + stream[i·C : (i+1)·C] + [SEP]``. Documents are concatenated across sample boundaries, so
+a corpus of one-sentence documents packs as densely as one of books (C06). The last sample takes
+the stream's remainder and is padded with [PAD] after its [SEP], so every document is reachable
+(N = ceil(stream tokens / C) samples; a corpus shorter than one sample gives one padded sample).
 
-Order (STYLE rule 10): the k-th sample a run consumes, counting from 0 over the whole run, is
-``order(seed, epoch)[k mod N]`` with epoch = k div N and ``order`` a seeded permutation. ``k`` is the
-*global sample index* that keys the masks, so an epoch's repeat of a sample is masked afresh
-(dynamic masking, RoBERTa) yet every mask is a pure function of (seed, k). Step t of a run with
-global batch G consumes the next G sample indices after those already consumed (t·G when G never
-changed); data-parallel rank r takes the r-th contiguous slice, split into micro-batches.
+Documents (megatron-core's ``.idx``): a shard holds *sequences* (``sequence_lengths``,
+``sequence_pointers`` in bytes) grouped into *documents* by ``document_indices``. Our
+tools/preprocess_data.py writes one sequence per document; Megatron-LM's with ``--split-sentences``
+writes one per sentence. Either way a document's sequences are back to back in ``.bin``, and one
+document is one [SEP]-terminated run of the stream. Empty documents contribute nothing (no lone
+[SEP]). Shards are read with numpy memory maps opened lazily (STYLE rule 10), not through
+megatron-core's ``IndexedDataset``, whose views die with the object and whose import costs seconds.
+
+Splits (Megatron-LM's ``--split 969,30,1``): a dataset's documents are cut into contiguous ranges
+train / valid / test by cumulative rounding of the normalised weights; each range is packed on its
+own stream.
+
+Sample index (Megatron-LM's ``sample_idx`` idea): for each split the stream position of every
+sample start as (document, offset) pairs, int64 [N + 1, 2], plus each document's first token in
+the dataset's token coordinates, int64 [D + 1]. Both are built once and cached as ``.npy`` files
+(loaded with ``mmap_mode="r"``) under the cache directory — ``--data-cache-path``, by default
+``index-cache/`` next to the first shard — keyed by a fingerprint of the shards (path, size and
+mtime of every ``.bin``/``.idx``), seq_length and the split, so changed shards are re-indexed.
+Files are written under a unique temporary name and renamed, so ranks building the same index at
+once are safe. An unwritable cache directory falls back to memory with one warning.
+
+Order (STYLE rule 10): a split's epoch e is ``default_rng([seed, e, *stream]).permutation(N)``,
+cached per epoch like the index. The k-th sample a run consumes (counting from 0 over the whole
+run) is ``order(seed, k div N)[k mod N]``; k is the *global sample index* that keys the masks
+(``objectives/masking.py``), so an epoch's repeat of a sample is masked afresh (dynamic masking,
+RoBERTa) yet every mask is a pure function of (seed, k).
 """
 from __future__ import annotations
 
-from rtd_scale.cli_errors import UserInputError
-
+import hashlib
+import json
+import math
+import os
+import secrets
+import struct
+import warnings
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
 
-from rtd_scale.data import shards
+from rtd_scale.cli_errors import UserInputError
 from rtd_scale.data.tokenizer import CLS_ID, PAD_ID, SEP_ID
+
+# megatron-core's .idx format (megatron/core/datasets/indexed_dataset.py): magic, version 1, dtype
+# code, sequence count, document-index count, then int32 lengths, int64 byte pointers, int64
+# document indices.
+_IDX_MAGIC = b"MMIDIDX\x00\x00"
+_IDX_HEADER = struct.Struct("<9sQBQQ")
+_IDX_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64,
+               7: np.float32, 8: np.uint16}
+_INDEX_FORMAT = "rtd_scale.sample_index.v1"
+DEFAULT_CACHE_DIR = "index-cache"  # next to the first shard of a dataset
+
+
+class ShardIndex:
+    """One shard ``P.bin`` / ``P.idx``, read with numpy memory maps opened on first use.
+
+    Attributes:
+        prefix: the shard prefix.
+        dtype: token dtype of ``P.bin``.
+        num_documents, num_tokens: from the index.
+    Raises:
+        UserInputError: a file is missing, the ``.idx`` is not megatron-core's format, or the
+            ``.bin`` does not match it (naming the file and the fix).
+    """
+
+    def __init__(self, prefix: str):
+        self.prefix = os.fspath(prefix)
+        self.bin_path, self.idx_path = self.prefix + ".bin", self.prefix + ".idx"
+        missing = [p for p in (self.idx_path, self.bin_path) if not os.path.isfile(p)]
+        if missing:
+            raise UserInputError(f"shard {self.prefix} is incomplete: {' and '.join(missing)} not "
+                                 "found; pass a prefix printed by tools/preprocess_data.py")
+        with open(self.idx_path, "rb") as f:
+            head = f.read(_IDX_HEADER.size)
+        if len(head) < _IDX_HEADER.size or head[:9] != _IDX_MAGIC:
+            raise UserInputError(f"{self.idx_path} is not a megatron-core index (bad header); "
+                                 "re-run tools/preprocess_data.py")
+        _, version, code, self.num_sequences, doc_entries = _IDX_HEADER.unpack(head)
+        if version != 1 or code not in _IDX_DTYPES or doc_entries < 1:
+            raise UserInputError(f"{self.idx_path}: unsupported index (version {version}, dtype "
+                                 f"code {code}); re-run tools/preprocess_data.py")
+        self.dtype = np.dtype(_IDX_DTYPES[code])
+        self.num_documents = doc_entries - 1
+        self._doc_entries = doc_entries
+        self._tokens: Optional[np.ndarray] = None
+
+    def __getstate__(self) -> dict:  # loader workers reopen the maps (never pickle them)
+        return {**self.__dict__, "_tokens": None}
+
+    def _idx_array(self, dtype, count: int, offset: int) -> np.ndarray:
+        if count == 0:
+            return np.zeros(0, dtype)
+        return np.memmap(self.idx_path, dtype=dtype, mode="r", offset=offset, shape=(count,))
+
+    def document_token_starts(self) -> np.ndarray:
+        """int64 [num_documents + 1]: document d is tokens [s[d], s[d+1]) of ``P.bin``.
+
+        Raises:
+            UserInputError: the sequences are not back to back from offset 0, or ``P.bin`` has
+                another size than the index says.
+        """
+        n, off = self.num_sequences, _IDX_HEADER.size
+        lengths = self._idx_array(np.int32, n, off)
+        pointers = self._idx_array(np.int64, n, off + 4 * n)
+        doc_idx = self._idx_array(np.int64, self._doc_entries, off + 12 * n)
+        cum = np.zeros(n + 1, np.int64)
+        np.cumsum(lengths, out=cum[1:])
+        if not np.array_equal(pointers, cum[:-1] * self.dtype.itemsize):
+            raise UserInputError(f"{self.idx_path}: sequences are not stored back to back in "
+                                 f"{self.bin_path}; re-run tools/preprocess_data.py")
+        if os.path.getsize(self.bin_path) != int(cum[-1]) * self.dtype.itemsize:
+            raise UserInputError(f"{self.bin_path} has {os.path.getsize(self.bin_path)} bytes but "
+                                 f"{self.idx_path} describes {int(cum[-1])} {self.dtype} tokens; "
+                                 "the pair is from different runs — re-run "
+                                 "tools/preprocess_data.py")
+        if len(doc_idx) and (doc_idx[0] != 0 or doc_idx[-1] != n or np.any(np.diff(doc_idx) < 0)):
+            raise UserInputError(f"{self.idx_path}: malformed document index; re-run "
+                                 "tools/preprocess_data.py")
+        return cum[doc_idx]
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """The whole ``P.bin`` as a read-only 1-D memory map (opened on first use)."""
+        if self._tokens is None:
+            size = os.path.getsize(self.bin_path)
+            self._tokens = (np.zeros(0, self.dtype) if size == 0 else
+                            _plain(np.memmap(self.bin_path, dtype=self.dtype, mode="r")))
+        return self._tokens
+
+    def fingerprint(self) -> list:
+        """What the cache key records of this shard: path, sizes and mtimes of both files."""
+        out: list = [os.path.abspath(self.prefix)]
+        for p in (self.bin_path, self.idx_path):
+            st = os.stat(p)
+            out += [st.st_size, st.st_mtime_ns]
+        return out
+
+
+class IndexCache:
+    """``.npy`` arrays under one directory, built on a miss and loaded memory-mapped on a hit.
+
+    ``directory=None`` keeps everything in memory. A directory that cannot be created or written
+    is reported once (a ``UserWarning`` naming ``--data-cache-path``) and memory is used instead.
+    """
+
+    def __init__(self, directory: Optional[str]):
+        self.directory = directory
+
+    def get(self, name: str, build: Callable[[], np.ndarray],
+            describe: Optional[dict] = None) -> np.ndarray:
+        """The array stored as ``name`` (a file name ending in .npy), built and stored if absent.
+        ``describe``, when given, is written next to it as ``name``.json for people."""
+        if self.directory is not None:
+            path = os.path.join(self.directory, name)
+            try:
+                return _plain(np.load(path, mmap_mode="r"))
+            except (OSError, ValueError):  # absent, or not a complete .npy: rebuild
+                pass
+        arr = np.ascontiguousarray(build())
+        if self.directory is not None and arr.size:
+            try:
+                os.makedirs(self.directory, exist_ok=True)
+                self._write(path, lambda f: np.save(f, arr, allow_pickle=False))
+                if describe is not None:
+                    text = (json.dumps(describe, indent=2) + "\n").encode()
+                    self._write(path[:-4] + ".json", lambda f: f.write(text))
+                return _plain(np.load(path, mmap_mode="r"))
+            except OSError as e:
+                warnings.warn(f"note: cannot write the sample-index cache in {self.directory} "
+                              f"({e.strerror or e}); keeping it in memory — pass "
+                              "--data-cache-path DIR to cache it in a writable directory")
+                self.directory = None
+        return arr
+
+    @staticmethod
+    def _write(path: str, write: Callable) -> None:
+        """Write under a unique temporary name, then rename (several ranks may write at once)."""
+        tmp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        try:
+            with open(tmp, "wb") as f:
+                write(f)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+
+
+def split_boundaries(split: Sequence[float], num_documents: int) -> list[int]:
+    """Document boundaries [0, b1, b2, D] of the train / valid / test ranges (Megatron-LM's
+    ``--split``): weights normalised, padded with zeros to three, cumulative shares rounded half
+    up. E.g. (969, 30, 1) over 402 documents → [0, 390, 402, 402]."""
+    w = [float(x) for x in split] + [0.0] * (3 - len(split))
+    total = sum(w)
+    assert len(w) == 3 and total > 0 and min(w) >= 0, split
+    out, acc = [0], 0.0
+    for x in w[:-1]:
+        acc += x
+        out.append(min(num_documents, int(math.floor(acc / total * num_documents + 0.5))))
+    return out + [num_documents]
+
+
+def _sample_starts(stream_len: np.ndarray, chunk: int) -> np.ndarray:
+    """(document, offset) of each sample start, int64 [N + 1, 2], documents counted from 0 in
+    ``stream_len`` (int64 [D], each document's tokens + its [SEP]); row N is the stream's end.
+    Built in blocks, so temporaries stay O(block) beyond the result."""
+    ends = np.cumsum(stream_len)
+    total = int(ends[-1]) if len(ends) else 0
+    n = -(-total // chunk)
+    out = np.empty((n + 1, 2), np.int64)
+    starts = ends - stream_len
+    block = 1 << 22
+    for lo in range(0, n + 1, block):
+        p = np.minimum(np.arange(lo, min(n + 1, lo + block), dtype=np.int64) * chunk, total)
+        d = np.searchsorted(ends, p, side="right")
+        inside = d < len(ends)
+        out[lo:lo + len(p), 0] = d
+        out[lo:lo + len(p), 1] = np.where(inside, p - starts[np.minimum(d, len(ends) - 1)], 0)
+    return out
 
 
 class PackedDataset:
-    """Fixed-length [CLS] … [SEP] samples packed from one or more shard prefixes.
+    """Fixed-length [CLS] … [SEP] samples packed from one dataset's shards (one split of it).
 
     Args:
-        prefixes: shard prefixes (PREFIX.bin / PREFIX.idx).
+        prefixes: ``--data-path`` entries, each a shard prefix (``P.bin`` / ``P.idx``) or a
+            dataset prefix with a manifest (``shards.resolve_data_path``); their shards are
+            concatenated in this order.
         seq_length: tokens per sample L, including [CLS] and [SEP].
+        split: Megatron-LM ``--split`` weights (train, valid, test); default: all train.
+        part: which range of ``split`` this is (0 train, 1 valid, 2 test).
+        cache_dir: where the index is cached; default ``index-cache/`` next to the first shard;
+            ``None`` with ``cache=False`` keeps it in memory.
+        name: the dataset's name in cache file names (default: the first shard's base name).
     Raises:
-        ValueError: a prefix has no shard files, or the shards hold no tokens.
+        UserInputError: no prefixes, a shard missing or malformed, or no tokens at all.
     """
 
-    def __init__(self, prefixes: Sequence[str], seq_length: int):
+    def __init__(self, prefixes: Sequence[str], seq_length: int, *,
+                 split: Sequence[float] = (1.0,), part: int = 0,
+                 cache_dir: Optional[str] = None, cache: bool = True,
+                 name: Optional[str] = None):
         if not prefixes:
             raise UserInputError("--data-path is empty: give at least one shard prefix "
-                             "(made by tools/preprocess_data.py)")
-        self.seq_length = seq_length
-        self.datasets = [shards.open_shard(p) for p in prefixes]
-        lengths = [np.asarray(d.sequence_lengths, dtype=np.int64) + 1 for d in self.datasets]
-        # doc_ends[j]: stream offset one past document j's trailing [SEP]
-        self._doc_ds = np.concatenate([np.full(len(l), i) for i, l in enumerate(lengths)])
-        self._doc_local = np.concatenate([np.arange(len(l)) for l in lengths])
-        self._doc_len = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
-        self._doc_ends = np.cumsum(self._doc_len)
-        total = int(self._doc_ends[-1]) if len(self._doc_ends) else 0
-        if total == 0:
-            raise UserInputError(f"--data-path {' '.join(prefixes)}: the shards hold no tokens")
-        self.stream_tokens = total
-        self._chunk = seq_length - 2
-        self.num_samples = max(1, total // self._chunk)
+                                 "(made by tools/preprocess_data.py)")
+        assert part in (0, 1, 2) and seq_length >= 3
+        from rtd_scale.data.shards import resolve_data_path
+
+        self.prefixes = [s for p in prefixes for s in resolve_data_path(p)]
+        self.seq_length, self.part, self._chunk = seq_length, part, seq_length - 2
+        self.shards = [ShardIndex(p) for p in self.prefixes]
+        self.name = name or os.path.basename(os.fspath(prefixes[0]))
+        if cache and cache_dir is None:
+            cache_dir = os.path.join(os.path.dirname(os.path.abspath(self.prefixes[0])),
+                                     DEFAULT_CACHE_DIR)
+        self.cache = IndexCache(cache_dir if cache else None)
+
+        docs = np.array([s.num_documents for s in self.shards], np.int64)
+        self._doc_base = np.concatenate([[0], np.cumsum(docs)])
+        shard_key = _digest({"format": _INDEX_FORMAT,
+                             "shards": [s.fingerprint() for s in self.shards]})
+        self._doc_starts = self.cache.get(f"{self.name}.{shard_key}.doc_starts.npy",
+                                          self._build_doc_starts,
+                                          {"shards": [s.fingerprint() for s in self.shards]})
+        self._token_base = self._doc_starts[self._doc_base]  # int64 [S + 1]
+        self.total_documents = int(self._doc_base[-1])
+        if int(self._doc_starts[-1]) == 0:
+            raise UserInputError(f"--data-path {' '.join(self.prefixes)}: the shards hold no "
+                                 "tokens")
+
+        self.split = tuple(float(x) for x in split)
+        bounds = split_boundaries(self.split, self.total_documents)
+        self.document_range = (bounds[part], bounds[part + 1])
+        lo, hi = self.document_range
+        self.num_documents = hi - lo
+        self._index_key = _digest({"shards": shard_key, "seq_length": seq_length,
+                                   "documents": [lo, hi]})
+        if self.num_documents == 0:
+            self._samples = np.zeros((1, 2), np.int64) + lo
+        else:
+            self._samples = self.cache.get(
+                f"{self.name}.{self._index_key}.samples.npy", self._build_samples,
+                {"shards": [s.fingerprint() for s in self.shards], "seq_length": seq_length,
+                 "split": list(self.split), "part": part, "documents": [lo, hi]})
+        self.num_samples = len(self._samples) - 1
+        lens = np.diff(self._doc_starts[lo:hi + 1]) if hi > lo else np.zeros(0, np.int64)
+        self.stream_tokens = int(lens.sum() + np.count_nonzero(lens))
+        self._orders: dict[tuple, np.ndarray] = {}
+
+    # -- index construction ----------------------------------------------------------------------
+
+    def _build_doc_starts(self) -> np.ndarray:
+        parts, base = [np.zeros(1, np.int64)], 0
+        for s in self.shards:
+            starts = s.document_token_starts()
+            parts.append(starts[1:] + base)
+            base += int(starts[-1])
+        return np.concatenate(parts)
+
+    def _build_samples(self) -> np.ndarray:
+        lo, hi = self.document_range
+        lens = np.diff(self._doc_starts[lo:hi + 1])
+        out = _sample_starts(lens + (lens > 0), self._chunk)
+        out[:, 0] += lo
+        return out
+
+    # -- reading ---------------------------------------------------------------------------------
 
     def __len__(self) -> int:
         return self.num_samples
 
+    def _tokens(self, a: int, b: int) -> np.ndarray:
+        """Dataset tokens [a, b) (token coordinates over the concatenated shards)."""
+        if a >= b:
+            return np.zeros(0, np.int64)
+        s = int(np.searchsorted(self._token_base, a, side="right")) - 1
+        t0 = int(self._token_base[s])
+        if b <= int(self._token_base[s + 1]):  # the common case: inside one shard
+            return self.shards[s].tokens[a - t0:b - t0]
+        pieces = []
+        while a < b:
+            t0, t1 = int(self._token_base[s]), int(self._token_base[s + 1])
+            end = min(b, t1)
+            if end > a:
+                pieces.append(self.shards[s].tokens[a - t0:end - t0])
+            a, s = max(a, end), s + 1
+        return np.concatenate(pieces)
+
+    def content(self, i: int) -> np.ndarray:
+        """Sample ``i``'s stream tokens without [CLS] / final [SEP] / padding: int64 [≤ L − 2]."""
+        if not 0 <= i < self.num_samples:
+            raise IndexError(f"sample {i} out of range [0, {self.num_samples})")
+        (d0, o0), (d1, o1) = self._samples[i:i + 2].tolist()
+        starts = self._doc_starts[d0:d1 + 1]  # documents d0 … d1
+        a, b = int(starts[0]) + o0, int(starts[-1]) + o1
+        ends = starts[1:]  # ends of documents d0 … d1 − 1: a [SEP] follows each non-empty one
+        sep_at = (ends - a)[ends > starts[:-1]]
+        return np.insert(self._tokens(a, b).astype(np.int64), sep_at, SEP_ID)
+
     def __getitem__(self, i: int) -> np.ndarray:
-        """Sample ``i`` as int64 [seq_length]: [CLS] tokens… [SEP] ([PAD] only past the stream)."""
-        start = i * self._chunk
-        end = min(start + self._chunk, self.stream_tokens)
+        """Sample ``i`` as int64 [seq_length]: [CLS] tokens… [SEP] ([PAD] only after the last
+        sample's [SEP])."""
+        body = self.content(i)
         out = np.full(self.seq_length, PAD_ID, dtype=np.int64)
         out[0] = CLS_ID
-        pos, j = 1, int(np.searchsorted(self._doc_ends, start, side="right"))
-        cursor = start
-        while cursor < end:
-            doc_start = self._doc_ends[j] - self._doc_len[j]
-            offset = cursor - doc_start
-            take = int(min(end, self._doc_ends[j]) - cursor)
-            doc_tokens = self._doc_len[j] - 1  # without its [SEP]
-            n_text = int(max(0, min(take, doc_tokens - offset)))
-            if n_text:
-                ds = self.datasets[self._doc_ds[j]]
-                out[pos:pos + n_text] = ds.get(int(self._doc_local[j]), offset=int(offset),
-                                               length=n_text)
-            if take > n_text:  # the document's trailing [SEP]
-                out[pos + n_text] = SEP_ID
-            pos += take
-            cursor += take
-            j += 1
-        out[pos] = SEP_ID
+        out[1:1 + len(body)] = body
+        out[1 + len(body)] = SEP_ID
         return out
+
+    def documents_of(self, i: int) -> tuple[int, int]:
+        """[first, last] dataset document ids whose tokens sample ``i`` holds (tests, audits)."""
+        (d0, _), (d1, o1) = self._samples[i:i + 2].tolist()
+        return d0, d1 if o1 > 0 else d1 - 1
+
+    # -- order -----------------------------------------------------------------------------------
+
+    def order(self, seed: int, epoch: int, stream: Sequence[int] = ()) -> np.ndarray:
+        """int64 [N]: epoch ``epoch``'s permutation of the samples,
+        ``default_rng([seed, epoch, *stream]).permutation(N)``, cached like the index."""
+        key = (seed, epoch, tuple(stream))
+        if key not in self._orders:
+            if len(self._orders) >= 4:
+                self._orders.pop(next(iter(self._orders)))
+            tag = "-".join(str(x) for x in (seed, epoch, *stream))
+            self._orders[key] = self.cache.get(
+                f"{self.name}.{self._index_key}.order-{tag}.npy",
+                lambda: _order(self.num_samples, seed, epoch, tuple(stream)))
+        return self._orders[key]
+
+
+def _plain(a: np.ndarray) -> np.ndarray:
+    """A plain ndarray view of a memory map (slicing a np.memmap costs microseconds each)."""
+    return a.view(np.ndarray)
+
+
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
 
 
 @lru_cache(maxsize=4)
-def _order(n: int, seed: int, epoch: int) -> np.ndarray:
-    return np.random.default_rng([seed, epoch]).permutation(n)
+def _order(n: int, seed: int, epoch: int, stream: tuple[int, ...] = ()) -> np.ndarray:
+    return np.random.default_rng([seed, epoch, *stream]).permutation(n).astype(np.int64)
 
 
 def sample_order(n: int, seed: int, consumed: np.ndarray) -> np.ndarray:
@@ -104,28 +407,28 @@ def sample_order(n: int, seed: int, consumed: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class MicroBatch:
-    """input_ids: [b, s] int64; sample_index: [b] int64 global sample indices."""
+    """input_ids: [b, s] int64; sample_index: [b] int64 global sample indices (the mask keys)."""
 
     input_ids: torch.Tensor
     sample_index: torch.Tensor
+
+    def pin_memory(self) -> "MicroBatch":
+        """Page-locked copy (torch's DataLoader calls this when ``pin_memory=True``)."""
+        return MicroBatch(self.input_ids.pin_memory(), self.sample_index.pin_memory())
 
 
 def micro_batches(dataset: PackedDataset, *, consumed_samples: int, seed: int,
                   global_batch_size: int,
                   micro_batch_size: int, dp_rank: int, dp_size: int) -> list[MicroBatch]:
     """This data-parallel rank's micro-batches of the optimizer step that starts after
-    ``consumed_samples`` samples (the run's position, kept in checkpoints).
+    ``consumed_samples`` samples, over one dataset in its ``sample_order`` (the split of
+    ``loader.rank_micro_batches``; the training loop reads through ``loader.build_loader``)."""
+    from rtd_scale.data.loader import rank_micro_batches
 
-    Consumes global sample indices [consumed, consumed + G); rank r gets its G/dp slice in
-    order. Keyed by samples, not steps, so a resume with another global batch size continues
-    where the data left off.
-    """
-    per_rank = global_batch_size // dp_size
-    first = consumed_samples + dp_rank * per_rank
     out = []
-    for j in range(per_rank // micro_batch_size):
-        k = np.arange(first + j * micro_batch_size, first + (j + 1) * micro_batch_size,
-                      dtype=np.int64)
+    for k in rank_micro_batches(consumed_samples, global_batch_size=global_batch_size,
+                                micro_batch_size=micro_batch_size, dp_rank=dp_rank,
+                                dp_size=dp_size):
         idx = sample_order(len(dataset), seed, k)
         ids = np.stack([dataset[int(i)] for i in idx])
         out.append(MicroBatch(torch.from_numpy(ids), torch.from_numpy(k)))

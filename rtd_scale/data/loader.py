@@ -1,0 +1,92 @@
+"""The data-parallel sampler and the DataLoader the training loop reads.
+
+Position (STYLE rule 10): a run's data position is one number, the samples consumed so far
+(kept in every checkpoint). Optimizer step t, starting after ``consumed`` samples, reads global
+sample indices [consumed, consumed + G) for global batch G; data-parallel rank r takes the r-th
+contiguous G/dp slice, cut into micro-batches of b. So a resumed run re-creates the loader at
+``consumed`` and reads exactly what the uninterrupted run read next (C20), at any number of loader
+workers. (Megatron-LM's ``MegatronPretrainingSampler`` has the same contract but gives rank r the
+r-th micro-batch of every group of dp micro-batches instead of one contiguous slice.)
+
+Loading: a ``torch.utils.data.DataLoader`` over ``BlendedDataset`` with the sampler yielding one
+micro-batch's indices at a time (``batch_size=None``), ``num_workers`` worker processes
+(``--num-workers``; each reopens the shard memory maps), ``prefetch_factor`` micro-batches read
+ahead per worker, persistent workers, and pinned memory when the device is CUDA. The loader gets
+its own ``torch.Generator``, so creating it draws nothing from the global RNG that dropout uses
+(a resumed run would otherwise diverge).
+"""
+from __future__ import annotations
+
+from typing import Iterator, Optional
+
+import numpy as np
+import torch
+
+
+def rank_micro_batches(consumed_samples: int, *, global_batch_size: int, micro_batch_size: int,
+                       dp_rank: int, dp_size: int) -> list[np.ndarray]:
+    """Global sample indices (int64 [b] each) of rank ``dp_rank``'s micro-batches in the optimizer
+    step that starts after ``consumed_samples`` samples: the rank's contiguous G/dp slice of
+    [consumed, consumed + G), in order."""
+    assert global_batch_size % (dp_size * micro_batch_size) == 0
+    per_rank = global_batch_size // dp_size
+    first = consumed_samples + dp_rank * per_rank
+    return [np.arange(first + j, first + j + micro_batch_size, dtype=np.int64)
+            for j in range(0, per_rank, micro_batch_size)]
+
+
+class DataParallelSampler:
+    """Yields this rank's micro-batches (int64 [b] global sample indices) for every optimizer
+    step from ``consumed_samples`` until ``total_samples`` (exclusive; a whole number of global
+    batches is read).
+
+    Args:
+        total_samples: where to stop (e.g. consumed + remaining steps × G).
+        consumed_samples: where to start (from the checkpoint; 0 for a fresh run).
+        global_batch_size, micro_batch_size: G and b; G must divide by b × dp_size.
+        dp_rank, dp_size: this rank's data-parallel position.
+    """
+
+    def __init__(self, *, total_samples: int, consumed_samples: int, global_batch_size: int,
+                 micro_batch_size: int, dp_rank: int, dp_size: int):
+        assert 0 <= dp_rank < dp_size and consumed_samples >= 0
+        assert global_batch_size % (micro_batch_size * dp_size) == 0
+        self.total, self.consumed = total_samples, consumed_samples
+        self.global_batch_size, self.micro_batch_size = global_batch_size, micro_batch_size
+        self.dp_rank, self.dp_size = dp_rank, dp_size
+
+    @property
+    def steps(self) -> int:
+        return max(0, (self.total - self.consumed) // self.global_batch_size)
+
+    def __len__(self) -> int:
+        return self.steps * self.global_batch_size // (self.dp_size * self.micro_batch_size)
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        for t in range(self.steps):
+            yield from rank_micro_batches(
+                self.consumed + t * self.global_batch_size,
+                global_batch_size=self.global_batch_size, micro_batch_size=self.micro_batch_size,
+                dp_rank=self.dp_rank, dp_size=self.dp_size)
+
+
+def build_loader(dataset, sampler: DataParallelSampler, *, num_workers: int,
+                 pin_memory: bool, prefetch_factor: Optional[int] = 2,
+                 seed: int = 0) -> torch.utils.data.DataLoader:
+    """A DataLoader yielding ``MicroBatch``es (input_ids [b, s] int64, sample_index [b] int64) in
+    the sampler's order.
+
+    Args:
+        dataset: maps an int64 index array to a MicroBatch (``blend.BlendedDataset``).
+        sampler: the indices, one micro-batch at a time.
+        num_workers: loader processes; 0 reads in the calling process.
+        pin_memory: page-locked batches (pass True only for a CUDA device).
+        prefetch_factor: micro-batches read ahead per worker (ignored without workers).
+        seed: seeds the loader's own generator (worker seeds; no global RNG is touched).
+    """
+    kw = {}
+    if num_workers > 0:
+        kw = dict(prefetch_factor=prefetch_factor, persistent_workers=True)
+    return torch.utils.data.DataLoader(
+        dataset, sampler=sampler, batch_size=None, num_workers=num_workers,
+        pin_memory=pin_memory, generator=torch.Generator().manual_seed(seed), **kw)

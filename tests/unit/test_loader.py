@@ -1,0 +1,172 @@
+"""Blending by weight, the data-parallel sampler and the DataLoader (rtd_scale/data/blend.py,
+loader.py), and the data flags' parsing."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rtd_scale.cli_errors import UserInputError
+from rtd_scale.config import ConfigError, DataConfig, preset
+from rtd_scale.data.blend import SPLIT_INDEX_BASE, BlendedDataset, BlendSchedule, build_split
+from rtd_scale.data.loader import DataParallelSampler, build_loader, rank_micro_batches
+from rtd_scale.data.packed import PackedDataset
+from rtd_scale.data.shards import ShardWriter
+
+
+@pytest.mark.parametrize("weights, period", [([0.7, 0.3], 10), ([0.5, 0.3, 0.2], 10),
+                                             ([1, 2], 3), ([1.0], 1)])
+def test_blend_holds_the_weights_exactly_every_period(weights, period):
+    s = BlendSchedule(weights)
+    assert s.period == period
+    d, j = s.locate(np.arange(100 * period))
+    w = np.asarray(weights) / sum(weights)
+    for p in range(100):  # exact proportions in every period, not only on average
+        counts = np.bincount(d[p * period:(p + 1) * period], minlength=len(weights))
+        np.testing.assert_array_equal(counts, np.round(w * period))
+    for di in range(len(weights)):  # each dataset's running index counts 0, 1, 2, … in k order
+        np.testing.assert_array_equal(j[d == di], np.arange((d == di).sum()))
+    if weights == [0.7, 0.3]:  # interleaved, not 7 A then 3 B
+        assert d[:10].tolist() == [0, 1, 0, 0, 0, 1, 0, 0, 1, 0]
+
+
+def test_blend_of_inexact_weights_is_close_and_a_pure_function_of_k():
+    s = BlendSchedule([1.0, 2 ** 0.5, 0.01])
+    assert s.period == 10_000
+    k = np.arange(200_000)
+    d, j = s.locate(k)
+    realised = np.bincount(d) / len(k)
+    np.testing.assert_allclose(realised, s.weights, atol=1e-4)
+    pick = np.random.default_rng(0).choice(len(k), 500, replace=False)
+    dp, jp = s.locate(k[pick])  # any k on its own gives the same answer
+    np.testing.assert_array_equal(dp, d[pick])
+    np.testing.assert_array_equal(jp, j[pick])
+
+
+def test_a_weight_too_small_to_sample_is_a_clear_error():
+    with pytest.raises(UserInputError, match="--data-path: the weight of tiny .* below 1/10000"):
+        BlendSchedule([1.0, 1e-6], ["big", "tiny"])
+
+
+def _shard(tmp_path, name, first_id, n_docs):
+    prefix = str(tmp_path / name)
+    with ShardWriter(prefix, vocab_size=1000) as w:
+        for i in range(n_docs):
+            w.add_document(np.full(5 + i % 7, first_id + i % 50))
+    return prefix
+
+
+@pytest.fixture(scope="module")
+def two_datasets(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("blend")
+    return _shard(tmp, "a", 100, 200), _shard(tmp, "b", 500, 60)
+
+
+def test_blended_samples_come_from_each_datasets_own_order(two_datasets):
+    a, b = two_datasets
+    data = build_split([(0.75, [a]), (0.25, [b])], seq_length=16, split=(1,), part=0, seed=3)
+    k = np.arange(0, 400)
+    d, sample = data.locate(k)
+    assert np.bincount(d).tolist() == [300, 100]
+    nb = len(data.datasets[1])
+    for di, ds in enumerate(data.datasets):
+        seen = sample[d == di]
+        # dataset b (fewer samples) wraps into its next epoch, reshuffled
+        expected = np.concatenate([ds.order(3, e, () if di == 0 else (0, di))
+                                   for e in range(-(-len(seen) // len(ds)))])[:len(seen)]
+        np.testing.assert_array_equal(seen, expected)
+    assert (d == 1).sum() > nb  # really wrapped
+    mb = data[k[10:14]]
+    assert mb.input_ids.shape == (4, 16) and torch.equal(mb.sample_index, torch.arange(10, 14))
+    for row, di, si in zip(mb.input_ids.numpy(), d[10:14], sample[10:14]):
+        np.testing.assert_array_equal(row, data.datasets[di][si])
+        ids = row[1:][row[1:] > 2]
+        assert ((ids >= 500) == bool(di)).all()  # dataset b's ids are 500+, a's 100..149
+
+
+def test_validation_split_has_its_own_mask_keys_and_order(two_datasets):
+    a, _ = two_datasets
+    kw = dict(sources=[(1.0, [a])], seq_length=16, split=(8, 2), seed=3)
+    train, valid = build_split(part=0, **kw), build_split(part=1, **kw)
+    assert valid.datasets[0].document_range == (160, 200)
+    assert torch.equal(valid[np.arange(3)].sample_index, SPLIT_INDEX_BASE + torch.arange(3))
+    assert torch.equal(train[np.arange(3)].sample_index, torch.arange(3))
+    np.testing.assert_array_equal(valid.locate(np.arange(5))[1],
+                                  valid.datasets[0].order(3, 0, (1, 0))[:5])
+
+
+def test_an_empty_validation_split_is_a_clear_error(two_datasets):
+    _, b = two_datasets
+    with pytest.raises(UserInputError, match=r"--split 100,0\.1 leaves no valid documents in "
+                                             r"--data-path b \(60 documents\).*--eval-iters 0"):
+        build_split([(1.0, [b])], seq_length=16, split=(100, 0.1), part=1, seed=0)
+
+
+def test_sampler_resumes_exactly_and_ranks_split_the_global_batch():
+    kw = dict(global_batch_size=8, micro_batch_size=2, dp_size=2)
+    full = [list(DataParallelSampler(total_samples=80, consumed_samples=0, dp_rank=r, **kw))
+            for r in range(2)]
+    resumed = [list(DataParallelSampler(total_samples=80, consumed_samples=40, dp_rank=r, **kw))
+               for r in range(2)]
+    for r in range(2):
+        assert len(full[r]) == 20 and len(resumed[r]) == 10
+        for x, y in zip(full[r][10:], resumed[r]):
+            np.testing.assert_array_equal(x, y)
+    # step t: rank 0 reads [8t, 8t+4), rank 1 [8t+4, 8t+8), in micro-batches of 2
+    np.testing.assert_array_equal(np.concatenate(full[0][2:4] + full[1][2:4]), np.arange(8, 16))
+    assert [m.tolist() for m in rank_micro_batches(16, dp_rank=1, **kw)] == [[20, 21], [22, 23]]
+
+
+def test_loader_workers_give_the_same_batches_and_leave_the_global_rng_alone(two_datasets):
+    a, b = two_datasets
+    data = build_split([(0.6, [a]), (0.4, [b])], seq_length=16, split=(1,), part=0, seed=1)
+
+    def read(workers, consumed):
+        sampler = DataParallelSampler(total_samples=96, consumed_samples=consumed,
+                                      global_batch_size=8, micro_batch_size=4, dp_rank=1,
+                                      dp_size=2)
+        return list(build_loader(data, sampler, num_workers=workers, pin_memory=False,
+                                 prefetch_factor=2, seed=1))
+
+    state = torch.get_rng_state()
+    plain, workers, resumed = read(0, 0), read(2, 0), read(2, 48)
+    assert torch.equal(torch.get_rng_state(), state)  # dropout's generator untouched
+    assert len(plain) == len(workers) == 12 and len(resumed) == 6
+    for x, y in zip(plain, workers):
+        assert torch.equal(x.input_ids, y.input_ids) and torch.equal(x.sample_index, y.sample_index)
+    for x, y in zip(plain[6:], resumed):
+        assert torch.equal(x.input_ids, y.input_ids) and torch.equal(x.sample_index, y.sample_index)
+    assert torch.equal(plain[0].sample_index, torch.arange(4, 8))
+
+
+def test_data_path_and_split_flags_parse():
+    cfg = DataConfig(data_path=["A", "B"])
+    assert cfg.sources() == [(1.0, ["A", "B"])]
+    assert DataConfig(data_path=["3", "A", "1", "B"]).sources() == [(0.75, ["A"]), (0.25, ["B"])]
+    assert DataConfig(split="969, 30, 1").split_weights() == (969.0, 30.0, 1.0)
+    assert DataConfig(split="98,2").split_weights() == (98.0, 2.0, 0.0)
+    model = preset("tiny").model
+    for bad in (["0.7", "A", "0.3"], ["0.7", "A", "B", "0.3"], ["0.7", "A", "-1", "B"],
+                ["0.5", "A", "0.5", "0.5"]):
+        with pytest.raises(ConfigError, match="--data-path .*WEIGHT PREFIX pairs"):
+            DataConfig(data_path=bad, seq_length=64).validate(model)
+    for bad in ("0,1,0", "a,b", "1,2,3,4", "1,-1"):
+        with pytest.raises(ConfigError, match=f"--split '{bad}'"):
+            DataConfig(split=bad, seq_length=64).validate(model)
+    with pytest.raises(ConfigError, match="--num-workers must be >= 0"):
+        DataConfig(num_workers=-1, seq_length=64).validate(model)
+
+
+def test_no_validation_share_warns_that_eval_has_no_effect():
+    cfg = preset("tiny")
+    cfg.data.split = "100,0,0"
+    with pytest.warns(UserWarning, match="--eval-interval has no effect"):
+        cfg.validate()
+
+
+def test_plain_data_path_is_one_concatenated_dataset(two_datasets):
+    a, b = two_datasets
+    data = build_split([(1.0, [a, b])], seq_length=16, split=(1,), part=0, seed=0)
+    whole = PackedDataset([a, b], seq_length=16, cache=False)
+    assert len(data.datasets) == 1 and len(data.datasets[0]) == len(whole)
+    assert data.datasets[0].total_documents == 260
