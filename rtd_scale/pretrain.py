@@ -40,7 +40,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="DeepSpeed JSON (ZeRO knobs), e.g. ds_configs/zero3.json")
     p.add_argument("--preset", default="tiny", help="named config: tiny, electra-{small,base,"
                    "large}, debertav3-{xsmall,small,base,large}")
-    p.add_argument("--data-path", nargs="+", help="shard prefixes (PREFIX.bin/.idx)")
+    p.add_argument("--data-path", nargs="+", metavar="[WEIGHT] PREFIX",
+                   help="shard or dataset prefixes printed by tools/preprocess_data.py, read as "
+                        "one dataset; or WEIGHT PREFIX pairs to blend datasets by weight "
+                        "(e.g. 0.7 A 0.3 B)")
+    p.add_argument("--split", help="train,valid,test shares of each dataset's documents "
+                   "(default 969,30,1)")
+    p.add_argument("--data-cache-path", help="directory for the cached sample index "
+                   "(default: index-cache/ next to each dataset's first shard)")
+    p.add_argument("--num-workers", type=int, help="DataLoader worker processes per rank "
+                   "(default 2; 0 in the tiny preset)")
+    p.add_argument("--eval-interval", type=int, help="validate every N steps (0: never)")
+    p.add_argument("--eval-iters", type=int, help="global batches per validation (0: never)")
+    p.add_argument("--data-digest", metavar="FILE", help="audit: append one JSON line per step "
+                   "with the step's global sample ids and hashes of its masks and losses "
+                   "(gathered over data-parallel ranks; costs one gather per step)")
     p.add_argument("--tokenizer-model", help="SentencePiece .model the shards were made with")
     p.add_argument("--save", help="run directory: checkpoints, config.json, ds_config.json")
     p.add_argument("--load", help="resume from the latest checkpoint in this directory")
@@ -84,7 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 _FLAG_FIELDS = {
     "data_path": ("data", "data_path"), "tokenizer_model": ("data", "tokenizer_model"),
-    "seq_length": ("data", "seq_length"),
+    "seq_length": ("data", "seq_length"), "split": ("data", "split"),
+    "data_cache_path": ("data", "data_cache_path"), "num_workers": ("data", "num_workers"),
+    "eval_interval": ("train", "eval_interval"), "eval_iters": ("train", "eval_iters"),
+    "data_digest": ("train", "data_digest"),
     "save": ("train", "save"), "load": ("train", "load"), "train_iters": ("train", "train_iters"),
     "micro_batch_size": ("train", "micro_batch_size"),
     "global_batch_size": ("train", "global_batch_size"),
@@ -130,14 +147,18 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 
 def prepare(cfg: RunConfig, world_size: int):
     """Every check on user input that needs no process group. Returns
-    (tokenizer, dataset, resolved ds_config, data_parallel_size, gradient_accumulation_steps,
-    layout, checkpoint metadata or None).
+    (tokenizer, data, resolved ds_config, data_parallel_size, gradient_accumulation_steps,
+    layout, checkpoint metadata or None), with ``data`` the training split's ``BlendedDataset``
+    and, when the run validates, the validation split's (``{"train": …, "valid": …}``).
+
+    Builds (or loads from its cache) every dataset's sample index; every rank runs this at once,
+    and the cache tolerates concurrent identical builds.
 
     Raises:
         ValueError: naming the file, field or flag and the fix.
     """
     from rtd_scale.data import shards
-    from rtd_scale.data.packed import PackedDataset
+    from rtd_scale.data.blend import build_split
     from rtd_scale.data.tokenizer import Tokenizer
     from rtd_scale.training import checkpoint, engine
 
@@ -146,11 +167,19 @@ def prepare(cfg: RunConfig, world_size: int):
         engine.load_ds_config(cfg.train.ds_config), cfg, data_parallel_size=dp,
         gradient_accumulation_steps=gas, source=f"--ds_config {cfg.train.ds_config}")
     tok = Tokenizer(cfg.data.tokenizer_model)
-    for prefix in cfg.data.data_path:
-        shards.check_tokenizer_matches(prefix, cfg.data.tokenizer_model, tok.vocab_size)
+    sources = cfg.data.sources()
+    for _, entries in sources:
+        for entry in entries:
+            for prefix in shards.resolve_data_path(entry):
+                shards.check_tokenizer_matches(prefix, cfg.data.tokenizer_model, tok.vocab_size)
     if cfg.model.vocab_size != tok.vocab_size:
         cfg.model.vocab_size = tok.vocab_size  # the tokenizer is the truth
-    dataset = PackedDataset(cfg.data.data_path, cfg.data.seq_length)
+    split = dict(sources=sources, seq_length=cfg.data.seq_length,
+                 split=cfg.data.split_weights(), seed=cfg.train.seed,
+                 cache_path=cfg.data.data_cache_path)
+    dataset = {"train": build_split(part=0, **split)}
+    if cfg.train.evaluates and cfg.data.split_weights()[1] > 0:
+        dataset["valid"] = build_split(part=1, **split)
     zero = ds_config.get("zero_optimization", {}).get("stage", 0)
     if zero not in (0, 1, 2, 3):
         raise UserInputError(f"--ds_config {cfg.train.ds_config}: zero_optimization.stage is "
@@ -199,7 +228,7 @@ def run(cfg: RunConfig, print_fn=print, stop=None) -> dict:
         if int(os.environ.get("RANK", "0")) == 0:
             print_fn(f"nothing to do: {cfg.train.load} is at iteration {meta['step']}, and "
                      f"--train-iters is {cfg.train.train_iters}; raise --train-iters to continue")
-        return {"history": [], "checkpoint_dir": None, "interrupted": False,
+        return {"history": [], "valid_history": [], "checkpoint_dir": None, "interrupted": False,
                 "last_step": meta["step"], "tensorboard_dir": cfg.train.tensorboard_dir,
                 "start_step": meta["step"]}
     ctx = distributed.initialize(cfg.parallel, seed=cfg.train.seed)
@@ -223,6 +252,11 @@ def run(cfg: RunConfig, print_fn=print, stop=None) -> dict:
             if ctx.is_logging_rank:
                 print_fn(f"resumed from {cfg.train.load} at iteration {start_step} "
                          f"({consumed} samples consumed)")
+                old_data, new_data = client.get("data"), dataset["train"].state()
+                if old_data is not None and old_data != new_data:
+                    print_fn(f"note: the training data differ from the checkpoint's ({old_data} → "
+                             f"{new_data}); the run continues at sample {consumed} of the new "
+                             "data's order, not where the old order would have gone")
                 old_iters = (client.get("config") or {}).get("train", {}).get("train_iters")
                 if old_iters is not None and old_iters != cfg.train.train_iters:
                     print_fn(f"note: --train-iters changed from {old_iters} to "
@@ -242,8 +276,10 @@ def run(cfg: RunConfig, print_fn=print, stop=None) -> dict:
                      f"{cfg.train.micro_batch_size} × accumulation {gas} × DP {dp} = global "
                      f"{cfg.train.global_batch_size}, ZeRO stage "
                      f"{ds_config.get('zero_optimization', {}).get('stage', 0)}, "
-                     f"{cfg.train.precision.value}, {len(dataset)} packed samples of "
-                     f"{cfg.data.seq_length} tokens")
+                     f"{cfg.train.precision.value}, packed samples of {cfg.data.seq_length} "
+                     f"tokens, {cfg.data.num_workers} loader workers")
+            for split in dataset.values():
+                print_fn(f"  data {split.describe()}")
         tb = TensorBoardLogger(cfg.train.tensorboard_dir if ctx.is_logging_rank else None)
         try:
             result = train(cfg, ctx, eng, dataset, start_step=start_step,
@@ -255,7 +291,8 @@ def run(cfg: RunConfig, print_fn=print, stop=None) -> dict:
             export_consolidated(eng, model, cfg, ctx, cfg.train.export)
             if ctx.is_logging_rank:
                 print_fn(f"exported consolidated weights to {cfg.train.export}")
-        summary = {"history": result.history, "checkpoint_dir": result.checkpoint_dir,
+        summary = {"history": result.history, "valid_history": result.valid_history,
+                   "checkpoint_dir": result.checkpoint_dir,
                    "interrupted": result.interrupted, "last_step": result.last_step,
                    "tensorboard_dir": cfg.train.tensorboard_dir, "start_step": start_step}
         if ctx.is_logging_rank and result.history:
@@ -315,6 +352,12 @@ def summary_text(summary: dict) -> str:
         f"accuracy on replaced {last['rtd/accuracy_replaced']:.3f}, on original "
         f"{last['rtd/accuracy_original']:.3f}",
     ]
+    valid = summary.get("valid_history") or []
+    if valid:
+        (v0, a), (v1, b) = valid[0], valid[-1]
+        lines.append(f"  validation L_MLM {a['valid/loss/mlm']:.4f} (iteration {v0}) → "
+                     f"{b['valid/loss/mlm']:.4f} (iteration {v1}), L_RTD "
+                     f"{a['valid/loss/rtd']:.4f} → {b['valid/loss/rtd']:.4f}")
     if summary.get("tensorboard_dir"):
         lines.append(f"  TensorBoard: tensorboard --logdir {summary['tensorboard_dir']}")
     if summary.get("checkpoint_dir"):

@@ -1,4 +1,14 @@
-"""The training loop: micro-batches → DeepSpeed engine → metrics, checkpoints, TensorBoard."""
+"""The training loop: loader → DeepSpeed engine → metrics, validation, checkpoints, TensorBoard.
+
+Data: one DataLoader per split for the whole run (``data/loader.py``). The training loader starts
+at the run's ``consumed_samples`` (0, or the checkpoint's), so a resumed run reads exactly what an
+uninterrupted one would (C20); each step takes the next gradient-accumulation-many micro-batches.
+Validation every ``eval_interval`` steps reads the same first ``eval_iters`` global batches of the
+validation split each time (masks keyed by the validation index, sampling noise by step 0), so
+its losses are comparable across steps; it runs forward only, with dropout off, and touches
+neither gradients nor the optimizer nor any RNG state. (Megatron-LM's validation continues
+through the validation set from one evaluation to the next instead.)
+"""
 from __future__ import annotations
 
 import signal
@@ -10,10 +20,12 @@ import torch
 import torch.distributed as dist
 
 from rtd_scale.config import RunConfig
-from rtd_scale.data.packed import PackedDataset, micro_batches
+from rtd_scale.data.blend import BlendedDataset
+from rtd_scale.data.loader import DataParallelSampler, build_loader
 from rtd_scale.distributed import DeepSpeedMpu, ParallelContext
 from rtd_scale.training import checkpoint
-from rtd_scale.training.pipeline import pipeline_train_step
+from rtd_scale.training.digest import DataDigest
+from rtd_scale.training.pipeline import pipeline_forward, pipeline_train_step
 from rtd_scale.training.metrics import (MetricAccumulator, TensorBoardLogger, format_log_line,
                                         grad_norm, table_cosine)
 
@@ -25,6 +37,7 @@ class TrainResult:
     first_step: int
     last_step: int
     history: list[tuple[int, dict[str, float]]] = field(default_factory=list)
+    valid_history: list[tuple[int, dict[str, float]]] = field(default_factory=list)
     checkpoint_dir: Optional[str] = None
     interrupted: bool = False  # stopped early by the exit signal, after saving
 
@@ -51,14 +64,66 @@ class ExitSignal:
         return bool(flag.item())
 
 
-def train(cfg: RunConfig, ctx: ParallelContext, engine, dataset: PackedDataset, *,
+def make_loader(cfg: RunConfig, ctx: ParallelContext, data: BlendedDataset, *, consumed: int,
+                total: int):
+    """The loader of ``data`` from sample ``consumed`` to ``total`` for this rank."""
+    sampler = DataParallelSampler(total_samples=total, consumed_samples=consumed,
+                                  global_batch_size=cfg.train.global_batch_size,
+                                  micro_batch_size=cfg.train.micro_batch_size,
+                                  dp_rank=ctx.dp_rank, dp_size=ctx.dp_size)
+    return build_loader(data, sampler, num_workers=cfg.data.num_workers,
+                        pin_memory=ctx.device.type == "cuda",
+                        prefetch_factor=cfg.data.prefetch_factor, seed=cfg.train.seed)
+
+
+def _to(mb, device):
+    non_blocking = device.type == "cuda"
+    return (mb.input_ids.to(device, non_blocking=non_blocking),
+            mb.sample_index.to(device, non_blocking=non_blocking))
+
+
+def evaluate(cfg: RunConfig, ctx: ParallelContext, engine, loader) -> dict[str, float]:
+    """Validation losses and accuracies over ``eval_iters`` global batches of ``loader``
+    (forward only, dropout off). Collective over every rank; tags prefixed ``valid/``."""
+    acc = MetricAccumulator(ctx.device)
+    gas = len(loader) // cfg.train.eval_iters
+    engine.eval()
+    try:
+        with torch.no_grad():
+            it = iter(loader)
+            for _ in range(cfg.train.eval_iters):
+                batches = [next(it) for _ in range(gas)]
+                if ctx.pp_size > 1:
+                    outs = pipeline_forward(engine.module, batches, step=0, ctx=ctx)
+                else:
+                    outs = [engine(*_to(mb, ctx.device), 0) for mb in batches]
+                for out in outs:
+                    acc.add(out, cfg.rtd.rtd_lambda)
+    finally:
+        engine.train()
+    scalars = acc.reduce(ctx.dp_group)
+    return {f"valid/{k}": v for k, v in scalars.items() if not k.startswith("_")}
+
+
+def format_valid_line(step: int, samples: int, scalars: dict[str, float]) -> str:
+    """Megatron-LM-style validation line."""
+    return (f" validation at iteration {step:8d} | samples: {samples} | "
+            f"mlm loss: {scalars['valid/loss/mlm']:.6E} | rtd loss: {scalars['valid/loss/rtd']:.6E} | "
+            f"total loss: {scalars['valid/loss/total']:.6E} | "
+            f"mlm acc: {scalars['valid/mlm/accuracy']:.4f} | "
+            f"rtd acc replaced: {scalars['valid/rtd/accuracy_replaced']:.4f} | "
+            f"rtd acc original: {scalars['valid/rtd/accuracy_original']:.4f} |")
+
+
+def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedDataset], *,
           start_step: int, consumed_samples: int, tb: TensorBoardLogger, print_fn=print,
           stop: Optional["ExitSignal"] = None, layout: Optional[dict] = None) -> TrainResult:
     """Run optimizer steps start_step … train_iters − 1 (0-based; logs count them from 1).
 
-    With ``stop`` (an installed ``ExitSignal``), its signal — received at any time since it was
-    installed — makes the loop save a checkpoint after the current step and return with
-    ``interrupted=True``.
+    ``data["train"]`` is read from ``consumed_samples`` on; ``data["valid"]``, when present, is
+    evaluated every ``eval_interval`` steps. With ``stop`` (an installed ``ExitSignal``), its
+    signal — received at any time since it was installed — makes the loop save a checkpoint
+    after the current step and return with ``interrupted=True``.
     """
     t = cfg.train
     stop = stop or ExitSignal(None)
@@ -70,6 +135,20 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, dataset: PackedDataset, 
     norm = None
     own_norm = engine.zero_optimization_stage() == 0  # DeepSpeed keeps no norm at stage 0
     mp_group = DeepSpeedMpu().get_model_parallel_group()
+    gas = t.global_batch_size // (t.micro_batch_size * ctx.dp_size)
+    total = consumed_samples + (t.train_iters - start_step) * t.global_batch_size
+    train_batches = iter(make_loader(cfg, ctx, data["train"], consumed=consumed_samples,
+                                     total=total))
+    valid_loader = None
+    if "valid" in data and t.evaluates:
+        valid_loader = make_loader(cfg, ctx, data["valid"], consumed=0,
+                                   total=t.eval_iters * t.global_batch_size)
+        available = sum(len(ds) for ds in data["valid"].datasets)
+        if ctx.is_logging_rank and available < t.eval_iters * t.global_batch_size:
+            print_fn(f"note: one validation reads {t.eval_iters * t.global_batch_size} samples "
+                     f"but the validation split holds {available}: samples repeat (masked "
+                     "afresh); lower --eval-iters or raise the validation share of --split")
+    digest = DataDigest(t.data_digest, ctx)
 
     def will_log(done: int) -> bool:
         # every log_interval steps, and the run's first and last step (the summary's ends)
@@ -77,21 +156,25 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, dataset: PackedDataset, 
 
     for step in range(start_step, t.train_iters):
         lr_used = engine.get_lr()[0]  # the schedule's value for this update (before it steps)
-        batches = micro_batches(dataset, consumed_samples=consumed_samples, seed=t.seed,
-                                global_batch_size=t.global_batch_size,
-                                micro_batch_size=t.micro_batch_size,
-                                dp_rank=ctx.dp_rank, dp_size=ctx.dp_size)
+        batches = [next(train_batches) for _ in range(gas)]
         if ctx.pp_size > 1:
-            for out in pipeline_train_step(engine, batches, step=step, ctx=ctx):
+            outs = pipeline_train_step(engine, batches, step=step, ctx=ctx)
+            for out in outs:
                 acc.add(out, cfg.rtd.rtd_lambda)
         else:
+            outs = []
             for j, mb in enumerate(batches):
-                out = engine(mb.input_ids.to(ctx.device), mb.sample_index.to(ctx.device), step)
+                out = engine(*_to(mb, ctx.device), step)
                 engine.backward(out.loss)
                 if own_norm and j == len(batches) - 1 and will_log(step + 1):
                     norm = grad_norm(model, ctx.tp_rank, mp_group)
                 engine.step()
                 acc.add(out, cfg.rtd.rtd_lambda)
+                outs.append(out)
+        if digest.enabled:
+            digest.add(batches, outs)
+            digest.write(step + 1, consumed_samples, data["train"].locate)
+        del outs
         steps_since_log += 1
         consumed_samples += t.global_batch_size
         done = step + 1
@@ -116,13 +199,20 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, dataset: PackedDataset, 
                 result.history.append((done, scalars))
             acc.reset()
             last_log, steps_since_log = now, 0
+        if valid_loader is not None and done % t.eval_interval == 0:
+            scalars = evaluate(cfg, ctx, engine, valid_loader)
+            if ctx.is_logging_rank:
+                tb.write(done, scalars)
+                print_fn(format_valid_line(done, t.eval_iters * t.global_batch_size, scalars))
+                result.valid_history.append((done, scalars))
+            last_log = time.perf_counter()  # validation time is not training throughput
         stopping = stop.any_rank_received(ctx.device)
         if t.save and ((t.save_interval and done % t.save_interval == 0) or done == t.train_iters
                        or stopping):
             result.checkpoint_dir = checkpoint.save(
                 engine, t.save, step=done, rank=ctx.rank,
                 client_state={"step": done, "consumed_samples": consumed_samples,
-                              "config": cfg.to_dict()},
+                              "data": data["train"].state(), "config": cfg.to_dict()},
                 layout=layout)
             if ctx.is_logging_rank:
                 print_fn(f"saved checkpoint at iteration {done:8d} to {result.checkpoint_dir}")

@@ -18,6 +18,9 @@ micro-batches, then one optimizer step:
 The schedule is handed the raw modules (``engine.module``'s encoders), so DeepSpeed's
 per-micro-batch hooks never run and gradients accumulate in ``param.grad`` (measured to match
 PP = 1; see tests/dist/test_pipeline_parallel.py).
+
+Validation (``pipeline_forward``) runs the same two passes with ``forward_only=True`` under
+``torch.no_grad()``: no backward, no gradients, no optimizer step.
 """
 from __future__ import annotations
 
@@ -35,16 +38,19 @@ from rtd_scale.distributed import ParallelContext
 from rtd_scale.model.rtd import GeneratorResult, RTDModel, RTDOutput
 
 
-def _schedule(encoder, forward_step, micro_batches: Sequence[MicroBatch], seq_length: int):
+def _schedule(encoder, forward_step, micro_batches: Sequence[MicroBatch], seq_length: int,
+              forward_only: bool):
     forward_backward_pipelining_without_interleaving(
         forward_step_func=forward_step, data_iterator=iter(enumerate(micro_batches)),
         model=[encoder], num_microbatches=len(micro_batches), seq_length=seq_length,
-        micro_batch_size=micro_batches[0].input_ids.shape[0], forward_only=False)
+        micro_batch_size=micro_batches[0].input_ids.shape[0], forward_only=forward_only)
 
 
 def pipeline_forward_backward(model: RTDModel, micro_batches: Sequence[MicroBatch], *,
-                              step: int, ctx: ParallelContext) -> list[RTDOutput]:
-    """Steps 1–3 above: both passes, forward and backward, over ``micro_batches``.
+                              step: int, ctx: ParallelContext,
+                              forward_only: bool = False) -> list[RTDOutput]:
+    """Steps 1–3 above: both passes, forward and (unless ``forward_only``) backward, over
+    ``micro_batches``.
 
     Returns one RTDOutput per micro-batch on the last stage (losses detached), [] elsewhere.
     """
@@ -67,7 +73,7 @@ def pipeline_forward_backward(model: RTDModel, micro_batches: Sequence[MicroBatc
 
         return hidden, loss_func
 
-    _schedule(model.generator, generator_step, micro_batches, seq_length)
+    _schedule(model.generator, generator_step, micro_batches, seq_length, forward_only)
 
     # 2. corrupted ids: last stage -> every stage of this pipeline (stage 0 needs them)
     corrupted = torch.empty(n, *micro_batches[0].input_ids.shape, dtype=torch.int64, device=dev)
@@ -92,8 +98,16 @@ def pipeline_forward_backward(model: RTDModel, micro_batches: Sequence[MicroBatc
 
         return hidden, loss_func
 
-    _schedule(model.discriminator, discriminator_step, micro_batches, seq_length)
+    _schedule(model.discriminator, discriminator_step, micro_batches, seq_length, forward_only)
     return [o for o in outputs if o is not None]
+
+
+@torch.no_grad()
+def pipeline_forward(model: RTDModel, micro_batches: Sequence[MicroBatch], *, step: int,
+                     ctx: ParallelContext) -> list[RTDOutput]:
+    """Validation at pipeline_model_parallel_size > 1: passes 1–3 forward only. One RTDOutput per
+    micro-batch on the last stage, [] elsewhere; no gradient is touched."""
+    return pipeline_forward_backward(model, micro_batches, step=step, ctx=ctx, forward_only=True)
 
 
 def all_reduce_tied_gradients(model: RTDModel, ctx: ParallelContext) -> None:

@@ -1,5 +1,6 @@
 """PP=2 × DP=2 with ZeRO-1 against PP=1 × DP=1, through `deepspeed rtd_scale/pretrain.py`,
-reading both runs' TensorBoard scalars; save and resume at PP=2 continue exactly."""
+reading both runs' TensorBoard scalars (training and validation); save and resume at PP=2
+continue exactly."""
 from __future__ import annotations
 
 import pytest
@@ -17,6 +18,7 @@ def _args(wiki_shards, save, ds_config, iters, pp, extra=()):
             "--seq-length", "64", "--micro-batch-size", "4", "--global-batch-size", "16",
             "--lr", "1e-3", "--lr-warmup-iters", "5", "--lr-decay-iters", "20",
             "--log-interval", "1", "--save-interval", "5", "--seed", "5",
+            "--eval-interval", "10", "--eval-iters", "1",
             "--pipeline-model-parallel-size", str(pp), *NO_DROPOUT, *extra]
 
 
@@ -31,6 +33,10 @@ def test_pp2_dp2_zero1_matches_pp1_and_resumes_exactly(wiki_shards, tmp_path):
     assert sorted(pp["loss/total"]) == list(range(1, 21))
     for tag in ("loss/mlm", "loss/rtd", "loss/total"):
         for step in range(1, 21):
+            assert pp[tag][step] == pytest.approx(ref[tag][step], rel=1e-4), (tag, step)
+    for tag in ("valid/loss/mlm", "valid/loss/rtd"):  # validation: forward-only 1F1B at PP=2
+        assert sorted(pp[tag]) == [10, 20]
+        for step in (10, 20):
             assert pp[tag][step] == pytest.approx(ref[tag][step], rel=1e-4), (tag, step)
     for step in (1, 10, 20):  # DeepSpeed's global gradient norm counts the tied table once
         assert pp["optim/grad_norm"][step] == pytest.approx(ref["optim/grad_norm"][step],

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from rtd_scale.training import digest
 from tests.conftest import REPO, free_port
 
 pytestmark = pytest.mark.e2e
@@ -33,7 +34,8 @@ def scalars(tb_dir: str) -> dict[str, dict[int, float]]:
 
 def assert_resume_continues(args, straight: dict, ranks: int, save_dir) -> None:
     """``args(iters, extra)`` gives the launch arguments: 5 steps, then ``--load`` to 10; steps
-    6–10 must repeat ``straight``'s losses (TensorBoard scalars of an uninterrupted run)."""
+    6–10 must repeat ``straight``'s losses (TensorBoard scalars of an uninterrupted run)
+    bitwise (C20; TensorBoard stores float32)."""
     r = launch(args(5, []), ranks=ranks)
     assert r.returncode == 0, r.stderr[-3000:]
     r = launch(args(10, ["--load", str(save_dir)]), ranks=ranks)
@@ -41,7 +43,7 @@ def assert_resume_continues(args, straight: dict, ranks: int, save_dir) -> None:
     resumed = scalars(str(save_dir / "tensorboard"))
     for step in range(6, 11):
         for tag in ("loss/mlm", "loss/rtd"):
-            assert resumed[tag][step] == pytest.approx(straight[tag][step], rel=1e-6), (tag, step)
+            assert resumed[tag][step] == straight[tag][step], (tag, step)
 
 
 def common(wiki_shards, save: Path, iters: int, extra=()) -> list[str]:
@@ -59,14 +61,23 @@ TAGS = {"loss/mlm", "loss/rtd", "loss/total", "mlm/accuracy", "rtd/replaced_frac
 
 
 def test_zero3_two_ranks_train_checkpoint_and_resume_exactly(wiki_shards, tmp_path):
+    """Also case C20: 6 steps straight against 3, save, --load, 3 more — the same sample ids,
+    masks and losses, bitwise (the --data-digest lines), whatever the number of loader workers;
+    validation in between changes nothing in training and repeats its own losses exactly."""
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    r = launch(common(wiki_shards, straight, 6))
+    r = launch(common(wiki_shards, straight, 6, [
+        "--data-digest", str(straight / "digest.jsonl"), "--num-workers", "2",
+        "--eval-interval", "2", "--eval-iters", "1"]))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "ZeRO stage 3" in r.stdout and "world 2 = TP 1 × PP 1 × DP 2" in r.stdout
     assert "micro-batch 4 × accumulation 2 × DP 2 = global 16" in r.stdout
+    assert "data train: 1 × wiki_text_document" in r.stdout
+    assert r.stdout.count(" validation at iteration ") == 3
     s = scalars(str(straight / "tensorboard"))
     assert TAGS <= set(s)
     assert sorted(s["loss/total"]) == [1, 2, 3, 4, 5, 6]
+    assert sorted(s["valid/loss/mlm"]) == [2, 4, 6]
+    assert {"valid/loss/rtd", "valid/loss/total", "valid/mlm/accuracy"} <= set(s)
     # GDES: E_D = E_G + E_Δ starts equal to E_G (cosine 1), then E_Δ moves it (ZeRO-3 gathered)
     cos = s["embedding/cosine_generator_discriminator"]
     assert cos[1] == pytest.approx(1.0, abs=1e-3) and 0.0 < cos[6] < 1.0
@@ -82,16 +93,35 @@ def test_zero3_two_ranks_train_checkpoint_and_resume_exactly(wiki_shards, tmp_pa
     assert ds["gradient_accumulation_steps"] == 2 and ds["zero_optimization"]["stage"] == 3
     assert (straight / "latest").read_text().strip() == "global_step6"
     assert (straight / "global_step3").is_dir()
+    a = digest.read(str(straight / "digest.jsonl"))
+    assert sorted(a) == [1, 2, 3, 4, 5, 6]
+    for step, row in a.items():  # step t reads global samples [16(t-1), 16t), both ranks
+        assert row["sample_index"] == list(range(16 * (step - 1), 16 * step))
+        assert len(row["losses"]) == 4  # 2 micro-batches × 2 ranks
+    assert len({row["masks_sha256"] for row in a.values()}) == 6
 
-    # 3 steps, then --load: continues at step 4 and repeats the straight run's losses
-    r = launch(common(wiki_shards, resumed, 3))
+    # 3 steps (no validation, no workers), then --load: continues at step 4 and repeats the
+    # straight run exactly
+    r = launch(common(wiki_shards, resumed, 3, [
+        "--data-digest", str(resumed / "digest.jsonl"), "--num-workers", "0",
+        "--eval-iters", "0"]))
     assert r.returncode == 0, r.stderr[-3000:]
-    r = launch(common(wiki_shards, resumed, 6, ["--load", str(resumed)]))
+    r = launch(common(wiki_shards, resumed, 6, [
+        "--load", str(resumed), "--data-digest", str(resumed / "digest.jsonl"),
+        "--num-workers", "1", "--eval-interval", "2", "--eval-iters", "1"]))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "resumed from" in r.stdout and "at iteration 3" in r.stdout
     first_line = next(l for l in r.stdout.splitlines() if l.strip().startswith("iteration"))
     assert first_line.split()[1] == "4/"
+    b = digest.read(str(resumed / "digest.jsonl"))
+    assert sorted(b) == [1, 2, 3, 4, 5, 6]
+    for step in range(1, 7):  # sample ids, inputs, masks and per-micro-batch losses, bitwise
+        assert b[step] == a[step], step
     s2 = scalars(str(resumed / "tensorboard"))
     for step in (4, 5, 6):
-        assert s2["loss/mlm"][step] == pytest.approx(s["loss/mlm"][step], rel=1e-6, abs=0)
-        assert s2["loss/rtd"][step] == pytest.approx(s["loss/rtd"][step], rel=1e-6, abs=0)
+        assert s2["loss/mlm"][step] == s["loss/mlm"][step]
+        assert s2["loss/rtd"][step] == s["loss/rtd"][step]
+    for step in (4, 6):  # the same validation samples and masks each time: comparable losses
+        for tag in ("valid/loss/mlm", "valid/loss/rtd"):
+            assert s2[tag][step] == s[tag][step], (tag, step)
+    assert s["valid/loss/mlm"][2] != s["valid/loss/mlm"][6]  # the model moved, the data did not
