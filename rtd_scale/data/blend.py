@@ -28,10 +28,9 @@ import os
 from typing import Optional, Sequence
 
 import numpy as np
-import torch
 
 from rtd_scale.cli_errors import UserInputError
-from rtd_scale.data.packed import MicroBatch, PackedDataset
+from rtd_scale.data.packed import HostBatch, MicroBatch, PackedDataset
 
 SPLIT_NAMES = ("train", "valid", "test")
 SPLIT_INDEX_BASE = 1 << 60  # mask key of split p's k-th sample: p · 2**60 + k
@@ -85,7 +84,8 @@ class BlendedDataset:
     """One split (train / valid / test) of the blended datasets, indexed by global sample index.
 
     ``data[k]`` for an int64 array ``k`` [b] is the MicroBatch (input_ids [b, seq_length],
-    sample_index = index_base + k) — what the loader's workers produce.
+    sample_index = index_base + k); ``data.host_batch(k)`` the same as numpy arrays, which is
+    what the loader's workers produce.
 
     Args:
         datasets: the split of each dataset (``PackedDataset``, same seq_length).
@@ -128,11 +128,16 @@ class BlendedDataset:
             sample[sel] = out
         return d, sample
 
-    def __getitem__(self, k: np.ndarray) -> MicroBatch:
+    def host_batch(self, k: np.ndarray) -> HostBatch:
+        """The samples at global indices ``k`` (int64 [b]) as numpy: input_ids [b, s], and
+        sample_index = index_base + k [b] (the mask keys)."""
         k = np.asarray(k, np.int64)
         d, sample = self.locate(k)
         ids = np.stack([self.datasets[di][si] for di, si in zip(d.tolist(), sample.tolist())])
-        return MicroBatch(torch.from_numpy(ids), torch.from_numpy(k + self.index_base))
+        return HostBatch(ids, k + self.index_base)
+
+    def __getitem__(self, k: np.ndarray) -> MicroBatch:
+        return self.host_batch(k).to_torch()
 
     def describe(self) -> str:
         """One line: samples per dataset and weights, e.g. for the start-up log."""

@@ -8,12 +8,14 @@ contiguous G/dp slice, cut into micro-batches of b. So a resumed run re-creates 
 workers. (Megatron-LM's ``MegatronPretrainingSampler`` has the same contract but gives rank r the
 r-th micro-batch of every group of dp micro-batches instead of one contiguous slice.)
 
-Loading: a ``torch.utils.data.DataLoader`` over ``BlendedDataset`` with the sampler yielding one
-micro-batch's indices at a time (``batch_size=None``), ``num_workers`` worker processes
-(``--num-workers``; each reopens the shard memory maps), ``prefetch_factor`` micro-batches read
-ahead per worker, persistent workers, and pinned memory when the device is CUDA. The loader gets
-its own ``torch.Generator``, so creating it draws nothing from the global RNG that dropout uses
-(a resumed run would otherwise diverge).
+Loading: a ``torch.utils.data.DataLoader`` over ``BlendedDataset.host_batch`` with the sampler
+yielding one micro-batch's indices at a time (``batch_size=None``), ``num_workers`` worker
+processes (``--num-workers``; each reopens the shard memory maps), ``prefetch_factor``
+micro-batches read ahead per worker, persistent workers, and pinned memory when the device is
+CUDA. Workers send numpy arrays (``HostBatch``), made tensors in the training process — or in the
+DataLoader's pin-memory thread when pinning. The loader gets its own ``torch.Generator``, so
+creating it draws nothing from the global RNG that dropout uses (a resumed run would otherwise
+diverge).
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ from typing import Iterator, Optional
 
 import numpy as np
 import torch
+
+from rtd_scale.data.packed import HostBatch, MicroBatch
 
 
 def rank_micro_batches(consumed_samples: int, *, global_batch_size: int, micro_batch_size: int,
@@ -70,14 +74,42 @@ class DataParallelSampler:
                 dp_rank=self.dp_rank, dp_size=self.dp_size)
 
 
+class _HostBatches:
+    """Map-style view the DataLoader indexes: one micro-batch's indices → ``HostBatch``."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __getitem__(self, k: np.ndarray) -> HostBatch:
+        return self.dataset.host_batch(k)
+
+
+def _as_is(batch):
+    return batch
+
+
+class MicroBatchLoader:
+    """Iterates ``MicroBatch``es (tensors) out of a DataLoader of ``HostBatch``es."""
+
+    def __init__(self, dataloader: torch.utils.data.DataLoader):
+        self.dataloader = dataloader
+
+    def __len__(self) -> int:
+        return len(self.dataloader)
+
+    def __iter__(self) -> Iterator[MicroBatch]:
+        for batch in self.dataloader:
+            yield batch if isinstance(batch, MicroBatch) else batch.to_torch()
+
+
 def build_loader(dataset, sampler: DataParallelSampler, *, num_workers: int,
                  pin_memory: bool, prefetch_factor: Optional[int] = 2,
-                 seed: int = 0) -> torch.utils.data.DataLoader:
-    """A DataLoader yielding ``MicroBatch``es (input_ids [b, s] int64, sample_index [b] int64) in
+                 seed: int = 0) -> MicroBatchLoader:
+    """A loader yielding ``MicroBatch``es (input_ids [b, s] int64, sample_index [b] int64) in
     the sampler's order.
 
     Args:
-        dataset: maps an int64 index array to a MicroBatch (``blend.BlendedDataset``).
+        dataset: has ``host_batch(k)`` for an int64 index array (``blend.BlendedDataset``).
         sampler: the indices, one micro-batch at a time.
         num_workers: loader processes; 0 reads in the calling process.
         pin_memory: page-locked batches (pass True only for a CUDA device).
@@ -87,6 +119,7 @@ def build_loader(dataset, sampler: DataParallelSampler, *, num_workers: int,
     kw = {}
     if num_workers > 0:
         kw = dict(prefetch_factor=prefetch_factor, persistent_workers=True)
-    return torch.utils.data.DataLoader(
-        dataset, sampler=sampler, batch_size=None, num_workers=num_workers,
-        pin_memory=pin_memory, generator=torch.Generator().manual_seed(seed), **kw)
+    return MicroBatchLoader(torch.utils.data.DataLoader(
+        _HostBatches(dataset), sampler=sampler, batch_size=None, collate_fn=_as_is,
+        num_workers=num_workers, pin_memory=pin_memory,
+        generator=torch.Generator().manual_seed(seed), **kw))
