@@ -41,7 +41,6 @@ import json
 import math
 import os
 import secrets
-import struct
 import warnings
 from dataclasses import dataclass
 from functools import lru_cache
@@ -51,13 +50,8 @@ import numpy as np
 import torch
 
 from rtd_scale.cli_errors import UserInputError
-from rtd_scale.data.shards import _DTYPE_CODES, _INDEX_MAGIC, read_index, resolve_data_path
+from rtd_scale.data.shards import read_index, read_index_header, resolve_data_path
 from rtd_scale.data.tokenizer import CLS_ID, PAD_ID, SEP_ID
-
-# the fixed part of megatron-core's .idx header (layout in rtd_scale/data/shards.py): magic,
-# version, dtype code, sequence count, document-index count
-_IDX_HEADER = struct.Struct("<9sQBQQ")
-_IDX_DTYPES = {code: dtype for dtype, code in _DTYPE_CODES.items()}
 
 _INDEX_FORMAT = "rtd_scale.sample_index.v1"
 DEFAULT_CACHE_DIR = "index-cache"  # next to the first shard of a dataset
@@ -82,16 +76,10 @@ class ShardIndex:
         if missing:
             raise UserInputError(f"shard {self.prefix} is incomplete: {' and '.join(missing)} not "
                                  "found; pass a prefix printed by tools/preprocess_data.py")
-        with open(self.idx_path, "rb") as f:
-            head = f.read(_IDX_HEADER.size)
-        if len(head) < _IDX_HEADER.size or head[:9] != _INDEX_MAGIC:
-            raise UserInputError(f"{self.idx_path} is not a megatron-core index (bad header); "
-                                 "re-run tools/preprocess_data.py")
-        _, version, code, self.num_sequences, doc_entries = _IDX_HEADER.unpack(head)
-        if version != 1 or code not in _IDX_DTYPES or doc_entries < 1:
-            raise UserInputError(f"{self.idx_path}: unsupported index (version {version}, dtype "
-                                 f"code {code}); re-run tools/preprocess_data.py")
-        self.dtype = _IDX_DTYPES[code]
+        self.dtype, self.num_sequences, doc_entries = read_index_header(self.idx_path)
+        if doc_entries < 1:
+            raise UserInputError(f"{self.idx_path}: the document index is empty; re-run "
+                                 "tools/preprocess_data.py")
         self.num_documents = doc_entries - 1
         self._tokens: Optional[np.ndarray] = None
 

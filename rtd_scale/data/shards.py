@@ -16,8 +16,10 @@ into place, and the new ``.idx`` renamed last. A shard is complete iff its ``.id
 crash at any point leaves either the old shard, the new one, or no shard — never a new ``.bin``
 with an old ``.idx``. On abort the temporary files are deleted and existing files are untouched.
 
-Reading uses megatron-core's ``IndexedDataset`` (:func:`open_shard`), imported lazily (~4 s, it
-pulls in torch) with its import-time warnings about Transformer Engine / Apex silenced. Writing
+Tools and tests read shards with megatron-core's ``IndexedDataset`` (:func:`open_shard`), imported
+lazily (~4 s, it pulls in torch) with its import-time warnings silenced; training reads them with
+numpy memory maps (rtd_scale/data/packed.py) through :func:`read_index_header` / :func:`read_index`
+(tested to agree with ``IndexedDataset``). Writing
 uses this module's own writer of the same format (:func:`write_index`; byte-identical to
 megatron-core's ``IndexedDatasetBuilder``, tested), because the builder needs torch: importing it
 would cost every preprocessing run ~4 s and ~320 MB before its first document, and its index
@@ -48,6 +50,7 @@ __all__ = [
     "MANIFEST_SUFFIX",
     "open_shard",
     "read_index",
+    "read_index_header",
     "read_manifest",
     "read_shard_meta",
     "resolve_data_path",
@@ -118,23 +121,32 @@ def write_index(idx_path: str, dtype: np.dtype, lengths: np.ndarray, document_in
         f.write(np.asarray(document_indices, dtype=np.int64).tobytes(order="C"))
 
 
-def read_index(idx_path: str) -> tuple[np.dtype, np.ndarray, np.ndarray]:
-    """(dtype, lengths [sequences] int32, document_indices [documents + 1] int64) of a megatron-core
-    ``.idx`` file, read into memory. Raises UserInputError naming the file if it is not one."""
+def read_index_header(idx_path: str) -> tuple[np.dtype, int, int]:
+    """(token dtype, sequence count, document-index entries = documents + 1) from the fixed header
+    of a megatron-core ``.idx`` file. Raises UserInputError naming the file if it is not one."""
     codes = {v: k for k, v in _DTYPE_CODES.items()}
     with open(idx_path, "rb") as f:
         head = f.read(len(_INDEX_MAGIC) + 8 + 1 + 8 + 8)
-        if len(head) < 34 or head[:9] != _INDEX_MAGIC or struct.unpack("<Q", head[9:17])[0] != 1 \
-                or head[17] not in codes:
-            raise UserInputError(f"{idx_path} is not a megatron-core index (.idx) file; re-create the shard "
-                                 "with tools/preprocess_data.py")
-        sequences, documents = struct.unpack("<QQ", head[18:34])
+    if len(head) < 34 or head[:9] != _INDEX_MAGIC or struct.unpack("<Q", head[9:17])[0] != 1 \
+            or head[17] not in codes:
+        raise UserInputError(f"{idx_path} is not a megatron-core index (.idx) file; re-create the shard "
+                             "with tools/preprocess_data.py")
+    sequences, document_entries = struct.unpack("<QQ", head[18:34])
+    return codes[head[17]], sequences, document_entries
+
+
+def read_index(idx_path: str) -> tuple[np.dtype, np.ndarray, np.ndarray]:
+    """(dtype, lengths [sequences] int32, document_indices [documents + 1] int64) of a megatron-core
+    ``.idx`` file, read into memory. Raises UserInputError naming the file if it is not one."""
+    dtype, sequences, documents = read_index_header(idx_path)
+    with open(idx_path, "rb") as f:
+        f.seek(34)
         lengths = np.fromfile(f, dtype=np.int32, count=sequences)
         f.seek(sequences * 8, os.SEEK_CUR)  # pointers: implied by the lengths
         document_indices = np.fromfile(f, dtype=np.int64, count=documents)
     if lengths.size != sequences or document_indices.size != documents:
         raise UserInputError(f"{idx_path} is truncated; re-create the shard with tools/preprocess_data.py")
-    return codes[head[17]], lengths, document_indices
+    return dtype, lengths, document_indices
 
 
 class ShardWriter:
