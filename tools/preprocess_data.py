@@ -44,11 +44,12 @@ import numpy as np  # noqa: E402
 
 from rtd_scale.cli_errors import UserInputError, run_cli  # noqa: E402
 from rtd_scale.data.text import (  # noqa: E402
-    BadLineError, Position, ReadStats, check_inputs, input_fingerprint, iter_positioned_records)
+    BadLineError, LineBlock, Position, ReadStats, check_inputs, input_fingerprint, is_compressed,
+    iter_line_blocks, iter_record_batches, line_format, parse_line_block, read_line_range)
 from rtd_scale.data.tokenizer import Tokenizer  # noqa: E402
 
-_BATCH_RECORDS = 512  # records per task sent to a worker
-_BATCH_CHARS = 1 << 20  # ... or fewer if they hold this many characters (memory: 2 x workers in flight)
+_BLOCK_BYTES = 1 << 20  # input bytes per task sent to a worker (memory: 2 x workers in flight)
+_BATCH_RECORDS = 512  # ... or, for parquet and JSON arrays, this many records
 _SHARD_DIGITS = 5
 
 
@@ -73,28 +74,48 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-# -- encoding, in this process or in spawned workers ------------------------------------------
+# -- the work: read blocks here, parse and encode them in the workers ---------------------------
+#
+# The main process hands out work and writes: byte ranges of uncompressed JSON lines / text files
+# (each worker reads its own range), whole-line blocks of compressed ones (decompressed here), or
+# parsed record batches of parquet / JSON-array files. Workers read and parse the lines, normalise
+# and encode, so the main process stays far below one core however many workers run.
 
-# (tokenizer, shard dtype), set once per worker process by _init_worker
-_worker_state: tuple[Tokenizer, np.dtype] | None = None
+# (tokenizer, shard dtype, keys), set once per worker process by _init_worker
+_worker_state: tuple[Tokenizer, np.dtype, tuple[str, ...]] | None = None
 
 
-def _init_worker(tokenizer: Tokenizer, dtype: np.dtype) -> None:
+def _init_worker(tokenizer: Tokenizer, dtype: np.dtype, keys: tuple[str, ...]) -> None:
     global _worker_state
-    _worker_state = (tokenizer, dtype)
+    _worker_state = (tokenizer, dtype, keys)
 
 
-def _encode_batch_in_worker(batch: list[tuple[str, ...]]) -> list[tuple[np.ndarray, np.ndarray]]:
+def _work_in_worker(task) -> tuple:
     assert _worker_state is not None
-    return _encode_batch(*_worker_state, batch)
+    return _work(*_worker_state, task)
 
 
-def _encode_batch(tokenizer: Tokenizer, dtype: np.dtype,
-                  batch: list[tuple[str, ...]]) -> list[tuple[np.ndarray, np.ndarray]]:
-    """[records][keys] texts -> per key (ids of all records back to back [sum(lengths)] in the
-    shard dtype, tokens per record [records] int64; 0 for an empty document)."""
-    width = len(batch[0])
-    flat = tokenizer.encode_batch([text for record in batch for text in record])
+def _work(tokenizer: Tokenizer, dtype: np.dtype, keys: tuple[str, ...], task) -> tuple:
+    """A task -> (file index, ParsedRecords without texts, per key (ids [sum(lengths)] in the
+    shard dtype, lengths [records] int64; 0 for an empty document), input bytes, whether its
+    line numbers still count from the task's first line)."""
+    if task[0] == "range":  # an uncompressed file: read here, line numbers fixed up later
+        _, path, fmt, file, start, end, at_line_start = task
+        block = read_line_range(path, file, start, end, at_line_start)
+        parsed, nbytes = parse_line_block(block, path, fmt, keys), len(block.data)
+    elif isinstance(task[0], LineBlock):
+        block, path, fmt = task
+        parsed, file, nbytes = parse_line_block(block, path, fmt, keys), block.file, len(block.data)
+    else:
+        file, parsed, nbytes = task
+    encoded = _encode(tokenizer, dtype, len(keys), parsed.texts)
+    parsed.texts = []  # not shipped back
+    return file, parsed, encoded, nbytes, task[0] == "range"
+
+
+def _encode(tokenizer: Tokenizer, dtype: np.dtype, width: int,
+            records: list[tuple[str, ...]]) -> list[tuple[np.ndarray, np.ndarray]]:
+    flat = tokenizer.encode_batch([text for record in records for text in record]) if records else []
     out = []
     for k in range(width):
         docs = flat[k::width]
@@ -104,39 +125,53 @@ def _encode_batch(tokenizer: Tokenizer, dtype: np.dtype,
     return out
 
 
-def _batches(records: Iterable[tuple[Position, tuple[str, ...]]]
-             ) -> Iterator[tuple[list[Position], list[tuple[str, ...]]]]:
-    positions: list[Position] = []
-    batch: list[tuple[str, ...]] = []
-    chars = 0
-    for position, record in records:
-        positions.append(position)
-        batch.append(record)
-        chars += sum(len(t) for t in record)
-        if len(batch) >= _BATCH_RECORDS or chars >= _BATCH_CHARS:
-            yield positions, batch
-            positions, batch, chars = [], [], 0
-    if batch:
-        yield positions, batch
+def _tasks(paths: Sequence[Path], keys: Sequence[str], start: Position | None) -> Iterator[tuple]:
+    start = start or Position()
+    for index, path in enumerate(paths):
+        if index < start.file:
+            continue
+        offset, line = (start.offset, start.line) if index == start.file else (0, 0)
+        fmt = line_format(path)
+        if fmt is not None and not is_compressed(path):  # workers read their own byte ranges
+            size = path.stat().st_size
+            for first in range(offset, size, _BLOCK_BYTES):
+                yield "range", str(path), fmt, index, first, min(first + _BLOCK_BYTES, size), first == offset
+        elif fmt is not None:  # decompressed here, shipped as whole-line blocks
+            for block in iter_line_blocks(path, index, offset, line, _BLOCK_BYTES):
+                yield block, str(path), fmt
+        else:
+            for parsed, nbytes in iter_record_batches(path, keys, offset, line, _BATCH_RECORDS, _BLOCK_BYTES):
+                yield index, parsed, nbytes
 
 
-def _encoded(batches, tokenizer: Tokenizer, dtype: np.dtype, pool, workers: int):
-    """(positions, encoded) in input order. With a pool, at most 2 x workers batches are in
-    flight, so memory stays bounded however large the input (Pool.imap would read ahead without
-    limit)."""
+def _results(tasks: Iterator[tuple], state: tuple, pool, workers: int) -> Iterator[tuple]:
+    """Worked tasks in input order. With a pool, at most 2 x workers tasks are in flight, so
+    memory stays bounded however large the input (Pool.imap would read ahead without limit)."""
     if pool is None:
-        for positions, batch in batches:
-            yield positions, _encode_batch(tokenizer, dtype, batch)
+        for task in tasks:
+            yield _work(*state, task)
         return
     pending: collections.deque = collections.deque()
-    for positions, batch in batches:
-        pending.append((positions, pool.apply_async(_encode_batch_in_worker, (batch,))))
+    for task in tasks:
+        pending.append(pool.apply_async(_work_in_worker, (task,)))
         if len(pending) >= 2 * workers:
-            positions, result = pending.popleft()
-            yield positions, result.get()
+            yield pending.popleft().get()
     while pending:
-        positions, result = pending.popleft()
-        yield positions, result.get()
+        yield pending.popleft().get()
+
+
+class _Positions:
+    """Position after record i of a worked task (bad-line counts made absolute)."""
+
+    def __init__(self, file: int, parsed, bad_so_far: int):
+        self.file, self.parsed, self.bad_so_far = file, parsed, bad_so_far
+
+    def __len__(self) -> int:
+        return len(self.parsed.ends)
+
+    def __getitem__(self, i: int) -> Position:
+        p = self.parsed
+        return Position(self.file, p.ends[i], p.lines[i], self.bad_so_far + p.bad_before[i])
 
 
 # -- the datasets being written: shards, sidecars, resume ------------------------------------
@@ -324,8 +359,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     # fork: workers start at once with the loaded tokenizer. This tool never imports torch (whose
     # threads make fork unsafe); if a caller has, spawn instead.
     start_method = "spawn" if "torch" in sys.modules or not hasattr(os, "fork") else "fork"
+    state = (tokenizer, dtype, tuple(keys))
     pool = (multiprocessing.get_context(start_method).Pool(args.workers, initializer=_init_worker,
-                                                           initargs=(tokenizer, dtype))
+                                                           initargs=state)
             if args.workers > 1 else None)
 
     from tqdm import tqdm
@@ -355,17 +391,32 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         open_writers()
         start = time.perf_counter()
-        records = iter_positioned_records(paths, keys, start=plan.position,
-                                          skip_bad_lines=args.skip_bad_lines, stats=stats)
-        compressed = any(p.suffix.lower() in (".gz", ".xz", ".bz2") for p in paths)
+        stats.bad_lines = plan.position.bad_lines if plan.position else 0
+        compressed = any(map(is_compressed, paths))
         bar = tqdm(total=None if compressed else sum(p.stat().st_size for p in paths), unit="B",
                    unit_scale=True, desc="preprocess", file=sys.stderr, disable=not sys.stderr.isatty())
-        shown_bytes, next_log = 0, args.log_interval
+        next_log = args.log_interval
         with bar:
-            for positions, encoded in _encoded(_batches(records), tokenizer, dtype, pool, args.workers):
-                _write_batch(positions, encoded, keys, writers, shard_size_bytes, open_writers, commit_writers)
-                bar.update(stats.bytes_read - shown_bytes)
-                shown_bytes = stats.bytes_read
+            line_base = {plan.position.file: plan.position.line} if plan.position else {}
+            for file, parsed, encoded, nbytes, ranged in _results(_tasks(paths, keys, plan.position), state,
+                                                                  pool, args.workers):
+                if ranged:  # line numbers were counted from the range's first line
+                    parsed.shift_lines(line_base.get(file, 0))
+                    line_base[file] = line_base.get(file, 0) + parsed.line_count
+                if parsed.bad and not args.skip_bad_lines:  # write what precedes it, then stop
+                    ok = parsed.bad_before.index(1) if 1 in parsed.bad_before else len(parsed.ends)
+                    del parsed.ends[ok:], parsed.lines[ok:], parsed.bad_before[ok:]
+                    encoded = [(ids[: int(lengths[:ok].sum())], lengths[:ok]) for ids, lengths in encoded]
+                    _write_batch(_Positions(file, parsed, stats.bad_lines), encoded, keys, writers,
+                                 shard_size_bytes, open_writers, commit_writers)
+                    raise parsed.bad[0]
+                _write_batch(_Positions(file, parsed, stats.bad_lines), encoded, keys, writers,
+                             shard_size_bytes, open_writers, commit_writers)
+                stats.bad_lines += len(parsed.bad)
+                stats.bad_examples.extend(parsed.bad[: max(0, 3 - len(stats.bad_examples))])
+                stats.records += len(parsed.ends)
+                stats.bytes_read += nbytes
+                bar.update(nbytes)
                 if bar.disable and stats.records >= next_log:
                     next_log = (stats.records // args.log_interval + 1) * args.log_interval
                     print(f"processed {stats.records:,} records, {_rate(stats.bytes_read, start)}", file=sys.stderr)

@@ -45,8 +45,15 @@ __all__ = [
     "check_inputs",
     "input_fingerprint",
     "input_format",
+    "LineBlock",
+    "ParsedRecords",
+    "iter_line_blocks",
     "iter_positioned_records",
+    "iter_record_batches",
     "iter_records",
+    "line_format",
+    "parse_line_block",
+    "read_line_range",
 ]
 
 InputFormat = Literal["jsonl", "json", "parquet", "text"]
@@ -121,6 +128,11 @@ def input_format(path: str | Path) -> InputFormat:
     if fmt == "parquet" and compression:
         raise UserInputError(f"{path}: parquet is compressed internally; give the .parquet file itself")
     return fmt
+
+
+def is_compressed(path: str | Path) -> bool:
+    """Whether ``path`` is read through a decompressor (.gz, .xz, .bz2)."""
+    return _split_suffix(path)[1] is not None
 
 
 def input_fingerprint(path: str | Path) -> dict:
@@ -371,3 +383,160 @@ def _iter_parquet(path: Path, keys: tuple[str, ...], stats: ReadStats, skip: int
             rec.unit = "row"
         yield row_no, row_no, rec
     stats.bytes_read += path.stat().st_size
+
+
+# -- line-based inputs in blocks, parsed where the work is (tools/preprocess_data.py's workers) ---
+
+
+@dataclass(frozen=True)
+class LineBlock:
+    """Whole lines of one input: ``data`` (bytes, ending in a newline unless it is the end of the
+    file) starting ``offset`` decompressed bytes and ``line`` lines into file ``file``."""
+
+    file: int
+    offset: int
+    line: int
+    data: bytes
+
+
+@dataclass
+class ParsedRecords:
+    """Records of a block in order: ``texts`` [records][keys]; for record i, ``ends[i]`` /
+    ``lines[i]`` are the position after it (offset, line) and ``bad_before[i]`` the bad lines
+    skipped in this block before it; ``bad`` every bad line of the block, in order."""
+
+    texts: list[tuple[str, ...]] = field(default_factory=list)
+    ends: list[int] = field(default_factory=list)
+    lines: list[int] = field(default_factory=list)
+    bad_before: list[int] = field(default_factory=list)
+    bad: list[BadLineError] = field(default_factory=list)
+    line_count: int = 0  # lines the block held (blank and bad ones included)
+
+    def shift_lines(self, base: int) -> None:
+        """Make line numbers counted from the block's start (see :func:`read_line_range`)
+        absolute: add ``base``, the lines of the file before the block."""
+        self.lines = [n + base for n in self.lines]
+        for e in self.bad:
+            e.line += base
+
+
+def line_format(path: str | Path) -> InputFormat | None:
+    """"jsonl" or "text" when ``path`` is read line by line (JSON lines, loose-JSON .json, text),
+    else None (parquet, a .json top-level array)."""
+    fmt = input_format(path)
+    if fmt == "parquet" or (fmt == "json" and _starts_with_array(Path(path))):
+        return None
+    return "text" if fmt == "text" else "jsonl"
+
+
+def iter_line_blocks(path: str | Path, file: int, offset: int = 0, line: int = 0,
+                     block_bytes: int = 1 << 20) -> Iterator[LineBlock]:
+    """Blocks of about ``block_bytes`` whole lines from (``offset``, ``line``) of ``path``
+    (decompressed while streaming). Only cheap byte operations: the lines are parsed by
+    :func:`parse_line_block`, in whichever process gets the block. A line longer than a block
+    makes a longer block."""
+    path = Path(path)
+    with _open_binary(path) as f:
+        if offset:
+            f.seek(offset)
+        pending: list[bytes] = []
+        while True:
+            chunk = f.read(block_bytes)
+            if not chunk:
+                if pending:
+                    yield LineBlock(file, offset, line, b"".join(pending))
+                return
+            cut = chunk.rfind(b"\n") + 1
+            if cut == 0:
+                pending.append(chunk)
+                continue
+            data = b"".join([*pending, chunk[:cut]]) if pending else chunk[:cut]
+            pending = [chunk[cut:]] if cut < len(chunk) else []
+            yield LineBlock(file, offset, line, data)
+            offset += len(data)
+            line += data.count(b"\n")
+
+
+def read_line_range(path: str | Path, file: int, start: int, end: int, at_line_start: bool) -> LineBlock:
+    """The lines of an uncompressed file that *start* in bytes [start, end): read by the worker
+    that parses them, so the reading process ships only offsets. ``at_line_start``: ``start`` is
+    known to begin a line (the file's start or a resume point); otherwise the line running through
+    byte ``start`` belongs to the previous range. Lines are numbered from the block's first line
+    (``line`` 0): the caller adds the lines before it (:meth:`ParsedRecords.shift_lines`)."""
+    with open(path, "rb") as f:
+        pos = start
+        if not at_line_start:
+            f.seek(start - 1)
+            pos = start - 1 + len(f.readline())  # after the newline at or past byte start - 1
+        if pos >= end:
+            return LineBlock(file, pos, 0, b"")
+        f.seek(pos)
+        data = f.read(end - pos)
+        if data and not data.endswith(b"\n"):
+            data += f.readline()  # the last line may run past end
+    return LineBlock(file, pos, 0, data)
+
+
+def parse_line_block(block: LineBlock, path: str | Path, fmt: InputFormat,
+                     keys: Sequence[str]) -> ParsedRecords:
+    """The records of ``block`` exactly as :func:`iter_positioned_records` reads them (same
+    records, positions, bad lines and messages)."""
+    path = Path(path)
+    keys = tuple(keys)
+    out = ParsedRecords()
+    pieces = block.data.split(b"\n")
+    if pieces[-1] == b"":
+        pieces.pop()  # the block ends with a newline
+    out.line_count = len(pieces)
+    offset, lineno = block.offset, block.line
+    last = len(pieces) - 1
+    for i, raw in enumerate(pieces):
+        offset += len(raw) + (1 if i < last or block.data.endswith(b"\n") else 0)
+        lineno += 1
+        rec = _decode_utf8(raw, path, lineno)
+        if not isinstance(rec, BadLineError):
+            if fmt == "text":
+                rec = (rec.rstrip("\r"),)
+            elif not rec or rec.isspace():
+                continue
+            else:
+                try:
+                    rec = _fields(json.loads(rec), keys, path, lineno)
+                except json.JSONDecodeError as e:
+                    rec = BadLineError(str(path), lineno, f"invalid JSON: {e.msg} (column {e.colno})")
+        if isinstance(rec, BadLineError):
+            out.bad.append(rec)
+            continue
+        out.texts.append(rec)
+        out.ends.append(offset)
+        out.lines.append(lineno)
+        out.bad_before.append(len(out.bad))
+    return out
+
+
+def iter_record_batches(path: str | Path, keys: Sequence[str], offset: int = 0, line: int = 0,
+                        max_records: int = 512, max_chars: int = 1 << 20
+                        ) -> Iterator[tuple[ParsedRecords, int]]:
+    """(records, input bytes consumed) batches of a file that is not read by lines (parquet, a
+    .json top-level array), parsed here, from element/row ``line`` on (``offset`` is the same
+    count for these formats)."""
+    path = Path(path)
+    stats = ReadStats()
+    fmt = input_format(path)
+    source = (_iter_parquet(path, tuple(keys), stats, line) if fmt == "parquet"
+              else _iter_json_array(path, tuple(keys), stats, line))
+    batch, chars, reported = ParsedRecords(), 0, 0
+    for end, where, rec in source:
+        if isinstance(rec, BadLineError):
+            batch.bad.append(rec)
+            continue
+        batch.texts.append(rec)
+        batch.ends.append(end)
+        batch.lines.append(where)
+        batch.bad_before.append(len(batch.bad))
+        chars += sum(map(len, rec))
+        if len(batch.texts) >= max_records or chars >= max_chars:
+            yield batch, stats.bytes_read - reported
+            reported = stats.bytes_read
+            batch, chars = ParsedRecords(), 0
+    yield batch, stats.bytes_read - reported
