@@ -230,15 +230,11 @@ def iter_positioned_records(
         if index < start.file:
             continue
         offset, line = (start.offset, start.line) if index == start.file else (0, 0)
-        fmt = input_format(path)
-        if fmt == "parquet":
-            records = _iter_parquet(path, keys, stats, line)
-        elif fmt == "json" and _starts_with_array(path):
-            records = _iter_json_array(path, keys, stats, line)
-        elif fmt == "text":
-            records = _iter_text_lines(path, stats, offset, line)
+        if line_format(path) is None:
+            records = (_iter_parquet(path, keys, stats, line) if input_format(path) == "parquet"
+                       else _iter_json_array(path, keys, stats, line))
         else:
-            records = _iter_json_lines(path, keys, stats, offset, line)
+            records = _line_records(path, index, keys, stats, offset, line)
         for offset, line, rec in records:
             if isinstance(rec, BadLineError):
                 if not skip_bad_lines:
@@ -250,6 +246,25 @@ def iter_positioned_records(
                 continue
             stats.records += 1
             yield Position(index, offset, line, bad), rec
+
+
+def _line_records(path: Path, index: int, keys: tuple[str, ...], stats: ReadStats, offset: int, line: int):
+    """(offset after, line, record or BadLineError) in file order, through the block reader and
+    parser the preprocessor's workers use (one implementation of line parsing)."""
+    fmt = line_format(path)
+    for block in iter_line_blocks(path, index, offset, line):
+        stats.bytes_read += len(block.data)
+        parsed = parse_line_block(block, path, fmt, keys)
+        bad = iter(parsed.bad)
+        done = 0
+        for i, (text, end, lineno) in enumerate(zip(parsed.texts, parsed.ends, parsed.lines)):
+            while done < parsed.bad_before[i]:  # bad lines before this record
+                e = next(bad)
+                yield e.line, e.line, e
+                done += 1
+            yield end, lineno, text
+        for e in bad:
+            yield e.line, e.line, e
 
 
 def _open_binary(path: Path):
@@ -282,40 +297,6 @@ def _fields(obj: object, keys: tuple[str, ...], path: Path, where: int) -> tuple
             return BadLineError(str(path), where, f"key {key!r} is {kind}, expected a string")
         out.append(value)
     return tuple(out)
-
-
-def _lines(path: Path, stats: ReadStats, offset: int, line: int):
-    """(offset after, line number, raw bytes) of each line from byte ``offset`` (line ``line``)."""
-    with _open_binary(path) as f:
-        if offset:
-            f.seek(offset)  # compressed files: decompresses forward to the offset
-        for raw in f:
-            offset += len(raw)
-            line += 1
-            stats.bytes_read += len(raw)
-            yield offset, line, raw
-
-
-def _iter_json_lines(path: Path, keys: tuple[str, ...], stats: ReadStats, offset: int, line: int):
-    for offset, lineno, raw in _lines(path, stats, offset, line):
-        text = _decode_utf8(raw, path, lineno)
-        if isinstance(text, BadLineError):
-            yield offset, lineno, text
-            continue
-        if not text or text.isspace():  # a blank line is not a record (no copy, unlike strip)
-            continue
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as e:
-            yield offset, lineno, BadLineError(str(path), lineno, f"invalid JSON: {e.msg} (column {e.colno})")
-            continue
-        yield offset, lineno, _fields(obj, keys, path, lineno)
-
-
-def _iter_text_lines(path: Path, stats: ReadStats, offset: int, line: int):
-    for offset, lineno, raw in _lines(path, stats, offset, line):
-        text = _decode_utf8(raw, path, lineno)
-        yield offset, lineno, (text if isinstance(text, BadLineError) else (text.rstrip("\r\n"),))
 
 
 def _starts_with_array(path: Path) -> bool:

@@ -234,7 +234,7 @@ def test_c12b_skip_bad_lines_counts_three(tmp_path):
     ]
     assert stats.bad_lines == 3
     assert [(e.line, e.reason.split(" (")[0]) for e in stats.bad_examples] == [
-        (2, "invalid JSON: Invalid control character at"),
+        (2, "invalid JSON: Unterminated string starting at"),
         (3, "missing key 'text'"),
         (4, "not valid UTF-8"),
     ]
