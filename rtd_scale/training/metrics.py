@@ -4,7 +4,9 @@ One TensorBoard writer, on the logging rank (``ParallelContext.is_logging_rank``
 loss/mlm, loss/rtd, loss/total, mlm/accuracy, rtd/replaced_fraction, rtd/accuracy_replaced,
 rtd/accuracy_original, optim/lr, optim/grad_norm, throughput/tokens_per_s, and
 embedding/cosine_generator_discriminator (the mean cosine similarity of the two token tables,
-arXiv 2111.09543 Table 1's diagnostic).
+arXiv 2111.09543 Table 1's diagnostic); at each evaluation (training/loop.py) the same losses and
+accuracies on the validation split under valid/ (valid/loss/mlm, valid/loss/rtd, valid/loss/total,
+valid/mlm/accuracy, valid/rtd/...).
 """
 from __future__ import annotations
 
