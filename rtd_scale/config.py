@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import math
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -155,7 +156,7 @@ class DataConfig:
             w = [float(x) for x in self.split.replace("/", ",").split(",") if x.strip()]
         except ValueError:
             w = []
-        if not 1 <= len(w) <= 3 or min(w) < 0 or w[0] <= 0 or any(x != x for x in w):
+        if not 1 <= len(w) <= 3 or min(w) < 0 or w[0] <= 0 or not all(math.isfinite(x) for x in w):
             raise ConfigError(f"--split {self.split!r}: expected up to three non-negative "
                               "train,valid,test shares with a positive train share, e.g. 969,30,1")
         return tuple(w + [0.0] * (3 - len(w)))  # type: ignore[return-value]
@@ -169,9 +170,10 @@ class DataConfig:
 
         def weight(t: str) -> Optional[float]:
             try:
-                return float(t)
+                w = float(t)
             except ValueError:
                 return None
+            return w if math.isfinite(w) else -1.0  # inf / nan: not a valid weight
 
         if weight(tokens[0]) is None:
             return [(1.0, tokens)]

@@ -347,7 +347,8 @@ def summary_text(summary: dict) -> str:
         f"  L_RTD  first {first['loss/rtd']:.4f} (iteration {s0})  →  last {last['loss/rtd']:.4f}"
         f" (iteration {s1})",
         f"         (a discriminator that only knows the replaced fraction {p:.3f} scores "
-        f"{prior:.4f}: below that it detects replacements from context)",
+        f"{prior:.4f}; clearly below that, with accuracy on replaced tokens above 0, it "
+        "detects replacements from context)",
         f"  MLM accuracy {first['mlm/accuracy']:.3f} → {last['mlm/accuracy']:.3f}; discriminator "
         f"accuracy on replaced {last['rtd/accuracy_replaced']:.3f}, on original "
         f"{last['rtd/accuracy_original']:.3f}",

@@ -45,9 +45,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     if os.path.exists(out + ".idx") and not args.overwrite:
         raise UserInputError(f"--output-prefix {out}: {out}.idx already exists; pass --overwrite to "
                              "replace it or choose another prefix")
-    sources = [s for prefix in args.input for s in shards.resolve_data_path(prefix)]
-    if os.path.abspath(out) in {os.path.abspath(s) for s in sources}:
+    if os.path.exists(out + shards.MANIFEST_SUFFIX):
+        raise UserInputError(f"--output-prefix {out} is a dataset (it has {out}{shards.MANIFEST_SUFFIX}); "
+                             "a shard there would make --data-path ambiguous: choose another prefix")
+    sources = [s for prefix in args.input for s in shards.resolve_data_path(prefix, flag="--input")]
+    if os.path.realpath(out) in {os.path.realpath(s) for s in sources}:
         raise UserInputError(f"--output-prefix {out} is also an --input; choose another output prefix")
+    out_dir = os.path.dirname(os.path.abspath(out)) or "."
+    for name in os.listdir(out_dir) if os.path.isdir(out_dir) else []:
+        if name.endswith(shards.MANIFEST_SUFFIX):  # a shard of some dataset must not be replaced
+            owner = os.path.join(out_dir, name[: -len(shards.MANIFEST_SUFFIX)])
+            try:
+                listed = shards.read_manifest(owner)["shards"]
+            except UserInputError:
+                continue
+            if os.path.realpath(out) in {os.path.realpath(s) for s in listed}:
+                raise UserInputError(f"--output-prefix {out} is a shard of the dataset {owner}; "
+                                     "choose another prefix")
     metas = [(s, shards.read_shard_meta(s)) for s in sources]
     with_meta = [(s, m) for s, m in metas if m is not None]
     def tokenizer_of(meta: dict) -> tuple:

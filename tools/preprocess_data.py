@@ -237,6 +237,7 @@ class Plan:
     position: Position | None = None
     totals: dict[str, Totals] = field(default_factory=dict)
     complete: bool = False
+    replaced: bool = False  # --overwrite removed an existing dataset
 
 
 def _run_signature(paths: Sequence[Path], keys: Sequence[str], tokenizer: Tokenizer,
@@ -269,9 +270,11 @@ def plan_output(datasets: dict[str, str], signature: dict, *, resume: bool, over
     existing = {key: _shard_indices(d) for key, d in datasets.items()}
     manifests = {key: os.path.exists(d + shards.MANIFEST_SUFFIX) for key, d in datasets.items()}
     if overwrite:
+        replaced = any(manifests.values()) or any(existing.values()) or any(
+            os.path.exists(d + ".idx") for d in datasets.values())
         for d in datasets.values():
             _remove_dataset(d)
-        return Plan(totals={key: Totals() for key in datasets})
+        return Plan(totals={key: Totals() for key in datasets}, replaced=replaced)
     if not resume:
         for key, d in datasets.items():
             single = os.path.exists(d + ".idx")
@@ -331,8 +334,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise UserInputError(f"--workers must be >= 1, got {args.workers}")
     if args.log_interval < 1:
         raise UserInputError(f"--log-interval must be >= 1, got {args.log_interval}")
-    if not args.shard_size_mb > 0:
-        raise UserInputError(f"--shard-size-mb must be > 0, got {args.shard_size_mb}")
+    if not 0 < args.shard_size_mb < float("inf"):
+        raise UserInputError(f"--shard-size-mb must be a positive number of megabytes, got {args.shard_size_mb}")
+    if args.output_prefix.endswith(("/", os.sep)) or os.path.isdir(args.output_prefix):
+        raise UserInputError(f"--output-prefix {args.output_prefix} names a directory; give a file-name "
+                             f"prefix inside it, e.g. {os.path.join(args.output_prefix, 'corpus')}")
     if args.resume and args.overwrite:
         raise UserInputError("--resume and --overwrite contradict each other; pass one of them")
     paths = check_inputs(args.input, args.json_keys)
@@ -350,8 +356,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(f"--data-path {d}    # {key}")
         return
     if plan.position is not None:
+        where = (f"reading {paths[plan.position.file]} from line {plan.position.line + 1:,}"
+                 if plan.position.file < len(paths) else "the input was all read: writing the manifest")
         print(f"resuming after shard {plan.next_shard - 1}: {plan.totals[keys[0]].documents:,} documents "
-              f"already written; reading {paths[plan.position.file]} from line {plan.position.line + 1:,}")
+              f"already written; {where}")
 
     from rtd_scale.data import shards
 
@@ -373,8 +381,13 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     def open_writers() -> None:
         for key, d in datasets.items():
-            writers[key] = shards.ShardWriter(shard_prefix(d, next_shard), vocab_size=tokenizer.vocab_size,
-                                              tokenizer_model=args.tokenizer_model, dtype=dtype)
+            try:
+                writers[key] = shards.ShardWriter(shard_prefix(d, next_shard), vocab_size=tokenizer.vocab_size,
+                                                  tokenizer_model=args.tokenizer_model, dtype=dtype)
+            except OSError as e:
+                raise UserInputError(f"--output-prefix {args.output_prefix}: cannot write in "
+                                     f"{os.path.dirname(os.path.abspath(d))} ({e.strerror}); pass a "
+                                     "writable location") from None
 
     def commit_writers(position: Position) -> None:
         nonlocal next_shard
@@ -442,8 +455,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                 tokenizer_model_sha256=tokenizer.sha256, dtype=dtype.name, run=signature)
     except BadLineError as e:
         _abort(writers, out_dir, out_dir_existed)
+        replaced = "; --overwrite had removed the previous dataset" if plan.replaced else ""
         raise UserInputError(f"{e}; pass --skip-bad-lines to skip and count malformed lines "
-                             f"({_kept(next_shard)})") from None
+                             f"({_kept(next_shard)}{replaced})") from None
     except BaseException:
         _abort(writers, out_dir, out_dir_existed)
         raise

@@ -449,25 +449,25 @@ def read_manifest(dataset_prefix: str | os.PathLike) -> dict[str, Any] | None:
     return body
 
 
-def resolve_data_path(prefix: str | os.PathLike) -> list[str]:
+def resolve_data_path(prefix: str | os.PathLike, flag: str = "--data-path") -> list[str]:
     """The shard prefixes that ``prefix`` (one ``--data-path`` entry) stands for.
 
     - ``prefix.idx`` exists: the prefix is one shard (a merged shard, or one from Megatron-LM's
       own tools/preprocess_data.py) → ``[prefix]``;
     - else ``prefix.manifest.json`` exists: the dataset written by our tools/preprocess_data.py →
       its shards in order (each checked to be complete);
-    - else UserInputError naming both files looked for and the fix (including an interrupted
+    - else UserInputError (naming ``flag``, both files looked for and the fix) (including an interrupted
       preprocessing run, which leaves shards but no manifest: re-run it with ``--resume``).
     """
     p = os.fspath(prefix)
     for suffix in (".bin", ".idx", MANIFEST_SUFFIX, META_SUFFIX):
         if p.endswith(suffix):
-            raise UserInputError(f"--data-path {p}: pass the prefix without the {suffix} suffix "
+            raise UserInputError(f"{flag} {p}: pass the prefix without the {suffix} suffix "
                                  f"(e.g. {p[: -len(suffix)]}), as printed by tools/preprocess_data.py")
     manifest = read_manifest(p)
     if os.path.isfile(p + ".idx"):
         if manifest is not None:
-            raise UserInputError(f"--data-path {p}: both a shard ({p}.idx) and a dataset manifest "
+            raise UserInputError(f"{flag} {p}: both a shard ({p}.idx) and a dataset manifest "
                                  f"({p}{MANIFEST_SUFFIX}) exist; remove the stale one")
         return [p]
     if manifest is None:
@@ -477,12 +477,12 @@ def resolve_data_path(prefix: str | os.PathLike) -> list[str]:
         hint = (f"; {len(partial)} shard(s) {os.path.basename(p)}_*.idx exist without a manifest: "
                 "the preprocessing run did not finish — re-run it with --resume" if partial else
                 "; pass the prefix printed by tools/preprocess_data.py")
-        raise UserInputError(f"--data-path {p}: neither a shard ({p}.idx) nor a dataset manifest "
+        raise UserInputError(f"{flag} {p}: neither a shard ({p}.idx) nor a dataset manifest "
                              f"({p}{MANIFEST_SUFFIX}) exists{hint}")
     for shard in manifest["shards"]:
         missing = [f for f in shard_paths(shard)[:2] if not os.path.isfile(f)]
         if missing:
-            raise UserInputError(f"--data-path {p}: shard {shard} listed in {p}{MANIFEST_SUFFIX} is "
+            raise UserInputError(f"{flag} {p}: shard {shard} listed in {p}{MANIFEST_SUFFIX} is "
                                  f"incomplete ({' and '.join(missing)} not found); re-run "
                                  "tools/preprocess_data.py with the same arguments and --resume")
     return manifest["shards"]

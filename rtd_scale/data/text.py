@@ -27,10 +27,13 @@ and are passed over silently. Empty texts are returned as they are; callers coun
 from __future__ import annotations
 
 import bz2
+import contextlib
 import gzip
 import hashlib
 import json
 import lzma
+import os
+import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator, Literal, Sequence
@@ -136,12 +139,20 @@ def is_compressed(path: str | Path) -> bool:
 
 
 def input_fingerprint(path: str | Path) -> dict:
-    """``{"path", "bytes", "head_sha256"}`` of an input file: its size and the SHA-256 of its first
-    MiB — cheap at any size, and enough to notice that a resumed run is reading another file."""
+    """``{"path", "bytes", "mtime_ns", "sha256_head_tail"}`` of an input file: its real path (so
+    any spelling of it matches), size, modification time and the SHA-256 of its first and last MiB
+    — cheap at any size, and enough to notice that a resumed run is reading another or an edited
+    file (an edit changes the modification time)."""
     path = Path(path)
+    st = path.stat()
+    h = hashlib.sha256()
     with open(path, "rb") as f:
-        head = hashlib.sha256(f.read(1 << 20)).hexdigest()
-    return {"path": str(path), "bytes": path.stat().st_size, "head_sha256": head}
+        h.update(f.read(1 << 20))
+        if st.st_size > 2 << 20:
+            f.seek(-(1 << 20), os.SEEK_END)
+        h.update(f.read(1 << 20))
+    return {"path": os.path.realpath(path), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns,
+            "sha256_head_tail": h.hexdigest()}
 
 
 def check_inputs(paths: Sequence[str | Path], json_keys: Sequence[str]) -> list[Path]:
@@ -272,6 +283,22 @@ def _open_binary(path: Path):
     return opener(path, "rb") if opener else open(path, "rb", buffering=1 << 20)
 
 
+@contextlib.contextmanager
+def _decompressing(path: Path):
+    """Turn a decompressor's failure (truncated file, not that format, corrupt data) into one
+    line naming the file and the fix."""
+    try:
+        yield
+    except (EOFError, lzma.LZMAError, zlib.error, gzip.BadGzipFile, OSError) as e:
+        compression = _split_suffix(path)[1]
+        if compression is None or isinstance(e, (FileNotFoundError, PermissionError)):
+            raise
+        reason = " ".join(str(e).split()) or type(e).__name__
+        raise UserInputError(
+            f"{path}: cannot decompress it as {compression} ({reason}): the file is truncated, "
+            f"corrupt or not {compression} data; re-create it, or rename it to its real format") from None
+
+
 def _decode_utf8(raw: bytes, path: Path, lineno: int) -> str | BadLineError:
     try:
         return raw.decode("utf-8")
@@ -300,7 +327,7 @@ def _fields(obj: object, keys: tuple[str, ...], path: Path, where: int) -> tuple
 
 
 def _starts_with_array(path: Path) -> bool:
-    with _open_binary(path) as f:
+    with _decompressing(path), _open_binary(path) as f:
         head = f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
     return head.startswith(b"[")
 
@@ -308,16 +335,17 @@ def _starts_with_array(path: Path) -> bool:
 def _iter_json_array(path: Path, keys: tuple[str, ...], stats: ReadStats, skip: int):
     # A top-level array is parsed whole (it cannot be streamed with the stdlib); errors name the
     # line of the syntax error, or the 1-based element number for a bad element.
-    with _open_binary(path) as f:
+    with _decompressing(path), _open_binary(path) as f:
         raw = f.read()
     stats.bytes_read += len(raw)
+    whole = "; a top-level JSON array is parsed as a whole: fix the file, or write it as JSON lines"
     try:
         data = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as e:
+    except UnicodeDecodeError as e:  # not skippable: there are no records to skip yet
         lineno = raw.count(b"\n", 0, e.start) + 1
-        raise BadLineError(str(path), lineno, f"not valid UTF-8 (byte 0x{raw[e.start]:02x})") from None
+        raise UserInputError(f"{path}:{lineno}: not valid UTF-8 (byte 0x{raw[e.start]:02x}){whole}") from None
     except json.JSONDecodeError as e:
-        raise BadLineError(str(path), e.lineno, f"invalid JSON: {e.msg} (column {e.colno})") from None
+        raise UserInputError(f"{path}:{e.lineno}: invalid JSON: {e.msg} (column {e.colno}){whole}") from None
     del raw
     for i in range(skip, len(data)):
         rec = _fields(data[i], keys, path, i + 1)
@@ -417,7 +445,7 @@ def iter_line_blocks(path: str | Path, file: int, offset: int = 0, line: int = 0
     :func:`parse_line_block`, in whichever process gets the block. A line longer than a block
     makes a longer block."""
     path = Path(path)
-    with _open_binary(path) as f:
+    with _decompressing(path), _open_binary(path) as f:
         if offset:
             f.seek(offset)
         pending: list[bytes] = []

@@ -130,3 +130,20 @@ def test_resolved_config_round_trips_to_json():
     d = json.loads(cfg.to_json())
     assert d["model"]["sharing"] == "gdes" and d["rtd"]["rtd_lambda"] == 50.0
     assert d["model"]["generator"]["num_layers"] == 12
+
+
+@pytest.mark.parametrize("split", ["inf,1,1", "1,nan", "abc", "0,1"])
+def test_split_must_be_finite_with_a_train_share(split):
+    from rtd_scale.config import DataConfig
+
+    with pytest.raises(ConfigError, match="--split"):
+        DataConfig(split=split).split_weights()
+
+
+@pytest.mark.parametrize("path", [["inf", "A", "1", "B"], ["nan", "A", "1", "B"], ["0.5", "A", "B"]])
+def test_blend_weights_must_be_positive_and_finite(path):
+    from rtd_scale.config import DataConfig
+
+    with pytest.raises(ConfigError, match="positive WEIGHT PREFIX pairs"):
+        DataConfig(data_path=path).sources()
+    assert DataConfig(data_path=["3", "A", "1", "B"]).sources() == [(0.75, ["A"]), (0.25, ["B"])]

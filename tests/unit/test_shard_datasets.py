@@ -323,3 +323,100 @@ def test_bad_line_keeps_complete_shards_then_skip_bad_lines_resume(tools, wiki_s
     assert _snapshot(tmp_path / "a") == _snapshot(tmp_path / "b")
     manifest = read_manifest(tmp_path / "b" / "x_text_document")
     assert (manifest["documents"], manifest["bad_lines_skipped"]) == (402, 1)
+
+
+# -- bad input found by a newcomer's review: one line naming the file or flag, nothing lost -------
+
+
+def _error(tools, argv, capsys, tool=0) -> str:
+    capsys.readouterr()
+    assert run_cli(tools[tool].main, argv) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_broken_compressed_input_is_a_one_line_error(tools, wiki_shards, tmp_path, capsys):
+    tok, _ = wiki_shards
+    raw = WIKI.read_bytes()
+    cases = {"trunc.jsonl.xz": lzma.compress(raw)[:30_000], "trunc.jsonl.gz": gzip.compress(raw)[:30_000],
+             "trunc.jsonl.bz2": bz2.compress(raw)[:30_000], "plain.jsonl.xz": raw[:5000],
+             "plain.jsonl.gz": raw[:5000], "plain.jsonl.bz2": raw[:5000]}
+    for name, data in cases.items():
+        (tmp_path / name).write_bytes(data)
+        err = _error(tools, ["--input", str(tmp_path / name), "--tokenizer-model", tok, "--output-prefix",
+                             str(tmp_path / "out" / name)], capsys)
+        suffix = name.rsplit(".", 1)[1]
+        assert err.startswith(f"error: {tmp_path / name}: cannot decompress it as .{suffix} ("), err
+        assert "re-create it, or rename it to its real format" in err
+    assert not list((tmp_path / "out").glob(".*tmp")) if (tmp_path / "out").exists() else True
+
+
+def test_flags_and_prefixes_that_cannot_work_are_refused(tools, wiki_shards, tmp_path, capsys):
+    tok, _ = wiki_shards
+    base = ["--input", str(WIKI), "--tokenizer-model", tok]
+    for value in ("inf", "nan", "0", "-1"):
+        err = _error(tools, [*base, "--output-prefix", str(tmp_path / "x"), "--shard-size-mb", value], capsys)
+        assert "--shard-size-mb must be a positive number of megabytes" in err
+    err = _error(tools, [*base, "--output-prefix", str(tmp_path) + "/"], capsys)
+    assert "names a directory; give a file-name prefix inside it" in err
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if not os.access(locked, os.W_OK):  # (root can write anyway)
+            err = _error(tools, [*base, "--output-prefix", str(locked / "x")], capsys)
+            assert f"--output-prefix {locked / 'x'}: cannot write in {locked}" in err
+    finally:
+        locked.chmod(0o700)
+    array = tmp_path / "a.json"
+    array.write_text('[{"text": "a"}, {"text": "b"}', encoding="utf-8")  # missing bracket
+    err = _error(tools, [*base[:1], str(array), *base[2:], "--output-prefix", str(tmp_path / "y")], capsys)
+    assert f"{array}:1: invalid JSON" in err and "parsed as a whole" in err and "--skip-bad-lines" not in err
+
+
+def test_overwrite_then_failure_says_the_old_dataset_is_gone(tools, wiki_shards, tmp_path, capsys):
+    tok, _ = wiki_shards
+    _preprocess(tools, tok, [WIKI], tmp_path / "x")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{"text": 1}\n', encoding="utf-8")
+    err = _error(tools, ["--input", str(bad), "--tokenizer-model", tok, "--output-prefix", str(tmp_path / "x"),
+                         "--overwrite"], capsys)
+    assert "(nothing written; --overwrite had removed the previous dataset)" in err
+
+
+def test_resume_matches_the_file_not_its_spelling_and_notices_edits(tools, wiki_shards, tmp_path, capsys,
+                                                                     monkeypatch):
+    tok, _ = wiki_shards
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(WIKI.read_bytes())
+    args = ["--tokenizer-model", tok, "--output-prefix", str(tmp_path / "x"), "--shard-size-mb", "0.015"]
+    _preprocess(tools, tok, [src], tmp_path / "x", "--shard-size-mb", "0.015")
+    (tmp_path / "x_text_document.manifest.json").unlink()  # as if interrupted
+    monkeypatch.chdir(tmp_path)
+    assert run_cli(tools[0].main, ["--input", "in.jsonl", *args, "--resume"]) == 0  # same file, other spelling
+    (tmp_path / "x_text_document.manifest.json").unlink()
+    data = bytearray(src.read_bytes())
+    data[-2000:-1990] = data[-2000:-1990].upper()  # same size, same first MiB
+    src.write_bytes(bytes(data))
+    os.utime(src, ns=(time.time_ns(), time.time_ns() + 10**9))
+    err = _error(tools, ["--input", str(src), *args, "--resume"], capsys)
+    assert "was written with other arguments: --input differs" in err
+
+
+def test_merge_refuses_outputs_that_would_clobber_or_confuse(tools, wiki_shards, tmp_path, capsys):
+    tok, _ = wiki_shards
+    _preprocess(tools, tok, [WIKI], tmp_path / "d" / "x", "--shard-size-mb", "0.05")
+    (tmp_path / "link").symlink_to(tmp_path / "d")
+    dataset = str(tmp_path / "d" / "x_text_document")
+    err = _error(tools, ["--input", dataset, "--output-prefix", dataset], capsys, tool=1)
+    assert "is a dataset (it has" in err
+    err = _error(tools, ["--input", dataset + "_00000", "--output-prefix",
+                         str(tmp_path / "link" / "x_text_document_00000"), "--overwrite"], capsys, tool=1)
+    assert "is also an --input" in err
+    err = _error(tools, ["--input", dataset + "_00000", "--output-prefix", dataset + "_00001", "--overwrite"],
+                 capsys, tool=1)
+    assert f"is a shard of the dataset {dataset}" in err
+    err = _error(tools, ["--input", str(tmp_path / "nope"), "--output-prefix", str(tmp_path / "m")], capsys, tool=1)
+    assert err.startswith(f"error: --input {tmp_path / 'nope'}: neither a shard")
+    assert read_manifest(tmp_path / "d" / "x_text_document")["documents"] == 402  # untouched
