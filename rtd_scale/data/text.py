@@ -421,6 +421,17 @@ class ParsedRecords:
     bad: list[BadLineError] = field(default_factory=list)
     line_count: int = 0  # lines the block held (blank and bad ones included)
 
+    def add(self, record: tuple[str, ...] | BadLineError, end: int, line: int) -> bool:
+        """Append a record (True) or a bad line (False) read up to (``end``, ``line``)."""
+        if isinstance(record, BadLineError):
+            self.bad.append(record)
+            return False
+        self.texts.append(record)
+        self.ends.append(end)
+        self.lines.append(line)
+        self.bad_before.append(len(self.bad))
+        return True
+
     def shift_lines(self, base: int) -> None:
         """Make line numbers counted from the block's start (see :func:`read_line_range`)
         absolute: add ``base``, the lines of the file before the block."""
@@ -513,13 +524,7 @@ def parse_line_block(block: LineBlock, path: str | Path, fmt: InputFormat,
                     rec = _fields(json.loads(rec), keys, path, lineno)
                 except json.JSONDecodeError as e:
                     rec = BadLineError(str(path), lineno, f"invalid JSON: {e.msg} (column {e.colno})")
-        if isinstance(rec, BadLineError):
-            out.bad.append(rec)
-            continue
-        out.texts.append(rec)
-        out.ends.append(offset)
-        out.lines.append(lineno)
-        out.bad_before.append(len(out.bad))
+        out.add(rec, offset, lineno)
     return out
 
 
@@ -536,13 +541,8 @@ def iter_record_batches(path: str | Path, keys: Sequence[str], offset: int = 0, 
               else _iter_json_array(path, tuple(keys), stats, line))
     batch, chars, reported = ParsedRecords(), 0, 0
     for end, where, rec in source:
-        if isinstance(rec, BadLineError):
-            batch.bad.append(rec)
+        if not batch.add(rec, end, where):
             continue
-        batch.texts.append(rec)
-        batch.ends.append(end)
-        batch.lines.append(where)
-        batch.bad_before.append(len(batch.bad))
         chars += sum(map(len, rec))
         if len(batch.texts) >= max_records or chars >= max_chars:
             yield batch, stats.bytes_read - reported
