@@ -30,7 +30,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from rtd_scale.cli_errors import UserInputError
-from rtd_scale.data.packed import HostBatch, MicroBatch, PackedDataset
+from rtd_scale.data.packed import HostBatch, MicroBatch, PackedDataset, in_epoch_order
 
 SPLIT_NAMES = ("train", "valid", "test")
 SPLIT_INDEX_BASE = 1 << 60  # mask key of split p's k-th sample: p · 2**60 + k
@@ -117,15 +117,10 @@ class BlendedDataset:
         """(dataset, sample within that dataset's split) of global sample indices k, int64 [n]."""
         d, j = self.schedule.locate(k)
         sample = np.empty_like(j)
-        for di in np.unique(d):
+        for di in np.unique(d).tolist():
             sel = d == di
-            n = len(self.datasets[di])
-            epoch, pos = np.divmod(j[sel], n)
-            out = np.empty_like(pos)
-            for e in np.unique(epoch):
-                at = epoch == e
-                out[at] = self.datasets[di].order(self.seed, int(e), self._stream(int(di)))[pos[at]]
-            sample[sel] = out
+            ds, stream = self.datasets[di], self._stream(di)
+            sample[sel] = in_epoch_order(j[sel], len(ds), lambda e: ds.order(self.seed, e, stream))
         return d, sample
 
     def host_batch(self, k: np.ndarray) -> HostBatch:

@@ -39,6 +39,20 @@ def rank_micro_batches(consumed_samples: int, *, global_batch_size: int, micro_b
             for j in range(0, per_rank, micro_batch_size)]
 
 
+def micro_batches(dataset, *, consumed_samples: int, seed: int, global_batch_size: int,
+                  micro_batch_size: int, dp_rank: int, dp_size: int) -> list[MicroBatch]:
+    """This data-parallel rank's micro-batches of the optimizer step that starts after
+    ``consumed_samples`` samples of one ``PackedDataset``, read in the process (no loader): the
+    training loop's path (``BlendedDataset`` of that one dataset, ``rank_micro_batches``), for
+    tests and tools that need one step's data."""
+    from rtd_scale.data.blend import BlendedDataset
+
+    data = BlendedDataset([dataset], [1.0], seed=seed)
+    return [data[k] for k in rank_micro_batches(consumed_samples, global_batch_size=global_batch_size,
+                                                micro_batch_size=micro_batch_size, dp_rank=dp_rank,
+                                                dp_size=dp_size)]
+
+
 class DataParallelSampler:
     """Yields this rank's micro-batches (int64 [b] global sample indices) for every optimizer
     step from ``consumed_samples`` until ``total_samples`` (exclusive; a whole number of global

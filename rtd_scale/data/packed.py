@@ -371,15 +371,22 @@ def _order(n: int, seed: int, epoch: int, stream: tuple[int, ...] = ()) -> np.nd
     return np.random.default_rng([seed, epoch, *stream]).permutation(n).astype(np.int64)
 
 
-def sample_order(n: int, seed: int, consumed: np.ndarray) -> np.ndarray:
-    """Dataset indices of global sample indices ``consumed`` (int64 [k]): a pure function of
-    (n, seed, epoch = consumed div n)."""
-    out = np.empty_like(consumed)
-    epochs = consumed // n
-    for e in np.unique(epochs):
-        sel = epochs == e
-        out[sel] = _order(n, seed, int(e))[consumed[sel] % n]
+def in_epoch_order(j: np.ndarray, n: int, order: Callable[[int], np.ndarray]) -> np.ndarray:
+    """Dataset indices (int64 [k]) of the j-th samples read from a dataset of ``n`` samples
+    epoch after epoch: sample j is ``order(epoch)[j mod n]`` with epoch = j div n."""
+    j = np.asarray(j, np.int64)
+    epoch, pos = np.divmod(j, n)
+    out = np.empty_like(pos)
+    for e in np.unique(epoch):
+        at = epoch == e
+        out[at] = order(int(e))[pos[at]]
     return out
+
+
+def sample_order(n: int, seed: int, consumed: np.ndarray) -> np.ndarray:
+    """Dataset indices of global sample indices ``consumed`` (int64 [k]) of a single dataset: a
+    pure function of (n, seed, epoch = consumed div n) — what ``PackedDataset.order`` caches."""
+    return in_epoch_order(consumed, n, lambda e: _order(n, seed, e))
 
 
 @dataclass(frozen=True)
@@ -409,21 +416,3 @@ class HostBatch:
     def pin_memory(self) -> MicroBatch:
         """Tensors in page-locked memory (the DataLoader's pin-memory thread calls this)."""
         return self.to_torch().pin_memory()
-
-
-def micro_batches(dataset: PackedDataset, *, consumed_samples: int, seed: int,
-                  global_batch_size: int,
-                  micro_batch_size: int, dp_rank: int, dp_size: int) -> list[MicroBatch]:
-    """This data-parallel rank's micro-batches of the optimizer step that starts after
-    ``consumed_samples`` samples, over one dataset in its ``sample_order`` (the split of
-    ``loader.rank_micro_batches``; the training loop reads through ``loader.build_loader``)."""
-    from rtd_scale.data.loader import rank_micro_batches
-
-    out = []
-    for k in rank_micro_batches(consumed_samples, global_batch_size=global_batch_size,
-                                micro_batch_size=micro_batch_size, dp_rank=dp_rank,
-                                dp_size=dp_size):
-        idx = sample_order(len(dataset), seed, k)
-        ids = np.stack([dataset[int(i)] for i in idx])
-        out.append(MicroBatch(torch.from_numpy(ids), torch.from_numpy(k)))
-    return out

@@ -393,9 +393,12 @@ def check_tokenizer_matches(
                 f"{tokenizer_model_path} (vocab_size {vocab_size}, sha256 {str(run_sha)[:12]}); {_REPROCESS_HINT}"
             )
         return
-    ds = open_shard(prefix)
-    dtype = np.dtype(ds.index.dtype)
-    bin_path = shard_paths(prefix)[0]
+    bin_path, idx_path, _ = shard_paths(prefix)
+    for path in (idx_path, bin_path):
+        if not os.path.isfile(path):
+            raise UserInputError(f"shard {prefix} is incomplete: {path} not found; pass a prefix "
+                                 "printed by tools/preprocess_data.py")
+    dtype = read_index_header(idx_path)[0]
     if os.path.getsize(bin_path) == 0:
         return
     max_id = int(np.memmap(bin_path, dtype=dtype, mode="r").max())

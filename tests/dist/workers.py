@@ -109,7 +109,8 @@ def rng_policy(ctx, shard_prefix: str):
     from megatron.core import tensor_parallel
 
     from rtd_scale import distributed
-    from rtd_scale.data.packed import PackedDataset, micro_batches
+    from rtd_scale.data.loader import micro_batches
+    from rtd_scale.data.packed import PackedDataset
     from rtd_scale.objectives.masking import mask_tokens
 
     ds = PackedDataset([shard_prefix], seq_length=32)

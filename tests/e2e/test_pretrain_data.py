@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from rtd_scale import pretrain
 from rtd_scale.data.shards import resolve_data_path
 from rtd_scale.training import digest
-from tests.conftest import REPO
+from tests.e2e.test_pretrain_errors import _error as pretrain_error
 from tests.e2e.test_pretrain_launcher import launch, scalars
 
 pytestmark = pytest.mark.e2e
@@ -40,12 +39,7 @@ def test_blended_data_path_with_validation_and_a_cache_directory(wiki_shards, tm
 
 
 def _error(capsys, argv, monkeypatch) -> str:
-    monkeypatch.chdir(REPO)
-    monkeypatch.setenv("WORLD_SIZE", "1")
-    assert pretrain.main(argv) == 1
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: "), err
-    return err[0]
+    return pretrain_error(capsys, argv, monkeypatch, world_size=1)
 
 
 def test_bad_data_flags_are_one_line_errors(wiki_shards, tmp_path, capsys, monkeypatch):

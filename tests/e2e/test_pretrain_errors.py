@@ -18,9 +18,10 @@ def _args(wiki_shards, save, *extra):
             "--global-batch-size", "8", *extra]
 
 
-def _error(capsys, argv, monkeypatch) -> str:
+def _error(capsys, argv, monkeypatch, world_size: int = 2) -> str:
+    """pretrain.main's one-line error for ``argv`` (run in-process as one rank of ``world_size``)."""
     monkeypatch.chdir(REPO)
-    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("WORLD_SIZE", str(world_size))
     assert pretrain.main(argv) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: "), err

@@ -14,8 +14,8 @@ import torch
 
 from rtd_scale.cli_errors import UserInputError
 from rtd_scale.data.blend import BlendedDataset
-from rtd_scale.data.loader import DataParallelSampler, build_loader
-from rtd_scale.data.packed import PackedDataset, micro_batches, sample_order, split_boundaries
+from rtd_scale.data.loader import DataParallelSampler, build_loader, micro_batches
+from rtd_scale.data.packed import PackedDataset, sample_order, split_boundaries
 from rtd_scale.data.shards import ShardWriter, _indexed_dataset_module, open_shard, resolve_data_path
 from tests.conftest import REPO, SHARED_CASES
 
