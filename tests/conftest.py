@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_CASES = REPO.parent / "shared" / "cases" / "data"
+CASES = REPO / "tests" / "data" / "cases"  # the bug-report cases the tests replay (kept in the repo)
 TEST_DATA = REPO / "tests" / "data"
 
 warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")

@@ -17,7 +17,7 @@ from rtd_scale.data.blend import BlendedDataset
 from rtd_scale.data.loader import DataParallelSampler, build_loader, micro_batches
 from rtd_scale.data.packed import PackedDataset, sample_order, split_boundaries
 from rtd_scale.data.shards import ShardWriter, _indexed_dataset_module, open_shard, resolve_data_path
-from tests.conftest import REPO, SHARED_CASES
+from tests.conftest import CASES, REPO
 
 
 def _stream(prefix: str) -> np.ndarray:
@@ -81,7 +81,7 @@ def test_c06_one_sentence_documents_pack_across_boundaries(wiki_shards, tmp_path
     reachable through some sample, and reading every sample (and a loader over them) ends."""
     tok, _ = wiki_shards
     subprocess.run([sys.executable, str(REPO / "tools" / "preprocess_data.py"), "--input",
-                    str(SHARED_CASES / "c06_single_sentence_docs.jsonl"), "--tokenizer-model",
+                    str(CASES / "c06_single_sentence_docs.jsonl"), "--tokenizer-model",
                     tok, "--output-prefix", str(tmp_path / "c06"), "--workers", "1"],
                    check=True, capture_output=True)
     prefix = str(tmp_path / "c06_text_document")
