@@ -11,6 +11,7 @@ import dataclasses
 import enum
 import json
 import math
+import typing
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -446,6 +447,30 @@ def preset(name: str) -> RunConfig:
     return PRESETS[name]()
 
 
+def _parse_value(kind: Any, raw: str) -> Any:
+    """``raw`` (a ``--set`` value) as an instance of the annotation ``kind``.
+
+    Raises:
+        ValueError: ``raw`` is not a value of ``kind``.
+    """
+    if kind is bool:
+        if raw.lower() not in ("true", "false", "1", "0"):
+            raise ValueError(raw)
+        return raw.lower() in ("true", "1")
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        return kind(raw)
+    if kind is int:
+        return int(raw)
+    if kind is float:
+        value = float(raw)
+        if not math.isfinite(value):
+            raise ValueError(raw)
+        return value
+    if typing.get_origin(kind) is list:
+        return [x for x in raw.split(",") if x]
+    return raw
+
+
 def apply_override(cfg: RunConfig, assignment: str) -> None:
     """Apply one ``section.field=value`` override (``--set``), converting to the field's type.
 
@@ -465,23 +490,21 @@ def apply_override(cfg: RunConfig, assignment: str) -> None:
     fields = {f.name: f for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj) else {}
     if name not in fields:
         raise ConfigError(f"--set {key}: unknown field; known: {', '.join(fields) or 'none'}")
-    current = getattr(obj, name)
+    kind = typing.get_type_hints(type(obj))[name]
+    optional = type(None) in typing.get_args(kind)
+    if optional:  # Optional[X]: the field's default may be None, so its type comes from X
+        kind = next(a for a in typing.get_args(kind) if a is not type(None))
+    if optional and raw.strip().lower() == "none":
+        setattr(obj, name, None)
+        return
     try:
-        if isinstance(current, bool):
-            if raw.lower() not in ("true", "false", "1", "0"):
-                raise ValueError
-            value: Any = raw.lower() in ("true", "1")
-        elif isinstance(current, enum.Enum):
-            value = type(current)(raw)
-        elif isinstance(current, int):
-            value = int(raw)
-        elif isinstance(current, float):
-            value = float(raw)
-        elif isinstance(current, list):
-            value = [x for x in raw.split(",") if x]
-        else:
-            value = None if raw.lower() == "none" else raw
+        value = _parse_value(kind, raw)
     except ValueError:
-        raise ConfigError(
-            f"--set {key}={raw}: expected a value of type {type(current).__name__}") from None
+        what = f"a value of type {getattr(kind, '__name__', kind)}"
+        if isinstance(kind, type) and issubclass(kind, enum.Enum):
+            what = f"one of {', '.join(m.value for m in kind)}"
+        elif kind is float:
+            what = "a finite value of type float"
+        raise ConfigError(f"--set {key}={raw}: expected {what}"
+                          + (" or none" if optional else "")) from None
     setattr(obj, name, value)

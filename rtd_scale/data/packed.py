@@ -139,15 +139,21 @@ class IndexCache:
         self.directory = directory
 
     def get(self, name: str, build: Callable[[], np.ndarray],
-            describe: Optional[dict] = None) -> np.ndarray:
+            describe: Optional[dict] = None,
+            valid: Optional[Callable[[np.ndarray], bool]] = None) -> np.ndarray:
         """The array stored as ``name`` (a file name ending in .npy), built and stored if absent.
-        ``describe``, when given, is written next to it as ``name``.json for people."""
+        ``describe``, when given, is written next to it as ``name``.json for people.
+
+        A stored file that cannot be read back as the array ``build`` makes — empty, truncated,
+        not a ``.npy``, an object array, or failing ``valid`` (int64 and the expected shape, as
+        the caller knows it) — is rebuilt and replaced, with a note naming it."""
         if self.directory is not None:
             path = os.path.join(self.directory, name)
-            try:
+            reason = _unreadable(path, valid)
+            if reason is None:
                 return _plain(np.load(path, mmap_mode="r"))
-            except (OSError, ValueError):  # absent, or not a complete .npy: rebuild
-                pass
+            if reason != "absent":
+                warnings.warn(f"note: rebuilding the sample-index cache file {path} ({reason})")
         arr = np.ascontiguousarray(build())
         if self.directory is not None and arr.size:
             try:
@@ -248,9 +254,11 @@ class PackedDataset:
         self._doc_base = np.concatenate([[0], np.cumsum(docs)])
         shard_key = _digest({"format": _INDEX_FORMAT,
                              "shards": [s.fingerprint() for s in self.shards]})
-        self._doc_starts = self.cache.get(f"{self.name}.{shard_key}.doc_starts.npy",
-                                          self._build_doc_starts,
-                                          {"shards": [s.fingerprint() for s in self.shards]})
+        n_docs = int(docs.sum())
+        self._doc_starts = self.cache.get(
+            f"{self.name}.{shard_key}.doc_starts.npy", self._build_doc_starts,
+            {"shards": [s.fingerprint() for s in self.shards]},
+            valid=lambda a: a.shape == (n_docs + 1,) and a[0] == 0)
         self._token_base = self._doc_starts[self._doc_base]  # int64 [S + 1]
         self.total_documents = int(self._doc_base[-1])
         if int(self._doc_starts[-1]) == 0:
@@ -270,7 +278,9 @@ class PackedDataset:
             self._samples = self.cache.get(
                 f"{self.name}.{self._index_key}.samples.npy", self._build_samples,
                 {"shards": [s.fingerprint() for s in self.shards], "seq_length": seq_length,
-                 "split": list(self.split), "part": part, "documents": [lo, hi]})
+                 "split": list(self.split), "part": part, "documents": [lo, hi]},
+                valid=lambda a: (a.ndim == 2 and a.shape[0] >= 2 and a.shape[1] == 2
+                                 and tuple(a[0]) == (lo, 0)))
         self.num_samples = len(self._samples) - 1
         lens = np.diff(self._doc_starts[lo:hi + 1]) if hi > lo else np.zeros(0, np.int64)
         self.stream_tokens = int(lens.sum() + np.count_nonzero(lens))
@@ -353,8 +363,25 @@ class PackedDataset:
             tag = "-".join(str(x) for x in (seed, epoch, *stream))
             self._orders[key] = self.cache.get(
                 f"{self.name}.{self._index_key}.order-{tag}.npy",
-                lambda: _order(self.num_samples, seed, epoch, tuple(stream)))
+                lambda: _order(self.num_samples, seed, epoch, tuple(stream)),
+                valid=lambda a: a.shape == (self.num_samples,))
         return self._orders[key]
+
+
+def _unreadable(path: str, valid: Optional[Callable[[np.ndarray], bool]]) -> Optional[str]:
+    """Why the cached ``.npy`` at ``path`` cannot be used ("absent" when there is none), or None
+    when it loads as an int64 array that ``valid`` accepts."""
+    if not os.path.exists(path):
+        return "absent"
+    try:
+        a = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:  # 0 bytes (EOFError), garbage, short data
+        return f"unreadable: {' '.join(str(e).split()) or type(e).__name__}"
+    if not isinstance(a, np.ndarray) or a.dtype != np.int64:
+        return f"holds {getattr(a, 'dtype', type(a).__name__)}, not int64"
+    if valid is not None and not valid(a):
+        return f"unexpected shape {a.shape}"
+    return None
 
 
 def _plain(a: np.ndarray) -> np.ndarray:
