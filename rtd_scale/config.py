@@ -35,6 +35,20 @@ class Sharing(str, enum.Enum):
     GDES = "gdes"  # E_D = stopgrad(E_G) + E_Δ, E_Δ zero-initialised (DeBERTaV3 default)
 
 
+class LayerNormPosition(str, enum.Enum):
+    """Where each encoder layer normalises (``--layernorm-position``; fairseq's
+    ``encoder_normalize_before``).
+
+    PRE: LayerNorm on each residual branch's input and a final LayerNorm after the last layer
+    (megatron-core's default; Hugging Face ``RobertaPreLayerNorm``). POST: LayerNorm after each
+    residual add, none at the end, and a one-row token-type embedding (BERT, ELECTRA; Hugging
+    Face ``ElectraModel``; arXiv 1810.04805 §3, arXiv 2003.10555 §3.1).
+    """
+
+    PRE = "pre"
+    POST = "post"
+
+
 class Precision(str, enum.Enum):
     FP32 = "fp32"
     BF16 = "bf16"
@@ -82,6 +96,10 @@ class ModelConfig:
 
     ``embedding_size`` is the token table's width. DeBERTaV3 style: equal to both hidden sizes.
     ELECTRA style: smaller, and each model projects it to its hidden size (arXiv 2003.10555 §3.2).
+
+    ``layernorm_position`` is the layout of both encoders (``LayerNormPosition``): "pre"
+    (pre-LayerNorm, final LayerNorm; Hugging Face ``RobertaPreLayerNorm``) or "post" (BERT /
+    ELECTRA post-LayerNorm with a one-row token-type embedding; Hugging Face ``ElectraModel``).
     """
 
     vocab_size: int = 8000  # real ids; replaced by the tokenizer's size at start-up
@@ -90,6 +108,7 @@ class ModelConfig:
     generator: EncoderConfig
     discriminator: EncoderConfig
     sharing: Sharing = Sharing.GDES
+    layernorm_position: LayerNormPosition = LayerNormPosition.PRE
     init_method_std: float = 0.02
     recompute_activations: bool = False  # megatron-core full-layer recompute, both models
 
@@ -104,6 +123,11 @@ class ModelConfig:
 
     def validate(self) -> None:
         self.sharing = Sharing(self.sharing)
+        try:
+            self.layernorm_position = LayerNormPosition(self.layernorm_position)
+        except ValueError:
+            raise ConfigError(f"--layernorm-position {self.layernorm_position!r}: choose "
+                              "'pre' or 'post'") from None
         _positive("model", vocab_size=self.vocab_size, embedding_size=self.embedding_size,
                   max_position_embeddings=self.max_position_embeddings,
                   init_method_std=self.init_method_std)
@@ -395,10 +419,14 @@ def _electra(size: str) -> RunConfig:
         # 24×1024, generator 1/4 width, mask 25%
         "large": (_enc(24, 1024, 16), _enc(24, 256, 4), 1024, 0.25, 512),
     }[size]
+    # BERT's LayerNorm epsilon, kept by ELECTRA's code and Hugging Face's ElectraConfig
+    disc, gen = (dataclasses.replace(e, layernorm_epsilon=1e-12) for e in (disc, gen))
     return RunConfig(
         preset=f"electra-{size}",
+        # post-LayerNorm encoders, as BERT and ELECTRA (arXiv 2003.10555 §3.1)
         model=ModelConfig(vocab_size=30522, embedding_size=emb, max_position_embeddings=512,
-                          generator=gen, discriminator=disc, sharing=Sharing.ES),
+                          generator=gen, discriminator=disc, sharing=Sharing.ES,
+                          layernorm_position=LayerNormPosition.POST),
         rtd=RTDConfig(mask_prob=mask_prob, mask_token_prob=0.85, random_token_prob=0.0),
         data=DataConfig(seq_length=seq),
         optim=OptimConfig(lr={"small": 5e-4, "base": 2e-4, "large": 2e-4}[size],

@@ -27,8 +27,8 @@ if __name__ == "__main__" and __package__ in (None, ""):
 
 from rtd_scale.atomic import write_atomic  # noqa: E402
 from rtd_scale.cli_errors import UserInputError  # noqa: E402
-from rtd_scale.config import (Precision, RunConfig, Sharing, apply_override,  # noqa: E402
-                              preset)
+from rtd_scale.config import (LayerNormPosition, Precision, RunConfig, Sharing,  # noqa: E402
+                              apply_override, preset)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tensor-model-parallel-size", type=int)
     p.add_argument("--pipeline-model-parallel-size", type=int)
     p.add_argument("--sharing", choices=[s.value for s in Sharing])
+    p.add_argument("--layernorm-position", choices=[x.value for x in LayerNormPosition],
+                   help="encoder layout: pre (pre-LayerNorm, final LayerNorm) or post "
+                        "(BERT/ELECTRA, Hugging Face ElectraModel); default: the preset's")
     p.add_argument("--rtd-lambda", type=float, help="λ in L_MLM + λ·L_RTD (default 50)")
     p.add_argument("--mask-prob", type=float)
     p.add_argument("--lr", type=float)
@@ -111,6 +114,7 @@ _FLAG_FIELDS = {
     "tensor_model_parallel_size": ("parallel", "tensor_model_parallel_size"),
     "pipeline_model_parallel_size": ("parallel", "pipeline_model_parallel_size"),
     "sharing": ("model", "sharing"), "rtd_lambda": ("rtd", "rtd_lambda"),
+    "layernorm_position": ("model", "layernorm_position"),
     "mask_prob": ("rtd", "mask_prob"), "lr": ("optim", "lr"), "min_lr": ("optim", "min_lr"),
     "lr_warmup_iters": ("optim", "lr_warmup_iters"), "lr_decay_iters": ("optim", "lr_decay_iters"), "weight_decay": ("optim", "weight_decay"),
     "clip_grad": ("optim", "clip_grad"),

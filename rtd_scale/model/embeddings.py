@@ -131,18 +131,31 @@ def discriminator_table(sharing: Sharing, generator_table: TokenTable, padded_vo
 
 
 class EncoderEmbeddings(torch.nn.Module):
-    """Token rows + learned absolute positions, LayerNorm and dropout at the table's width E,
-    then (ELECTRA style, E != H) a linear projection to the encoder's hidden size H.
+    """Token rows + learned absolute positions (+ under the post-LayerNorm layout one token-type
+    row), LayerNorm and dropout at the table's width E, then (ELECTRA style, E != H) a linear
+    projection to the encoder's hidden size H, with no dropout after it: the order of Hugging
+    Face's ``ElectraEmbeddings`` (word + token type, then + position) then
+    ``ElectraModel.embeddings_project``.
+
+    Parameters (names relative to this module): ``table`` (the token table, ``TokenTable`` /
+    ``GDESTable``), ``position.weight`` [max_positions, E], ``token_type.weight`` [1, E] (post
+    layout only: BERT's segment embedding with its single type id 0, ELECTRA's
+    ``type_vocab_size`` 2 being unused in pretraining), ``norm.{weight, bias}`` [E],
+    ``projection.{weight [H, E], bias [H]}`` (E != H only).
 
     forward(ids [b, s]) -> [s, b, H] (megatron layout; the one transpose of this model).
     """
 
     def __init__(self, table: torch.nn.Module, encoder: EncoderConfig, embedding_size: int,
-                 max_positions: int, init_std: float):
+                 max_positions: int, init_std: float, token_type: bool = False):
         super().__init__()
         self.table = table
         self.position = torch.nn.Embedding(max_positions, embedding_size)
         torch.nn.init.normal_(self.position.weight, std=init_std)
+        self.token_type: Optional[torch.nn.Embedding] = None
+        if token_type:
+            self.token_type = torch.nn.Embedding(1, embedding_size)
+            torch.nn.init.normal_(self.token_type.weight, std=init_std)
         self.norm = torch.nn.LayerNorm(embedding_size, eps=encoder.layernorm_epsilon)
         self.dropout = torch.nn.Dropout(encoder.hidden_dropout)
         self.projection: Optional[torch.nn.Linear] = None
@@ -153,7 +166,11 @@ class EncoderEmbeddings(torch.nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         pos = torch.arange(ids.shape[1], device=ids.device)
-        x = self.table(ids) + self.position(pos).unsqueeze(0)  # [b, s, E]
+        x = self.table(ids)  # [b, s, E]
+        if self.token_type is not None:
+            # called as a module (not .weight read directly) so ZeRO-3 gathers its row
+            x = x + self.token_type(pos[:1])  # type id 0 everywhere, added before the positions
+        x = x + self.position(pos).unsqueeze(0)
         x = self.dropout(self.norm(x))
         if self.projection is not None:
             x = self.projection(x)  # [b, s, H]

@@ -1,7 +1,19 @@
 """One encoder (generator or discriminator): embeddings → megatron-core TransformerBlock.
 
-The block's layers come from ``model/specs.py``; the final LayerNorm is the block's own
-(``post_layer_norm``). Data enters as [b, s]; inside the block everything is [s, b, h].
+The block's layers come from ``model/specs.py``. In the pre-LayerNorm layout the final LayerNorm
+is the block's own (``post_layer_norm``); the post-LayerNorm layout (BERT / ELECTRA) has none,
+its last layer ending in a LayerNorm. Data enters as [b, s]; inside the block everything is
+[s, b, h].
+
+State-dict names of one encoder (``generator.`` / ``discriminator.`` in ``RTDModel``), layer
+index i local to the pipeline stage (``model/weights.py`` maps it to the global layer):
+
+    embeddings.*                    ``EncoderEmbeddings`` (table, position, token_type, norm,
+                                    projection), first stage only
+    block.layers.{i}.*              one layer, see ``model/layers.py`` (post) or megatron-core's
+                                    ``TransformerLayer`` (pre: ``input_layernorm``,
+                                    ``pre_mlp_layernorm`` and the same attention / MLP linears)
+    block.final_layernorm.{weight, bias}    pre layout, last stage only
 """
 from __future__ import annotations
 
@@ -13,7 +25,7 @@ from megatron.core.enums import ModelType
 from megatron.core.transformer.transformer_block import TransformerBlock
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from rtd_scale.config import EncoderConfig
+from rtd_scale.config import EncoderConfig, LayerNormPosition
 from rtd_scale.model.embeddings import EncoderEmbeddings, init_normal, scaled_init_normal
 from rtd_scale.model.specs import encoder_layer_spec
 
@@ -68,24 +80,34 @@ def transformer_config(enc: EncoderConfig, *, init_std: float, tensor_model_para
 
 class Encoder(torch.nn.Module):
     """One pipeline stage of an encoder: embeddings on the first stage, this stage's share of the
-    TransformerBlock's layers, and the final LayerNorm on the last stage (megatron-core's
-    ``pre_process`` / ``post_process``).
+    TransformerBlock's layers, and (pre layout) the final LayerNorm on the last stage
+    (megatron-core's ``pre_process`` / ``post_process``).
 
-    forward(ids [b, s], pad_mask [b, s] bool, True at [PAD]) -> hidden [s, b, H] (after the
-    final LayerNorm on the last stage). On a stage without ``pre_process`` the input comes from
-    ``set_input_tensor`` (the previous stage's output, set by the pipeline schedule) and ``ids``
-    is unused.
+    forward(ids [b, s], pad_mask [b, s] bool, True at [PAD]) -> hidden [s, b, H] (on the last
+    stage: after the final LayerNorm, or after the last layer's LayerNorm in the post layout).
+    On a stage without ``pre_process`` the input comes from ``set_input_tensor`` (the previous
+    stage's output, set by the pipeline schedule) and ``ids`` is unused.
+
+    Args:
+        layernorm_position: "pre" or "post" (``LayerNormPosition``); the embeddings must match
+            (a token-type row exactly in the post layout).
     """
 
     def __init__(self, embeddings: Optional[EncoderEmbeddings], config: TransformerConfig, *,
+                 layernorm_position: LayerNormPosition | str = LayerNormPosition.PRE,
                  pre_process: bool = True, post_process: bool = True):
         super().__init__()
         assert pre_process == (embeddings is not None), "embeddings live on the first stage only"
+        layernorm_position = LayerNormPosition(layernorm_position)
+        post = layernorm_position is LayerNormPosition.POST
+        assert embeddings is None or (embeddings.token_type is not None) == post, \
+            "the token-type row belongs to the post-LayerNorm layout"
         self.config = config
+        self.layernorm_position = layernorm_position
         self.model_type = ModelType.encoder_or_decoder  # read by megatron-core's schedules
         self.embeddings = embeddings
-        self.block = TransformerBlock(config=config, spec=encoder_layer_spec(),
-                                      post_layer_norm=True, pre_process=pre_process,
+        self.block = TransformerBlock(config=config, spec=encoder_layer_spec(layernorm_position),
+                                      post_layer_norm=not post, pre_process=pre_process,
                                       post_process=post_process)
 
     def set_input_tensor(self, input_tensor) -> None:

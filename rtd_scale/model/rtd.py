@@ -11,7 +11,7 @@ from typing import NamedTuple, Sequence
 
 import torch
 
-from rtd_scale.config import ModelConfig, RTDConfig
+from rtd_scale.config import LayerNormPosition, ModelConfig, RTDConfig
 from megatron.core import parallel_state
 
 from rtd_scale.model.embeddings import (EncoderEmbeddings, TiedOutputTable, TokenTable,
@@ -102,19 +102,20 @@ class RTDModel(torch.nn.Module):
         gen_tc = transformer_config(model.generator, **tc)
         disc_tc = transformer_config(model.discriminator, **tc)
 
+        post_ln = LayerNormPosition(model.layernorm_position) is LayerNormPosition.POST
         gen_emb = disc_emb = None
         if pre_process:
             gen_table = TokenTable(self.padded_vocab_size, model.embedding_size, gen_tc)
             disc_table = discriminator_table(model.sharing, gen_table, self.padded_vocab_size,
                                              model.embedding_size, disc_tc)
             gen_emb = EncoderEmbeddings(gen_table, model.generator, model.embedding_size,
-                                        model.max_position_embeddings, std)
+                                        model.max_position_embeddings, std, token_type=post_ln)
             disc_emb = EncoderEmbeddings(disc_table, model.discriminator, model.embedding_size,
-                                         model.max_position_embeddings, std)
-        self.generator = Encoder(gen_emb, gen_tc, pre_process=pre_process,
-                                 post_process=post_process)
-        self.discriminator = Encoder(disc_emb, disc_tc, pre_process=pre_process,
-                                     post_process=post_process)
+                                         model.max_position_embeddings, std, token_type=post_ln)
+        self.generator = Encoder(gen_emb, gen_tc, layernorm_position=model.layernorm_position,
+                                 pre_process=pre_process, post_process=post_process)
+        self.discriminator = Encoder(disc_emb, disc_tc, layernorm_position=model.layernorm_position,
+                                     pre_process=pre_process, post_process=post_process)
         if post_process:
             output_table = (gen_emb.table if pre_process else
                             TiedOutputTable(self.padded_vocab_size, model.embedding_size, gen_tc))
@@ -131,7 +132,8 @@ class RTDModel(torch.nn.Module):
                            tp_rank=parallel_state.get_tensor_model_parallel_rank(),
                            tp_size=tensor_model_parallel_size, vocab_size=model.vocab_size,
                            num_layers={"generator": model.generator.num_layers,
-                                       "discriminator": model.discriminator.num_layers})
+                                       "discriminator": model.discriminator.num_layers},
+                           scaled_output={"generator": not post_ln, "discriminator": not post_ln})
 
     # The tables, by role (tests and the embedding-similarity metric read these; first stage).
     @property

@@ -1,10 +1,17 @@
 """The only place that picks layer implementations (STYLE: ModuleSpec, not forked models).
 
-Both encoders use megatron-core's ``TransformerLayer`` with its tensor-parallel linear layers
-(ColumnParallelLinear / RowParallelLinear, even at TP=1) and a pre-LayerNorm residual layout
-(as megatron-core's BERT). Core attention is ``SDPACoreAttention`` (PyTorch SDPA: flash on GPU,
-no CUDA state on CPU). Where TransformerEngine is installed and a GPU is used, its fused
-LayerNorm+linear layers are used instead, keeping the SDPA core attention.
+Both encoders use megatron-core's tensor-parallel linear layers (ColumnParallelLinear /
+RowParallelLinear, even at TP=1), its ``SelfAttention`` and ``MLP``, with core attention
+``SDPACoreAttention`` (PyTorch SDPA: flash on GPU, no CUDA state on CPU). The layer depends on
+``model.layernorm_position``:
+
+- "pre": megatron-core's ``TransformerLayer``, LayerNorm on each residual branch's input (as
+  megatron-core's BERT). Where TransformerEngine is installed and a GPU is used, its fused
+  LayerNorm+linear layers are used instead (the norms then live inside ``linear_qkv`` and
+  ``linear_fc1`` as ``layer_norm_weight`` / ``layer_norm_bias``).
+- "post": ``PostLNTransformerLayer`` (``model/layers.py``), LayerNorm after each residual add
+  (BERT / ELECTRA, Hugging Face ``ElectraLayer``). With TransformerEngine its plain linears are
+  used (a norm after the add cannot be fused into the next linear); parameter names are the same.
 """
 from __future__ import annotations
 
@@ -19,7 +26,9 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.torch_norm import WrappedTorchNorm
 from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
 
+from rtd_scale.config import LayerNormPosition
 from rtd_scale.model.attention import SDPACoreAttention
+from rtd_scale.model.layers import PostLNTransformerLayer, PostLNTransformerLayerSubmodules
 
 
 def _have_transformer_engine() -> bool:
@@ -30,14 +39,58 @@ def _have_transformer_engine() -> bool:
     return torch.cuda.is_available()
 
 
-def encoder_layer_spec(use_transformer_engine: bool | None = None) -> ModuleSpec:
-    """The ``TransformerLayer`` spec of both encoders (bidirectional, padding mask).
+def _self_attention(qkv, proj) -> ModuleSpec:
+    return ModuleSpec(
+        module=SelfAttention,
+        params={"attn_mask_type": AttnMaskType.padding},
+        submodules=SelfAttentionSubmodules(
+            linear_qkv=qkv,
+            core_attention=SDPACoreAttention,
+            linear_proj=proj,
+            q_layernorm=IdentityOp,
+            k_layernorm=IdentityOp,
+        ),
+    )
+
+
+def encoder_layer_spec(layernorm_position: LayerNormPosition | str = LayerNormPosition.PRE,
+                       use_transformer_engine: bool | None = None) -> ModuleSpec:
+    """The transformer-layer spec of both encoders (bidirectional, padding mask).
 
     Args:
+        layernorm_position: "pre" (megatron-core's ``TransformerLayer``) or "post"
+            (``PostLNTransformerLayer``, BERT / ELECTRA).
         use_transformer_engine: None picks TE when it is importable and a GPU is present.
+    Raises:
+        ValueError: an unknown ``layernorm_position``.
     """
+    layernorm_position = LayerNormPosition(layernorm_position)
     if use_transformer_engine is None:
         use_transformer_engine = _have_transformer_engine()
+    if layernorm_position is LayerNormPosition.POST:
+        if use_transformer_engine:
+            from megatron.core.extensions.transformer_engine import (
+                TEColumnParallelLinear,
+                TERowParallelLinear,
+            )
+
+            column, row = TEColumnParallelLinear, TERowParallelLinear
+        else:
+            column, row = ColumnParallelLinear, RowParallelLinear
+        return ModuleSpec(
+            module=PostLNTransformerLayer,
+            submodules=PostLNTransformerLayerSubmodules(
+                input_layernorm=IdentityOp,
+                self_attention=_self_attention(column, row),
+                self_attn_bda=get_bias_dropout_add,
+                post_self_attn_layernorm=WrappedTorchNorm,
+                pre_mlp_layernorm=IdentityOp,
+                mlp=ModuleSpec(module=MLP,
+                               submodules=MLPSubmodules(linear_fc1=column, linear_fc2=row)),
+                mlp_bda=get_bias_dropout_add,
+                post_mlp_layernorm=WrappedTorchNorm,
+            ),
+        )
     if use_transformer_engine:
         from megatron.core.extensions.transformer_engine import (
             TELayerNormColumnParallelLinear,
@@ -53,17 +106,7 @@ def encoder_layer_spec(use_transformer_engine: bool | None = None) -> ModuleSpec
         module=TransformerLayer,
         submodules=TransformerLayerSubmodules(
             input_layernorm=input_norm,
-            self_attention=ModuleSpec(
-                module=SelfAttention,
-                params={"attn_mask_type": AttnMaskType.padding},
-                submodules=SelfAttentionSubmodules(
-                    linear_qkv=qkv,
-                    core_attention=SDPACoreAttention,
-                    linear_proj=proj,
-                    q_layernorm=IdentityOp,
-                    k_layernorm=IdentityOp,
-                ),
-            ),
+            self_attention=_self_attention(qkv, proj),
             self_attn_bda=get_bias_dropout_add,
             pre_mlp_layernorm=mlp_norm,
             mlp=ModuleSpec(module=MLP, submodules=MLPSubmodules(linear_fc1=fc1, linear_fc2=fc2)),

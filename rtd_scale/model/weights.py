@@ -8,9 +8,14 @@
   gathered along their partition dimension, vocabulary padding removed) and its inverse, so a model
   trained at one TP size loads at another (case C16).
 
-Initialisation rules (BERT / megatron-core): weights N(0, std²); the output projections of each
+Initialisation rules (BERT / megatron-core): weights N(0, std²), including the token-type row of
+the post-LayerNorm layout (Hugging Face ``ElectraPreTrainedModel._init_weights`` draws every
+embedding N(0, initializer_range²)); in the pre-LayerNorm layout the output projections of each
 residual branch (attention ``linear_proj``, MLP ``linear_fc2``) N(0, (std / sqrt(2·num_layers))²)
-(megatron-core's ``output_layer_init_method``); biases 0; LayerNorm weight 1, bias 0; the GDES
+(megatron-core's ``output_layer_init_method``, GPT-2's rule for pre-LN stacks), in the
+post-LayerNorm layout N(0, std²) like every other weight (BERT / ELECTRA, whose LayerNorm after
+each add rescales the residual stream); biases 0; LayerNorm weight 1, bias 0 (also the norms that
+TransformerEngine fuses into a linear, ``layer_norm_weight`` / ``layer_norm_bias``); the GDES
 residual E_Δ exactly 0 (arXiv 2111.09543 §3.3); vocabulary padding rows 0.
 """
 from __future__ import annotations
@@ -100,7 +105,8 @@ def _local_slice(full: torch.Tensor, p: torch.Tensor, tp_rank: int) -> torch.Ten
 
 @torch.no_grad()
 def initialize(model: torch.nn.Module, *, seed: int, std: float, num_layers: dict[str, int],
-               tp_rank: int, tp_size: int, vocab_size: int) -> None:
+               tp_rank: int, tp_size: int, vocab_size: int,
+               scaled_output: dict[str, bool] | None = None) -> None:
     """Initialise every parameter of ``model`` in place, independently of the TP size.
 
     Args:
@@ -110,21 +116,27 @@ def initialize(model: torch.nn.Module, *, seed: int, std: float, num_layers: dic
             "discriminator": 12}, for the scaled residual-output initialisation.
         tp_rank, tp_size: this rank's place in the tensor-parallel group.
         vocab_size: real (unpadded) vocabulary size.
+        scaled_output: per top-level submodule name, whether its residual output projections get
+            the scaled std / sqrt(2·num_layers) (pre-LayerNorm: True, the default for a name
+            not listed) or plain std (post-LayerNorm: False).
     """
     norms = _norm_param_ids(model)
+    scaled_output = scaled_output or {}
     for name, p in _named_unique_parameters(model):
         leaf = name.rsplit(".", 1)[-1]
         shape = _full_shape(p, tp_size, vocab_size)
         if leaf == "delta":
             full = torch.zeros(shape)
-        elif id(p) in norms:
-            full = torch.ones(shape) if leaf == "weight" else torch.zeros(shape)
+        elif id(p) in norms or leaf in ("layer_norm_weight", "layer_norm_bias"):
+            full = torch.ones(shape) if leaf.endswith("weight") else torch.zeros(shape)
         elif p.dim() < 2:
             full = torch.zeros(shape)
         else:
             s = std
-            if name.endswith(("linear_proj.weight", "linear_fc2.weight")):
-                s = std / math.sqrt(2.0 * num_layers[name.split(".", 1)[0]])
+            top = name.split(".", 1)[0]
+            if (name.endswith(("linear_proj.weight", "linear_fc2.weight"))
+                    and scaled_output.get(top, True)):
+                s = std / math.sqrt(2.0 * num_layers[top])
             g = torch.Generator().manual_seed(_seed_for(seed, name))
             full = torch.randn(shape, generator=g) * s
         p.copy_(_local_slice(full, p, tp_rank).to(p.dtype))

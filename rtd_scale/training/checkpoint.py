@@ -52,7 +52,9 @@ def check_loadable(load_dir: str) -> str:
 META_FILE = "rtd_meta.json"
 
 # Model fields that change the shape of some parameter: a checkpoint only loads into the same.
-_SHAPE_FIELDS = ("vocab_size", "embedding_size", "max_position_embeddings", "sharing")
+# ``layernorm_position``: another layout has other parameters (and the same ones mean other things).
+_SHAPE_FIELDS = ("vocab_size", "embedding_size", "max_position_embeddings", "sharing",
+                 "layernorm_position")
 _ENCODER_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size")
 
 
