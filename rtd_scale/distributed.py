@@ -26,14 +26,13 @@ from __future__ import annotations
 from rtd_scale.cli_errors import UserInputError
 
 import datetime
-import os
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 import torch.distributed as dist
 
-from rtd_scale import cpu_compat
+from rtd_scale import cpu_compat, launch_env
 from rtd_scale.config import ParallelConfig
 
 
@@ -128,22 +127,20 @@ def _disable_deepspeed_shm_op() -> None:
 def initialize(parallel: ParallelConfig, *, seed: int, timeout_minutes: int = 30) -> ParallelContext:
     """Start torch.distributed and megatron-core's parallel state; seed per the RNG policy.
 
-    Reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT (set by the ``deepspeed``
-    launcher, torchrun, or our Slurm scripts); a single process with none of them set runs as a
-    world of 1.
+    The rank, world and rendezvous come from ``launch_env.read``: the launcher's RANK,
+    WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT (``deepspeed``, torchrun, our Slurm
+    scripts), else a Slurm job step's SLURM_* variables (``srun python rtd_scale/pretrain.py``),
+    else a single process on a free port. They are exported for torch.distributed's env://.
 
     Raises:
-        ValueError: when the world size does not divide by tensor × pipeline parallel size.
+        UserInputError: when the world size does not divide by tensor × pipeline parallel size,
+            a launch variable is malformed, or rank 0 cannot listen on MASTER_PORT (in use).
     """
     import deepspeed
     from megatron.core import parallel_state as ps
 
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
-    os.environ.setdefault("LOCAL_RANK", "0")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29500")
-    local_rank = int(os.environ["LOCAL_RANK"])
+    launch = launch_env.export(launch_env.read())
+    local_rank = launch.local_rank
     use_cuda = torch.cuda.is_available()
     if use_cuda:
         torch.cuda.set_device(local_rank)
@@ -154,8 +151,20 @@ def initialize(parallel: ParallelConfig, *, seed: int, timeout_minutes: int = 30
         backend = "gloo"
         _disable_deepspeed_shm_op()
     if not dist.is_initialized():
-        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False,
-                                   timeout=datetime.timedelta(minutes=timeout_minutes))
+        try:
+            deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False,
+                                       verbose=False,
+                                       timeout=datetime.timedelta(minutes=timeout_minutes))
+        except RuntimeError as e:  # torch's DistNetworkError when the store cannot listen
+            if "EADDRINUSE" not in str(e) and "address already in use" not in str(e).lower():
+                raise
+            hint = ("unset MASTER_PORT to let a single process pick a free one"
+                    if launch.world_size == 1 else "pass the launcher a free --master_port"
+                    if launch.source == "launcher" else
+                    "set MASTER_PORT to a free port on the first node (the same for every task)")
+            raise UserInputError(
+                f"MASTER_PORT {launch.master_port} is already in use on {launch.master_addr} "
+                f"(rank 0 listens there to start the run); {hint}") from None
     world = dist.get_world_size()
     tp, pp = parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size
     if world % (tp * pp):

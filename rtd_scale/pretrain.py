@@ -25,6 +25,7 @@ if __name__ == "__main__" and __package__ in (None, ""):
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
     sys.path.insert(0, os.path.dirname(_here))
 
+from rtd_scale import launch_env  # noqa: E402
 from rtd_scale.atomic import write_atomic  # noqa: E402
 from rtd_scale.cli_errors import UserInputError  # noqa: E402
 from rtd_scale.config import (LayerNormPosition, Precision, RunConfig, Sharing,  # noqa: E402
@@ -226,10 +227,10 @@ def run(cfg: RunConfig, print_fn=print, stop=None) -> dict:
     from rtd_scale.training.loop import train
     from rtd_scale.training.metrics import TensorBoardLogger
 
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    tok, dataset, ds_config, dp, gas, layout, meta = prepare(cfg, world_size)
+    launch = launch_env.read()  # the launcher's variables, a Slurm step's, or one process
+    tok, dataset, ds_config, dp, gas, layout, meta = prepare(cfg, launch.world_size)
     if meta is not None and meta["step"] >= cfg.train.train_iters:
-        if int(os.environ.get("RANK", "0")) == 0:
+        if launch.rank == 0:
             print_fn(f"nothing to do: {cfg.train.load} is at iteration {meta['step']}, and "
                      f"--train-iters is {cfg.train.train_iters}; raise --train-iters to continue")
         return {"history": [], "valid_history": [], "checkpoint_dir": None, "interrupted": False,
@@ -379,9 +380,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     warnings.filterwarnings("ignore", message=".*CUDA_DEVICE_MAX_CONNECTIONS.*")
     warnings.filterwarnings("ignore", category=DeprecationWarning, module="megatron")
     args = build_parser().parse_args(argv)
-    rank = int(os.environ.get("RANK", "0"))
-    if rank != 0:  # every rank would repeat the same configuration warnings
-        warnings.simplefilter("ignore", UserWarning)
     stop = None
     if args.exit_signal_handler:  # installed first: a signal during start-up or load counts too
         import signal
@@ -389,7 +387,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from rtd_scale.training.loop import ExitSignal
 
         stop = ExitSignal(getattr(signal, args.exit_signal))
+    rank = 0
     try:
+        rank = launch_env.read().rank
+        if rank != 0:  # every rank would repeat the same configuration warnings
+            warnings.simplefilter("ignore", UserWarning)
         cfg = config_from_args(args)
         run(cfg, stop=stop)
     except (UserInputError, OSError) as e:  # user errors; bugs keep their traceback

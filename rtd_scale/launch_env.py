@@ -1,0 +1,194 @@
+"""Where this process sits in the launch: rank, world size and rendezvous address.
+
+Read once, by :func:`read`, from the first of these that applies:
+
+1. a launcher's variables — RANK and WORLD_SIZE (with LOCAL_RANK, MASTER_ADDR, MASTER_PORT), as
+   set by the ``deepspeed`` launcher, torchrun or slurm/lib/rank_env.sh;
+2. a Slurm job step (``srun python rtd_scale/pretrain.py …`` without a wrapper): RANK =
+   SLURM_PROCID, WORLD_SIZE = SLURM_STEP_NUM_TASKS (else SLURM_NTASKS), LOCAL_RANK =
+   SLURM_LOCALID, MASTER_ADDR = the first host of SLURM_STEP_NODELIST (else
+   SLURM_JOB_NODELIST; Slurm's hostlist syntax, :func:`expand_hostlist`), MASTER_PORT = 10000 +
+   SLURM_JOB_ID mod 20000 (the rule of slurm/lib/pretrain_job.sh; PyTorch Lightning's
+   SLURMEnvironment derives its port from the job id the same way). Only a job *step* counts:
+   a batch script or an salloc shell also carries SLURM_PROCID=0 and the job's SLURM_NTASKS,
+   but there it is one process, and taking SLURM_NTASKS as the world would wait for ranks that
+   never start;
+3. otherwise one process: a world of 1 on 127.0.0.1 and, unless MASTER_PORT is given, a free
+   port (so a node where 29500 is taken still runs).
+
+Nothing here imports torch: ``pretrain.main`` reads the rank before anything heavy is loaded.
+"""
+from __future__ import annotations
+
+import os
+import re
+import socket
+from dataclasses import dataclass
+from typing import Mapping, MutableMapping, Optional
+
+from rtd_scale.cli_errors import UserInputError
+
+__all__ = ["LaunchEnv", "read", "export", "expand_hostlist", "slurm_port", "free_port"]
+
+_LAUNCHER_VARS = ("RANK", "WORLD_SIZE")
+
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    """This process's place in the launch. ``master_port`` None: a single process that picks a
+    free port when it starts (:func:`export`). ``source``: "launcher", "slurm" or "single"."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: Optional[int]
+    source: str
+
+
+def _int(environ: Mapping[str, str], name: str, default: Optional[int] = None, *,
+         minimum: int = 0) -> int:
+    value = environ.get(name)
+    if value is None or value == "":
+        if default is None:
+            raise UserInputError(f"{name} is not set; the launcher must set it (or unset RANK and "
+                                 "WORLD_SIZE to run as one process)")
+        return default
+    if not re.fullmatch(r"\d+", value.strip()) or int(value) < minimum:
+        raise UserInputError(f"{name}={value!r}: expected an integer ≥ {minimum}")
+    return int(value)
+
+
+def _port(environ: Mapping[str, str]) -> Optional[int]:
+    if environ.get("MASTER_PORT", "") == "":
+        return None
+    port = _int(environ, "MASTER_PORT", minimum=1)
+    if port > 65535:
+        raise UserInputError(f"MASTER_PORT={port}: a TCP port is 1–65535")
+    return port
+
+
+def read(environ: Optional[Mapping[str, str]] = None) -> LaunchEnv:
+    """The launch this process belongs to (see the module docstring for the order of sources).
+
+    Raises:
+        UserInputError: a variable that is not a non-negative integer, a rank outside the world,
+            or a Slurm step whose node list or job id cannot give the rendezvous address.
+    """
+    env = os.environ if environ is None else environ
+    if any(env.get(name, "") != "" for name in _LAUNCHER_VARS):
+        rank, world = _int(env, "RANK", 0), _int(env, "WORLD_SIZE", 1, minimum=1)
+        out = LaunchEnv(rank=rank, world_size=world, local_rank=_int(env, "LOCAL_RANK", 0),
+                        master_addr=env.get("MASTER_ADDR") or "127.0.0.1",
+                        master_port=_port(env) or (None if world == 1 else 29500),
+                        source="launcher")
+        where = "RANK"
+    elif env.get("SLURM_PROCID", "") != "" and (
+            env.get("SLURM_STEP_ID", "") != "" or env.get("SLURM_STEP_NUM_TASKS", "") != ""):
+        world_var = "SLURM_STEP_NUM_TASKS" if env.get("SLURM_STEP_NUM_TASKS") else "SLURM_NTASKS"
+        nodelist_var = ("SLURM_STEP_NODELIST" if env.get("SLURM_STEP_NODELIST")
+                        else "SLURM_JOB_NODELIST")
+        rank, world = _int(env, "SLURM_PROCID"), _int(env, world_var, minimum=1)
+        if env.get("MASTER_ADDR"):
+            addr = env["MASTER_ADDR"]
+        else:
+            nodelist = env.get(nodelist_var, "")
+            if not nodelist:
+                raise UserInputError(f"Slurm step without {nodelist_var}: set MASTER_ADDR to the "
+                                     "first host of the job, or launch through "
+                                     "slurm/lib/rank_env.sh")
+            addr = expand_hostlist(nodelist)[0]
+        port = _port(env)
+        if port is None:
+            if env.get("SLURM_JOB_ID", "") == "":
+                raise UserInputError("Slurm step without SLURM_JOB_ID: set MASTER_PORT (the same "
+                                     "on every task)")
+            port = slurm_port(_int(env, "SLURM_JOB_ID"))
+        out = LaunchEnv(rank=rank, world_size=world, local_rank=_int(env, "SLURM_LOCALID", 0),
+                        master_addr=addr, master_port=port, source="slurm")
+        where = "SLURM_PROCID"
+    else:
+        return LaunchEnv(rank=0, world_size=1, local_rank=0,
+                         master_addr=env.get("MASTER_ADDR") or "127.0.0.1",
+                         master_port=_port(env), source="single")
+    if out.rank >= out.world_size:
+        raise UserInputError(f"{where}={out.rank} is outside a world of {out.world_size}")
+    return out
+
+
+def export(launch: LaunchEnv, environ: Optional[MutableMapping[str, str]] = None) -> LaunchEnv:
+    """Set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT for torch.distributed
+    (env:// initialisation reads them); a single process without MASTER_PORT gets a free port.
+    Returns ``launch`` with the port filled in."""
+    env = os.environ if environ is None else environ
+    port = launch.master_port if launch.master_port is not None else free_port()
+    env.update(RANK=str(launch.rank), WORLD_SIZE=str(launch.world_size),
+               LOCAL_RANK=str(launch.local_rank), MASTER_ADDR=launch.master_addr,
+               MASTER_PORT=str(port))
+    return LaunchEnv(rank=launch.rank, world_size=launch.world_size,
+                     local_rank=launch.local_rank, master_addr=launch.master_addr,
+                     master_port=port, source=launch.source)
+
+
+def slurm_port(job_id: int) -> int:
+    """The rendezvous port of a Slurm job: 10000 + job id mod 20000 (in 10000–29999, below
+    Linux's ephemeral range; the same rule as slurm/lib/pretrain_job.sh)."""
+    return 10000 + job_id % 20000
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on now (the kernel's choice)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+
+
+def _expand_brackets(item: str, spec: str) -> list[str]:
+    """``n[01-02]x[1,3]`` → n01x1, n01x3, n02x1, n02x3 (every bracket group, in order)."""
+    open_at = item.find("[")
+    if open_at < 0:
+        if "]" in item:
+            raise UserInputError(f"node list {spec!r}: unbalanced ']' in {item!r}")
+        return [item]
+    close_at = item.find("]", open_at)
+    if close_at < 0:
+        raise UserInputError(f"node list {spec!r}: unbalanced '[' in {item!r}")
+    head, body, tail = item[:open_at], item[open_at + 1:close_at], item[close_at + 1:]
+    values: list[str] = []
+    for part in body.split(","):
+        m = _RANGE.match(part.strip())
+        if not m:
+            raise UserInputError(f"node list {spec!r}: {part!r} is not a number or a range a-b")
+        lo, hi = m.group(1), m.group(2) if m.group(2) is not None else m.group(1)
+        if int(hi) < int(lo):
+            raise UserInputError(f"node list {spec!r}: range {part!r} runs backwards")
+        width = len(lo)  # Slurm keeps the first bound's zero padding: [08-10] → 08 09 10
+        values += [str(n).zfill(width) for n in range(int(lo), int(hi) + 1)]
+    return [head + v + rest for v in values for rest in _expand_brackets(tail, spec)]
+
+
+def expand_hostlist(spec: str) -> list[str]:
+    """Expand Slurm's hostlist syntax, as ``scontrol show hostnames`` does:
+    ``n[01-03,07],m5`` → ``[n01, n02, n03, n07, m5]``; ``r[1-2]-g[1-2]`` → r1-g1, r1-g2, r2-g1,
+    r2-g2. Commas inside brackets separate ranges, outside them hosts.
+
+    Raises:
+        UserInputError: unbalanced brackets, a range that is not ``a`` or ``a-b``, or no host.
+    """
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(spec):
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            items.append(spec[start:i])
+            start = i + 1
+    items.append(spec[start:])
+    hosts = [h for item in items if item.strip() for h in _expand_brackets(item.strip(), spec)]
+    if not hosts:
+        raise UserInputError(f"node list {spec!r} names no host")
+    return hosts

@@ -1,0 +1,100 @@
+"""rtd_scale.launch_env: rank, world and rendezvous from the launcher's variables, a Slurm job
+step's, or a single process; Slurm's hostlist syntax."""
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from rtd_scale import launch_env
+from rtd_scale.cli_errors import UserInputError
+from rtd_scale.launch_env import LaunchEnv, expand_hostlist
+
+# what srun puts in the environment of task 1 of a 2-task step of job 4242 on nodes n[07-08]
+SRUN_TASK_1 = {"SLURM_JOB_ID": "4242", "SLURM_PROCID": "1", "SLURM_LOCALID": "0",
+               "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "2",
+               "SLURM_JOB_NODELIST": "n[07-08]", "SLURM_STEP_NODELIST": "n[07-08]"}
+
+
+@pytest.mark.parametrize("spec, hosts", [
+    ("localhost", ["localhost"]),
+    ("n[01-03,07],m5", ["n01", "n02", "n03", "n07", "m5"]),
+    ("gpu[8-10]", ["gpu8", "gpu9", "gpu10"]),
+    ("gpu[08-10]", ["gpu08", "gpu09", "gpu10"]),  # the first bound's zero padding is kept
+    ("a,b[1-2],c", ["a", "b1", "b2", "c"]),
+    ("r[1-2]-g[1,3]", ["r1-g1", "r1-g3", "r2-g1", "r2-g3"]),
+    ("node-[5]", ["node-5"]),
+    ("x[1-2]y", ["x1y", "x2y"]),
+])
+def test_expand_hostlist(spec, hosts):
+    assert expand_hostlist(spec) == hosts
+
+
+@pytest.mark.parametrize("spec, says", [
+    ("n[01-03", "unbalanced '['"), ("n01]", "unbalanced ']'"), ("n[a-b]", "'a-b' is not"),
+    ("n[5-3]", "runs backwards"), ("", "names no host"), (" , ", "names no host"),
+])
+def test_expand_hostlist_refuses_malformed_lists(spec, says):
+    with pytest.raises(UserInputError) as e:
+        expand_hostlist(spec)
+    assert says in str(e.value)
+
+
+def test_launcher_variables_win():
+    env = {**SRUN_TASK_1, "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1",
+           "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "6000"}
+    assert launch_env.read(env) == LaunchEnv(3, 4, 1, "10.0.0.1", 6000, "launcher")
+
+
+def test_launcher_defaults_match_torch():
+    # WORLD_SIZE alone (a test or a partial launcher): rank 0, torch's default port for a world > 1
+    assert launch_env.read({"WORLD_SIZE": "2"}) == LaunchEnv(0, 2, 0, "127.0.0.1", 29500,
+                                                             "launcher")
+    assert launch_env.read({"RANK": "0", "WORLD_SIZE": "1"}).master_port is None
+
+
+def test_slurm_step_without_launcher_variables():
+    assert launch_env.read(SRUN_TASK_1) == LaunchEnv(
+        rank=1, world_size=2, local_rank=0, master_addr="n07", master_port=10000 + 4242,
+        source="slurm")
+    # the job's first host when the step has no node list of its own; the port wraps at 20000
+    env = {**SRUN_TASK_1, "SLURM_STEP_NODELIST": "", "SLURM_JOB_NODELIST": "b[3-4],a1",
+           "SLURM_JOB_ID": "123456", "SLURM_STEP_NUM_TASKS": ""}
+    got = launch_env.read(env)
+    assert (got.master_addr, got.master_port, got.world_size) == ("b3", 10000 + 3456, 2)
+    # an exported MASTER_ADDR / MASTER_PORT is kept
+    got = launch_env.read({**SRUN_TASK_1, "MASTER_ADDR": "head", "MASTER_PORT": "7000"})
+    assert (got.master_addr, got.master_port, got.rank) == ("head", 7000, 1)
+
+
+def test_batch_script_or_salloc_shell_is_one_process():
+    # the batch step carries SLURM_PROCID=0 and the job's task count, but no step variables:
+    # it is one process, and a world of 8 would wait for ranks that never come
+    batch = {"SLURM_JOB_ID": "9", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "8",
+             "SLURM_JOB_NODELIST": "n[1-2]"}
+    assert launch_env.read(batch) == LaunchEnv(0, 1, 0, "127.0.0.1", None, "single")
+
+
+@pytest.mark.parametrize("env, says", [
+    ({"RANK": "x", "WORLD_SIZE": "2"}, "RANK='x': expected an integer"),
+    ({"RANK": "2", "WORLD_SIZE": "2"}, "RANK=2 is outside a world of 2"),
+    ({"RANK": "0", "WORLD_SIZE": "0"}, "WORLD_SIZE='0': expected an integer ≥ 1"),
+    ({"RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": "70000"}, "MASTER_PORT=70000: a TCP port"),
+    ({**SRUN_TASK_1, "SLURM_PROCID": "5"}, "SLURM_PROCID=5 is outside a world of 2"),
+    ({**SRUN_TASK_1, "SLURM_STEP_NODELIST": "", "SLURM_JOB_NODELIST": ""},
+     "Slurm step without SLURM_JOB_NODELIST"),
+    ({**SRUN_TASK_1, "SLURM_JOB_ID": ""}, "Slurm step without SLURM_JOB_ID"),
+])
+def test_malformed_variables_are_one_line_errors(env, says):
+    with pytest.raises(UserInputError) as e:
+        launch_env.read(env)
+    assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_single_process_gets_a_free_port():
+    env: dict[str, str] = {}
+    got = launch_env.export(launch_env.read(env), env)
+    assert env["RANK"] == "0" and env["WORLD_SIZE"] == "1" and env["MASTER_ADDR"] == "127.0.0.1"
+    assert env["MASTER_PORT"] == str(got.master_port)
+    with socket.socket() as s:  # nothing listens there: rank 0 can
+        s.bind(("127.0.0.1", got.master_port))
