@@ -101,7 +101,7 @@ def test_unseen_character_is_unk(tokenizer):
     assert tokenizer.encode("\u2603")[-1] == UNK_ID  # snowman: not in the fixture text
 
 
-def test_foreign_sentencepiece_model_is_rejected(tmp_path):
+def test_default_layout_sentencepiece_model_is_rejected(tmp_path):
     corpus = tmp_path / "c.txt"
     corpus.write_text("\n".join(_case_texts("c06_single_sentence_docs.jsonl")), encoding="utf-8")
     # SentencePiece's defaults: <unk>=0, <s>=1, </s>=2 (like most released models).
@@ -110,8 +110,8 @@ def test_foreign_sentencepiece_model_is_rejected(tmp_path):
         Tokenizer(tmp_path / "foreign.model")
     msg = str(e.value)
     assert str(tmp_path / "foreign.model") in msg
-    assert "id 0 is '<unk>', expected control piece '[PAD]'" in msg
-    assert "tools/train_tokenizer.py" in msg
+    assert "has no pad piece ([PAD] or <pad>) and no mask piece ([MASK] or <mask>)" in msg
+    assert "tools/add_special_pieces.py" in msg and "tools/train_tokenizer.py" in msg
     assert isinstance(e.value, ValueError)
 
 

@@ -1,0 +1,77 @@
+"""Tokenizers not made by tools/train_tokenizer.py, built for the tests from real text
+(tests/data/wiki_sample.jsonl) with the real SentencePiece trainer and the tokenizers library.
+
+Each builder writes into ``out`` and returns the file to pass as ``--tokenizer-model``:
+- ``deberta_v3``: [PAD] 0, [CLS] 1, [SEP] 2, [UNK] 3, no [MASK] piece, nmt_nfkc normaliser
+  (the layout of microsoft/deberta-v3-*'s spm.model);
+- ``default_layout``: SentencePiece's defaults, <unk> 0, <s> 1, </s> 2, no pad and no mask piece;
+- ``roberta_names``: <s> 0, <pad> 1, </s> 2, <unk> 3 and a <mask> control piece (found by name);
+- ``wordpiece_vocab`` / ``wordpiece_json``: BERT's WordPiece (uncased) with
+  [PAD] [UNK] [CLS] [SEP] [MASK] at 0-4, as vocab.txt / tokenizer.json.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import sentencepiece as spm
+
+TEST_DATA = Path(__file__).resolve().parent / "data"
+BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def wiki_texts() -> list[str]:
+    lines = (TEST_DATA / "wiki_sample.jsonl").read_text(encoding="utf-8").splitlines()
+    return [json.loads(line)["text"] for line in lines]
+
+
+def _sentences() -> list[str]:
+    return [s for text in wiki_texts() for s in text.split(". ") if s.strip()]
+
+
+def _train_spm(out: Path, name: str, vocab_size: int = 600, **settings) -> str:
+    path = out / f"{name}.model"
+    with open(path, "wb") as f:
+        spm.SentencePieceTrainer.train(sentence_iterator=iter(_sentences()), model_writer=f,
+                                       vocab_size=vocab_size, num_threads=1, minloglevel=2,
+                                       max_sentence_length=8192, **settings)
+    return str(path)
+
+
+def deberta_v3(out: Path) -> str:
+    return _train_spm(out, "deberta_v3", pad_id=0, pad_piece="[PAD]", bos_id=1, bos_piece="[CLS]",
+                      eos_id=2, eos_piece="[SEP]", unk_id=3, unk_piece="[UNK]")
+
+
+def default_layout(out: Path) -> str:
+    return _train_spm(out, "default_layout")
+
+
+def roberta_names(out: Path) -> str:
+    return _train_spm(out, "roberta_names", bos_id=0, pad_id=1, eos_id=2, unk_id=3,
+                      control_symbols=["<mask>"])
+
+
+def _wordpiece(out: Path):
+    from tokenizers import BertWordPieceTokenizer
+
+    tok = BertWordPieceTokenizer(lowercase=True)
+    tok.train_from_iterator(wiki_texts(), vocab_size=800, special_tokens=BERT_SPECIALS, show_progress=False)
+    return tok
+
+
+def wordpiece_vocab(out: Path, specials: list[str] | None = None) -> str:
+    """``specials`` replaces the BERT specials at the top of the vocabulary (e.g. to drop [MASK])."""
+    tok = _wordpiece(out)
+    tok.save_model(str(out))
+    path = out / "vocab.txt"
+    if specials is not None:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        path.write_text("\n".join([*specials, *lines[len(BERT_SPECIALS):]]) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def wordpiece_json(out: Path) -> str:
+    path = out / "tokenizer.json"
+    _wordpiece(out).save(str(path))
+    return str(path)

@@ -1,0 +1,219 @@
+"""Bring your own tokenizer: special pieces found by name, DeBERTaV3's appended [MASK],
+tokenizer.json / vocab.txt through the tokenizers library, one-line refusals, and
+Tokenizer.save_pretrained giving a Hugging Face tokenizer that encodes like the pipeline."""
+from __future__ import annotations
+
+import pickle
+import random
+import subprocess
+import sys
+
+import pytest
+
+from rtd_scale.data import tokenizer as tokmod
+from rtd_scale.data.tokenizer import (
+    SpecialIds,
+    Tokenizer,
+    TokenizerModelError,
+    add_special_pieces,
+    normalize_text,
+    train_tokenizer,
+)
+from tests import byo_tokenizers as byo
+from tests.conftest import REPO
+
+LAYOUTS = ("ours", "deberta_v3", "default_layout_extended", "roberta_names", "wordpiece_vocab", "wordpiece_json")
+
+
+@pytest.fixture(scope="module")
+def tokenizers(tmp_path_factory) -> dict[str, str]:
+    """layout -> the file to pass as --tokenizer-model."""
+    out = tmp_path_factory.mktemp("byo")
+    paths = {"ours": train_tokenizer(byo.wiki_texts(), out / "ours", vocab_size=600, num_threads=1).model_path}
+    for name in ("deberta_v3", "default_layout", "roberta_names"):
+        paths[name] = getattr(byo, name)(out)
+    add_special_pieces(paths["default_layout"], out / "default_layout_extended.model")
+    paths["default_layout_extended"] = str(out / "default_layout_extended.model")
+    (out / "wp_txt").mkdir()
+    (out / "wp_json").mkdir()
+    paths["wordpiece_vocab"] = byo.wordpiece_vocab(out / "wp_txt")
+    paths["wordpiece_json"] = byo.wordpiece_json(out / "wp_json")
+    return paths
+
+
+def _sentences(n: int = 60) -> list[str]:
+    return byo.wiki_texts()[:n]
+
+
+# -- special ids --------------------------------------------------------------------------------
+
+
+def test_special_ids_of_each_layout(tokenizers):
+    ours = Tokenizer(tokenizers["ours"])
+    assert ours.specials == SpecialIds(pad=0, cls=1, sep=2, unk=3, mask=4)
+    assert ours.special_ids == (0, 1, 2, 3, 4) and ours.vocab_size == 600 and ours.applies_normalize_text
+
+    deberta = Tokenizer(tokenizers["deberta_v3"])
+    assert [deberta.id_to_piece(i) for i in range(4)] == ["[PAD]", "[CLS]", "[SEP]", "[UNK]"]
+    assert deberta.specials == SpecialIds(pad=0, cls=1, sep=2, unk=3, mask=600)  # appended after 600 pieces
+    assert deberta.appended_mask and deberta.vocab_size == 601
+    assert deberta.id_to_piece(600) == "[MASK]" and deberta.piece_to_id("[MASK]") == 600
+    assert not deberta.applies_normalize_text  # nmt_nfkc is its own normaliser
+
+    extended = Tokenizer(tokenizers["default_layout_extended"])
+    assert extended.specials == SpecialIds(pad=600, cls=1, sep=2, unk=0, mask=601)
+    assert extended.special_pieces == {"pad": "<pad>", "cls": "<s>", "sep": "</s>", "unk": "<unk>", "mask": "<mask>"}
+    assert extended.vocab_size == 602
+
+    roberta = Tokenizer(tokenizers["roberta_names"])
+    assert roberta.specials == SpecialIds(pad=1, cls=0, sep=2, unk=3, mask=4)
+
+    for name in ("wordpiece_vocab", "wordpiece_json"):
+        wp = Tokenizer(tokenizers[name])
+        assert wp.specials == SpecialIds(pad=0, cls=2, sep=3, unk=1, mask=4), name
+        assert wp.vocab_size == 800 and not wp.applies_normalize_text
+
+
+def test_add_special_pieces_keeps_every_id(tokenizers):
+    import sentencepiece as spm
+
+    before = spm.SentencePieceProcessor(model_file=tokenizers["default_layout"])
+    after = Tokenizer(tokenizers["default_layout_extended"])
+    for text in _sentences(20):
+        assert after.encode(text) == before.encode(text)
+    assert [after.id_to_piece(i) for i in (600, 601)] == ["<pad>", "<mask>"]
+    assert not {600, 601} & {i for t in _sentences() for i in after.encode(t)}
+
+
+def test_encoding_never_yields_pad_or_mask_on_real_text(tokenizers):
+    for name in LAYOUTS:
+        tok = Tokenizer(tokenizers[name])
+        ids = {i for t in _sentences(30) for i in tok.encode(t)}
+        assert ids and not {tok.pad_id, tok.cls_id, tok.sep_id, tok.mask_id} & ids, name
+        assert max(ids) < tok.vocab_size
+        assert tok.encode_batch(_sentences(5)) == [tok.encode(t) for t in _sentences(5)]
+
+
+def test_foreign_tokenizers_pickle(tokenizers):
+    for name in ("deberta_v3", "wordpiece_vocab", "wordpiece_json"):
+        tok = Tokenizer(tokenizers[name])
+        clone = pickle.loads(pickle.dumps(tok))
+        text = _sentences(1)[0]
+        assert clone.encode(text) == tok.encode(text) and clone.specials == tok.specials
+        assert clone.sha256 == tok.sha256 == tokmod.file_sha256(tokenizers[name])
+
+
+def test_vocab_txt_case_follows_the_vocabulary(tmp_path):
+    (tmp_path / "vocab.txt").write_text("\n".join([*byo.BERT_SPECIALS, "the", "river", "##s"]) + "\n")
+    uncased = Tokenizer(tmp_path / "vocab.txt")
+    assert uncased.encode("The Rivers") == [5, 6, 7]
+    (tmp_path / "cased" / "").mkdir()
+    (tmp_path / "cased" / "vocab.txt").write_text("\n".join([*byo.BERT_SPECIALS, "The", "the", "river"]) + "\n")
+    cased = Tokenizer(tmp_path / "cased" / "vocab.txt")
+    assert cased.encode("The the river") == [5, 6, 7]
+    assert cased.encode("THE") == [cased.unk_id]
+
+
+# -- refusals: one line naming the missing piece and the fix ------------------------------------
+
+
+def _one_line(exc: pytest.ExceptionInfo) -> str:
+    msg = str(exc.value)
+    assert "\n" not in msg and isinstance(exc.value, ValueError)
+    return msg
+
+
+def test_default_layout_names_both_missing_pieces_and_the_tool(tokenizers):
+    with pytest.raises(TokenizerModelError) as e:
+        Tokenizer(tokenizers["default_layout"])
+    msg = _one_line(e)
+    assert f"tokenizer {tokenizers['default_layout']} has no pad piece ([PAD] or <pad>) and no mask piece " \
+           "([MASK] or <mask>)" in msg
+    assert f"python tools/add_special_pieces.py --input {tokenizers['default_layout']} --output NEW.model" in msg
+
+
+def test_sentencepiece_with_pad_but_no_mask_is_refused(tmp_path):
+    # [PAD] 0 and <unk>, <s>, </s>: not DeBERTaV3's layout, so no [MASK] is appended.
+    path = byo._train_spm(tmp_path, "pad_only", pad_id=3)
+    with pytest.raises(TokenizerModelError) as e:
+        Tokenizer(path)
+    msg = _one_line(e)
+    assert "has no mask piece ([MASK] or <mask>);" in msg and "no pad piece" not in msg
+
+
+def test_vocab_txt_without_mask_and_json_without_pad(tmp_path):
+    path = byo.wordpiece_vocab(tmp_path, specials=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[unused0]"])
+    with pytest.raises(TokenizerModelError) as e:
+        Tokenizer(path)
+    assert f"has no mask piece ([MASK] or <mask>); append the line(s) [MASK] to {path}" in _one_line(e)
+
+    from tokenizers import Tokenizer as HFTokenizer, models
+
+    json_path = tmp_path / "tokenizer.json"
+    hf = HFTokenizer(models.WordLevel({"[UNK]": 0, "[CLS]": 1, "[SEP]": 2, "[MASK]": 3, "a": 4}, unk_token="[UNK]"))
+    hf.save(str(json_path))
+    with pytest.raises(TokenizerModelError) as e:
+        Tokenizer(json_path)
+    msg = _one_line(e)
+    assert "has no pad piece ([PAD] or <pad>); add them with the tokenizers library" in msg
+    assert "add_special_tokens(['[PAD]'])" in msg
+
+
+def test_unreadable_files_are_one_line(tmp_path):
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(TokenizerModelError) as e:
+        Tokenizer(tmp_path / "tokenizer.json")
+    assert "is not a Hugging Face tokenizer.json" in _one_line(e)
+    with pytest.raises(TokenizerModelError) as e:
+        Tokenizer(tmp_path)
+    assert f"--tokenizer-model {tmp_path} is a directory; pass the file inside it" in _one_line(e)
+
+
+def test_add_special_pieces_tool(tokenizers, tmp_path):
+    tool = [sys.executable, str(REPO / "tools" / "add_special_pieces.py")]
+    out = tmp_path / "x.model"
+    r = subprocess.run([*tool, "--input", tokenizers["default_layout"], "--output", str(out)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"appended <pad> = 600, <mask> = 601 -> {out}"
+    r = subprocess.run([*tool, "--input", str(out), "--output", str(tmp_path / "y.model")],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and r.stderr.strip().splitlines() == [
+        f"error: --input {out} already has pad, cls, sep and mask pieces; nothing to add"]
+
+
+# -- Hugging Face -------------------------------------------------------------------------------
+
+
+def test_normalize_text_as_a_hf_normalizer_agrees():
+    hf = tokmod.normalize_text_hf_normalizer()
+    rng = random.Random(0)
+    pool = [*range(0, 0x80), 0x85, 0xA0, 0xAD, 0x200B, 0x200D, 0x2028, 0x3000, 0xFEFF, 0x301, 0x308,
+            0xE9, 0x1100, 0x1161, 0x11A8, 0x180E, 0xE0020, 0x1F600, 0x2060, 0x1C, 0x1F, 0x1680, 0x202F]
+    for _ in range(3000):
+        s = "".join(chr(rng.choice(pool)) for _ in range(rng.randint(0, 12)))
+        assert hf.normalize_str(s) == normalize_text(s), repr(s)
+    for text in _sentences(20):
+        assert hf.normalize_str(text) == normalize_text(text)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_save_pretrained_autotokenizer_matches_the_pipeline(tokenizers, layout, tmp_path):
+    from transformers import AutoTokenizer
+
+    tok = Tokenizer(tokenizers[layout])
+    written = tok.save_pretrained(tmp_path / "hf", model_max_length=512)
+    assert sorted(p.rsplit("/", 1)[1] for p in written) == ["tokenizer.json", "tokenizer_config.json"]
+    assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == ["tokenizer.json", "tokenizer_config.json"]
+    hf = AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    assert (hf.pad_token_id, hf.cls_token_id, hf.sep_token_id, hf.unk_token_id, hf.mask_token_id) == (
+        tok.pad_id, tok.cls_id, tok.sep_id, tok.unk_id, tok.mask_id)
+    assert hf.model_max_length == 512 and len(hf) == tok.vocab_size
+    texts = _sentences(60) + ["  Leading\tand\u200b trailing\u00a0space, caf\u0065\u0301  ", ""]
+    got = hf(texts)["input_ids"]
+    for text, ids in zip(texts, got):
+        assert ids == [tok.cls_id, *tok.encode(text), tok.sep_id], text
+    pair = hf(texts[0], texts[1], return_token_type_ids=True)
+    a, b = tok.encode(texts[0]), tok.encode(texts[1])
+    assert pair["input_ids"] == [tok.cls_id, *a, tok.sep_id, *b, tok.sep_id]
+    assert pair["token_type_ids"] == [0] * (len(a) + len(b) + 3)  # one token type (one-row table)
