@@ -1,0 +1,130 @@
+"""Write an export directory: the discriminator at ``DIR``, the generator at ``DIR/generator``.
+
+Each is what ``save_pretrained`` of its transformers class writes (``config.json`` +
+``model.safetensors``, fp32) plus the tokenizer files (``Tokenizer.save_pretrained``:
+``tokenizer.json`` / ``tokenizer_config.json``…), so ``AutoTokenizer.from_pretrained(DIR)`` and
+``AutoModel….from_pretrained(DIR)`` work offline. Pre-LayerNorm layout: ``DIR/rtd_head.safetensors``
+holds the RTD head under ELECTRA's names (``discriminator_predictions.{dense,dense_prediction}.
+{weight,bias}``), because ``RobertaPreLayerNormModel`` has no such head. ``DIR/rtd_scale.json``
+records the rtd_scale model config the export came from.
+
+The directory is written under a temporary name beside ``DIR`` and renamed into place; an existing
+``DIR`` is replaced only when it is itself an export (it has ``config.json``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Callable, Optional
+
+import torch
+
+from rtd_scale.cli_errors import UserInputError
+from rtd_scale.config import ModelConfig
+from rtd_scale.hf import convert
+
+MANIFEST = "rtd_scale.json"
+
+
+def check_output_dir(path: str, flag: str) -> None:
+    """Refuse, before any work, an output that exists and is not an earlier export.
+
+    Raises:
+        UserInputError: naming ``flag`` and the fix.
+    """
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UserInputError(f"{flag} {path}: exists and is not a directory; pass a new "
+                             "directory for the Hugging Face export")
+    if os.path.isdir(path) and os.listdir(path) and not os.path.isfile(
+            os.path.join(path, "config.json")):
+        raise UserInputError(f"{flag} {path}: a non-empty directory that is not an export; "
+                             "pass a new directory")
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(parent) and not os.access(parent, os.W_OK):
+        raise UserInputError(f"{flag} {path}: {parent} is not writable; pass a writable place")
+
+
+def build_hf_model(m: convert.HFModel) -> torch.nn.Module:
+    """The transformers model of ``m`` with its weights (every parameter set: the state covers
+    all but the class's tied copies)."""
+    import transformers
+
+    cls = getattr(transformers, m.class_name)
+    model = cls(m.config, **m.model_kwargs)
+    missing, unexpected = model.load_state_dict(m.state, strict=False)
+    tied = set(getattr(model, "_tied_weights_keys", None) or {})
+    assert not unexpected and set(missing) <= tied, (m.class_name, missing, unexpected)
+    return model.eval()
+
+
+def _save_tokenizer(tokenizer_model: Optional[str], directory: str, note: Callable) -> None:
+    if not tokenizer_model:
+        return
+    from rtd_scale.data.tokenizer import Tokenizer
+
+    tok = Tokenizer(tokenizer_model)
+    if hasattr(tok, "save_pretrained"):
+        tok.save_pretrained(directory)
+    else:  # older tokenizer module: keep the SentencePiece model itself
+        shutil.copyfile(tokenizer_model, os.path.join(directory, os.path.basename(tokenizer_model)))
+        note("tokenizer: copied the SentencePiece model only (no Tokenizer.save_pretrained)")
+
+
+def write_export(state: dict[str, torch.Tensor], model: ModelConfig, output_dir: str, *,
+                 pad_id: int, cls_id: Optional[int] = None, sep_id: Optional[int] = None,
+                 tokenizer_model: Optional[str] = None, flag: str = "--output",
+                 note: Callable[[str], None] = print) -> None:
+    """Write the export of canonical ``state`` (a whole model) to ``output_dir``.
+
+    Raises:
+        convert.ExportError: a shape the target class cannot hold (nothing is written).
+        UserInputError: ``output_dir`` exists and is not an export.
+    """
+    from safetensors.torch import save_file
+
+    disc, gen = convert.to_hf(state, model, pad_id=pad_id, cls_id=cls_id, sep_id=sep_id)
+    check_output_dir(output_dir, flag)
+    out = os.path.abspath(output_dir)
+    tmp = f"{out}.tmp{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    try:
+        for m, where in ((disc, tmp), (gen, os.path.join(tmp, convert.GENERATOR_DIR))):
+            hf_model = build_hf_model(m)
+            hf_model.save_pretrained(where)
+            for name, tensors in m.extra_files.items():
+                save_file({k: v.contiguous() for k, v in tensors.items()},
+                          os.path.join(where, name), metadata={"format": "pt"})
+            _save_tokenizer(tokenizer_model, where, note)
+            del hf_model
+        manifest = {"format": "rtd_scale hf export 1", "discriminator": disc.class_name,
+                    "generator": gen.class_name, "generator_dir": convert.GENERATOR_DIR,
+                    "rtd_head_file": convert.RTD_HEAD_FILE if disc.extra_files else None,
+                    "pad_id": pad_id, "model": _model_dict(model)}
+        with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:
+            json.dump(manifest, f, indent=2, sort_keys=True)
+            f.write("\n")
+        old = None
+        if os.path.isdir(out):
+            old = f"{out}.old{os.getpid()}"
+            os.replace(out, old)
+        os.replace(tmp, out)
+        if old:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _model_dict(model: ModelConfig) -> dict:
+    import dataclasses
+    import enum
+
+    def conv(o):
+        if isinstance(o, enum.Enum):
+            return o.value
+        if dataclasses.is_dataclass(o):
+            return {f.name: conv(getattr(o, f.name)) for f in dataclasses.fields(o)}
+        return o
+
+    return conv(model)

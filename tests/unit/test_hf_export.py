@@ -1,0 +1,208 @@
+"""Export to Hugging Face transformers with exact parity, on one process (TP = PP = 1).
+
+For each layout × sharing mode × (E = H, E ≠ H): perturb every weight of a tiny RTDModel, export
+it, load the two directories with ``from_pretrained(..., output_loading_info=True)`` (zero missing,
+unexpected or mismatched keys) and compare, in fp32 on a padded batch of real text, the
+discriminator's hidden states and RTD logits and the generator's hidden states and MLM logits
+with ours (1e-4 absolute). The fused-QKV head order is covered by using 4 heads.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from rtd_scale.config import Sharing, preset
+from rtd_scale.hf import convert
+from rtd_scale.hf.export import write_export
+from rtd_scale.model import weights
+from tests.conftest import TEST_DATA
+
+TOL = 1e-4
+
+
+def tiny_config(layout: str, sharing: Sharing, projected: bool, vocab_size: int):
+    """4 heads of 8, discriminator 2 layers, generator 1 (narrower under E ≠ H, as ELECTRA)."""
+    cfg = preset("tiny")
+    cfg.model.vocab_size = vocab_size
+    cfg.model.sharing = sharing
+    cfg.model.max_position_embeddings = 64
+    cfg.data.seq_length = 64
+    if hasattr(cfg.model, "layernorm_position"):
+        cfg.model.layernorm_position = layout
+    enc = dict(hidden_dropout=0.0, attention_dropout=0.0, num_attention_heads=4)
+    cfg.model.discriminator = dataclasses.replace(cfg.model.discriminator, num_layers=2,
+                                                  hidden_size=32, ffn_hidden_size=64, **enc)
+    gen_h = 16 if projected else 32
+    cfg.model.generator = dataclasses.replace(cfg.model.generator, num_layers=1,
+                                              hidden_size=gen_h, ffn_hidden_size=2 * gen_h,
+                                              **enc)
+    cfg.model.embedding_size = 24 if projected else 32
+    cfg.validate()
+    return cfg
+
+
+def build_model(cfg, tok, seed=3):
+    from rtd_scale.model.rtd import RTDModel
+
+    torch.manual_seed(seed)
+    return RTDModel(cfg.model, cfg.rtd, tensor_model_parallel_size=1,
+                    special_ids=tok.special_ids, pad_id=tok.pad_id, mask_id=tok.mask_id,
+                    seed=seed).eval()
+
+
+@torch.no_grad()
+def perturb(model, seed=0):
+    """Move every parameter off its initial value (LayerNorm 1/0, zero biases, E_Δ = 0 would hide
+    a swapped or dropped tensor)."""
+    g = torch.Generator().manual_seed(seed)
+    for p in {id(p): p for p in model.parameters()}.values():
+        p.add_(torch.randn(p.shape, generator=g) * 0.05)
+
+
+def real_batch(tok, b=4, max_len=40):
+    """[b, s] ids of real text, [CLS] … [SEP], padded at the end to different lengths."""
+    with open(TEST_DATA / "wiki_sample.jsonl", encoding="utf-8") as f:
+        texts = [json.loads(line)["text"] for _, line in zip(range(b), f)]
+    rows = []
+    for i, t in enumerate(texts):
+        n = max_len - 2 - 7 * i  # lengths 40, 33, 26, 19
+        rows.append([tok.cls_id] + tok.encode(t)[:n] + [tok.sep_id])
+    ids = torch.full((b, max_len), tok.pad_id, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)] = torch.tensor(r)
+    return ids
+
+
+@torch.no_grad()
+def ours(model, ids, pad_id):
+    """Our discriminator hidden [b, s, H], RTD logits [b, s], generator hidden [b, s, Hg] and
+    MLM logits over the real vocabulary [b, s, V]."""
+    pad = ids == pad_id
+    d = model.discriminator(ids, pad)  # [s, b, H]
+    g = model.generator(ids, pad)
+    b, s = ids.shape
+    v = model.cfg.vocab_size
+    mlm = model.mlm_head(g.transpose(0, 1).reshape(b * s, -1))[:, :v].reshape(b, s, v)
+    return d.transpose(0, 1), model.rtd_head(d), g.transpose(0, 1), mlm
+
+
+def load_checked(cls_name, path, **kwargs):
+    import transformers
+
+    model, info = getattr(transformers, cls_name).from_pretrained(
+        path, output_loading_info=True, **kwargs)
+    assert {k: list(v) for k, v in info.items()} == {
+        "missing_keys": [], "unexpected_keys": [], "mismatched_keys": [], "error_msgs": []}, info
+    return model.eval()
+
+
+def canonical_state(model, ctx):
+    return weights.full_state_dict(model, tp_group=ctx.tp_group, vocab_size=model.cfg.vocab_size)
+
+
+@torch.no_grad()
+def hf_outputs(out_dir, layout, ids, pad_id, with_positions=True):
+    """The export's discriminator hidden + RTD logits, generator hidden + MLM logits."""
+    from safetensors.torch import load_file
+
+    attention = (ids != pad_id).long()
+    kw = {}
+    if layout == convert.PRE and with_positions:  # RoBERTa's offset positions, at pads too
+        kw["position_ids"] = (pad_id + 1 + torch.arange(ids.shape[1])).expand_as(ids)
+    if layout == convert.POST:
+        disc = load_checked("ElectraForPreTraining", out_dir)
+        d_hidden = disc.electra(ids, attention_mask=attention, **kw).last_hidden_state
+        rtd = disc(ids, attention_mask=attention, **kw).logits
+        gen = load_checked("ElectraForMaskedLM", out_dir / "generator")
+        base = gen.electra
+    else:
+        disc = load_checked("RobertaPreLayerNormModel", out_dir, add_pooling_layer=False)
+        d_hidden = disc(ids, attention_mask=attention, **kw).last_hidden_state
+        head = load_file(out_dir / convert.RTD_HEAD_FILE)
+        p = convert.RTD_HEAD_PREFIX
+        x = torch.nn.functional.gelu(torch.nn.functional.linear(
+            d_hidden, head[p + "dense.weight"], head[p + "dense.bias"]))
+        rtd = torch.nn.functional.linear(x, head[p + "dense_prediction.weight"],
+                                         head[p + "dense_prediction.bias"]).squeeze(-1)
+        gen = load_checked("RobertaPreLayerNormForMaskedLM", out_dir / "generator")
+        base = gen.roberta_prelayernorm
+    g_hidden = base(ids, attention_mask=attention, **kw).last_hidden_state
+    return d_hidden, rtd, g_hidden, gen(ids, attention_mask=attention, **kw).logits
+
+
+def max_diffs(a, b, mask=None):
+    out = []
+    for x, y in zip(a, b):
+        if mask is not None:
+            x, y = x[mask], y[mask]
+        out.append((x - y).abs().max().item())
+    return out
+
+
+CASES = [(convert.POST, s, proj) for s in Sharing for proj in (False, True)] + \
+        [(convert.PRE, s, False) for s in Sharing]
+
+
+@pytest.fixture(scope="module")
+def tok(wiki_shards):
+    from rtd_scale.data.tokenizer import Tokenizer
+
+    return Tokenizer(wiki_shards[0])
+
+
+@pytest.mark.parametrize("layout,sharing,projected", CASES,
+                         ids=[f"{l}-{s.value}-{'E!=H' if p else 'E=H'}" for l, s, p in CASES])
+def test_export_parity(single_process_group, tok, wiki_shards, tmp_path, layout, sharing,
+                       projected):
+    cfg = tiny_config(layout, sharing, projected, tok.vocab_size)
+    model = build_model(cfg, tok)
+    perturb(model)
+    ids = real_batch(tok)
+    mine = ours(model, ids, tok.pad_id)
+    out = tmp_path / "export"
+    write_export(canonical_state(model, single_process_group), cfg.model, str(out),
+                 pad_id=tok.pad_id, cls_id=tok.cls_id, sep_id=tok.sep_id,
+                 tokenizer_model=wiki_shards[0], note=lambda m: None)
+    theirs = hf_outputs(out, layout, ids, tok.pad_id)
+    diffs = max_diffs(mine, theirs)
+    print(f"parity {layout} {sharing.value} projected={projected}: " +
+          " ".join(f"{n} {d:.2e}" for n, d in zip(("disc_hidden", "rtd", "gen_hidden", "mlm"),
+                                                  diffs)))
+    assert max(diffs) < TOL, diffs
+    assert mine[1].abs().max() > 0.1  # not a trivially zero comparison
+    if layout == convert.PRE:  # without position_ids: equal at every non-pad position
+        theirs = hf_outputs(out, layout, ids, tok.pad_id, with_positions=False)
+        assert max(max_diffs(mine, theirs, mask=ids != tok.pad_id)) < TOL
+
+
+def test_pre_layout_with_projection_is_refused(single_process_group, tok, tmp_path):
+    cfg = tiny_config(convert.PRE, Sharing.GDES, True, tok.vocab_size)
+    model = build_model(cfg, tok)
+    with pytest.raises(convert.ExportError, match="model.embedding_size 24 != "
+                                                  "model.discriminator.hidden_size 32"):
+        write_export(canonical_state(model, single_process_group), cfg.model,
+                     str(tmp_path / "x"), pad_id=tok.pad_id)
+    assert not (tmp_path / "x").exists()
+
+
+def test_qkv_split_is_per_head():
+    """megatron's fused rows: head 0's q, k, v, then head 1's …"""
+    heads, d, h = 2, 3, 6
+    fused = torch.arange(3 * h * h, dtype=torch.float32).reshape(3 * h, h)
+    q, k, v = convert.split_qkv(fused, heads)
+    assert torch.equal(q[:d], fused[0:d]) and torch.equal(k[:d], fused[d:2 * d])
+    assert torch.equal(v[:d], fused[2 * d:3 * d]) and torch.equal(q[d:], fused[3 * d:4 * d])
+    assert torch.equal(convert.fuse_qkv(q, k, v, heads), fused)
+
+
+def test_gdes_delta_round_trips_bitwise():
+    """A discriminator table that is some fp32 E_G + E_Δ (any GDES export) gives back an E_Δ
+    with E_G + E_Δ equal to it bitwise, at scales 1e-6 … 1e2 of either."""
+    g = torch.Generator().manual_seed(0)
+    gen = torch.randn(500, 64, generator=g) * torch.logspace(-6, 2, 64)
+    disc = gen + torch.randn(500, 64, generator=g) * torch.logspace(2, -6, 64)
+    delta = convert.gdes_delta(disc, gen)
+    assert torch.equal(gen + delta, disc)
