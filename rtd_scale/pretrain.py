@@ -56,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-digest", metavar="FILE", help="audit: append one JSON line per step "
                    "with the step's global sample ids and hashes of its masks and losses "
                    "(gathered over data-parallel ranks; costs one gather per step)")
-    p.add_argument("--tokenizer-model", help="SentencePiece .model the shards were made with")
+    p.add_argument("--tokenizer-model", help="the tokenizer the shards were made with: a SentencePiece "
+                   ".model, a tokenizer.json or a WordPiece vocab.txt")
     p.add_argument("--save", help="run directory: checkpoints, config.json, ds_config.json")
     p.add_argument("--load", help="resume from the latest checkpoint in this directory")
     p.add_argument("--train-iters", type=int, help="optimizer steps")
@@ -181,7 +182,7 @@ def prepare(cfg: RunConfig, world_size: int):
         cfg.model.vocab_size = tok.vocab_size  # the tokenizer is the truth
     split = dict(sources=sources, seq_length=cfg.data.seq_length,
                  split=cfg.data.split_weights(), seed=cfg.train.seed,
-                 cache_path=cfg.data.data_cache_path)
+                 cache_path=cfg.data.data_cache_path, specials=tok.specials)
     dataset = {"train": build_split(part=0, **split)}
     if cfg.train.evaluates and cfg.data.split_weights()[1] > 0:
         dataset["valid"] = build_split(part=1, **split)

@@ -59,7 +59,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="corpus files (.jsonl .json .txt, optionally .gz/.xz/.bz2; .parquet), read in order")
     p.add_argument("--json-keys", nargs="+", default=["text"], metavar="KEY",
                    help="fields to tokenize, one dataset per key (default: text)")
-    p.add_argument("--tokenizer-model", required=True, help="SentencePiece .model from tools/train_tokenizer.py")
+    p.add_argument("--tokenizer-model", required=True,
+                   help="a SentencePiece .model (e.g. from tools/train_tokenizer.py), a Hugging Face "
+                        "tokenizer.json or a WordPiece vocab.txt; special pieces are found by name")
     p.add_argument("--output-prefix", required=True, help="writes PREFIX_{KEY}_document_NNNNN.{bin,idx,meta.json} "
                    "and PREFIX_{KEY}_document.manifest.json")
     p.add_argument("--workers", type=int, default=1, help="encoding processes (default 1)")

@@ -31,6 +31,7 @@ import numpy as np
 
 from rtd_scale.cli_errors import UserInputError
 from rtd_scale.data.packed import HostBatch, MicroBatch, PackedDataset, in_epoch_order
+from rtd_scale.data.tokenizer import TRAINED_SPECIAL_IDS, SpecialIds
 
 SPLIT_NAMES = ("train", "valid", "test")
 SPLIT_INDEX_BASE = 1 << 60  # mask key of split p's k-th sample: p · 2**60 + k
@@ -149,15 +150,19 @@ class BlendedDataset:
 
 def build_split(sources: Sequence[tuple[float, Sequence[str]]], *, seq_length: int,
                 split: Sequence[float], part: int, seed: int,
-                cache_path: Optional[str] = None) -> BlendedDataset:
+                cache_path: Optional[str] = None,
+                specials: Optional[SpecialIds] = None) -> BlendedDataset:
     """Split ``part`` of the blend of ``sources`` — (weight, data-path entries) pairs, each
     entry a shard prefix or a dataset prefix (``shards.resolve_data_path``).
 
     ``cache_path`` is ``--data-cache-path`` (default: ``index-cache/`` next to each dataset's
-    first shard). Raises UserInputError for a missing or empty dataset or split."""
+    first shard). ``specials``: the tokenizer's special ids (``Tokenizer.specials``; default
+    the layout tools/train_tokenizer.py writes). Raises UserInputError for a missing or empty
+    dataset or split."""
     datasets = []
     for _, entries in sources:
         datasets.append(PackedDataset(entries, seq_length, split=split, part=part,
                                       cache_dir=cache_path,
-                                      name=os.path.basename(os.fspath(entries[0]))))
+                                      name=os.path.basename(os.fspath(entries[0])),
+                                      specials=specials or TRAINED_SPECIAL_IDS))
     return BlendedDataset(datasets, [w for w, _ in sources], seed=seed)

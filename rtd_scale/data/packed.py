@@ -24,7 +24,8 @@ sample start as (document, offset) pairs, int64 [N + 1, 2], plus each document's
 the dataset's token coordinates, int64 [D + 1]. Both are built once and cached as ``.npy`` files
 (loaded with ``mmap_mode="r"``) under the cache directory — ``--data-cache-path``, by default
 ``index-cache/`` next to the first shard — keyed by a fingerprint of the shards (path, size and
-mtime of every ``.bin``/``.idx``), seq_length and the split, so changed shards are re-indexed.
+mtime of every ``.bin``/``.idx``), seq_length, the split and the tokenizer's [CLS] / [SEP] / [PAD]
+ids (``Tokenizer.specials``), so changed shards are re-indexed.
 Files are written under a unique temporary name and renamed, so ranks building the same index at
 once are safe. An unwritable cache directory falls back to memory with one warning.
 
@@ -51,7 +52,7 @@ import torch
 
 from rtd_scale.cli_errors import UserInputError
 from rtd_scale.data.shards import read_index, read_index_header, resolve_data_path
-from rtd_scale.data.tokenizer import CLS_ID, PAD_ID, SEP_ID
+from rtd_scale.data.tokenizer import TRAINED_SPECIAL_IDS, SpecialIds
 
 _INDEX_FORMAT = "rtd_scale.sample_index.v1"
 DEFAULT_CACHE_DIR = "index-cache"  # next to the first shard of a dataset
@@ -229,6 +230,9 @@ class PackedDataset:
         cache_dir: where the index is cached; default ``index-cache/`` next to the first shard;
             ``None`` with ``cache=False`` keeps it in memory.
         name: the dataset's name in cache file names (default: the first shard's base name).
+        specials: the tokenizer's special ids (``Tokenizer.specials``); packing uses its cls,
+            sep and pad ids and the cache is keyed by them. Default: the layout
+            tools/train_tokenizer.py writes ([PAD] 0, [CLS] 1, [SEP] 2).
     Raises:
         UserInputError: no prefixes, a shard missing or malformed, or no tokens at all.
     """
@@ -236,7 +240,7 @@ class PackedDataset:
     def __init__(self, prefixes: Sequence[str], seq_length: int, *,
                  split: Sequence[float] = (1.0,), part: int = 0,
                  cache_dir: Optional[str] = None, cache: bool = True,
-                 name: Optional[str] = None):
+                 name: Optional[str] = None, specials: SpecialIds = TRAINED_SPECIAL_IDS):
         if not prefixes:
             raise UserInputError("--data-path is empty: give at least one shard prefix "
                                  "(made by tools/preprocess_data.py)")
@@ -270,8 +274,10 @@ class PackedDataset:
         self.document_range = (bounds[part], bounds[part + 1])
         lo, hi = self.document_range
         self.num_documents = hi - lo
+        self.specials = specials
         self._index_key = _digest({"shards": shard_key, "seq_length": seq_length,
-                                   "documents": [lo, hi]})
+                                   "documents": [lo, hi],
+                                   "cls_sep_pad": [specials.cls, specials.sep, specials.pad]})
         if self.num_documents == 0:
             self._samples = np.zeros((1, 2), np.int64) + lo
         else:
@@ -334,16 +340,16 @@ class PackedDataset:
         a, b = int(starts[0]) + o0, int(starts[-1]) + o1
         ends = starts[1:]  # ends of documents d0 … d1 − 1: a [SEP] follows each non-empty one
         sep_at = (ends - a)[ends > starts[:-1]]
-        return np.insert(self._tokens(a, b).astype(np.int64), sep_at, SEP_ID)
+        return np.insert(self._tokens(a, b).astype(np.int64), sep_at, self.specials.sep)
 
     def __getitem__(self, i: int) -> np.ndarray:
         """Sample ``i`` as int64 [seq_length]: [CLS] tokens… [SEP] ([PAD] only after the last
         sample's [SEP])."""
         body = self.content(i)
-        out = np.full(self.seq_length, PAD_ID, dtype=np.int64)
-        out[0] = CLS_ID
+        out = np.full(self.seq_length, self.specials.pad, dtype=np.int64)
+        out[0] = self.specials.cls
         out[1:1 + len(body)] = body
-        out[1 + len(body)] = SEP_ID
+        out[1 + len(body)] = self.specials.sep
         return out
 
     def documents_of(self, i: int) -> tuple[int, int]:

@@ -217,3 +217,47 @@ def test_save_pretrained_autotokenizer_matches_the_pipeline(tokenizers, layout, 
     a, b = tok.encode(texts[0]), tok.encode(texts[1])
     assert pair["input_ids"] == [tok.cls_id, *a, tok.sep_id, *b, tok.sep_id]
     assert pair["token_type_ids"] == [0] * (len(a) + len(b) + 3)  # one token type (one-row table)
+
+
+# -- through preprocessing and packing ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["deberta_v3", "wordpiece_vocab"])
+def test_preprocess_and_pack_with_the_tokenizers_ids(tokenizers, layout, tmp_path):
+    import json
+
+    import numpy as np
+
+    from rtd_scale.data.blend import build_split
+    from rtd_scale.data.packed import PackedDataset
+    from rtd_scale.data.shards import check_tokenizer_matches, open_shard, read_shard_meta, resolve_data_path
+
+    tok = Tokenizer(tokenizers[layout])
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in _sentences(12)), encoding="utf-8")
+    r = subprocess.run([sys.executable, str(REPO / "tools" / "preprocess_data.py"), "--input", str(corpus),
+                        "--tokenizer-model", tokenizers[layout], "--output-prefix", str(tmp_path / "d")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    dataset = str(tmp_path / "d_text_document")
+    shard = resolve_data_path(dataset)[0]
+    meta = read_shard_meta(shard)
+    assert meta["tokenizer_model_sha256"] == tokmod.file_sha256(tokenizers[layout]) == tok.sha256
+    assert meta["vocab_size"] == tok.vocab_size
+    check_tokenizer_matches(shard, tokenizers[layout], tok.vocab_size)
+    raw = open_shard(shard)
+    assert [list(map(int, raw[i])) for i in range(len(raw))] == [tok.encode(t) for t in _sentences(12)]
+
+    ds = PackedDataset([dataset], seq_length=64, cache_dir=str(tmp_path / "cache"), specials=tok.specials)
+    stream = [i for t in _sentences(12) for i in [*tok.encode(t), tok.sep_id]]
+    assert np.concatenate([ds.content(i) for i in range(len(ds))]).tolist() == stream
+    first, last = ds[0], ds[len(ds) - 1]
+    assert first[0] == tok.cls_id and first[-1] == tok.sep_id and first[1:-1].tolist() == stream[:62]
+    tail = stream[62 * (len(ds) - 1):]
+    assert last.tolist() == [tok.cls_id, *tail, tok.sep_id] + [tok.pad_id] * (62 - len(tail))
+    default = PackedDataset([dataset], seq_length=64, cache_dir=str(tmp_path / "cache"))
+    # the cache is keyed by the special ids: DeBERTaV3's [CLS] 1 [SEP] 2 [PAD] 0 are the default's
+    assert (default._index_key != ds._index_key) == ((tok.cls_id, tok.sep_id, tok.pad_id) != (1, 2, 0))
+    blended = build_split([(1.0, [dataset])], seq_length=64, split=(1,), part=0, seed=0,
+                          cache_path=str(tmp_path / "cache"), specials=tok.specials)
+    assert blended.datasets[0][0].tolist() == first.tolist()
