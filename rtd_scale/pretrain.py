@@ -59,7 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer-model", help="the tokenizer the shards were made with: a SentencePiece "
                    ".model, a tokenizer.json or a WordPiece vocab.txt")
     p.add_argument("--save", help="run directory: checkpoints, config.json, ds_config.json")
-    p.add_argument("--load", help="resume from the latest checkpoint in this directory")
+    p.add_argument("--load", help="resume from the newest complete checkpoint in this "
+                   "directory (one whose completion record matches its files), or from exactly "
+                   "DIR/global_stepN")
+    p.add_argument("--ckpt-step", type=int, metavar="N", help="with --load DIR: resume from "
+                   "DIR/global_stepN (Megatron-LM's name); an error when it is incomplete")
     p.add_argument("--train-iters", type=int, help="optimizer steps")
     p.add_argument("--seq-length", type=int)
     p.add_argument("--micro-batch-size", type=int)
@@ -140,6 +144,11 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         cfg.model.recompute_activations = True
     for assignment in args.set:
         apply_override(cfg, assignment)
+    if args.ckpt_step is not None:  # one form for both: --load DIR/global_stepN
+        if not cfg.train.load:
+            raise UserInputError(f"--ckpt-step {args.ckpt_step}: needs --load DIR (the run "
+                                 "directory holding global_step*)")
+        cfg.train.load = os.path.join(cfg.train.load, f"global_step{args.ckpt_step}")
     if cfg.train.tensorboard_dir is None and cfg.train.save:
         cfg.train.tensorboard_dir = os.path.join(cfg.train.save, "tensorboard")
     cfg.validate()
@@ -151,7 +160,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     return cfg
 
 
-def prepare(cfg: RunConfig, world_size: int):
+def prepare(cfg: RunConfig, world_size: int, print_fn=None):
     """Every check on user input that needs no process group. Returns
     (tokenizer, data, resolved ds_config, data_parallel_size, gradient_accumulation_steps,
     layout, checkpoint metadata or None), with ``data`` the training split's ``BlendedDataset``
@@ -196,15 +205,19 @@ def prepare(cfg: RunConfig, world_size: int):
               "zero_stage": zero}
     meta = None
     if cfg.train.load:
-        tag = checkpoint.check_loadable(cfg.train.load)
-        meta = checkpoint.check_compatible(cfg.train.load, tag, cfg.to_dict(), layout)
+        choice = checkpoint.choose(cfg.train.load)
+        meta = checkpoint.check_compatible(choice.load_dir, choice.tag, cfg.to_dict(), layout)
+        checkpoint.check_safe_to_load(choice.path)
+        for line in choice.notes if print_fn else ():
+            print_fn(line)
     if cfg.train.save:
         save = cfg.train.save
         if os.path.exists(save) and not os.path.isdir(save):
             raise UserInputError(f"--save {save}: exists and is not a directory; pass a "
                                  "directory for checkpoints and logs")
-        previous = checkpoint.latest_tag(save) if os.path.isdir(save) else None
-        if previous and os.path.abspath(cfg.train.load or "") != os.path.abspath(save):
+        previous = checkpoint.holds_run(save)
+        load_dir = checkpoint.split_load(cfg.train.load)[0] if cfg.train.load else ""
+        if previous and os.path.abspath(load_dir) != os.path.abspath(save):
             raise UserInputError(
                 f"--save {save}: already holds a run ({previous}); pass --load {save} to "
                 "continue it, or choose another --save directory")
@@ -229,7 +242,8 @@ def run(cfg: RunConfig, print_fn=print, stop=None) -> dict:
     from rtd_scale.training.metrics import TensorBoardLogger
 
     launch = launch_env.read()  # the launcher's variables, a Slurm step's, or one process
-    tok, dataset, ds_config, dp, gas, layout, meta = prepare(cfg, launch.world_size)
+    tok, dataset, ds_config, dp, gas, layout, meta = prepare(
+        cfg, launch.world_size, print_fn if launch.rank == 0 else None)
     if meta is not None and meta["step"] >= cfg.train.train_iters:
         if launch.rank == 0:
             print_fn(f"nothing to do: {cfg.train.load} is at iteration {meta['step']}, and "
@@ -398,7 +412,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (UserInputError, OSError) as e:  # user errors; bugs keep their traceback
         if os.environ.get("RTD_SCALE_TRACEBACK") == "1":
             raise
-        if rank == 0:
+        if rank == 0 or getattr(e, "every_rank", False):  # a file only that rank reads
             print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 1
     return 0
