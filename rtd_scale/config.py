@@ -297,6 +297,11 @@ class TrainConfig:
     tensorboard_dir: Optional[str] = None
     ds_config: Optional[str] = None
     export: Optional[str] = None  # consolidated TP-agnostic weights written after the last step
+    # Hugging Face export directory written after the last step (rtd_scale/hf/export.py)
+    export_hf: Optional[str] = None
+    # weights only (optimizer and schedule start fresh), any TP/PP/DP layout: an export
+    # directory, a Hugging Face ELECTRA directory or an --export .pt file (rtd_scale/hf/pretrained.py)
+    pretrained_checkpoint: Optional[str] = None
     eval_interval: int = 1000  # steps between validations (Megatron-LM's default); 0: never
     eval_iters: int = 100  # global batches per validation; 0: never validate
     data_digest: Optional[str] = None  # audit: per-step jsonl of sample ids, mask and loss hashes
@@ -307,6 +312,10 @@ class TrainConfig:
 
     def validate(self) -> None:
         self.precision = Precision(self.precision)
+        if self.pretrained_checkpoint and self.load:
+            raise ConfigError("--pretrained-checkpoint and --load cannot be combined: --load "
+                              "resumes a run (weights, optimizer, schedule, data position), "
+                              "--pretrained-checkpoint starts a new one from weights; pass one")
         _positive("train", train_iters=self.train_iters, micro_batch_size=self.micro_batch_size,
                   global_batch_size=self.global_batch_size, log_interval=self.log_interval)
         if self.save_interval < 0:

@@ -89,6 +89,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--export", help="after the last step, write a consolidated, TP-agnostic fp32 "
                    "state dict (ZeRO partitions and TP shards merged, vocabulary padding removed) "
                    "to this .pt file; loads at any TP size (rtd_scale.model.weights)")
+    p.add_argument("--export-hf", metavar="DIR", help="after the last step, write a Hugging Face "
+                   "transformers export (as tools/export_hf.py): the discriminator at DIR "
+                   "(ElectraForPreTraining; RobertaPreLayerNormModel + rtd_head.safetensors for "
+                   "--layernorm-position pre), the generator at DIR/generator, the tokenizer in both")
+    p.add_argument("--pretrained-checkpoint", metavar="PATH", help="start from these weights "
+                   "only (optimizer and schedule start fresh), at any TP / PP / DP layout: an "
+                   "export directory (tools/export_hf.py, --export-hf), a Hugging Face ELECTRA "
+                   "directory (the generator in PATH/generator, or fresh) or an --export .pt "
+                   "file; not with --load")
     p.add_argument("--tensorboard-dir", help="default: <save>/tensorboard")
     p.add_argument("--log-interval", type=int)
     p.add_argument("--save-interval", type=int)
@@ -117,6 +126,7 @@ _FLAG_FIELDS = {
     "tensorboard_dir": ("train", "tensorboard_dir"), "log_interval": ("train", "log_interval"),
     "save_interval": ("train", "save_interval"), "seed": ("train", "seed"),
     "ds_config": ("train", "ds_config"), "export": ("train", "export"),
+    "export_hf": ("train", "export_hf"), "pretrained_checkpoint": ("train", "pretrained_checkpoint"),
     "tensor_model_parallel_size": ("parallel", "tensor_model_parallel_size"),
     "pipeline_model_parallel_size": ("parallel", "pipeline_model_parallel_size"),
     "sharing": ("model", "sharing"), "rtd_lambda": ("rtd", "rtd_lambda"),
@@ -210,6 +220,15 @@ def prepare(cfg: RunConfig, world_size: int, print_fn=None):
         checkpoint.check_safe_to_load(choice.path)
         for line in choice.notes if print_fn else ():
             print_fn(line)
+    if cfg.train.export_hf:  # a shape Hugging Face cannot hold fails now, not after training
+        from rtd_scale.hf import convert, export as hf_export
+
+        convert.check_exportable(cfg.model)
+        hf_export.check_output_dir(cfg.train.export_hf, "--export-hf")
+    if cfg.train.pretrained_checkpoint and not os.path.exists(cfg.train.pretrained_checkpoint):
+        raise UserInputError(f"--pretrained-checkpoint {cfg.train.pretrained_checkpoint}: no such "
+                             "file or directory; pass an export directory, a Hugging Face "
+                             "ELECTRA directory or an --export .pt file")
     if cfg.train.save:
         save = cfg.train.save
         if os.path.exists(save) and not os.path.isdir(save):
@@ -262,6 +281,12 @@ def run(cfg: RunConfig, print_fn=print, stop=None) -> dict:
                          recompute_activations=cfg.model.recompute_activations,
                          special_ids=tok.special_ids, pad_id=tok.pad_id, mask_id=tok.mask_id,
                          seed=cfg.train.seed).to(ctx.device)
+        if cfg.train.pretrained_checkpoint:  # weights only, before DeepSpeed partitions them
+            from rtd_scale.hf.pretrained import load_pretrained
+
+            load_pretrained(model, cfg.train.pretrained_checkpoint, cfg.model, pad_id=tok.pad_id,
+                            tp_group=ctx.tp_group, tp_rank=ctx.tp_rank, pp_group=ctx.pp_group,
+                            print_fn=print_fn if ctx.is_logging_rank else None)
         distributed.seed_after_build(ctx, cfg.train.seed)
         eng = engine_mod.build_engine(model, cfg, ds_config, distributed.DeepSpeedMpu())
         start_step = consumed = 0
@@ -311,6 +336,20 @@ def run(cfg: RunConfig, print_fn=print, stop=None) -> dict:
             export_consolidated(eng, model, cfg, ctx, cfg.train.export)
             if ctx.is_logging_rank:
                 print_fn(f"exported consolidated weights to {cfg.train.export}")
+        if cfg.train.export_hf and not result.interrupted:
+            from rtd_scale.hf.consolidate import gather_full_state
+            from rtd_scale.hf.export import write_export
+
+            state = gather_full_state(eng, model, ctx, cfg.model.vocab_size)
+            if ctx.is_logging_rank:
+                write_export(state, cfg.model, cfg.train.export_hf, pad_id=tok.pad_id,
+                             cls_id=tok.cls_id, sep_id=tok.sep_id,
+                             tokenizer_model=cfg.data.tokenizer_model, flag="--export-hf",
+                             note=print_fn)
+                print_fn(f"exported to Hugging Face: {cfg.train.export_hf} (discriminator), "
+                         f"{cfg.train.export_hf}/generator")
+            del state
+            torch.distributed.barrier()
         summary = {"history": result.history, "valid_history": result.valid_history,
                    "checkpoint_dir": result.checkpoint_dir,
                    "interrupted": result.interrupted, "last_step": result.last_step,
@@ -326,23 +365,11 @@ def run(cfg: RunConfig, print_fn=print, stop=None) -> dict:
 def export_consolidated(engine, model, cfg: RunConfig, ctx, path: str) -> None:
     """Gather ZeRO-3 partitions and TP shards; the logging rank writes {"config", "model"}
     atomically. Collective: every rank must call it."""
-    import contextlib
-
-    import deepspeed
     import torch
 
-    from rtd_scale.model import weights
+    from rtd_scale.hf.consolidate import gather_full_state
 
-    zero3 = engine.zero_optimization_stage() == 3
-    params = list({id(p): p for p in model.parameters()}.values())
-    gather = deepspeed.zero.GatheredParameters(params) if zero3 else contextlib.nullcontext()
-    with gather:
-        state = weights.full_state_dict(model, tp_group=ctx.tp_group,
-                                        vocab_size=cfg.model.vocab_size)
-    if ctx.pp_size > 1:  # every stage's share, merged by canonical (stage-independent) names
-        shares = [None] * ctx.pp_size
-        torch.distributed.all_gather_object(shares, state, group=ctx.pp_group)
-        state = {k: v for share in shares for k, v in share.items()}
+    state = gather_full_state(engine, model, ctx, cfg.model.vocab_size)
     if ctx.is_logging_rank:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         tmp = f"{path}.tmp{os.getpid()}"

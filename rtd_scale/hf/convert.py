@@ -131,6 +131,26 @@ def _encoder_pairs(enc: EncoderConfig, lay: str, projected: bool) -> list[tuple[
     return pairs
 
 
+# TransformerEngine fuses the pre-layout norms into the next linear (``model/specs.py``); the
+# canonical names are the unfused ones.
+TE_NAMES = {"self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
+             "self_attention.linear_qkv.layer_norm_bias": "input_layernorm.bias",
+             "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight",
+             "mlp.linear_fc1.layer_norm_bias": "pre_mlp_layernorm.bias"}
+
+
+def unfused_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` with TransformerEngine's fused-norm names replaced by the plain ones."""
+    out = {}
+    for k, v in state.items():
+        for te, plain in TE_NAMES.items():
+            if k.endswith("." + te):
+                k = k[: -len(te)] + plain
+                break
+        out[k] = v
+    return out
+
+
 def split_qkv(fused: torch.Tensor, num_heads: int) -> tuple[torch.Tensor, ...]:
     """megatron-core's fused QKV ([3H, H] weight or [3H] bias, per head q, k, v) → (q, k, v),
     each [H, H] / [H] with head h at rows [d·h, d·(h+1))."""
@@ -156,7 +176,12 @@ def discriminator_table(state: dict[str, torch.Tensor], sharing: Sharing) -> tor
     return gen + state["discriminator.embeddings.table.delta"]
 
 
-def _check_exportable(model: ModelConfig) -> None:
+def check_exportable(model: ModelConfig) -> None:
+    """Refuse, before any work, a model the layout's Hugging Face classes cannot hold.
+
+    Raises:
+        ExportError: the pre layout with an embedding size other than a hidden size.
+    """
     if layout(model) != PRE:
         return
     for name in ("discriminator", "generator"):
@@ -234,7 +259,8 @@ def to_hf(state: dict[str, torch.Tensor], model: ModelConfig, *, pad_id: int,
         ExportError: a shape the target class cannot hold (pre layout with E ≠ H).
         ValueError: ``state`` holds a tensor no target takes (never dropped silently).
     """
-    _check_exportable(model)
+    check_exportable(model)
+    state = unfused_names(state)
     lay = layout(model)
     disc_cls, gen_cls = class_names(model)
     used: set[str] = set()

@@ -104,7 +104,7 @@ def canonical_state(model, ctx):
 
 
 @torch.no_grad()
-def hf_outputs(out_dir, layout, ids, pad_id, with_positions=True):
+def hf_outputs(out_dir, layout, ids, pad_id, with_positions=True, with_generator=True):
     """The export's discriminator hidden + RTD logits, generator hidden + MLM logits."""
     from safetensors.torch import load_file
 
@@ -116,6 +116,8 @@ def hf_outputs(out_dir, layout, ids, pad_id, with_positions=True):
         disc = load_checked("ElectraForPreTraining", out_dir)
         d_hidden = disc.electra(ids, attention_mask=attention, **kw).last_hidden_state
         rtd = disc(ids, attention_mask=attention, **kw).logits
+        if not with_generator:
+            return d_hidden, rtd, None, None
         gen = load_checked("ElectraForMaskedLM", out_dir / "generator")
         base = gen.electra
     else:

@@ -1,0 +1,235 @@
+"""``--pretrained-checkpoint PATH``: start a run from weights only, at any TP / PP / DP layout.
+
+PATH may be
+- an export directory (``tools/export_hf.py`` or ``--export-hf``): the discriminator at PATH, the
+  generator at PATH/generator, for the pre layout the RTD head in PATH/rtd_head.safetensors;
+- a Hugging Face ELECTRA directory: ``ElectraForPreTraining`` (or ``ElectraModel``: the RTD head
+  then starts fresh), with or without an ``ElectraForMaskedLM`` in PATH/generator — without it
+  the generator starts fresh, and under ES and GDES its table starts as the discriminator's;
+- an ``--export`` .pt file (``{"config", "model"}``, our canonical state).
+
+The weights go into the model before ``deepspeed.initialize`` (every rank reads PATH and keeps its
+own tensor-parallel slice, ``rtd_scale.model.weights.load_full_state_dict``); the optimizer and
+the learning-rate schedule start fresh. Everything is checked on every rank alike before a tensor
+is copied, so a mismatch is one line naming the tensor and the flag that fixes it.
+"""
+from __future__ import annotations
+
+import os
+import re
+from typing import Callable, Optional
+
+import torch
+
+from rtd_scale.cli_errors import UserInputError
+from rtd_scale.config import ModelConfig
+from rtd_scale.hf import convert
+
+FLAG = "--pretrained-checkpoint"
+
+def _hf_class(model_type: str, path: str, model: ModelConfig) -> tuple[str, str]:
+    want = convert.layout(model)
+    have = {"electra": convert.POST, "roberta-prelayernorm": convert.PRE}.get(model_type)
+    if have is None:
+        raise UserInputError(
+            f"{FLAG} {path}: model_type {model_type!r}; rtd_scale imports ELECTRA (post-LayerNorm) "
+            "and RoBERTa-PreLayerNorm (pre-LayerNorm) checkpoints, its own exports and --export "
+            ".pt files")
+    if have != want:
+        raise UserInputError(
+            f"{FLAG} {path}: a {model_type} checkpoint has the {have}-LayerNorm layout; pass "
+            f"--layernorm-position {have}")
+    return (convert.ELECTRA_DISCRIMINATOR, convert.ELECTRA_GENERATOR) if have == convert.POST \
+        else (convert.ROBERTA_PRE_DISCRIMINATOR, convert.ROBERTA_PRE_GENERATOR)
+
+
+def _load_hf(cls_name: str, path: str, fresh_ok: tuple[str, ...] = (),
+             **kwargs) -> convert.HFSource:
+    """A transformers model's state dict through ``from_pretrained`` (any file format it reads),
+    refusing missing tensors other than ``fresh_ok`` prefixes and unexpected ones other than
+    RoBERTa's untrained pooler."""
+    import transformers
+
+    try:
+        hf, info = getattr(transformers, cls_name).from_pretrained(
+            path, output_loading_info=True, dtype=torch.float32, **kwargs)
+    except (OSError, ValueError) as e:
+        raise UserInputError(f"{FLAG} {path}: transformers cannot load it as {cls_name} "
+                             f"({str(e).splitlines()[0]})") from None
+    missing = [k for k in info["missing_keys"] if not k.startswith(fresh_ok)]
+    unexpected = [k for k in info["unexpected_keys"] if ".pooler." not in f".{k}"]
+    bad = info.get("mismatched_keys") or []
+    if missing or unexpected or bad:
+        what = (f"missing {missing[0]}" if missing else
+                f"unexpected {unexpected[0]}" if unexpected else f"mismatched {bad[0]}")
+        raise UserInputError(f"{FLAG} {path}: not a complete {cls_name} ({what}, "
+                             f"{len(missing) + len(unexpected) + len(bad)} in all); pass a "
+                             "directory written by save_pretrained of that class")
+    absent = set(info["missing_keys"])  # freshly drawn by transformers: ours start fresh instead
+    state = {k: v.detach() for k, v in hf.state_dict().items() if k not in absent}
+    return convert.HFSource(config=hf.config, state=state, where=path)
+
+
+def read_pretrained(path: str, model: ModelConfig, *, pad_id: int
+                    ) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """The canonical state PATH holds (possibly without the generator or the RTD head: those
+    start fresh) and notes for the user.
+
+    Raises:
+        UserInputError: PATH is none of the accepted forms, or holds another model.
+    """
+    if os.path.isfile(path):
+        try:
+            blob = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 — any unreadable file is the user's
+            raise UserInputError(f"{FLAG} {path}: not a torch file written by --export "
+                                 f"({type(e).__name__})") from None
+        if not isinstance(blob, dict) or "model" not in blob:
+            raise UserInputError(f"{FLAG} {path}: no 'model' entry; pass a file written by "
+                                 "--export, an export directory or a Hugging Face directory")
+        old = (blob.get("config") or {}).get("model", {})
+        have = old.get("layernorm_position", convert.PRE)
+        if have != convert.layout(model):
+            raise UserInputError(f"{FLAG} {path}: saved with the {have}-LayerNorm layout; pass "
+                                 f"--layernorm-position {have}")
+        if old.get("sharing", model.sharing.value) != model.sharing.value:
+            raise UserInputError(f"{FLAG} {path}: saved with --sharing {old['sharing']}; pass "
+                                 f"--sharing {old['sharing']} (or load its Hugging Face export, "
+                                 "which converts between sharing modes)")
+        return convert.unfused_names(blob["model"]), []
+    if not os.path.isdir(path):
+        raise UserInputError(f"{FLAG} {path}: no such file or directory")
+    config_path = os.path.join(path, "config.json")
+    if not os.path.isfile(config_path):
+        hint = (" (a run directory: export it first with tools/export_hf.py --load "
+                f"{path} --output DIR)" if os.path.isfile(os.path.join(path, "latest")) else "")
+        raise UserInputError(f"{FLAG} {path}: no config.json{hint}; pass an export directory, "
+                             "a Hugging Face ELECTRA directory or an --export .pt file")
+    import json
+
+    with open(config_path, encoding="utf-8") as f:
+        model_type = json.load(f).get("model_type", "")
+    disc_cls, gen_cls = _hf_class(model_type, path, model)
+    kwargs = {"add_pooling_layer": False} if disc_cls == convert.ROBERTA_PRE_DISCRIMINATOR else {}
+    disc = _load_hf(disc_cls, path, fresh_ok=(convert.RTD_HEAD_PREFIX,), **kwargs)
+    head_file = os.path.join(path, convert.RTD_HEAD_FILE)
+    if os.path.isfile(head_file):
+        from safetensors.torch import load_file
+
+        disc.extra = load_file(head_file)
+    gen_dir = os.path.join(path, convert.GENERATOR_DIR)
+    gen = (_load_hf(gen_cls, gen_dir) if os.path.isfile(os.path.join(gen_dir, "config.json"))
+           else None)
+    try:
+        state, notes = convert.from_hf(model, discriminator=disc, generator=gen, pad_id=pad_id,
+                                       flag=FLAG)
+    except KeyError as e:
+        raise UserInputError(f"{FLAG} {path}: tensor {e.args[0]} is missing; pass a complete "
+                             f"{disc_cls} directory") from None
+    if gen is None:
+        notes.append("no generator/ beside the discriminator: the generator starts fresh")
+    return state, notes
+
+
+_LAYER = re.compile(r"^(generator|discriminator)\.block\.layers\.(\d+)\.")
+
+
+def _fix_for(name: str, shape: tuple[int, ...]) -> str:
+    """The flag or config field that sets this tensor's shape."""
+    enc = name.split(".", 1)[0]
+    if ".embeddings.table." in name or name == "mlm_head.bias":
+        return "--tokenizer-model (the vocabulary is the tokenizer's)"
+    if name.endswith("embeddings.position.weight"):
+        return f"--set model.max_position_embeddings={shape[0]}"
+    if ".embeddings." in name or name.startswith("mlm_head.norm"):
+        return f"--set model.embedding_size={shape[-1]}"
+    if ".mlp.linear_fc1." in name:
+        return f"--set model.{enc}.ffn_hidden_size={shape[0]}"
+    if ".mlp.linear_fc2." in name:
+        return f"--set model.{enc}.ffn_hidden_size={shape[-1]}"
+    if name.startswith("mlm_head."):
+        return "--set model.generator.hidden_size / model.embedding_size"
+    if name.startswith("rtd_head."):
+        return f"--set model.discriminator.hidden_size={shape[-1]}"
+    return f"--set model.{enc}.hidden_size (the preset it was trained with)"
+
+
+def _num_layers(names, enc: str) -> int:
+    found = [int(m.group(2)) for n in names if (m := _LAYER.match(n)) and m.group(1) == enc]
+    return max(found) + 1 if found else 0
+
+
+def check_against(state: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]],
+                  model: ModelConfig, path: str, may_start_fresh: Callable[[str], bool]) -> None:
+    """Refuse a state that does not fit the whole model (``expected``: name → full shape).
+
+    Raises:
+        UserInputError: one line naming the tensor (or layer count) and the flag to fix.
+    """
+    for enc in ("discriminator", "generator"):
+        theirs, ours = _num_layers(state, enc), getattr(model, enc).num_layers
+        if theirs and theirs != ours:
+            raise UserInputError(f"{FLAG} {path}: the {enc} has {theirs} layers there, {ours} "
+                                 f"here; pass --set model.{enc}.num_layers={theirs}")
+    for name, shape in expected.items():
+        if name not in state:
+            if may_start_fresh(name):
+                continue
+            raise UserInputError(f"{FLAG} {path}: tensor {name} is missing there; pass a "
+                                 "checkpoint of this model's layout and sharing (--sharing, "
+                                 "--layernorm-position)")
+        have = tuple(state[name].shape)
+        if have != tuple(shape):
+            raise UserInputError(f"{FLAG} {path}: {name} has shape {have} there but "
+                                 f"{tuple(shape)} in this model; pass {_fix_for(name, have)}")
+    extra = sorted(set(state) - set(expected))
+    if extra:
+        raise UserInputError(f"{FLAG} {path}: tensor {extra[0]} has no place in this model "
+                             f"({len(extra)} such); pass a checkpoint of this model's layout "
+                             "and sharing (--sharing, --layernorm-position)")
+
+
+def load_pretrained(model: torch.nn.Module, path: str, model_cfg: ModelConfig, *, pad_id: int,
+                    tp_group, tp_rank: int, pp_group=None,
+                    print_fn: Optional[Callable[[str], None]] = None) -> None:
+    """Copy PATH's weights into this rank's ``model`` (one pipeline stage, one TP slice), before
+    ``deepspeed.initialize``. Collective over ``tp_group`` and ``pp_group``: every rank calls it.
+
+    Tensors PATH lacks by design (the generator or the RTD head, see the module docstring) keep
+    the values ``model`` was initialised with.
+
+    Raises:
+        UserInputError: PATH unreadable or of another model (one line, the tensor and the flag).
+    """
+    import torch.distributed as dist
+
+    from rtd_scale.model import weights
+
+    fresh = weights.full_state_dict(model, tp_group=tp_group, vocab_size=model_cfg.vocab_size)
+    uses_te = any(k.endswith(tuple(convert.TE_NAMES)) for k in fresh)
+    fresh = convert.unfused_names(fresh)
+    shapes = {k: tuple(v.shape) for k, v in fresh.items()}
+    if pp_group is not None and dist.get_world_size(pp_group) > 1:  # the whole model's names
+        shares = [None] * dist.get_world_size(pp_group)
+        dist.all_gather_object(shares, shapes, group=pp_group)
+        shapes = {k: v for share in shares for k, v in share.items()}
+    state, notes = read_pretrained(path, model_cfg, pad_id=pad_id)
+    has_generator = any(k.startswith("generator.block.") for k in state)
+    has_head = any(k.startswith("rtd_head.") for k in state)
+
+    def may_start_fresh(name: str) -> bool:
+        if name.startswith("rtd_head."):
+            return not has_head
+        return not has_generator and (name.startswith(("generator.", "mlm_head.")))
+
+    check_against(state, shapes, model_cfg, path, may_start_fresh)
+    mine = {k: (state[k] if k in state else fresh[k]) for k in fresh}
+    if uses_te:
+        back = {v: k for k, v in convert.TE_NAMES.items()}
+        mine = {next((k[: -len(p)] + back[p] for p in back if k.endswith("." + p)), k): v
+                for k, v in mine.items()}
+    weights.load_full_state_dict(model, mine, tp_rank=tp_rank)
+    if print_fn is not None:
+        print_fn(f"loaded weights from {FLAG} {path} (optimizer and schedule start fresh)")
+        for n in notes:
+            print_fn(f"note: {n}")

@@ -1,0 +1,205 @@
+"""``--pretrained-checkpoint`` on one process: round trips are bitwise, the generator may start
+fresh, and a checkpoint of another model is refused in one line naming the tensor and the flag."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from rtd_scale.cli_errors import UserInputError
+from rtd_scale.config import Sharing
+from rtd_scale.hf import convert
+from rtd_scale.hf.export import write_export
+from rtd_scale.hf.pretrained import load_pretrained
+from tests.unit.test_hf_export import (build_model, canonical_state, hf_outputs, ours, perturb,
+                                       real_batch, tiny_config)
+
+
+@pytest.fixture(scope="module")
+def tok(wiki_shards):
+    from rtd_scale.data.tokenizer import Tokenizer
+
+    return Tokenizer(wiki_shards[0])
+
+
+def _export(model, cfg, ctx, tok, path):
+    write_export(canonical_state(model, ctx), cfg.model, str(path), pad_id=tok.pad_id,
+                 cls_id=tok.cls_id, sep_id=tok.sep_id, note=lambda m: None)
+
+
+def _load(model, cfg, ctx, tok, path):
+    load_pretrained(model, str(path), cfg.model, pad_id=tok.pad_id, tp_group=ctx.tp_group,
+                    tp_rank=0)
+
+
+def _tensors(directory):
+    """Every tensor of an export: discriminator, generator and the RTD-head file."""
+    from safetensors.torch import load_file
+
+    out = {}
+    for f in sorted(directory.rglob("*.safetensors")):
+        out.update({f"{f.relative_to(directory)}:{k}": v for k, v in load_file(f).items()})
+    return out
+
+
+def _assert_bitwise(a, b):
+    assert sorted(a) == sorted(b)
+    for k in a:
+        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+
+
+CASES = [(convert.POST, Sharing.ES, True), (convert.POST, Sharing.NES, False),
+         (convert.POST, Sharing.GDES, True), (convert.PRE, Sharing.GDES, False)]
+
+
+@pytest.mark.parametrize("layout,sharing,projected", CASES,
+                         ids=[f"{l}-{s.value}-{'E!=H' if p else 'E=H'}" for l, s, p in CASES])
+def test_export_import_export_is_bitwise(single_process_group, tok, tmp_path, layout, sharing,
+                                         projected):
+    """export → --pretrained-checkpoint into a differently seeded model → export: the same bytes
+    of every tensor, and the imported model computes what the first did."""
+    ctx = single_process_group
+    cfg = tiny_config(layout, sharing, projected, tok.vocab_size)
+    first = build_model(cfg, tok, seed=3)
+    perturb(first)
+    _export(first, cfg, ctx, tok, tmp_path / "a")
+    second = build_model(cfg, tok, seed=9)
+    _load(second, cfg, ctx, tok, tmp_path / "a")
+    _export(second, cfg, ctx, tok, tmp_path / "b")
+    _assert_bitwise(_tensors(tmp_path / "a"), _tensors(tmp_path / "b"))
+    ids = real_batch(tok)
+    for x, y in zip(ours(first, ids, tok.pad_id), ours(second, ids, tok.pad_id)):
+        assert torch.equal(x, y)
+
+
+def _foreign_electra(tmp_path, tok, cfg, with_generator=True):
+    """An ElectraForPreTraining (+ ElectraForMaskedLM in generator/) drawn by transformers itself,
+    with its own random weights, saved by save_pretrained."""
+    import transformers
+
+    torch.manual_seed(0)
+    disc = transformers.ElectraForPreTraining(
+        convert.hf_config(cfg.model, "discriminator", pad_id=tok.pad_id))
+    for p in disc.parameters():  # LayerNorms and biases off their defaults as well
+        p.data.add_(torch.randn_like(p) * 0.05)
+    disc.save_pretrained(tmp_path / "hf")
+    if with_generator:
+        gen = transformers.ElectraForMaskedLM(
+            convert.hf_config(cfg.model, "generator", pad_id=tok.pad_id))
+        for p in gen.parameters():
+            p.data.add_(torch.randn_like(p) * 0.05)
+        gen.save_pretrained(tmp_path / "hf" / "generator")
+    return tmp_path / "hf"
+
+
+def test_foreign_electra_round_trips_bitwise(single_process_group, tok, tmp_path):
+    """HF → rtd_scale → HF: an ELECTRA pair saved by transformers comes back tensor for tensor
+    (NES: two tables; E ≠ H: embeddings_project), and computes the same logits."""
+    ctx = single_process_group
+    cfg = tiny_config(convert.POST, Sharing.NES, True, tok.vocab_size)
+    src = _foreign_electra(tmp_path, tok, cfg)
+    model = build_model(cfg, tok)
+    _load(model, cfg, ctx, tok, src)
+    _export(model, cfg, ctx, tok, tmp_path / "back")
+    _assert_bitwise(_tensors(src), _tensors(tmp_path / "back"))
+    ids = real_batch(tok)
+    mine, theirs = ours(model, ids, tok.pad_id), hf_outputs(src, convert.POST, ids, tok.pad_id)
+    assert max((a - b).abs().max().item() for a, b in zip(mine, theirs)) < 1e-4
+
+
+@pytest.mark.parametrize("sharing", [Sharing.GDES, Sharing.NES])
+def test_discriminator_alone_gives_a_fresh_generator(single_process_group, tok, tmp_path,
+                                                     sharing):
+    ctx = single_process_group
+    cfg = tiny_config(convert.POST, sharing, False, tok.vocab_size)
+    src = _foreign_electra(tmp_path, tok, cfg, with_generator=False)
+    model = build_model(cfg, tok, seed=4)
+    fresh = canonical_state(model, ctx)
+    _load(model, cfg, ctx, tok, src)
+    got = canonical_state(model, ctx)
+    for k in fresh:
+        if k.startswith(("generator.block.", "generator.embeddings.position", "mlm_head.")):
+            assert torch.equal(got[k], fresh[k]), k  # the generator keeps its initial weights
+        elif k.startswith(("discriminator.block.", "rtd_head.")):
+            assert not torch.equal(got[k], fresh[k]), k
+    ids = real_batch(tok)
+    mine = ours(model, ids, tok.pad_id)
+    theirs = hf_outputs(src, convert.POST, ids, tok.pad_id, with_generator=False)
+    assert (mine[0] - theirs[0]).abs().max() < 1e-4 and (mine[1] - theirs[1]).abs().max() < 1e-4
+    if sharing is Sharing.GDES:  # the generator's table starts as the discriminator's, E_Δ = 0
+        assert torch.count_nonzero(got["discriminator.embeddings.table.delta"]) == 0
+    else:
+        assert torch.equal(got["generator.embeddings.table.weight"],
+                           fresh["generator.embeddings.table.weight"])
+
+
+def test_export_pt_file_loads(single_process_group, tok, tmp_path):
+    ctx = single_process_group
+    cfg = tiny_config(convert.PRE, Sharing.GDES, False, tok.vocab_size)
+    first = build_model(cfg, tok, seed=3)
+    perturb(first)
+    state = canonical_state(first, ctx)
+    torch.save({"config": cfg.to_dict(), "model": state}, tmp_path / "w.pt")
+    second = build_model(cfg, tok, seed=8)
+    _load(second, cfg, ctx, tok, tmp_path / "w.pt")
+    got = canonical_state(second, ctx)
+    assert sorted(got) == sorted(state)
+    assert all(torch.equal(got[k], state[k]) for k in state)
+
+
+def _message(excinfo) -> str:
+    msg = str(excinfo.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_mismatches_are_one_line_naming_tensor_and_flag(single_process_group, tok, tmp_path):
+    ctx = single_process_group
+    cfg = tiny_config(convert.POST, Sharing.ES, False, tok.vocab_size)
+    small = build_model(cfg, tok)
+    _export(small, cfg, ctx, tok, tmp_path / "hf")
+    torch.save({"config": cfg.to_dict(), "model": canonical_state(small, ctx)}, tmp_path / "w.pt")
+
+    wide = dataclasses.replace(cfg.model.discriminator, ffn_hidden_size=96)
+    big = tiny_config(convert.POST, Sharing.ES, False, tok.vocab_size)
+    big.model.discriminator = wide
+    model = build_model(big, tok)
+    with pytest.raises(UserInputError) as e:
+        _load(model, big, ctx, tok, tmp_path / "hf")
+    assert _message(e) == (f"--pretrained-checkpoint {tmp_path / 'hf'}: the discriminator's "
+                           "intermediate_size is 64 there but 96 in this model; pass --set "
+                           "model.discriminator.ffn_hidden_size=64 (or the preset it was "
+                           "trained with)")
+    with pytest.raises(UserInputError) as e:
+        _load(model, big, ctx, tok, tmp_path / "w.pt")
+    assert _message(e) == (f"--pretrained-checkpoint {tmp_path / 'w.pt'}: "
+                           "discriminator.block.layers.0.mlp.linear_fc1.weight has shape (64, 32) "
+                           "there but (96, 32) in this model; pass --set "
+                           "model.discriminator.ffn_hidden_size=64")
+
+    pre = tiny_config(convert.PRE, Sharing.ES, False, tok.vocab_size)
+    with pytest.raises(UserInputError) as e:
+        _load(build_model(pre, tok), pre, ctx, tok, tmp_path / "hf")
+    assert _message(e).endswith("a electra checkpoint has the post-LayerNorm layout; pass "
+                                "--layernorm-position post")
+
+
+def test_es_refuses_two_different_tables(single_process_group, tok, tmp_path):
+    cfg = tiny_config(convert.POST, Sharing.NES, False, tok.vocab_size)
+    src = _foreign_electra(tmp_path, tok, cfg)
+    es = tiny_config(convert.POST, Sharing.ES, False, tok.vocab_size)
+    with pytest.raises(UserInputError, match="tables differ, which one shared table "
+                                             r"\(--sharing es\) cannot hold"):
+        _load(build_model(es, tok), es, single_process_group, tok, src)
+
+
+def test_not_with_load():
+    from rtd_scale.pretrain import build_parser, config_from_args
+
+    args = build_parser().parse_args([
+        "--ds_config", "ds_configs/zero0.json", "--data-path", "x", "--tokenizer-model", "t",
+        "--load", "runs/a", "--pretrained-checkpoint", "hf/a"])
+    with pytest.raises(UserInputError, match="--pretrained-checkpoint and --load cannot be "
+                                             "combined"):
+        config_from_args(args)

@@ -1,0 +1,66 @@
+#!/usr/bin/env python
+"""Export a pretraining run to Hugging Face transformers.
+
+    python tools/export_hf.py --load runs/base --output hf/base [--tag global_step500000]
+
+Reads the checkpoint (default: the newest, named by RUN/latest) whatever its tensor-parallel,
+pipeline-parallel and ZeRO layout: the run's recorded world is started again as local gloo
+processes on CPU, each loads its own DeepSpeed files, and they gather one consolidated state
+(rtd_scale/hf/consolidate.py). Writes, under a temporary name renamed when complete:
+
+    DIR/             the discriminator (what you fine-tune): config.json, model.safetensors,
+                     tokenizer files; ElectraForPreTraining (post-LayerNorm runs) or
+                     RobertaPreLayerNormModel + rtd_head.safetensors (pre-LayerNorm runs)
+    DIR/generator/   the generator: ElectraForMaskedLM or RobertaPreLayerNormForMaskedLM
+
+Both load offline with ``AutoTokenizer.from_pretrained(DIR)`` and
+``AutoModel….from_pretrained(DIR)``. See rtd_scale/hf/convert.py for the exact mapping.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rtd_scale.cli_errors import run_cli  # noqa: E402
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--load", required=True, metavar="RUN",
+                   help="the run directory (pretrain.py's --save)")
+    p.add_argument("--tag", help="checkpoint to export, e.g. global_step1000 (default: latest)")
+    p.add_argument("--output", required=True, metavar="DIR", help="export directory")
+    p.add_argument("--tokenizer-model", help="the run's tokenizer, when it is no longer where "
+                   "the run's config.json says")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    from rtd_scale.data.tokenizer import Tokenizer
+    from rtd_scale.hf import convert
+    from rtd_scale.hf.consolidate import consolidate_checkpoint, read_run
+    from rtd_scale.hf.export import check_output_dir, write_export
+
+    check_output_dir(args.output, "--output")
+    cfg, _, _, _ = read_run(args.load, args.tag)
+    convert.check_exportable(cfg.model)  # before the ranks start: a shape HF cannot hold
+    state, cfg, tag = consolidate_checkpoint(args.load, args.tag, args.tokenizer_model)
+    tok = Tokenizer(cfg.data.tokenizer_model)
+    write_export(state, cfg.model, args.output, pad_id=tok.pad_id, cls_id=tok.cls_id,
+                 sep_id=tok.sep_id, tokenizer_model=cfg.data.tokenizer_model)
+    disc, gen = convert.class_names(cfg.model)
+    print(f"exported {args.load}/{tag}: {args.output} ({disc}), "
+          f"{args.output}/{convert.GENERATOR_DIR} ({gen})")
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
