@@ -193,10 +193,17 @@ def prepare(cfg: RunConfig, world_size: int, print_fn=None):
         gradient_accumulation_steps=gas, source=f"--ds_config {cfg.train.ds_config}")
     tok = Tokenizer(cfg.data.tokenizer_model)
     sources = cfg.data.sources()
+    unverified = []  # notes on shards without a sidecar: only their id range could be checked
     for _, entries in sources:
         for entry in entries:
             for prefix in shards.resolve_data_path(entry):
-                shards.check_tokenizer_matches(prefix, cfg.data.tokenizer_model, tok.vocab_size)
+                note = shards.check_tokenizer_matches(prefix, cfg.data.tokenizer_model,
+                                                      tok.vocab_size)
+                if note:
+                    unverified.append(note)
+    if unverified and launch_env.read().rank == 0:
+        more = len(unverified) - 1
+        print(unverified[0] + (f" (and {more} more shard(s) without a sidecar)" if more else ""))
     if cfg.model.vocab_size != tok.vocab_size:
         cfg.model.vocab_size = tok.vocab_size  # the tokenizer is the truth
     split = dict(sources=sources, seq_length=cfg.data.seq_length,

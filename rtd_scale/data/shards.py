@@ -368,7 +368,7 @@ def open_shard(prefix: str | os.PathLike):
 
 def check_tokenizer_matches(
     prefix: str | os.PathLike, tokenizer_model_path: str | os.PathLike | None, vocab_size: int
-) -> None:
+) -> str | None:
     """Raise ShardMismatchError (a ValueError) if the shard at ``prefix`` was not written with this
     tokenizer.
 
@@ -377,6 +377,9 @@ def check_tokenizer_matches(
     ``vocab_size`` and the SHA-256 of ``tokenizer_model_path`` (hash skipped when either side has
     none). Without a sidecar (Megatron-LM shards): every id in the ``.bin`` must be
     ``< vocab_size`` — one numpy max over the memory-mapped file, O(tokens).
+
+    Returns None when the sidecar proved the match, else a one-line ``note: …`` saying that only
+    the id range could be checked (no sidecar: another tokenizer of the same size would pass).
     """
     prefix = os.fspath(prefix)
     meta = read_shard_meta(prefix)
@@ -399,14 +402,18 @@ def check_tokenizer_matches(
             raise UserInputError(f"shard {prefix} is incomplete: {path} not found; pass a prefix "
                                  "printed by tools/preprocess_data.py")
     dtype = read_index_header(idx_path)[0]
+    unverified = (f"note: shard {prefix} has no {META_SUFFIX} sidecar, so the tokenizer it was "
+                  f"made with cannot be verified")
     if os.path.getsize(bin_path) == 0:
-        return
+        return f"{unverified} (it holds no tokens)"
     max_id = int(np.memmap(bin_path, dtype=dtype, mode="r").max())
     if max_id >= vocab_size:
         raise ShardMismatchError(
             f"shard {prefix} (no {META_SUFFIX} sidecar) contains token id {max_id} but tokenizer "
             f"{tokenizer_model_path} has vocab_size {vocab_size}; {_REPROCESS_HINT}"
         )
+    return (f"{unverified}: its ids fit {tokenizer_model_path} (largest {max_id} < {vocab_size}), "
+            "which is all that can be checked; make sure it was made with that tokenizer")
 
 
 # -- datasets of several shards -------------------------------------------------------------------

@@ -48,6 +48,10 @@ rtd_positive_int() {  # NAME VALUE
   [[ "$2" =~ ^[1-9][0-9]*$ ]] || rtd_die "$1=$2: expected a positive integer"
 }
 
+rtd_count() {  # NAME VALUE: a whole number, 0 included
+  [[ "$2" =~ ^[0-9]+$ ]] || rtd_die "$1=$2: expected a whole number (0 or more)"
+}
+
 # ---------------------------------------------------------------------- batch arithmetic ----
 # rtd_batch_arithmetic WORLD TP GLOBAL MICRO: prints "DP ACCUMULATION", or exits with an error
 # that says which numbers would work. global = micro × accumulation × DP, DP = world / TP.
@@ -93,6 +97,11 @@ rtd_pretrain_main() {
   rtd_positive_int RTD_GLOBAL_BATCH "$RTD_GLOBAL_BATCH"
   rtd_positive_int RTD_MICRO_BATCH "$RTD_MICRO_BATCH"
   rtd_positive_int RTD_TP "$RTD_TP"
+  rtd_count RTD_MAX_REQUEUES "$RTD_MAX_REQUEUES"  # else `-ge` fails and every stop requeues
+  if [ -n "${RTD_MASTER_PORT:-}" ]; then
+    [[ "$RTD_MASTER_PORT" =~ ^[1-9][0-9]*$ ]] && (( RTD_MASTER_PORT <= 65535 )) ||
+      rtd_die "RTD_MASTER_PORT=$RTD_MASTER_PORT: expected a TCP port, 1-65535"
+  fi
   case "$RTD_DEVICE" in
     gpu) ;;
     cpu) export CUDA_VISIBLE_DEVICES="" ;;  # torch then sees no GPU: gloo on CPU
@@ -115,6 +124,13 @@ rtd_pretrain_main() {
 
   if [ -n "$RTD_DATA_PATH" ]; then
     read -r -a data_paths <<<"$RTD_DATA_PATH"
+    local entry
+    for entry in "${data_paths[@]}"; do  # a weight, or a dataset / shard prefix
+      [[ "$entry" =~ ^[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?$ ]] && continue
+      [ -f "$entry.manifest.json" ] || [ -f "$entry.idx" ] || rtd_die "RTD_DATA_PATH: no dataset" \
+        "'$entry' (neither $entry.manifest.json nor $entry.idx); entries are separated by spaces," \
+        "so a path with a space must be linked to one without (ln -s), or use RTD_SHARD_DIR"
+    done
   else
     local found
     # datasets of tools/preprocess_data.py (a manifest each), and single shards (merged, or

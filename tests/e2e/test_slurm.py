@@ -12,6 +12,7 @@ mirror); any other failure fails. The script checks (bash -n, shellcheck) need n
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import re
@@ -201,12 +202,19 @@ def slurm_shards(slurm, wiki_shards, tmp_path_factory):
     return env, shard_dir
 
 
+def _output_name(path: Path) -> str:
+    """slurm/preprocess.sh's dataset name for an input: its stem and a hash of its real path."""
+    digest = hashlib.sha256(os.path.realpath(path).encode()).hexdigest()[:10]
+    return f"{path.name.split('.')[0]}-{digest}_text_document"
+
+
 def test_preprocess_array_job(slurm_shards):
     _, shard_dir = slurm_shards
     names = sorted(p.name for p in shard_dir.iterdir())
-    assert names == sorted([f"part-0000{i}_text_document_00000.{ext}" for i in (0, 1)
+    datasets = [_output_name(shard_dir.parent / f) for f in ("a.jsonl", "b.jsonl")]
+    assert names == sorted([f"{d}_00000.{ext}" for d in datasets
                             for ext in ("bin", "idx", "meta.json")]
-                           + [f"part-0000{i}_text_document.manifest.json" for i in (0, 1)])
+                           + [f"{d}.manifest.json" for d in datasets])
 
 
 def test_mpi_world_through_srun_pmi2(slurm):
@@ -252,7 +260,8 @@ def test_pretrain_large_small_overrides_two_ranks(slurm_shards, tmp_path):
     assert f"job {job} (restart 0) on 1 node(s) localhost: 2 tasks" in out
     assert "micro-batch 4 × accumulation 2 × data-parallel 2 = global 16" in out
     assert "starting fresh" in out and "--load" not in out
-    assert f"--data-path {shard_dir}/part-00000_text_document {shard_dir}/part-00001" in out
+    a, b = (_output_name(shard_dir.parent / f) for f in ("a.jsonl", "b.jsonl"))
+    assert f"--data-path {shard_dir}/{a} {shard_dir}/{b} " in out
     assert re.search(r"world 2 = TP 1 ×.* DP 2", out), out[-3000:]  # 2 ranks joined one group
     steps = [(int(m[1]), int(m[2]), float(m[3])) for m in ITERATION.finditer(out)]
     assert [s for s, _, _ in steps] == list(range(1, 21)), out[-3000:]
