@@ -10,15 +10,17 @@ from tests.dist import harness, workers
 
 pytestmark = pytest.mark.dist
 
-SHARINGS = (Sharing.ES, Sharing.NES, Sharing.GDES)
+# (name, sharing, layernorm layout): every sharing mode pre-LN, and ELECTRA's ES post-LN
+CASES = (("es", Sharing.ES, "pre"), ("nes", Sharing.NES, "pre"), ("gdes", Sharing.GDES, "pre"),
+         ("post_es", Sharing.ES, "post"))
 
 
-def _merge(results, sharing):
+def _merge(results, case):
     """Per-stage gradient dicts merged by canonical name (TP rank 0 of each stage); the
     last stage's losses."""
     grads, last = {}, None
     for r in results:
-        res = r[sharing]
+        res = r[case]
         if res["tp_rank"] != 0:
             continue
         for name, g in res["grads"].items():
@@ -32,15 +34,17 @@ def _merge(results, sharing):
 
 @pytest.fixture(scope="module")
 def reference():
-    return harness.run(workers.pipeline_parity, SHARINGS, world_size=1)[0]
+    return harness.run(workers.pipeline_parity, CASES, world_size=1)[0]
 
 
 @pytest.mark.parametrize("tp, pp", [(1, 2), (2, 2)])
 def test_pipeline_equals_one_stage(reference, tp, pp):
-    results = harness.run(workers.pipeline_parity, SHARINGS, world_size=tp * pp, tp=tp, pp=pp)
-    for sharing in SHARINGS:
-        ref = reference[sharing.value]
-        grads, last = _merge(results, sharing.value)
+    results = harness.run(workers.pipeline_parity, CASES, world_size=tp * pp, tp=tp, pp=pp)
+    for case, _, _ in CASES:
+        ref = reference[case]
+        grads, last = _merge(results, case)
+        # the post-LN case really ran post-LN layers: their norms and the token-type row
+        assert any(n.endswith("post_mlp_layernorm.weight") for n in grads) == (case == "post_es")
         assert last["mlm"] == pytest.approx(ref["mlm"], abs=1e-5)
         assert last["rtd"] == pytest.approx(ref["rtd"], abs=1e-5)
         for a, b in zip(last["corrupted"], ref["corrupted"]):
@@ -48,7 +52,7 @@ def test_pipeline_equals_one_stage(reference, tp, pp):
         assert grads.keys() == ref["grads"].keys()
         for name, g in ref["grads"].items():
             diff = (grads[name] - g).abs().max().item()
-            assert diff <= 1e-5, f"{sharing.value} tp={tp} pp={pp}: {name} differs by {diff:.3g}"
+            assert diff <= 1e-5, f"{case} tp={tp} pp={pp}: {name} differs by {diff:.3g}"
 
 
 def test_tied_table_bitwise_equal_after_20_steps():

@@ -9,8 +9,11 @@ from tests.dist import harness, workers
 
 pytestmark = pytest.mark.dist
 
-CASES = [("es", Sharing.ES, 48), ("nes", Sharing.NES, 48), ("gdes", Sharing.GDES, 48),
-         ("electra_es", Sharing.ES, 16)]  # narrower table, projected by each model
+# (name, sharing, embedding size, layernorm layout); 16: a narrower table, projected by each model
+CASES = [("es", Sharing.ES, 48, "pre"), ("nes", Sharing.NES, 48, "pre"),
+         ("gdes", Sharing.GDES, 48, "pre"), ("electra_es", Sharing.ES, 16, "pre"),
+         ("post_gdes", Sharing.GDES, 48, "post"),  # BERT / ELECTRA post-LayerNorm layers
+         ("post_electra_es", Sharing.ES, 16, "post")]
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +37,8 @@ def test_tp2_equals_tp1(parity_runs, case):
         assert got["rtd"] == pytest.approx(ref["rtd"], abs=1e-5)
         assert got["mlm_correct"] == ref["mlm_correct"]
         assert got["grads"].keys() == ref["grads"].keys()
+        assert any(n.endswith("embeddings.token_type.weight") for n in ref["grads"]) == \
+            case.startswith("post")  # the layout asked for is the one that ran
         for name, g in ref["grads"].items():
             diff = (got["grads"][name] - g).abs().max().item()
             assert diff <= 1e-5, f"{case}: gradient of {name} differs by {diff:.3g}"
@@ -44,9 +49,10 @@ def test_tp2_equals_tp1(parity_runs, case):
 def test_gradient_paths_at_tp2(parity_runs):
     _, tp2 = parity_runs
     for rank_result in tp2:
-        (g_mlm_eg, g_mlm_ed), (g_rtd_eg, g_rtd_ed) = rank_result["gdes"]["paths"]
-        assert g_mlm_eg > 0 and g_mlm_ed == 0.0  # L_MLM: E_G only
-        assert g_rtd_eg == 0.0 and g_rtd_ed > 0  # L_RTD: E_Δ only
+        for gdes in ("gdes", "post_gdes"):
+            (g_mlm_eg, g_mlm_ed), (g_rtd_eg, g_rtd_ed) = rank_result[gdes]["paths"]
+            assert g_mlm_eg > 0 and g_mlm_ed == 0.0  # L_MLM: E_G only
+            assert g_rtd_eg == 0.0 and g_rtd_ed > 0  # L_RTD: E_Δ only
         (n_mlm_eg, n_mlm_ed), (n_rtd_eg, n_rtd_ed) = rank_result["nes"]["paths"]
         assert n_mlm_eg > 0 and n_mlm_ed == 0.0 and n_rtd_eg == 0.0 and n_rtd_ed > 0
         (e_mlm, _), (e_rtd, _) = rank_result["es"]["paths"]

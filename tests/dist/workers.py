@@ -6,16 +6,17 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
-from rtd_scale.config import Sharing, preset
+from rtd_scale.config import LayerNormPosition, Sharing, preset
 
 SPECIAL = (0, 1, 2, 3, 4)
 
 
 def tiny_config(sharing: Sharing, *, embedding_size: int = 48, dropout: float = 0.0,
-                vocab_size: int = 300):
+                vocab_size: int = 300, layout: str = "pre"):
     cfg = preset("tiny")
     cfg.model.vocab_size = vocab_size
     cfg.model.sharing = sharing
+    cfg.model.layernorm_position = LayerNormPosition(layout)
     cfg.model.embedding_size = embedding_size
     cfg.model.generator = dataclasses.replace(
         cfg.model.generator, num_layers=1, hidden_size=32, num_attention_heads=2,
@@ -44,12 +45,13 @@ def fixed_batch(b: int = 6, s: int = 40, vocab_size: int = 300):
 
 
 def parity(ctx, cases):
-    """One RTD forward/backward per case; returns what TP=1 and TP=2 must agree on."""
+    """One RTD forward/backward per case (name, sharing, embedding size, layout "pre" /
+    "post"); returns what TP=1 and TP=2 must agree on."""
     from rtd_scale.model import weights
 
     out = {}
-    for name, sharing, embedding_size in cases:
-        cfg = tiny_config(sharing, embedding_size=embedding_size)
+    for name, sharing, embedding_size, layout in cases:
+        cfg = tiny_config(sharing, embedding_size=embedding_size, layout=layout)
         model = build(cfg, ctx.tp_size)
         ids, idx = fixed_batch()
         res = model(ids, idx, step=3)
@@ -201,8 +203,8 @@ def load_export(ctx, path: str):
     return float(model(ids, idx, step=0).loss)
 
 
-def _pp_config(sharing: Sharing):
-    cfg = tiny_config(sharing)
+def _pp_config(sharing: Sharing, layout: str = "pre"):
+    cfg = tiny_config(sharing, layout=layout)
     cfg.model.generator = dataclasses.replace(cfg.model.generator, num_layers=2)
     cfg.model.discriminator = dataclasses.replace(cfg.model.discriminator, num_layers=4)
     return cfg
@@ -225,15 +227,16 @@ def _build_stage(ctx, cfg, seed: int = 7):
                     seed=seed)
 
 
-def pipeline_parity(ctx, sharings):
+def pipeline_parity(ctx, cases):
     """One step's losses and gradients over 4 micro-batches, at this TP × PP layout (PP = 1:
-    the plain forward, accumulated; PP > 1: the two-pass 1F1B step)."""
+    the plain forward, accumulated; PP > 1: the two-pass 1F1B step), per case (name, sharing,
+    layernorm layout "pre" / "post")."""
     from rtd_scale.model import weights
     from rtd_scale.training.pipeline import all_reduce_tied_gradients, pipeline_forward_backward
 
     out = {}
-    for sharing in sharings:
-        cfg = _pp_config(sharing)
+    for name, sharing, layout in cases:
+        cfg = _pp_config(sharing, layout)
         model = _build_stage(ctx, cfg)
         mbs = _pp_micro_batches()
         if ctx.pp_size == 1:
@@ -245,7 +248,7 @@ def pipeline_parity(ctx, sharings):
         else:
             outs = pipeline_forward_backward(model, mbs, step=2, ctx=ctx)
             all_reduce_tied_gradients(model, ctx)
-        out[sharing.value] = {
+        out[name] = {
             "pp_rank": ctx.pp_rank, "tp_rank": ctx.tp_rank,
             "mlm": [o.mlm_loss.item() for o in outs], "rtd": [o.rtd_loss.item() for o in outs],
             "corrupted": [o.corrupted_ids for o in outs],
