@@ -58,14 +58,15 @@ def build_hf_model(m: convert.HFModel) -> torch.nn.Module:
     return model.eval()
 
 
-def _save_tokenizer(tokenizer_model: Optional[str], directory: str, note: Callable) -> None:
+def _save_tokenizer(tokenizer_model: Optional[str], directory: str, max_length: int,
+                    note: Callable) -> None:
     if not tokenizer_model:
         return
     from rtd_scale.data.tokenizer import Tokenizer
 
     tok = Tokenizer(tokenizer_model)
     if hasattr(tok, "save_pretrained"):
-        tok.save_pretrained(directory)
+        tok.save_pretrained(directory, model_max_length=max_length)
     else:  # older tokenizer module: keep the SentencePiece model itself
         shutil.copyfile(tokenizer_model, os.path.join(directory, os.path.basename(tokenizer_model)))
         note("tokenizer: copied the SentencePiece model only (no Tokenizer.save_pretrained)")
@@ -96,7 +97,7 @@ def write_export(state: dict[str, torch.Tensor], model: ModelConfig, output_dir:
             for name, tensors in m.extra_files.items():
                 save_file({k: v.contiguous() for k, v in tensors.items()},
                           os.path.join(where, name), metadata={"format": "pt"})
-            _save_tokenizer(tokenizer_model, where, note)
+            _save_tokenizer(tokenizer_model, where, model.max_position_embeddings, note)
             del hf_model
         manifest = {"format": "rtd_scale hf export 1", "discriminator": disc.class_name,
                     "generator": gen.class_name, "generator_dir": convert.GENERATOR_DIR,

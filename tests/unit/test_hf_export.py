@@ -208,3 +208,37 @@ def test_gdes_delta_round_trips_bitwise():
     disc = gen + torch.randn(500, 64, generator=g) * torch.logspace(2, -6, 64)
     delta = convert.gdes_delta(disc, gen)
     assert torch.equal(gen + delta, disc)
+
+
+@pytest.mark.parametrize("layout", [convert.POST, convert.PRE])
+def test_sequence_classification_fine_tunes(single_process_group, tok, wiki_shards, tmp_path,
+                                            layout):
+    """The export is what users fine-tune: AutoTokenizer + AutoModelForSequenceClassification
+    from the directory alone, a few AdamW steps on a tiny labelled set, and the loss falls."""
+    import transformers
+
+    cfg = tiny_config(layout, Sharing.GDES, layout == convert.POST, tok.vocab_size)
+    model = build_model(cfg, tok)
+    out = tmp_path / "export"
+    write_export(canonical_state(model, single_process_group), cfg.model, str(out),
+                 pad_id=tok.pad_id, cls_id=tok.cls_id, sep_id=tok.sep_id,
+                 tokenizer_model=wiki_shards[0], note=lambda m: None)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out)
+    with open(TEST_DATA / "wiki_sample.jsonl", encoding="utf-8") as f:
+        texts = [json.loads(line)["text"][:200] for _, line in zip(range(8), f)]
+    assert hf_tok(texts[0])["input_ids"] == [tok.cls_id] + tok.encode(texts[0]) + [tok.sep_id]
+    batch = hf_tok(texts, padding=True, truncation=True, max_length=48, return_tensors="pt")
+    labels = torch.tensor([0, 1] * 4)
+    torch.manual_seed(0)
+    clf = transformers.AutoModelForSequenceClassification.from_pretrained(out, num_labels=2)
+    assert type(clf).__name__ == ("ElectraForSequenceClassification" if layout == convert.POST
+                                  else "RobertaPreLayerNormForSequenceClassification")
+    opt = torch.optim.AdamW(clf.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(30):
+        loss = clf(**batch, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0], losses
