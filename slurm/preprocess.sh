@@ -82,11 +82,14 @@ if [ -z "${SLURM_ARRAY_TASK_ID:-}" ]; then
 fi
 
 i="$SLURM_ARRAY_TASK_ID"
-[[ "$i" =~ ^[0-9]+$ ]] && [ "$i" -lt "$n" ] || {
-  echo "error: array index $i but $list names only $n files (indices 0-$(( n - 1 )))" >&2; exit 2; }
+if ! [[ "$i" =~ ^[0-9]+$ ]] || [ "$i" -ge "$n" ]; then
+  echo "error: array index $i but $list names only $n files (indices 0-$(( n - 1 )))" >&2; exit 2
+fi
 input="${inputs[$i]}"
-real="$(realpath -e -- "$input" 2>/dev/null)" && [ -f "$real" ] || {
-  echo "error: task $i: $list line $(( i + 1 )): $input: no such file" >&2; exit 2; }
+real="$(realpath -m -- "$input")"
+if [ ! -f "$real" ]; then
+  echo "error: task $i: $list line $(( i + 1 )): $input: no such file" >&2; exit 2
+fi
 mapfile -t earlier < <(real_paths "$i")
 for (( k = 0; k < i; k++ )); do
   if [ "${earlier[$k]}" = "$real" ]; then

@@ -99,8 +99,9 @@ rtd_pretrain_main() {
   rtd_positive_int RTD_TP "$RTD_TP"
   rtd_count RTD_MAX_REQUEUES "$RTD_MAX_REQUEUES"  # else `-ge` fails and every stop requeues
   if [ -n "${RTD_MASTER_PORT:-}" ]; then
-    [[ "$RTD_MASTER_PORT" =~ ^[1-9][0-9]*$ ]] && (( RTD_MASTER_PORT <= 65535 )) ||
+    if ! [[ "$RTD_MASTER_PORT" =~ ^[1-9][0-9]*$ ]] || (( RTD_MASTER_PORT > 65535 )); then
       rtd_die "RTD_MASTER_PORT=$RTD_MASTER_PORT: expected a TCP port, 1-65535"
+    fi
   fi
   case "$RTD_DEVICE" in
     gpu) ;;
