@@ -33,7 +33,8 @@
 # Environment (all optional; relative paths are relative to the job's working directory):
 #   RTD_PRESET         debertav3-large      model preset (rtd_scale/config.py)
 #   RTD_SHARD_DIR      <repo>/data/shards   where slurm/preprocess.sh wrote the shards
-#   RTD_DATA_PATH      (all shards found)   shard prefixes, space-separated; overrides RTD_SHARD_DIR
+#   RTD_DATA_PATH      (all shards found)   shard prefixes, space-separated (so none may contain a
+#                                           space: link it); overrides RTD_SHARD_DIR
 #   RTD_TOKENIZER      <repo>/data/spm.model
 #   RTD_EXPECT_VOCAB   128100               tokenizer size required; empty: no check
 #   RTD_SAVE           <repo>/runs/<preset> checkpoints, config.json; the same on every requeue
@@ -53,7 +54,7 @@
 #   RTD_DS_CONFIG      <repo>/ds_configs/zero3.json
 #   RTD_EXTRA_ARGS     (none)               more pretrain.py flags, space-separated
 #   RTD_MASTER_PORT    10000 + job id mod 20000
-#   RTD_MAX_REQUEUES   100                  stop requeueing after this many restarts
+#   RTD_MAX_REQUEUES   100                  stop requeueing after this many restarts (0: never)
 #   RTD_VENV           <repo>/.venv         activated when present
 #   RTD_REPO           (found)              the rtd_scale checkout
 # A small test on one CPU node (what tests/e2e/test_slurm.py runs):
