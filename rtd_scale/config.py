@@ -267,6 +267,11 @@ class OptimConfig:
     adam_beta2: float = 0.98
     adam_eps: float = 1e-6
     clip_grad: float = 1.0  # global gradient-norm clip; 0 disables
+    # On --load, when lr, min_lr, lr_warmup_iters or lr_decay_iters differ from the
+    # checkpoint's (Megatron-LM's flags and meaning): the flags' values win from the first
+    # resumed iteration, or the checkpoint's are kept; a difference with neither is an error.
+    override_opt_param_scheduler: bool = False
+    use_checkpoint_opt_param_scheduler: bool = False
 
     def validate(self) -> None:
         _positive("optim", lr=self.lr)
@@ -281,6 +286,10 @@ class OptimConfig:
         if self.clip_grad < 0:
             raise ConfigError(f"--clip-grad must be >= 0 (0 disables), got {self.clip_grad}")
         _probability("optim", adam_beta1=self.adam_beta1, adam_beta2=self.adam_beta2)
+        if self.override_opt_param_scheduler and self.use_checkpoint_opt_param_scheduler:
+            raise ConfigError("--override-opt_param-scheduler and "
+                              "--use-checkpoint-opt_param-scheduler contradict each other; "
+                              "pass one of them")
 
 
 @dataclass(kw_only=True)
@@ -305,6 +314,9 @@ class TrainConfig:
     eval_interval: int = 1000  # steps between validations (Megatron-LM's default); 0: never
     eval_iters: int = 100  # global batches per validation; 0: never validate
     data_digest: Optional[str] = None  # audit: per-step jsonl of sample ids, mask and loss hashes
+    # stop after this many iterations in a row with a non-finite loss or gradient norm (each
+    # is skipped); checked at the log interval and before a save; 0: never stop
+    max_consecutive_nonfinite_iters: int = 5
 
     @property
     def evaluates(self) -> bool:
@@ -320,6 +332,9 @@ class TrainConfig:
                   global_batch_size=self.global_batch_size, log_interval=self.log_interval)
         if self.save_interval < 0:
             raise ConfigError(f"--save-interval must be >= 0, got {self.save_interval}")
+        if self.max_consecutive_nonfinite_iters < 0:
+            raise ConfigError("--max-consecutive-nonfinite-iters must be >= 0 (0: never stop), "
+                              f"got {self.max_consecutive_nonfinite_iters}")
         if self.eval_interval < 0 or self.eval_iters < 0:
             raise ConfigError(f"--eval-interval and --eval-iters must be >= 0 (0 disables "
                               f"validation), got {self.eval_interval} and {self.eval_iters}")

@@ -107,6 +107,19 @@ def build_parser() -> argparse.ArgumentParser:
                         "(for preemption: Slurm's --signal)")
     p.add_argument("--exit-signal", default="SIGTERM",
                    choices=["SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT"])
+    p.add_argument("--max-consecutive-nonfinite-iters", type=int, metavar="N",
+                   help="stop with an error after N iterations in a row whose loss or gradient "
+                        "norm is inf or NaN (each is skipped and counted); checked at the log "
+                        "interval and before a save; 0: never stop (default 5)")
+    p.add_argument("--override-opt_param-scheduler", "--override-opt-param-scheduler",
+                   dest="override_opt_param_scheduler", action="store_true",
+                   help="with --load: use this run's --lr, --min-lr, --lr-warmup-iters and "
+                        "--lr-decay-iters from the first resumed iteration when they differ "
+                        "from the checkpoint's")
+    p.add_argument("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler",
+                   dest="use_checkpoint_opt_param_scheduler", action="store_true",
+                   help="with --load: keep the checkpoint's learning-rate schedule, whatever "
+                        "the schedule flags say")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="override any config field, e.g. --set model.generator.num_layers=2")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None,
@@ -134,6 +147,7 @@ _FLAG_FIELDS = {
     "mask_prob": ("rtd", "mask_prob"), "lr": ("optim", "lr"), "min_lr": ("optim", "min_lr"),
     "lr_warmup_iters": ("optim", "lr_warmup_iters"), "lr_decay_iters": ("optim", "lr_decay_iters"), "weight_decay": ("optim", "weight_decay"),
     "clip_grad": ("optim", "clip_grad"),
+    "max_consecutive_nonfinite_iters": ("train", "max_consecutive_nonfinite_iters"),
 }
 
 
@@ -152,6 +166,10 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         cfg.train.precision = Precision.BF16
     if args.recompute_activations:
         cfg.model.recompute_activations = True
+    if args.override_opt_param_scheduler:
+        cfg.optim.override_opt_param_scheduler = True
+    if args.use_checkpoint_opt_param_scheduler:
+        cfg.optim.use_checkpoint_opt_param_scheduler = True
     for assignment in args.set:
         apply_override(cfg, assignment)
     if args.ckpt_step is not None:  # one form for both: --load DIR/global_stepN
@@ -277,6 +295,11 @@ def run(cfg: RunConfig, print_fn=print, stop=None) -> dict:
         return {"history": [], "valid_history": [], "checkpoint_dir": None, "interrupted": False,
                 "last_step": meta["step"], "tensorboard_dir": cfg.train.tensorboard_dir,
                 "start_step": meta["step"]}
+    schedule_note = None
+    if meta is not None:  # before anything is built: the schedule flags against the checkpoint's
+        schedule_note = engine_mod.resolve_resume_schedule(
+            cfg.optim, meta["config"].get("optim", {}), source=cfg.train.load,
+            saved_train_iters=meta["config"].get("train", {}).get("train_iters"))
     ctx = distributed.initialize(cfg.parallel, seed=cfg.train.seed)
     try:
         model = RTDModel(cfg.model, cfg.rtd,
@@ -297,9 +320,12 @@ def run(cfg: RunConfig, print_fn=print, stop=None) -> dict:
         distributed.seed_after_build(ctx, cfg.train.seed)
         eng = engine_mod.build_engine(model, cfg, ds_config, distributed.DeepSpeedMpu())
         start_step = consumed = 0
+        resumed_from = None
         if cfg.train.load:
             client = checkpoint.load(eng, cfg.train.load, rank=ctx.rank)
+            checkpoint.refresh_learning_rate(eng, cfg.optim.lr)  # this run's resolved schedule
             start_step = int(client.get("step", 0))
+            resumed_from = os.path.join(cfg.train.load, checkpoint.tag_for(start_step))
             consumed = int(client.get("consumed_samples", start_step * cfg.train.global_batch_size))
             if ctx.is_logging_rank:
                 print_fn(f"resumed from {cfg.train.load} at iteration {start_step} "
@@ -314,6 +340,9 @@ def run(cfg: RunConfig, print_fn=print, stop=None) -> dict:
                     print_fn(f"note: --train-iters changed from {old_iters} to "
                              f"{cfg.train.train_iters}; the learning-rate schedule follows the "
                              "new value from this step on")
+                if schedule_note:
+                    print_fn(schedule_note)
+                print_fn(f"learning rate of iteration {start_step + 1}: {eng.get_lr()[0]!r}")
         if ctx.is_logging_rank and cfg.train.save:
             write_atomic(os.path.join(cfg.train.save, "config.json"), cfg.to_json() + "\n")
             write_atomic(os.path.join(cfg.train.save, "ds_config.json"),
@@ -332,11 +361,13 @@ def run(cfg: RunConfig, print_fn=print, stop=None) -> dict:
                      f"tokens, {cfg.data.num_workers} loader workers")
             for split in dataset.values():
                 print_fn(f"  data {split.describe()}")
-        tb = TensorBoardLogger(cfg.train.tensorboard_dir if ctx.is_logging_rank else None)
+        # a crashed run's events after its last checkpoint are hidden: one value per step
+        tb = TensorBoardLogger(cfg.train.tensorboard_dir if ctx.is_logging_rank else None,
+                               purge_step=start_step + 1)
         try:
             result = train(cfg, ctx, eng, dataset, start_step=start_step,
                            consumed_samples=consumed, tb=tb, print_fn=print_fn,
-                           stop=stop, layout=layout)
+                           stop=stop, layout=layout, resumed_from=resumed_from)
         finally:
             tb.close()
         if cfg.train.export and not result.interrupted:

@@ -11,7 +11,7 @@ from rtd_scale.cli_errors import UserInputError
 
 import json
 import os
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -96,6 +96,14 @@ def resolve_ds_config(user: dict[str, Any], cfg: RunConfig, *, data_parallel_siz
     if pp > 1:
         resolved["managed_gradient_accumulation"] = False
     resolved["bf16"] = {**user.get("bf16", {}), "enabled": bf16}
+    if bf16:
+        # DeepSpeed's ZeRO 1/2 optimizer skips a step with a non-finite gradient norm under
+        # bf16 only with this on (its stage 3 and bf16 optimizer always do): the NaN policy
+        # (training/loop.py, NonFiniteGuard) relies on the skip
+        if user.get("bf16", {}).get("check_grad_overflow", True) is False:
+            raise UserInputError(f"{source}: bf16.check_grad_overflow=false would let a step "
+                                 "with a non-finite gradient norm update the weights; remove it")
+        resolved["bf16"]["check_grad_overflow"] = True
     resolved.pop("fp16", None)
     resolved.setdefault("steps_per_print", 10**9)  # our own log lines replace DeepSpeed's
     resolved.setdefault("wall_clock_breakdown", False)
@@ -127,9 +135,118 @@ def lr_lambda(optim: OptimConfig, train_iters: int):
     return f
 
 
-def build_optimizer(model: torch.nn.Module, optim: OptimConfig) -> torch.optim.Optimizer:
-    """AdamW (decoupled weight decay, arXiv 1711.05101); no decay on biases, norms and 1-D
-    parameters. Fused on GPU."""
+# The schedule's fields a resumed run compares with its checkpoint's, and their flags.
+SCHEDULE_FIELDS = {"lr": "--lr", "min_lr": "--min-lr", "lr_warmup_iters": "--lr-warmup-iters",
+                   "lr_decay_iters": "--lr-decay-iters"}
+
+
+def resolve_resume_schedule(optim: OptimConfig, saved: dict[str, Any], *, source: str,
+                            saved_train_iters: Optional[int] = None) -> Optional[str]:
+    """Decide the learning-rate schedule of a resumed run (Megatron-LM's rule,
+    ``OptimizerParamScheduler._check_and_set``): when ``optim``'s lr, min_lr, lr_warmup_iters
+    or lr_decay_iters differ from ``saved`` (the checkpoint's ``optim`` section), the flags'
+    values apply from the first resumed iteration with ``override_opt_param_scheduler``, and
+    the checkpoint's are copied into ``optim`` with ``use_checkpoint_opt_param_scheduler``.
+    A changed ``--train-iters`` alone is no difference (the decay follows it when
+    lr_decay_iters is unset). Returns a one-line note saying which schedule applies, or None
+    when nothing differs.
+
+    Raises:
+        UserInputError: a difference and neither flag (naming both values of each field).
+    """
+    diffs = [name for name in SCHEDULE_FIELDS
+             if name in saved and saved[name] != getattr(optim, name)]
+    if not diffs:
+        return None
+
+    def show(name: str, value: Any) -> str:
+        if value is None and name == "lr_decay_iters":
+            return "unset" + (f" (= --train-iters {saved_train_iters})"
+                              if saved_train_iters is not None else "")
+        return f"{value:g}" if isinstance(value, float) else str(value)
+
+    change = ", ".join(f"{SCHEDULE_FIELDS[n]} {show(n, saved[n])} → {show(n, getattr(optim, n))}"
+                       for n in diffs)
+    if optim.override_opt_param_scheduler:
+        return (f"note: the learning-rate schedule differs from the checkpoint's ({change}); "
+                "--override-opt_param-scheduler: the new values apply from the first resumed "
+                "iteration")
+    if optim.use_checkpoint_opt_param_scheduler:
+        for name in diffs:
+            setattr(optim, name, saved[name])
+        return (f"note: the learning-rate schedule differs from the checkpoint's ({change}); "
+                "--use-checkpoint-opt_param-scheduler: the checkpoint's values are kept")
+    raise UserInputError(
+        f"--load {source}: the learning-rate schedule differs from the checkpoint's ({change}); "
+        "pass --override-opt_param-scheduler to use the new values from the first resumed "
+        "iteration, or --use-checkpoint-opt_param-scheduler to keep the checkpoint's")
+
+
+class NonFiniteSkippingAdamW(torch.optim.AdamW):
+    """AdamW whose step is a no-op, decided on the device, when any gradient is inf or NaN.
+
+    Used only where DeepSpeed hands the update to the client optimizer unchecked: ZeRO stage 0
+    in fp32 (its ZeRO 1–3 optimizers and its bf16 wrappers check the gradient norm themselves
+    and skip such a step). A skipped step leaves the parameters, both moments and the step
+    count exactly as they were, like DeepSpeed's skip; no value reaches the host (no sync):
+    every update is computed and then kept or dropped by ``torch.where``.
+
+    The flag is the L2 norm of all of this rank's gradients (``torch._foreach_norm``), ANDed
+    over ``model_parallel_group`` so that tensor-parallel peers agree; data-parallel peers hold
+    the same reduced gradients at stage 0. ``skipped`` is the last step's flag, a bool tensor.
+
+    The update is AdamW's (arXiv 1711.05101; torch.optim.AdamW's single-tensor form, with the
+    step count kept on the device), so it agrees with ``torch.optim.AdamW`` to rounding.
+    """
+
+    def __init__(self, params, *, model_parallel_group=None, **kwargs):
+        super().__init__(params, foreach=False, **kwargs)
+        self.model_parallel_group = model_parallel_group
+        self.skipped: Optional[torch.Tensor] = None
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        assert closure is None, "closures are not supported"
+        params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
+        if not params:
+            return None
+        norms = torch._foreach_norm([p.grad for p in params])
+        ok = torch.isfinite(torch.stack(norms).sum()).to(torch.int32)
+        if (torch.distributed.is_initialized() and self.model_parallel_group is not None
+                and torch.distributed.get_world_size(self.model_parallel_group) > 1):
+            torch.distributed.all_reduce(ok, op=torch.distributed.ReduceOp.MIN,
+                                         group=self.model_parallel_group)
+        ok = ok.bool()
+        self.skipped = ~ok
+        for group in self.param_groups:
+            lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.zeros((), dtype=torch.float64, device=p.device)
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                if state["step"].device != p.device:  # a checkpoint loaded onto another device
+                    state["step"] = state["step"].to(p.device)
+                step, m, v = state["step"], state["exp_avg"], state["exp_avg_sq"]
+                g = p.grad
+                step.add_(ok.to(step.dtype))
+                m_new = m.lerp(g, 1 - beta1)
+                v_new = v.mul(beta2).addcmul_(g, g, value=1 - beta2)
+                bias_correction1 = 1 - beta1 ** step
+                bias_correction2_sqrt = (1 - beta2 ** step).sqrt()
+                denom = (v_new.sqrt() / bias_correction2_sqrt).add_(eps)
+                p_new = p.mul(1 - lr * wd).sub_(m_new / denom * (lr / bias_correction1))
+                m.copy_(torch.where(ok, m_new, m))
+                v.copy_(torch.where(ok, v_new, v))
+                p.copy_(torch.where(ok, p_new, p))
+        return None
+
+
+def _param_groups(model: torch.nn.Module, optim: OptimConfig) -> list[dict[str, Any]]:
     decay, no_decay = [], []
     seen: set[int] = set()
     for name, p in model.named_parameters():
@@ -137,13 +254,24 @@ def build_optimizer(model: torch.nn.Module, optim: OptimConfig) -> torch.optim.O
             continue
         seen.add(id(p))
         (no_decay if p.ndim < 2 or "norm" in name else decay).append(p)
-    groups = [{"params": decay, "weight_decay": optim.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
+    return [{"params": decay, "weight_decay": optim.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_optimizer(model: torch.nn.Module, optim: OptimConfig, *, checked: bool = False,
+                    model_parallel_group=None) -> torch.optim.Optimizer:
+    """AdamW (decoupled weight decay, arXiv 1711.05101); no decay on biases, norms and 1-D
+    parameters. Fused on GPU. ``checked``: a ``NonFiniteSkippingAdamW`` instead (ZeRO stage 0
+    in fp32, where DeepSpeed does not skip non-finite steps itself)."""
+    groups = _param_groups(model, optim)
+    betas = (optim.adam_beta1, optim.adam_beta2)
+    if checked:
+        return NonFiniteSkippingAdamW(groups, lr=optim.lr, betas=betas, eps=optim.adam_eps,
+                                      model_parallel_group=model_parallel_group)
     kwargs: dict[str, Any] = {}
     if torch.cuda.is_available():
         kwargs["fused"] = True
-    return torch.optim.AdamW(groups, lr=optim.lr, betas=(optim.adam_beta1, optim.adam_beta2),
-                             eps=optim.adam_eps, **kwargs)
+    return torch.optim.AdamW(groups, lr=optim.lr, betas=betas, eps=optim.adam_eps, **kwargs)
 
 
 def build_engine(model, cfg: RunConfig, ds_config: dict[str, Any], mpu):
@@ -154,7 +282,10 @@ def build_engine(model, cfg: RunConfig, ds_config: dict[str, Any], mpu):
     """
     import deepspeed
 
-    optimizer = build_optimizer(model, cfg.optim)
+    zero = ds_config.get("zero_optimization", {}).get("stage", 0)
+    checked = zero == 0 and not ds_config.get("bf16", {}).get("enabled", False)
+    optimizer = build_optimizer(model, cfg.optim, checked=checked,
+                                model_parallel_group=mpu.get_model_parallel_group())
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda(cfg.optim, cfg.train.train_iters))
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,

@@ -19,12 +19,14 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from rtd_scale.cli_errors import UserInputError
 from rtd_scale.config import RunConfig
 from rtd_scale.data.blend import BlendedDataset
 from rtd_scale.data.loader import DataParallelSampler, build_loader
 from rtd_scale.distributed import DeepSpeedMpu, ParallelContext
 from rtd_scale.training import checkpoint
 from rtd_scale.training.digest import DataDigest
+from rtd_scale.training.engine import NonFiniteSkippingAdamW
 from rtd_scale.training.pipeline import pipeline_forward, pipeline_train_step
 from rtd_scale.training.metrics import (MetricAccumulator, TensorBoardLogger, format_log_line,
                                         grad_norm, table_cosine)
@@ -62,6 +64,97 @@ class ExitSignal:
         if dist.is_initialized():
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
+
+
+class NonFiniteIterationsError(UserInputError):
+    """The run stopped: too many consecutive iterations had a non-finite loss or gradient norm."""
+
+
+class NonFiniteGuard:
+    """Megatron-LM's ``--check-for-nan-in-loss-and-grad`` without a host sync per step.
+
+    Per iteration:
+    - ``gate(loss)`` multiplies each micro-batch's loss by 1, or by NaN when it is inf or NaN
+      (decided on the device), so a non-finite loss always gives non-finite gradients — the
+      one thing the optimizers check; the product is exact for a finite loss;
+    - the optimizer step then skips an iteration whose gradient norm is not finite: DeepSpeed's
+      own check under ZeRO 1–3 and its bf16 optimizers (they already read the norm on the host
+      every step), ``engine.NonFiniteSkippingAdamW`` on the device at ZeRO stage 0 in fp32.
+      Either way a skipped iteration leaves the parameters, AdamW's moments and its step count
+      as they were; the learning-rate schedule still advances (it counts iterations, like the
+      data position), and the iteration's samples are consumed;
+    - ``after_step()`` counts skipped iterations, on the host where DeepSpeed decided (its
+      ``skipped_steps``), else on the device.
+
+    ``consecutive()`` and ``take_interval_count()`` read the counts: a host sync, done only at
+    the log interval and before a save. The pipeline-parallel step's loss goes through
+    megatron-core's schedule ungated: there the gradient norm alone decides.
+    """
+
+    def __init__(self, engine, device: torch.device, limit: int):
+        self.engine, self.limit = engine, limit
+        self.on_device = isinstance(engine.optimizer, NonFiniteSkippingAdamW)
+        zero = torch.zeros((), dtype=torch.int64, device=device)
+        self._consecutive = zero.clone() if self.on_device else 0
+        self._interval = zero.clone() if self.on_device else 0
+        self.total = 0  # skipped iterations read so far (host)
+        self._seen = engine.skipped_steps
+
+    @staticmethod
+    def gate(loss: torch.Tensor) -> torch.Tensor:
+        """``loss`` × (1 if finite else NaN), the factor a constant (no gradient of its own)."""
+        factor = torch.where(torch.isfinite(loss.detach()), 1.0, float("nan")).to(loss.dtype)
+        return loss * factor
+
+    def after_step(self) -> None:
+        """Record the iteration just stepped (after its last ``engine.step()``)."""
+        if self.on_device:
+            bad = self.engine.optimizer.skipped.to(torch.int64)
+            self._consecutive = (self._consecutive + 1) * bad
+            self._interval += bad
+            return
+        skipped = self.engine.skipped_steps != self._seen
+        self._seen = self.engine.skipped_steps
+        if skipped:
+            # DeepSpeed leaves the schedule where it was on a skipped step; ours counts
+            # iterations at every ZeRO stage
+            if self.engine.lr_scheduler is not None:
+                self.engine.lr_scheduler.step()
+            self._consecutive += 1
+            self._interval += 1
+        else:
+            self._consecutive = 0
+
+    def consecutive(self) -> int:
+        """Iterations in a row, up to the last one, that were skipped (a host sync)."""
+        return int(self._consecutive)
+
+    def take_interval_count(self) -> int:
+        """Skipped iterations since the previous call (a host sync); resets the count."""
+        n = int(self._interval)
+        self._interval = self._interval * 0 if self.on_device else 0
+        self.total += n
+        return n
+
+    def check(self, done: int, last_good: Optional[str], load_hint: Optional[str]) -> int:
+        """The current run of skipped iterations; stops the run once it reaches the limit.
+
+        Raises:
+            NonFiniteIterationsError: ``limit`` > 0 and the last ``limit`` or more iterations
+                were all skipped (one line: which iterations, the last good checkpoint, the fix).
+        """
+        c = self.consecutive()
+        if self.limit and c >= self.limit:
+            where = f"the last good checkpoint is {last_good}" if last_good else \
+                "no checkpoint was saved before them"
+            resume = (f", then resume with --load {load_hint} --override-opt_param-scheduler"
+                      if last_good and load_hint else "")
+            raise NonFiniteIterationsError(
+                f"iterations {done - c + 1}–{done} ({c} in a row, --max-consecutive-nonfinite-"
+                f"iters {self.limit}) had a non-finite loss or gradient norm and were skipped; "
+                f"stopped at iteration {done}; {where}; lower --lr or raise --lr-warmup-iters"
+                f"{resume}")
+        return c
 
 
 def make_loader(cfg: RunConfig, ctx: ParallelContext, data: BlendedDataset, *, consumed: int,
@@ -117,13 +210,23 @@ def format_valid_line(step: int, samples: int, scalars: dict[str, float]) -> str
 
 def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedDataset], *,
           start_step: int, consumed_samples: int, tb: TensorBoardLogger, print_fn=print,
-          stop: Optional["ExitSignal"] = None, layout: Optional[dict] = None) -> TrainResult:
+          stop: Optional["ExitSignal"] = None, layout: Optional[dict] = None,
+          resumed_from: Optional[str] = None) -> TrainResult:
     """Run optimizer steps start_step … train_iters − 1 (0-based; logs count them from 1).
 
     ``data["train"]`` is read from ``consumed_samples`` on; ``data["valid"]``, when present, is
     evaluated every ``eval_interval`` steps. With ``stop`` (an installed ``ExitSignal``), its
     signal — received at any time since it was installed — makes the loop save a checkpoint
     after the current step and return with ``interrupted=True``.
+
+    Non-finite iterations (``NonFiniteGuard``) are skipped and counted (``optim/skipped_iters``
+    per log interval); no checkpoint is saved while the last iteration was skipped.
+    ``resumed_from`` (the checkpoint directory ``--load`` took) is named as the last good one
+    until this run saves.
+
+    Raises:
+        NonFiniteIterationsError: ``train.max_consecutive_nonfinite_iters`` iterations in a row
+            were skipped (checked at the log interval and before each save).
     """
     t = cfg.train
     stop = stop or ExitSignal(None)
@@ -149,6 +252,8 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
                      f"but the validation split holds {available}: samples repeat (masked "
                      "afresh); lower --eval-iters or raise the validation share of --split")
     digest = DataDigest(t.data_digest, ctx)
+    guard = NonFiniteGuard(engine, ctx.device, t.max_consecutive_nonfinite_iters)
+    last_good = resumed_from
 
     def will_log(done: int) -> bool:
         # every log_interval steps, and the run's first and last step (the summary's ends)
@@ -165,12 +270,13 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
             outs = []
             for j, mb in enumerate(batches):
                 out = engine(*_to(mb, ctx.device), step)
-                engine.backward(out.loss)
+                engine.backward(guard.gate(out.loss))
                 if own_norm and j == len(batches) - 1 and will_log(step + 1):
                     norm = grad_norm(model, ctx.tp_rank, mp_group)
                 engine.step()
                 acc.add(out, cfg.rtd.rtd_lambda)
                 outs.append(out)
+        guard.after_step()
         if digest.enabled:
             digest.add(batches, outs)
             digest.write(step + 1, consumed_samples, data["train"].locate)
@@ -186,6 +292,8 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
             if not own_norm:
                 norm = engine.get_global_grad_norm()
             scalars["optim/grad_norm"] = float(norm) if norm is not None else float("nan")
+            scalars["optim/skipped_iters"] = float(guard.take_interval_count())
+            guard.check(done, last_good, t.load or t.save)
             # non-pad tokens over all data-parallel ranks (reduce() summed them)
             scalars["throughput/tokens_per_s"] = scalars.pop("_tokens") / elapsed
             cos = table_cosine(model, ctx.tp_group, zero3=engine.zero_optimization_stage() == 3)
@@ -207,13 +315,21 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
                 result.valid_history.append((done, scalars))
             last_log = time.perf_counter()  # validation time is not training throughput
         stopping = stop.any_rank_received(ctx.device)
-        if t.save and ((t.save_interval and done % t.save_interval == 0) or done == t.train_iters
-                       or stopping):
+        save_due = t.save and ((t.save_interval and done % t.save_interval == 0)
+                               or done == t.train_iters or stopping)
+        if save_due and guard.check(done, last_good, t.load or t.save):
+            save_due = False  # never a checkpoint right after a skipped (non-finite) iteration
+            if ctx.is_logging_rank:
+                print_fn(f"note: not saving at iteration {done}: the last "
+                         f"{guard.consecutive()} iteration(s) had a non-finite loss or gradient "
+                         f"norm; the last good checkpoint is {last_good or 'none'}")
+        if save_due:
             result.checkpoint_dir = checkpoint.save(
                 engine, t.save, step=done, rank=ctx.rank,
                 client_state={"step": done, "consumed_samples": consumed_samples,
                               "data": data["train"].state(), "config": cfg.to_dict()},
                 layout=layout)
+            last_good = result.checkpoint_dir
             if ctx.is_logging_rank:
                 print_fn(f"saved checkpoint at iteration {done:8d} to {result.checkpoint_dir}")
         if stopping:

@@ -2,7 +2,8 @@
 
 One TensorBoard writer, on the logging rank (``ParallelContext.is_logging_rank``). Tags:
 loss/mlm, loss/rtd, loss/total, mlm/accuracy, rtd/replaced_fraction, rtd/accuracy_replaced,
-rtd/accuracy_original, optim/lr, optim/grad_norm, throughput/tokens_per_s, and
+rtd/accuracy_original, optim/lr, optim/grad_norm, optim/skipped_iters (iterations skipped for a
+non-finite loss or gradient norm since the previous log line), throughput/tokens_per_s, and
 embedding/cosine_generator_discriminator (the mean cosine similarity of the two token tables,
 arXiv 2111.09543 Table 1's diagnostic); at each evaluation (training/loop.py) the same losses and
 accuracies on the validation split under valid/ (valid/loss/mlm, valid/loss/rtd, valid/loss/total,
@@ -113,12 +114,16 @@ def table_cosine(model, tp_group, zero3: bool) -> Optional[float]:
 class TensorBoardLogger:
     """The one writer (created only on the logging rank)."""
 
-    def __init__(self, log_dir: Optional[str]):
+    def __init__(self, log_dir: Optional[str], purge_step: Optional[int] = None):
+        """``purge_step``: the first step this run logs. Events of an earlier run in
+        ``log_dir`` at that step or later (written after its last checkpoint, before a crash)
+        are hidden from TensorBoard (``SummaryWriter``'s ``purge_step``), so each step keeps
+        one value per tag."""
         self.writer = None
         if log_dir:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(log_dir=log_dir)
+            self.writer = SummaryWriter(log_dir=log_dir, purge_step=purge_step)
 
     def write(self, step: int, scalars: dict[str, float]) -> None:
         if self.writer is None:
@@ -144,5 +149,6 @@ def format_log_line(step: int, train_iters: int, consumed: int, ms_per_step: flo
         f"total loss: {scalars['loss/total']:.6E} | mlm acc: {scalars['mlm/accuracy']:.4f} | "
         f"replaced: {scalars['rtd/replaced_fraction']:.4f} | "
         f"grad norm: {scalars['optim/grad_norm']:.3f} | "
-        f"tokens/s: {scalars['throughput/tokens_per_s']:.0f} |"
+        f"tokens/s: {scalars['throughput/tokens_per_s']:.0f} | "
+        f"number of skipped iterations: {int(scalars.get('optim/skipped_iters', 0)):3d} |"
     )
