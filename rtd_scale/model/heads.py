@@ -47,25 +47,33 @@ class MLMHead(torch.nn.Module):
         return [self.table.weight]
 
 
-def mlm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over the n masked positions, vocab-parallel (megatron-core).
+def mlm_loss(logits: torch.Tensor, targets: torch.Tensor,
+             valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean cross-entropy over the masked positions, vocab-parallel (megatron-core).
 
     Args:
         logits: [n, V_local] (consumed: megatron-core's kernel works in place on fp32 input).
         targets: [n] int64 original ids.
+        valid: optional [n] bool, False at rows that are not masked positions (the unused slots
+            of a static selection); they contribute exactly nothing.
     Returns:
-        scalar fp32 — sum of per-position losses / n (0 when n == 0).
+        scalar fp32 — sum of per-position losses over valid rows / their number (0 when none).
     """
     if logits.shape[0] == 0:
         return logits.float().sum() * 0.0
-    per_position = vocab_parallel_cross_entropy(logits.float().unsqueeze(1), targets.unsqueeze(1))
-    return per_position.mean()
+    per_position = vocab_parallel_cross_entropy(logits.float().unsqueeze(1),
+                                                targets.unsqueeze(1)).view(-1)
+    if valid is None:
+        return per_position.mean()
+    per_position = torch.where(valid, per_position, torch.zeros((), device=logits.device))
+    return per_position.sum() / valid.sum().clamp(min=1)
 
 
 @torch.no_grad()
 def vocab_parallel_top1_correct(logits: torch.Tensor, targets: torch.Tensor, vocab_start: int,
                                 tp_group) -> torch.Tensor:
-    """Whether each row's target holds the global maximum logit, without gathering the vocab.
+    """Whether each row's target holds the global maximum logit, without gathering the vocab
+    and without a host sync (static shapes).
 
     Args:
         logits: [n, V_local] this rank's shard; targets: [n] int64 global ids.
@@ -73,12 +81,12 @@ def vocab_parallel_top1_correct(logits: torch.Tensor, targets: torch.Tensor, voc
         [n] bool, identical on every rank of ``tp_group`` (two MAX all-reduces of [n] floats).
     """
     n, v_local = logits.shape
-    best = logits.float().max(dim=-1).values
+    best = logits.float().amax(dim=-1)
     local = targets - vocab_start
     inside = (local >= 0) & (local < v_local)
-    target_logit = torch.full_like(best, float("-inf"))
-    rows = torch.nonzero(inside, as_tuple=True)[0]
-    target_logit[rows] = logits[rows, local[rows]].float()
+    at_target = logits.gather(1, local.clamp(0, v_local - 1).view(-1, 1)).view(-1).float()
+    target_logit = torch.where(inside, at_target, torch.full((), float("-inf"),
+                                                             device=logits.device))
     if tp_group.size() > 1:
         torch.distributed.all_reduce(best, op=torch.distributed.ReduceOp.MAX, group=tp_group)
         torch.distributed.all_reduce(target_logit, op=torch.distributed.ReduceOp.MAX,

@@ -20,7 +20,7 @@ from rtd_scale.model import weights
 from rtd_scale.model.encoder import Encoder, transformer_config
 from rtd_scale.model.heads import MLMHead, RTDHead, mlm_loss, vocab_parallel_top1_correct
 from rtd_scale.objectives.losses import replaced_labels, rtd_loss, total_loss
-from rtd_scale.objectives.masking import mask_tokens
+from rtd_scale.objectives.masking import mask_tokens, masked_positions, prediction_budget
 from rtd_scale.objectives.sampling import sample_from_logits
 
 # Keys of RTDOutput.counts, summed over tokens (reduced and divided only at log time).
@@ -51,7 +51,7 @@ class GeneratorResult(NamedTuple):
     """The generator's half of the step on one micro-batch (last pipeline stage).
 
     mlm_loss: scalar, differentiable; corrupted_ids: [b, s]; labels: [b, s] float;
-    mlm_correct: [n] bool; masked: [b, s] bool.
+    mlm_correct: [b · k] bool (k slots per sample, False in unused ones); masked: [b, s] bool.
     """
 
     mlm_loss: torch.Tensor
@@ -190,7 +190,13 @@ class RTDModel(torch.nn.Module):
         """
         rtd = self.rtd_cfg
         table = self.mlm_head.table
-        rows, cols = torch.nonzero(masked, as_tuple=True)  # n masked positions, (b, s) order
+        b, s = input_ids.shape
+        # static shapes, no host sync: every sample's masked positions in k slots (k = the
+        # masking's per-sample maximum), unused slots marked invalid and given no weight
+        k = prediction_budget(rtd.mask_prob, s)
+        positions, valid = masked_positions(masked, k)  # [b, k] each
+        rows = torch.arange(b, device=input_ids.device).view(b, 1).expand(b, k).reshape(-1)
+        cols, valid = positions.view(-1), valid.view(-1)  # [n = b·k]
         logits = self.mlm_head(gen_hidden[cols, rows])  # [n, V_local]
         targets = input_ids[rows, cols]  # [n]
         sampled = sample_from_logits(
@@ -199,10 +205,11 @@ class RTDModel(torch.nn.Module):
             temperature=rtd.temperature, disallow_ids=targets if rtd.disallow_correct else None,
             tp_group=table.tp_group)
         mlm_correct = vocab_parallel_top1_correct(logits, targets, table.vocab_start_index,
-                                                  table.tp_group)
-        l_mlm = mlm_loss(logits, targets)  # consumes logits
-        corrupted = input_ids.clone()
-        corrupted[rows, cols] = sampled
+                                                  table.tp_group) & valid
+        l_mlm = mlm_loss(logits, targets, valid)  # consumes logits
+        filled = torch.zeros_like(input_ids).scatter_add_(
+            1, positions, torch.where(valid, sampled, 0).view(b, k))
+        corrupted = torch.where(masked, filled, input_ids)
         return GeneratorResult(l_mlm, corrupted, replaced_labels(corrupted, input_ids),
                                mlm_correct, masked)
 

@@ -9,7 +9,9 @@ rank computes it, at any tensor-, pipeline- or data-parallel size, and after any
 
 The mixer is the 32-bit "lowbias32" integer hash (C. Wellons, "Hash function prospector", 2018),
 evaluated in int64 arithmetic with every intermediate reduced modulo 2**32, so it runs identically
-on any device torch supports. Uniforms carry 32 random bits.
+on any device torch supports (and on Python ints, for keys that are plain numbers). ``uniform``
+gives fp64 uniforms carrying 32 random bits; ``hash_columns`` + ``uniform32`` give fp32 uniforms
+(23 bits) for wide per-row draws (the sampler's noise) from one hash of each row's keys.
 """
 from __future__ import annotations
 
@@ -21,16 +23,17 @@ _M32 = 0xFFFFFFFF
 STREAM_MASK = 0x6D61736B  # "mask": is a position masked
 STREAM_MASK_ACTION = 0x61637431  # what a masked slot receives ([MASK] / random / kept)
 STREAM_RANDOM_TOKEN = 0x72616E64  # which random token a slot receives
-STREAM_GUMBEL = 0x67756D62  # Gumbel noise of the sampler
+STREAM_GUMBEL = 0x67756D62  # Gumbel noise of the sampler, per vocabulary id
+STREAM_GUMBEL_BLOCK = 0x67626C6B  # Gumbel noise of the sampler, per block of ids
 
 
-def mix32(x: torch.Tensor) -> torch.Tensor:
-    """lowbias32 avalanche mix of an int64 tensor holding values in [0, 2**32).
+def mix32(x: torch.Tensor | int) -> torch.Tensor | int:
+    """lowbias32 avalanche mix of values in [0, 2**32): an int64 tensor, or a Python int.
 
     Args:
-        x: int64 tensor of any shape.
+        x: int64 tensor of any shape, or an int.
     Returns:
-        int64 tensor of the same shape, values in [0, 2**32).
+        the same kind (int64 tensor of the same shape, or int), values in [0, 2**32).
     """
     x = x & _M32
     x = x ^ (x >> 16)
@@ -45,12 +48,15 @@ def hash_keys(*keys: torch.Tensor | int) -> torch.Tensor:
     """Hash a sequence of integer keys (tensors broadcast together, or Python ints) to 32 bits.
 
     Keys may be 64-bit; both halves enter the hash. The result is an int64 tensor in
-    [0, 2**32) with the broadcast shape of the tensor keys.
+    [0, 2**32) with the broadcast shape of the tensor keys (a 0-d CPU tensor when every key is
+    an int). Leading int keys are folded on the host in Python arithmetic, which gives the same
+    value as tensor arithmetic and creates no device tensor (on a GPU a tensor made from a Python
+    number is a host-to-device copy that waits for the device).
     """
-    h: torch.Tensor | None = None
-    device = next((k.device for k in keys if isinstance(k, torch.Tensor)), torch.device("cpu"))
+    h: torch.Tensor | int | None = None
     for k in keys:
-        k = torch.as_tensor(k, dtype=torch.int64, device=device)
+        if not isinstance(k, torch.Tensor):
+            k = int(k)
         lo, hi = k & _M32, (k >> 32) & _M32
         if h is None:
             h = mix32(lo ^ 0x9E3779B9)
@@ -58,7 +64,33 @@ def hash_keys(*keys: torch.Tensor | int) -> torch.Tensor:
             h = mix32(h ^ mix32(lo + 0x9E3779B9))
         h = mix32(h ^ mix32(hi + 0x85EBCA6B))
     assert h is not None, "hash_keys needs at least one key"
+    if not isinstance(h, torch.Tensor):
+        h = torch.tensor(h, dtype=torch.int64)
     return h
+
+
+def hash_columns(row_hash: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """Per-(row, column) hashes from one hash per row: mix32(row_hash ^ mix32(column + c)).
+
+    The row's keys are hashed once (``hash_keys``, [n]); each column id then costs two 32-bit
+    mixes instead of a hash of every key.
+
+    Args:
+        row_hash: [n] int64 in [0, 2**32), e.g. ``hash_keys(stream, seed, step, sample, position)``.
+        columns: int64 column ids (e.g. global vocabulary ids): [m], shared by every row, or
+            [n, m], one set per row.
+    Returns:
+        [n, m] int64 in [0, 2**32).
+    """
+    if columns.dim() == 1:
+        columns = columns.view(1, -1)
+    return mix32(row_hash.view(-1, 1) ^ mix32(columns + 0x9E3779B9))
+
+
+def uniform32(h: torch.Tensor) -> torch.Tensor:
+    """fp32 uniforms in the open interval (0, 1) from 32-bit hashes: the top 23 bits k give
+    (k + 0.5) / 2**23, exact in fp32 (from 2**-24 to 1 - 2**-24)."""
+    return ((h >> 9).to(torch.float32) + 0.5) * (1.0 / 8388608.0)
 
 
 def uniform_from_hash(h: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:

@@ -5,8 +5,13 @@ Which positions are masked, and what a masked slot receives, are pure functions 
 every tensor-parallel rank, at every data-parallel size, and after a resume (STYLE rule 8).
 
 Rules (BERT, arXiv 1810.04805 §3.1; ELECTRA arXiv 2003.10555 §2; DeBERTaV3 arXiv 2111.09543 §3.1):
-- each maskable position is selected independently with probability ``mask_prob``;
-  [PAD], [CLS], [SEP] (and every other special id) are never selected;
+- a sample with m maskable positions has exactly max(1, round(mask_prob · m)) of them selected
+  (rounding half up; none when m = 0), uniformly at random: the fixed count of BERT's
+  ``create_pretraining_data.py`` (``num_to_predict``, there counted over all tokens), not an
+  independent coin per position. Its ``max_predictions_per_seq`` is ``prediction_budget``: no
+  sample has more, so the MLM head works on a static [b, budget] set of rows and needs no host
+  synchronisation (``masked_positions``). [PAD], [CLS], [SEP] (and every other special id) are
+  never selected;
 - a selected slot receives [MASK] with probability ``mask_token_prob``, a uniformly random
   non-special token with probability ``random_token_prob``, and keeps its token otherwise
   (the 80/10/10 rule of BERT, also the default of DeBERTa's released code). ELECTRA's released
@@ -14,6 +19,7 @@ Rules (BERT, arXiv 1810.04805 §3.1; ELECTRA arXiv 2003.10555 §2; DeBERTaV3 arX
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -55,6 +61,57 @@ def random_non_special_ids(
     return ids
 
 
+def prediction_budget(mask_prob: float, seq_length: int) -> int:
+    """Most positions ``mask_tokens`` selects in one sample of ``seq_length`` tokens:
+    max(1, round(mask_prob · seq_length)) (BERT's ``max_predictions_per_seq``), at most
+    ``seq_length``."""
+    return min(seq_length, max(1, math.floor(mask_prob * seq_length + 0.5)))
+
+
+def select_masked(maskable: torch.Tensor, key_hash: torch.Tensor, mask_prob: float) -> torch.Tensor:
+    """The masked positions: in each row, the max(1, round(mask_prob · m)) maskable positions
+    with the smallest hashes (m = the row's maskable count; ties broken by position), so a
+    uniformly random subset of that size. Static shapes, no host synchronisation.
+
+    Args:
+        maskable: [b, s] bool.
+        key_hash: [b, s] int64 in [0, 2**32), a counter-based hash per position.
+        mask_prob: the fraction to select.
+    Returns:
+        [b, s] bool, at most ``prediction_budget(mask_prob, s)`` True per row.
+    """
+    b, s = maskable.shape
+    assert s <= 1 << 16, "positions are packed into 16 bits of the selection key"
+    budget = prediction_budget(mask_prob, s)
+    pos = torch.arange(s, device=maskable.device, dtype=torch.int64)
+    key = torch.where(maskable, (key_hash << 16) | pos, torch.full((), 1 << 62,
+                                                                   device=maskable.device))
+    order = key.topk(budget, dim=1, largest=False).indices  # [b, budget], smallest key first
+    m = maskable.sum(dim=1, keepdim=True)  # [b, 1]
+    count = (m.double() * mask_prob + 0.5).floor().clamp(min=1).to(torch.int64)
+    count = torch.where(m > 0, count, torch.zeros_like(count)).clamp(max=budget)
+    chosen = torch.arange(budget, device=maskable.device).view(1, -1) < count
+    return torch.zeros_like(maskable).scatter(1, order, chosen)
+
+
+def masked_positions(masked: torch.Tensor, budget: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The masked positions of each row as a static [b, budget] index, without a host sync.
+
+    Args:
+        masked: [b, s] bool with at most ``budget`` True per row (``mask_tokens`` guarantees
+            ``prediction_budget``).
+        budget: the number of slots per row.
+    Returns:
+        positions: [b, budget] int64, each row's masked positions in ascending order, then
+            (in unused slots) unmasked positions; valid: [b, budget] bool, True at masked ones.
+    """
+    s = masked.shape[1]
+    pos = torch.arange(s, device=masked.device, dtype=torch.int64)
+    key = pos + s * (~masked).to(torch.int64)  # masked positions first, each group in order
+    first = key.topk(min(budget, s), dim=1, largest=False).values
+    return first % s, first < s
+
+
 def mask_tokens(
     input_ids: torch.Tensor,
     sample_index: torch.Tensor,
@@ -88,7 +145,8 @@ def mask_tokens(
     maskable = torch.ones_like(input_ids, dtype=torch.bool)
     for sid in special_ids:
         maskable &= input_ids != sid
-    masked = maskable & (rng.uniform(seed, rng.STREAM_MASK, sample, pos) < mask_prob)
+    masked = select_masked(maskable, rng.hash_keys(seed, rng.STREAM_MASK, sample, pos),
+                           mask_prob)
 
     action = rng.uniform(seed, rng.STREAM_MASK_ACTION, sample, pos)
     to_mask = masked & (action < mask_token_prob)

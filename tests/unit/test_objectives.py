@@ -145,3 +145,109 @@ def test_sampler_disallow_correct_and_never_argmax():
     assert not (banned == 7).any()
     # the same keys give the same draws (counter-based noise)
     assert torch.equal(free, sample_from_logits(logits, **args))
+
+
+# --- static-shape masking and the two-level sampler --------------------------------------------
+
+def test_masking_selects_a_fixed_count_per_sample_within_the_budget():
+    """Exactly max(1, round(p · m)) of a sample's m maskable positions (none when m = 0), never
+    more than prediction_budget(p, s), so the MLM head's [b, budget] rows hold every one."""
+    from rtd_scale.objectives.masking import masked_positions, prediction_budget
+
+    ids = _batch(b=6, s=128)
+    ids[1, 40:] = 0  # padded sample: 38 maskable
+    ids[2, 1:-1] = 4  # nothing maskable but [MASK] ids... which are special: m = 0
+    ids[3, 20] = 2  # a [SEP] inside
+    m = _mask(ids, torch.arange(6))
+    maskable = ~torch.isin(ids, torch.tensor(SPECIAL))
+    counts = m.masked.sum(1).tolist()
+    expected = [max(1, math.floor(0.15 * k + 0.5)) if k else 0 for k in maskable.sum(1).tolist()]
+    assert counts == expected == [19, 6, 0, 19, 19, 19]
+    assert prediction_budget(0.15, 128) == 19 and max(counts) <= 19
+    assert not (m.masked & ~maskable).any()
+    positions, valid = masked_positions(m.masked, 19)
+    assert positions.shape == valid.shape == (6, 19)
+    assert valid.sum(1).tolist() == counts
+    for r in range(6):
+        got = positions[r][valid[r]].tolist()
+        assert got == sorted(got) == torch.nonzero(m.masked[r]).view(-1).tolist()
+
+
+def test_masked_selection_is_uniform_over_positions():
+    """Every maskable position is selected with the same frequency: 8 of 30 (round(0.25 · 30)),
+    each within 5 standard deviations (0.016) over 20,000 samples."""
+    ids = _batch(b=20_000, s=32)
+    m = _mask(ids, torch.arange(20_000), mask_prob=0.25)
+    assert (m.masked.sum(1) == 8).all()
+    per_position = m.masked[:, 1:-1].double().mean(0)  # 30 maskable positions
+    assert (per_position - 8 / 30).abs().max().item() < 0.016
+
+
+def test_hash_keys_folds_python_ints_like_tensors():
+    from rtd_scale.objectives import counter_rng as rng
+
+    t = torch.tensor([0, 5, 2**40 + 3, -7])
+    for seed in (0, 1234, 2**33 + 1):
+        assert torch.equal(rng.hash_keys(seed, rng.STREAM_MASK, t),
+                           rng.hash_keys(torch.tensor(seed), torch.tensor(rng.STREAM_MASK), t))
+
+
+def _block_case(v_padded=512, v_real=500):
+    g = torch.Generator().manual_seed(1)
+    logits_row = torch.randn(v_padded, generator=g) * 1.5
+    logits_row[300:310] += 4.0  # a heavy block
+    sampleable = torch.arange(v_padded) < v_real
+    sampleable[:5] = False
+    return logits_row, sampleable
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_two_level_sampler_matches_softmax(temperature):
+    """Shards of whole 128-id blocks take the two-level path: 20,000 draws match
+    softmax(logits / T) within 0.01 per id; specials and padded ids never appear."""
+    logits_row, sampleable = _block_case()
+    n = 20_000
+    ids = sample_from_logits(logits_row.expand(n, -1), seed=3, step=11,
+                             sample_index=torch.arange(n) // 128, position=torch.arange(n) % 128,
+                             vocab_start=0, sampleable=sampleable, temperature=temperature)
+    p = torch.softmax((logits_row / temperature).masked_fill(~sampleable, float("-inf")), -1)
+    emp = torch.bincount(ids, minlength=512).double() / n
+    assert (emp - p.double()).abs().max().item() < 0.01
+    # the first stage: each 128-id block's mass
+    assert (emp.view(4, 128).sum(1) - p.double().view(4, 128).sum(1)).abs().max().item() < 0.01
+    assert sampleable[ids].all()
+
+
+def test_two_level_sampler_disallow_and_bf16():
+    logits_row, sampleable = _block_case()
+    n = 4000
+    args = dict(seed=1, step=0, sample_index=torch.arange(n), position=torch.zeros(n, dtype=torch.long),
+                vocab_start=0, sampleable=sampleable)
+    free = sample_from_logits(logits_row.expand(n, -1), **args)
+    original = free.clone()  # forbid exactly what was drawn
+    banned = sample_from_logits(logits_row.expand(n, -1), disallow_ids=original, **args)
+    assert not (banned == original).any() and sampleable[banned].all()
+    half = sample_from_logits(logits_row.to(torch.bfloat16).expand(n, -1), **args)
+    assert sampleable[half].all()
+    # bf16 rounding moves only a few draws
+    assert (half != free).double().mean().item() < 0.05
+
+
+def test_sampler_is_a_function_of_each_rows_keys():
+    """Rows drawn alone, in another order or in another batch get the same ids (the noise is
+    keyed by (seed, step, sample, position, id), nothing else)."""
+    logits_row, sampleable = _block_case()
+    g = torch.Generator().manual_seed(2)
+    logits = logits_row + torch.randn(64, 512, generator=g)
+    sample, pos = torch.arange(64) // 8, torch.arange(64) % 8 * 3
+    args = dict(seed=9, step=4, vocab_start=0, sampleable=sampleable)
+    full = sample_from_logits(logits, sample_index=sample, position=pos, **args)
+    perm = torch.randperm(64, generator=g)
+    shuffled = sample_from_logits(logits[perm], sample_index=sample[perm], position=pos[perm],
+                                  **args)
+    assert torch.equal(shuffled, full[perm])
+    one = sample_from_logits(logits[5:6], sample_index=sample[5:6], position=pos[5:6], **args)
+    assert one.item() == full[5].item()
+    other_step = sample_from_logits(logits, sample_index=sample, position=pos,
+                                    **{**args, "step": 5})
+    assert not torch.equal(other_step, full)
