@@ -306,7 +306,10 @@ class Tokenizer:
     no token outside ``[…]`` has an upper-case letter (an uncased vocabulary, e.g.
     bert-base-uncased) and keeping case otherwise.
 
-    ``sha256`` is the hash of the file's bytes, the one shards record. Picklable (ships the
+    Attributes: ``model_path``; ``kind`` ("sentencepiece", "tokenizer.json", "vocab.txt");
+    ``sha256``, the hash of the file's bytes, the one shards record; ``specials``
+    (:class:`SpecialIds`) and ``special_pieces`` (role -> piece string, e.g. {"cls": "<s>", …});
+    ``appended_mask`` (DeBERTaV3's layout); ``applies_normalize_text``. Picklable (ships the
     file's bytes), so it can be handed to worker processes.
 
     Raises:
@@ -622,7 +625,7 @@ def _hf_from_json(model_path: str, data: bytes):
     tokenizers = _require_tokenizers(model_path)
     try:
         return tokenizers.Tokenizer.from_str(data.decode("utf-8"))
-    except (UnicodeDecodeError, Exception) as e:  # tokenizers raises a bare Exception
+    except Exception as e:  # a UnicodeDecodeError, or the bare Exception tokenizers raises
         raise TokenizerModelError(f"{model_path} is not a Hugging Face tokenizer.json "
                                   f"({' '.join(str(e).split())[:200]}); pass the tokenizer.json that "
                                   "tokenizers' Tokenizer.save wrote") from None

@@ -94,6 +94,24 @@ def test_encoding_never_yields_pad_or_mask_on_real_text(tokenizers):
         assert tok.encode_batch(_sentences(5)) == [tok.encode(t) for t in _sentences(5)]
 
 
+def test_tokenizer_json_without_a_normaliser_gets_normalize_text(tmp_path):
+    from tokenizers import Tokenizer as HFTokenizer, models, pre_tokenizers
+
+    hf = HFTokenizer(models.WordLevel({"[PAD]": 0, "[CLS]": 1, "[SEP]": 2, "[UNK]": 3, "[MASK]": 4, "a": 5,
+                                       "b": 6, "é": 7}, unk_token="[UNK]"))
+    hf.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    hf.save(str(tmp_path / "tokenizer.json"))
+    tok = Tokenizer(tmp_path / "tokenizer.json")
+    assert tok.applies_normalize_text and tok.specials == SpecialIds(pad=0, cls=1, sep=2, unk=3, mask=4)
+    # zero-width space dropped, e + combining acute composed to é (NFC): ids 5, 7, 6
+    assert tok.encode("a\u200b  e\u0301\tb") == [5, 7, 6]
+    assert hf.encode("a\u200b  e\u0301\tb").ids == [3, 3, 6]  # without our rule
+    tok.save_pretrained(tmp_path / "hf")
+    from transformers import AutoTokenizer
+
+    assert AutoTokenizer.from_pretrained(str(tmp_path / "hf"))("a\u200b  e\u0301\tb")["input_ids"] == [1, 5, 7, 6, 2]
+
+
 def test_foreign_tokenizers_pickle(tokenizers):
     for name in ("deberta_v3", "wordpiece_vocab", "wordpiece_json"):
         tok = Tokenizer(tokenizers[name])
@@ -107,7 +125,7 @@ def test_vocab_txt_case_follows_the_vocabulary(tmp_path):
     (tmp_path / "vocab.txt").write_text("\n".join([*byo.BERT_SPECIALS, "the", "river", "##s"]) + "\n")
     uncased = Tokenizer(tmp_path / "vocab.txt")
     assert uncased.encode("The Rivers") == [5, 6, 7]
-    (tmp_path / "cased" / "").mkdir()
+    (tmp_path / "cased").mkdir()
     (tmp_path / "cased" / "vocab.txt").write_text("\n".join([*byo.BERT_SPECIALS, "The", "the", "river"]) + "\n")
     cased = Tokenizer(tmp_path / "cased" / "vocab.txt")
     assert cased.encode("The the river") == [5, 6, 7]
