@@ -241,8 +241,8 @@ def prepare(cfg: RunConfig, world_size: int, print_fn=None):
     meta = None
     if cfg.train.load:
         choice = checkpoint.choose(cfg.train.load)
-        meta = checkpoint.check_compatible(choice.load_dir, choice.tag, cfg.to_dict(), layout)
         checkpoint.check_safe_to_load(choice.path)
+        meta = checkpoint.check_compatible(choice.load_dir, choice.tag, cfg.to_dict(), layout)
         for line in choice.notes if print_fn else ():
             print_fn(line)
     if cfg.train.export_hf:  # a shape Hugging Face cannot hold fails now, not after training

@@ -199,10 +199,12 @@ def choose(load: str) -> Choice:
     complete = [t for t in tags if verdicts[t][0] is None]
     fallback = complete or [t for t in tags if verdicts[t][1]]
     if tag is not None:
-        reason, legacy = verdicts.get(tag, ("it does not exist", False))
+        reason, legacy = verdicts.get(tag, (None, False))
+        better = (f"; complete ones there: {', '.join(fallback[:3])} (--load {load_dir} "
+                  f"takes {fallback[0]})" if fallback else "")
+        if tag not in verdicts:
+            raise UserInputError(f"--load {load}: checkpoint {tag} does not exist{better}")
         if reason is not None and not (legacy and not complete):
-            better = (f"; complete ones there: {', '.join(fallback[:3])} (--load {load_dir} "
-                      f"takes {fallback[0]})" if fallback else "")
             raise UserInputError(f"--load {load}: checkpoint {tag} is incomplete ({reason})"
                                  f"{better}")
         choice = Choice(load_dir, tag, unverified=reason is not None)
@@ -346,8 +348,16 @@ def check_safe_to_load(ckpt_dir: str) -> None:
     loaded with :func:`safe_load`.
 
     Raises:
-        CheckpointReadError: naming the file.
+        UserInputError: naming the file (every rank checks the same files and raises the same
+            error, so rank 0 alone prints it).
     """
+    try:
+        _check_safe_to_load(ckpt_dir)
+    except CheckpointReadError as e:
+        raise UserInputError(str(e)) from None
+
+
+def _check_safe_to_load(ckpt_dir: str) -> None:
     for name in sorted(os.listdir(ckpt_dir)):
         path = os.path.join(ckpt_dir, name)
         if not name.endswith(".pt") or not os.path.isfile(path):
