@@ -281,3 +281,33 @@ def pipeline_tied_after_training(ctx, steps: int):
         losses += [o.loss.item() for o in outs]
     w = (model.generator_table.weight if ctx.is_first_stage else model.mlm_head.table.weight)
     return {"pp_rank": ctx.pp_rank, "weight": w.detach().clone(), "losses": losses}
+
+
+def post_ln_zero_steps(ctx, stages, steps: int):
+    """Per ZeRO stage in ``stages``: ``steps`` DeepSpeed optimizer steps of a fresh
+    post-LayerNorm model (GDES, projected E != H), each data-parallel rank on its own 2
+    samples; this rank's losses by stage."""
+    from rtd_scale import distributed
+    from rtd_scale.training import engine as engine_mod
+
+    cfg = tiny_config(Sharing.GDES, embedding_size=16, layout="post")
+    cfg.train.micro_batch_size, cfg.train.global_batch_size = 2, 2 * ctx.dp_size
+    cfg.optim.lr, cfg.optim.lr_warmup_iters = 1e-3, 0
+    ids, idx = fixed_batch(b=2 * ctx.dp_size)
+    mine = slice(2 * ctx.dp_rank, 2 * ctx.dp_rank + 2)
+    out = {}
+    for stage in stages:
+        model = build(cfg, ctx.tp_size)
+        distributed.seed_after_build(ctx, 7)
+        ds = engine_mod.resolve_ds_config({"zero_optimization": {"stage": stage}}, cfg,
+                                          data_parallel_size=ctx.dp_size,
+                                          gradient_accumulation_steps=1)
+        eng = engine_mod.build_engine(model, cfg, ds, distributed.DeepSpeedMpu())
+        losses = []
+        for step in range(steps):
+            res = eng(ids[mine], idx[mine], step)
+            eng.backward(res.loss)
+            eng.step()
+            losses.append(res.loss.item())
+        out[stage] = losses
+    return out
