@@ -34,11 +34,11 @@ import zipfile
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-import torch
-
-from rtd_scale import cpu_compat
 from rtd_scale.atomic import write_atomic
 from rtd_scale.cli_errors import UserInputError
+
+# torch, DeepSpeed and megatron-core are imported where used: choosing a checkpoint needs none
+# of them (the Slurm launcher asks which one --load would take before it starts the ranks).
 
 META_FILE = "rtd_meta.json"
 RECORD_FILE = "rtd_complete.json"
@@ -240,6 +240,15 @@ def choose(load: str) -> Choice:
     return choice
 
 
+def newest_complete(save_dir: str) -> Optional[str]:
+    """The tag ``--load save_dir`` would take, or None when it would refuse (the Slurm
+    launcher's question before it decides to pass ``--load``)."""
+    try:
+        return choose(save_dir).tag
+    except UserInputError:
+        return None
+
+
 def check_loadable(load: str) -> str:
     """The tag ``--load`` will resume from (see :func:`choose`).
 
@@ -327,6 +336,8 @@ def safe_load(path: str, map_location: Any = "cpu") -> Any:
         CheckpointReadError: the file holds other Python objects (a crafted pickle: refused,
             nothing of it runs), or it is truncated or not a torch file.
     """
+    import torch
+
     with torch.serialization.safe_globals(_deepspeed_safe_globals()):
         try:
             return torch.load(path, map_location=map_location, weights_only=True)
@@ -358,6 +369,8 @@ def check_safe_to_load(ckpt_dir: str) -> None:
 
 
 def _check_safe_to_load(ckpt_dir: str) -> None:
+    import torch
+
     for name in sorted(os.listdir(ckpt_dir)):
         path = os.path.join(ckpt_dir, name)
         if not name.endswith(".pt") or not os.path.isfile(path):
@@ -443,7 +456,9 @@ def refresh_learning_rate(engine, lr: Optional[float] = None) -> None:
 
 
 def _rng_state() -> dict[str, Any]:
+    import torch
     from megatron.core import tensor_parallel
+
 
     state = {"cpu": torch.get_rng_state(),
              "tracker": tensor_parallel.get_cuda_rng_tracker().get_states()}
@@ -453,7 +468,10 @@ def _rng_state() -> dict[str, Any]:
 
 
 def _set_rng_state(state: dict[str, Any]) -> None:
+    import torch
     from megatron.core import tensor_parallel
+
+    from rtd_scale import cpu_compat
 
     cpu_compat.install()
     torch.set_rng_state(state["cpu"])
@@ -503,6 +521,7 @@ class _Agreement:
 
     def check(self) -> Optional[tuple[str, int, str]]:
         """The first failure of the lowest failing rank, (path, errno, strerror), or None."""
+        import torch
         import torch.distributed as dist
 
         mine = self.failures[0] if self.failures else None
@@ -606,6 +625,8 @@ def save(engine, save_dir: str, *, step: int, client_state: dict[str, Any], rank
 
 
 def _write_torch(path: str, obj: Any) -> None:
+    import torch
+
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         torch.save(obj, tmp)

@@ -13,8 +13,11 @@
 #   3. This shell runs `scontrol requeue $SLURM_JOB_ID`: the job goes back to the queue with the
 #      same id and output file (--open-mode=append). Slurm holds a requeued job for about two
 #      minutes before it is eligible again (measured on 22.05: EligibleTime = requeue + 121 s).
-#   4. The requeued job finds RTD_SAVE/latest and passes --load: training continues at the step
-#      after the checkpoint, with the same samples and masks as an uninterrupted run.
+#   4. The requeued job finds a checkpoint in RTD_SAVE and passes --load, which takes the newest
+#      complete one (its completion record matches its files; `latest` is not trusted): training
+#      continues at the step after it, with the same samples and masks as an uninterrupted run.
+#      A directory holding checkpoints none of which is complete also gets --load, which then
+#      stops with one line naming each and why, instead of a fresh start over the old run.
 #   A signal sent straight to the tasks (--signal=USR1@N, without B:) also works: the tasks save
 #   and exit 0 before the last step, and this shell requeues because the run is not finished.
 
@@ -76,8 +79,12 @@ rtd_batch_arithmetic() {
   echo "$dp $(( global / dp / micro ))"
 }
 
-rtd_latest_tag() {  # the tag RTD_SAVE/latest names, or nothing
-  if [ -f "$RTD_SAVE/latest" ]; then tr -d '[:space:]' < "$RTD_SAVE/latest"; fi
+rtd_latest_tag() {  # the checkpoint --load RTD_SAVE takes (the newest complete one), or nothing
+  (cd "$RTD_REPO" && python -c 'import sys; from rtd_scale.training.checkpoint import newest_complete; print(newest_complete(sys.argv[1]) or "")' "$RTD_SAVE")
+}
+
+rtd_holds_run() {  # true when RTD_SAVE holds an earlier run's checkpoints, complete or not
+  compgen -G "$RTD_SAVE/global_step*" >/dev/null || [ -f "$RTD_SAVE/latest" ]
 }
 
 rtd_is_final() {  # TAG: true when global_step<N> has N >= RTD_TRAIN_ITERS (training is done)
@@ -162,7 +169,7 @@ rtd_pretrain_main() {
     rtd_log "$RTD_SAVE already holds the final checkpoint ($tag_at_start): nothing to do"
     return 0
   fi
-  if [ -n "$tag_at_start" ]; then
+  if [ -n "$tag_at_start" ] || rtd_holds_run; then
     load_args=(--load "$RTD_SAVE")
   fi
 
@@ -200,7 +207,9 @@ rtd_pretrain_main() {
   rtd_log "batch: micro-batch $RTD_MICRO_BATCH × accumulation $gas × data-parallel $dp" \
     "= global $RTD_GLOBAL_BATCH (TP $tp)"
   if [ -n "$tag_at_start" ]; then
-    rtd_log "resuming: $RTD_SAVE/latest names $tag_at_start"
+    rtd_log "resuming: the newest complete checkpoint in $RTD_SAVE is $tag_at_start"
+  elif rtd_holds_run; then
+    rtd_log "warning: $RTD_SAVE holds checkpoints but none is complete; --load says why"
   else
     rtd_log "starting fresh: no checkpoint in $RTD_SAVE"
   fi

@@ -322,7 +322,7 @@ def test_preemption_saves_requeues_and_resumes(slurm_shards, tmp_path):
     assert f"stopped at global_step{saved} (was none): requeueing job {job}" in first
     assert [int(m[1]) for m in ITERATION.finditer(first)] == list(range(1, saved + 1))
 
-    assert f"resuming: {save}/latest names global_step{saved}" in second
+    assert f"resuming: the newest complete checkpoint in {save} is global_step{saved}" in second
     assert f"--load {save}" in second
     assert f"resumed from {save} at iteration {saved}" in second
     resumed = [(int(m[1]), float(m[3])) for m in ITERATION.finditer(second)]
