@@ -97,6 +97,33 @@ def gpu_hours(total_flops: float, total_tokens: float, *, tokens_per_s: Optional
     return gpu_h, (gpu_h / gpus if gpus else None)
 
 
+def batch_layout(nodes: int, gpus_per_node: int, tp: int, global_batch: int,
+                 micro_batch: int) -> tuple[int, int, int]:
+    """(ranks, data-parallel size, gradient-accumulation steps) of a job of ``nodes`` nodes ×
+    ``gpus_per_node`` ranks at tensor-parallel size ``tp``: global = micro × accumulation × DP,
+    DP = ranks / TP — the arithmetic slurm/lib/pretrain_job.sh (rtd_batch_arithmetic) applies
+    and prints, with the same refusals. TP must also divide the ranks per node, so that no
+    tensor-parallel group (consecutive ranks, megatron-core's order) spans two nodes.
+
+    Raises:
+        ValueError: a TP that does not divide the ranks per node, a global batch that the DP
+            size does not divide, or a micro-batch that does not divide the per-rank samples.
+    """
+    world = nodes * gpus_per_node
+    if gpus_per_node % tp:
+        raise ValueError(f"--tp {tp} does not divide the {gpus_per_node} GPUs per node: "
+                         "tensor-parallel groups would span nodes")
+    dp = world // tp
+    if global_batch % dp:
+        raise ValueError(f"global batch {global_batch} is not divisible by the data-parallel "
+                         f"size {dp} (= {world} ranks / TP {tp})")
+    if (global_batch // dp) % micro_batch:
+        raise ValueError(f"micro-batch {micro_batch} does not divide the {global_batch // dp} "
+                         f"samples per data-parallel rank per step (global {global_batch} / DP "
+                         f"{dp})")
+    return world, dp, global_batch // dp // micro_batch
+
+
 def _product(text: str) -> int:
     """'8192*512' → 4194304 (integers joined by '*'; also plain integers and 1e6-style floats)."""
     try:
@@ -129,6 +156,16 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                    help="measured throughput of the whole job (TensorBoard "
                         "throughput/tokens_per_s); needs --gpus")
     p.add_argument("--gpus", type=_positive(int), help="GPUs in the job")
+    p.add_argument("--nodes", type=_positive(int),
+                   help="nodes in the job: GPUs = nodes × --gpus-per-node, and the layout and "
+                        "batch arithmetic the Slurm scripts print are printed too")
+    p.add_argument("--gpus-per-node", type=_positive(int), default=8,
+                   help="ranks per node (#SBATCH --ntasks-per-node); default 8")
+    p.add_argument("--tp", type=_positive(int), default=1, help="tensor-parallel size (RTD_TP)")
+    p.add_argument("--global-batch-size", type=_positive(int),
+                   help="sequences per step (RTD_GLOBAL_BATCH); default: the preset's")
+    p.add_argument("--micro-batch-size", type=_positive(int),
+                   help="sequences per rank per forward (RTD_MICRO_BATCH); default: the preset's")
     p.add_argument("--mfu", type=_positive(float), help="assumed model FLOPs utilisation, e.g. 0.4")
     p.add_argument("--peak-tflops", type=_positive(float),
                    help="peak dense TFLOPs per GPU at the training precision, e.g. 989 (H100 "
@@ -138,6 +175,12 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         p.error("--tokens-per-s is the whole job's throughput: also pass --gpus")
     if (args.mfu is None) != (args.peak_tflops is None):
         p.error("--mfu and --peak-tflops go together")
+    if args.nodes is not None:
+        gpus = args.nodes * args.gpus_per_node
+        if args.gpus is not None and args.gpus != gpus:
+            p.error(f"--gpus {args.gpus} differs from --nodes {args.nodes} × --gpus-per-node "
+                    f"{args.gpus_per_node} = {gpus}; pass one of them")
+        args.gpus = gpus
     if args.tokens_per_s is not None and args.mfu is not None:
         p.error("pass --tokens-per-s (measured) or --mfu with --peak-tflops (assumed), not both")
     return args
@@ -149,7 +192,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     seq = args.seq_length or cfg.data.seq_length
     per_token = rtd_flops_per_token(cfg, seq_length=seq, vocab_size=args.vocab_size,
                                     mask_prob=args.mask_prob)
-    tokens_per_step = args.tokens_per_step or cfg.train.global_batch_size * seq
+    global_batch = args.global_batch_size or cfg.train.global_batch_size
+    tokens_per_step = args.tokens_per_step or global_batch * seq
+    micro = args.micro_batch_size or cfg.train.micro_batch_size
+    layout = None
+    if args.nodes is not None:
+        try:
+            layout = batch_layout(args.nodes, args.gpus_per_node, args.tp, global_batch, micro)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     steps = args.steps or cfg.train.train_iters
     total_tokens = float(tokens_per_step) * steps
     total = per_token.total * total_tokens
@@ -167,6 +219,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"per step:  {tokens_per_step:,} tokens × {per_token.total:.4e} = "
           f"{per_token.total * tokens_per_step:.4e} FLOPs")
     print(f"regime:    {steps:,} steps, {total_tokens:.4e} tokens, {total:.4e} FLOPs")
+    if layout is not None:
+        world, dp, gas = layout
+        print(f"layout:    {args.nodes} node(s) × {args.gpus_per_node} GPUs = {world} ranks = "
+              f"TP {args.tp} × DP {dp}")
+        print(f"batch:     micro-batch {micro} × accumulation {gas} × data-parallel {dp} = "
+              f"global {global_batch} (TP {args.tp})")
     if args.tokens_per_s is not None or args.mfu is not None:
         gpu_h, wall_h = gpu_hours(total, total_tokens, tokens_per_s=args.tokens_per_s,
                                   gpus=args.gpus, mfu=args.mfu, peak_tflops=args.peak_tflops)

@@ -43,6 +43,7 @@ rtd_log() { echo "[rtd-slurm $(date '+%F %T')] $*"; }
 : "${RTD_EXTRA_ARGS:=}"
 : "${RTD_MAX_REQUEUES:=100}"
 : "${RTD_VENV:=$RTD_REPO/.venv}"
+: "${RTD_LAUNCHER:=srun}"
 # The tokenizer size the regime needs; empty disables the check (other presets, small tests).
 if [[ "$RTD_PRESET" == debertav3-* ]]; then : "${RTD_EXPECT_VOCAB=128100}"; fi
 : "${RTD_EXPECT_VOCAB:=}"
@@ -129,6 +130,19 @@ rtd_pretrain_main() {
   tp="$RTD_TP"
   read -r dp gas <<<"$(rtd_batch_arithmetic "$world" "$tp" "$RTD_GLOBAL_BATCH" "$RTD_MICRO_BATCH")"
   [ -n "$gas" ] || exit 1  # the error is already printed
+  # megatron-core puts consecutive ranks in one TP group and Slurm numbers ranks node by node
+  # (block distribution): TP groups stay inside a node only when TP divides the tasks per node
+  local per_node="${SLURM_TASKS_PER_NODE:-$world}"
+  per_node="${per_node%%[(,]*}"
+  if [ "${SLURM_JOB_NUM_NODES:-1}" -gt 1 ] && (( per_node % tp != 0 )); then
+    rtd_die "RTD_TP=$tp does not divide the $per_node tasks per node: tensor-parallel groups" \
+      "would span nodes; use a TP size that divides --ntasks-per-node"
+  fi
+  export RTD_TP  # slurm/lib/rank_env.sh logs each rank's TP and DP coordinates
+  case "$RTD_LAUNCHER" in
+    srun|torchrun) ;;
+    *) rtd_die "RTD_LAUNCHER=$RTD_LAUNCHER: expected srun (one task per rank) or torchrun (one per node)" ;;
+  esac
 
   if [ -n "$RTD_DATA_PATH" ]; then
     read -r -a data_paths <<<"$RTD_DATA_PATH"
@@ -213,10 +227,26 @@ rtd_pretrain_main() {
   else
     rtd_log "starting fresh: no checkpoint in $RTD_SAVE"
   fi
-  rtd_log "running: srun ... ${cmd[*]}"
+  if [ "$RTD_LAUNCHER" = torchrun ]; then
+    rtd_log "running: srun ... torchrun ... ${cmd[*]}"
+  else
+    rtd_log "running: srun ... ${cmd[*]}"
+  fi
 
   if [ "$preempted" = 0 ]; then
-    srun --kill-on-bad-exit=1 bash "$RTD_REPO/slurm/lib/rank_env.sh" "${cmd[@]}" &
+    if [ "$RTD_LAUNCHER" = torchrun ]; then
+      # Megatron-LM's habit: one torchrun per node, which starts the node's ranks and meets the
+      # others at a c10d rendezvous on the first node. torchrun passes SIGUSR1 on to its workers
+      # only when told to, and then gives them --shutdown-timeout seconds to save and exit.
+      srun --kill-on-bad-exit=1 --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" \
+        --ntasks-per-node=1 torchrun --nnodes="$SLURM_JOB_NUM_NODES" \
+        --nproc-per-node="$(( world / SLURM_JOB_NUM_NODES ))" --rdzv-backend=c10d \
+        --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID" \
+        --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 --shutdown-timeout=300 \
+        --no-python "${cmd[@]}" &
+    else
+      srun --kill-on-bad-exit=1 bash "$RTD_REPO/slurm/lib/rank_env.sh" "${cmd[@]}" &
+    fi
     srun_pid=$!
     while :; do
       before="$signals"

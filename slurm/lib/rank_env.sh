@@ -16,4 +16,12 @@ set -euo pipefail
 export RANK="$SLURM_PROCID"
 export WORLD_SIZE="${SLURM_STEP_NUM_TASKS:-$SLURM_NTASKS}"
 export LOCAL_RANK="$SLURM_LOCALID"
+# Where each rank sits, one line per rank in the job log. The coordinates follow megatron-core's
+# rank order (parallel_state.initialize_model_parallel, "tp-cp-ep-dp-pp", PP 1 as the Slurm
+# scripts run): consecutive ranks form a TP group, so a TP size that divides the tasks per node
+# keeps every TP group inside one node. pretrain_job.sh exports RTD_TP to the step.
+tp="${RTD_TP:-1}"
+echo "[rank_env] host $(hostname) node ${SLURM_NODEID:-0}: RANK $RANK LOCAL_RANK $LOCAL_RANK" \
+  "of WORLD_SIZE $WORLD_SIZE; TP rank $(( RANK % tp )) DP rank $(( RANK / tp )) (TP $tp);" \
+  "master $MASTER_ADDR:$MASTER_PORT"
 exec "$@"
