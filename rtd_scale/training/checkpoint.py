@@ -406,10 +406,16 @@ class SafeCheckpointEngine:
 
     def save(self, state_dict, path: str):
         try:
-            self.inner.save(state_dict, path)
+            if type(self.inner).__name__ == "TorchCheckpointEngine":  # what it does, plus errno
+                torch_save(state_dict, path, _use_new_zipfile_serialization=getattr(
+                    self.inner, "zipfile_serialization", True))
+            else:
+                self.inner.save(state_dict, path)
             self.written.append(path)
         except OSError as e:
             self.failures.append((path, e))
+        except RuntimeError as e:  # torch's writer hides the OSError of another engine's file
+            self.failures.append((path, OSError(errno.EIO, str(e).strip().splitlines()[0])))
 
     def makedirs(self, path, exist_ok=False):
         try:
@@ -604,6 +610,7 @@ def save(engine, save_dir: str, *, step: int, client_state: dict[str, Any], rank
     if not agree.failures:
         rng_path = os.path.join(ckpt_dir, rng_file(rank))
         agree.attempt(rng_path, _write_torch, rng_path, _rng_state())
+        ce.written.append(rng_path)
         if rank == 0:
             meta = {"step": step, "consumed_samples": client_state.get("consumed_samples"),
                     "layout": layout or {}, "config": client_state.get("config", {}),
@@ -624,12 +631,37 @@ def save(engine, save_dir: str, *, step: int, client_state: dict[str, Any], rank
     return ckpt_dir
 
 
-def _write_torch(path: str, obj: Any) -> None:
+def torch_save(obj: Any, path: str, **kwargs) -> None:
+    """``torch.save(obj, path)``, except that a failed write raises its ``OSError`` (a full
+    disk: ``ENOSPC``); torch's own file writer reports it as an opaque ``RuntimeError``
+    ("unexpected pos …")."""
     import torch
 
+    errors: list[OSError] = []
+    with open(path, "wb") as f:
+        class Writer:
+            def write(self, data):
+                try:
+                    return f.write(data)
+                except OSError as e:
+                    errors.append(e)
+                    raise
+
+            def flush(self):
+                f.flush()
+
+        try:
+            torch.save(obj, Writer(), **kwargs)
+        except RuntimeError:
+            if errors:
+                raise errors[0] from None
+            raise
+
+
+def _write_torch(path: str, obj: Any) -> None:
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
-        torch.save(obj, tmp)
+        torch_save(obj, tmp)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
