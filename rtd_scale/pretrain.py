@@ -325,7 +325,8 @@ def run(cfg: RunConfig, print_fn=print, stop=None) -> dict:
             client = checkpoint.load(eng, cfg.train.load, rank=ctx.rank)
             checkpoint.refresh_learning_rate(eng, cfg.optim.lr)  # this run's resolved schedule
             start_step = int(client.get("step", 0))
-            resumed_from = os.path.join(cfg.train.load, checkpoint.tag_for(start_step))
+            resumed_from = os.path.join(checkpoint.split_load(cfg.train.load)[0],
+                                        checkpoint.tag_for(start_step))
             consumed = int(client.get("consumed_samples", start_step * cfg.train.global_batch_size))
             if ctx.is_logging_rank:
                 print_fn(f"resumed from {cfg.train.load} at iteration {start_step} "
