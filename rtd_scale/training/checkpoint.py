@@ -530,18 +530,19 @@ class _Agreement:
         import torch
         import torch.distributed as dist
 
-        mine = self.failures[0] if self.failures else None
-        flag = torch.tensor([1 if mine else 0], dtype=torch.int64)
+        mine = None
+        if self.failures:
+            path, e = self.failures[0]
+            mine = (path, e.errno or 0, e.strerror or str(e))
         if not (dist.is_available() and dist.is_initialized()):
-            return (mine[0], mine[1].errno or 0, mine[1].strerror or str(mine[1])) if mine else None
-        backend_device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-        flag = flag.to(backend_device)
+            return mine
+        flag = torch.tensor([1 if mine else 0], dtype=torch.int64,
+                            device="cuda" if dist.get_backend() == "nccl" else "cpu")
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         if not int(flag.item()):
             return None
         every = [None] * dist.get_world_size()
-        dist.all_gather_object(
-            every, (mine[0], mine[1].errno or 0, mine[1].strerror or str(mine[1])) if mine else None)
+        dist.all_gather_object(every, mine)
         return next(f for f in every if f is not None)
 
 
