@@ -380,7 +380,7 @@ def run(cfg: RunConfig, print_fn=print, stop=None) -> dict:
             from rtd_scale.hf.export import write_export
 
             state = gather_full_state(eng, model, ctx, cfg.model.vocab_size)
-            if ctx.is_logging_rank:
+            if ctx.rank == 0:  # every rank holds the state; transformers saves on rank 0 only
                 write_export(state, cfg.model, cfg.train.export_hf, pad_id=tok.pad_id,
                              cls_id=tok.cls_id, sep_id=tok.sep_id,
                              tokenizer_model=cfg.data.tokenizer_model, flag="--export-hf",

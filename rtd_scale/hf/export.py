@@ -76,7 +76,9 @@ def write_export(state: dict[str, torch.Tensor], model: ModelConfig, output_dir:
                  pad_id: int, cls_id: Optional[int] = None, sep_id: Optional[int] = None,
                  tokenizer_model: Optional[str] = None, flag: str = "--output",
                  note: Callable[[str], None] = print) -> None:
-    """Write the export of canonical ``state`` (a whole model) to ``output_dir``.
+    """Write the export of canonical ``state`` (a whole model) to ``output_dir``. Under
+    torch.distributed, call it on global rank 0: transformers' ``save_pretrained`` writes there
+    only.
 
     Raises:
         convert.ExportError: a shape the target class cannot hold (nothing is written).
@@ -84,6 +86,9 @@ def write_export(state: dict[str, torch.Tensor], model: ModelConfig, output_dir:
     """
     from safetensors.torch import save_file
 
+    import torch.distributed as dist
+
+    assert not dist.is_initialized() or dist.get_rank() == 0, "write_export runs on rank 0"
     disc, gen = convert.to_hf(state, model, pad_id=pad_id, cls_id=cls_id, sep_id=sep_id)
     check_output_dir(output_dir, flag)
     out = os.path.abspath(output_dir)
