@@ -51,9 +51,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     from rtd_scale.hf.export import check_output_dir, write_export
 
     check_output_dir(args.output, "--output")
-    cfg, _, _, _ = read_run(args.load, args.tag)
+    cfg, _, _, tag = read_run(args.load, args.tag)
     convert.check_exportable(cfg.model)  # before the ranks start: a shape HF cannot hold
-    state, cfg, tag = consolidate_checkpoint(args.load, args.tag, args.tokenizer_model)
+    state, cfg, tag = consolidate_checkpoint(args.load, tag, args.tokenizer_model)
     tok = Tokenizer(cfg.data.tokenizer_model)
     write_export(state, cfg.model, args.output, pad_id=tok.pad_id, cls_id=tok.cls_id,
                  sep_id=tok.sep_id, tokenizer_model=cfg.data.tokenizer_model)

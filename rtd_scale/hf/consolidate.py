@@ -78,7 +78,9 @@ def run_config_from_dict(d: dict[str, Any]):
 
 
 def read_run(run_dir: str, tag: Optional[str]) -> tuple[Any, dict[str, Any], dict[str, Any], str]:
-    """(config, layout, resolved ds_config, tag) of a run directory's checkpoint.
+    """(config, layout, resolved ds_config, tag) of a run directory's checkpoint: ``tag``, or
+    the one ``--load run_dir`` would resume from (``training.checkpoint.choose``: the newest
+    complete checkpoint).
 
     Raises:
         UserInputError: no such run or checkpoint, or a checkpoint without its metadata.
@@ -88,14 +90,14 @@ def read_run(run_dir: str, tag: Optional[str]) -> tuple[Any, dict[str, Any], dic
     if not os.path.isdir(run_dir):
         raise UserInputError(f"--load {run_dir}: no such directory; pass the --save directory "
                              "of a run")
-    if tag is None:
-        tag = checkpoint.latest_tag(run_dir)
-        if tag is None:
-            raise UserInputError(f"--load {run_dir}: no checkpoint (no 'latest' naming a "
-                                 "global_step* directory); pass --tag global_stepN")
-    if not os.path.isdir(os.path.join(run_dir, tag)):
-        raise UserInputError(f"--tag {tag}: no such checkpoint in {run_dir}; choose one of "
-                             f"{sorted(t for t in os.listdir(run_dir) if t.startswith('global_step'))}")
+    if tag is None and not checkpoint.list_tags(run_dir):
+        raise UserInputError(f"--load {run_dir}: no checkpoint (no global_step* directory); "
+                             "pass the --save directory of a run that saved one")
+    # the checkpoint --load would take: the newest complete one, or exactly the named tag
+    choice = checkpoint.choose(os.path.join(run_dir, tag) if tag else run_dir)
+    for line in choice.notes:
+        print(line)
+    tag = choice.tag
     meta = checkpoint.read_meta(run_dir, tag)
     if meta is None or not meta.get("layout") or not meta.get("config"):
         raise UserInputError(f"--load {run_dir}: {tag} has no {checkpoint.META_FILE} "

@@ -242,3 +242,29 @@ def test_sequence_classification_fine_tunes(single_process_group, tok, wiki_shar
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_export_tool_errors_are_one_line(tmp_path, capsys):
+    import importlib.util
+
+    from rtd_scale.cli_errors import run_cli
+    from tests.conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("export_hf", REPO / "tools" / "export_hf.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    run = tmp_path / "run"
+    assert run_cli(tool.main, ["--load", str(run), "--output", str(tmp_path / "hf")]) == 1
+    assert capsys.readouterr().err == (f"error: --load {run}: no such directory; pass the "
+                                       "--save directory of a run\n")
+    run.mkdir()
+    assert run_cli(tool.main, ["--load", str(run), "--output", str(tmp_path / "hf")]) == 1
+    assert capsys.readouterr().err == (f"error: --load {run}: no checkpoint (no global_step* "
+                                       "directory); pass the --save directory of a run that "
+                                       "saved one\n")
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("mine")
+    assert run_cli(tool.main, ["--load", str(run), "--output", str(tmp_path / "busy")]) == 1
+    assert capsys.readouterr().err == (f"error: --output {tmp_path / 'busy'}: a non-empty "
+                                       "directory that is not an export; pass a new directory\n")
+    assert not (tmp_path / "hf").exists()
