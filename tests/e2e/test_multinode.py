@@ -228,14 +228,25 @@ def _veth_bytes(cluster: Cluster, node_index: int) -> int:
     return int((stats / "rx_bytes").read_text()) + int((stats / "tx_bytes").read_text())
 
 
-def test_srun_step_ranks_groups_and_traffic_across_nodes(cluster):
-    """`srun python` with no wrapper: 4 ranks from SLURM_* on two hosts, LOCAL_RANK 0/1 on
-    each, MASTER_ADDR the first node, TP groups {0,1} and {2,3} each on one host, DP groups
-    {0,2} and {1,3} across the hosts, and the collective's bytes crossed the bridge."""
+def test_deepspeed_slurm_launcher_ranks_groups_and_traffic_across_nodes(cluster, tmp_path):
+    """DeepSpeed's own `deepspeed --launcher slurm` (run in the controller's namespace, with a
+    hostfile of the two nodes) starts a bare `srun -n 4 python` step, which sets no RANK: the
+    4 ranks come from SLURM_* (rtd_scale.launch_env) on two hosts, LOCAL_RANK 0/1 on each,
+    MASTER_ADDR the first node, TP groups {0,1} and {2,3} each on one host, DP groups {0,2} and
+    {1,3} across the hosts, and the collective's bytes crossed the bridge."""
+    (tmp_path / "probe.py").write_text(PROBE)
+    (tmp_path / "hostfile").write_text("".join(f"{n} slots=2\n" for n in cluster.nodes))
     before = _veth_bytes(cluster, 1)
     env = {**cluster.env, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
-    r = cluster.client("srun", "--nodes=2", "--ntasks-per-node=2", f"--chdir={REPO}",
-                       sys.executable, "-c", PROBE, env=env, timeout=300)
+    # --master_addr only spares the runner an ssh to the first host (`hostname -I`); the
+    # Slurm runner does not pass it on, the ranks find the first host themselves
+    r = cluster.client(str(Path(sys.executable).with_name("deepspeed")), "--launcher", "slurm",
+                       "--hostfile", str(tmp_path / "hostfile"), "--no_ssh_check",
+                       "--master_addr", cluster.nodes[0],
+                       "--launcher_args", "--nodes=2 --ntasks-per-node=2",
+                       str(tmp_path / "probe.py"), cwd=REPO, env=env, timeout=480)
+    assert re.search(r"cmd = srun -n 4 --nodes=2 --ntasks-per-node=2 --export=ALL\S* "
+                     rf"\S*python\S* -u {tmp_path}/probe.py", r.stdout + r.stderr), r.stderr[-3000:]
     crossed = _veth_bytes(cluster, 1) - before
     ranks = sorted((json.loads(line[6:]) for line in r.stdout.splitlines()
                     if line.startswith("PROBE ")), key=lambda d: d["rank"])
@@ -374,7 +385,8 @@ def test_two_nodes_ranks_log_where_they_sit(cluster, preempted_job):
     for restart, part in enumerate(out.split(f"job {job} (restart ")[1:]):
         assert part.startswith(f"{restart}) on 2 node(s) {cluster.nodes[0][:-1]}[1-2]: 4 tasks, "
                                f"master {n1}:{10000 + job % 20000}, device cpu"), part[:300]
-        assert "batch: micro-batch 4 × accumulation 2 × data-parallel 2 = global 16 (TP 2)" in part
+        assert "batch: micro-batch 4 × accumulation 2 × data-parallel 2 = global 16 (TP 2)" \
+            in part
         assert "world 4 = TP 2 × PP 1 × DP 2" in part and "ZeRO stage 3" in part
         ranks = sorted((int(m[3]), m[1], int(m[2]), int(m[4]), int(m[5]), int(m[6]), int(m[7]),
                         int(m[8]), m[9]) for m in RANK_LINE.finditer(part))
@@ -383,6 +395,8 @@ def test_two_nodes_ranks_log_where_they_sit(cluster, preempted_job):
                          (2, n2, 1, 0, 4, 0, 1, 2, master), (3, n2, 1, 1, 4, 1, 1, 2, master)], \
             part[-3000:]
     assert out.count(f"job {job} (restart ") == 2
+    print("\n" + "\n".join(line for line in out.splitlines() if "running:" not in line
+                           and line.startswith(("[rank_env]", "[rtd-slurm"))))
 
 
 def test_two_nodes_preemption_resumes_at_the_saved_step(preempted_job):
@@ -408,6 +422,11 @@ def test_two_nodes_losses_equal_a_single_node_run(preempted_job, single_node_los
     """Every step of the preempted-and-resumed two-node job, before and after the requeue,
     has the single-node run's losses within 1e-6."""
     two = _losses(preempted_job.save / "tensorboard")
+    worst = max(abs(two[t][s] - v) for t in LOSSES for s, v in single_node_losses[t].items())
+    print(f"\n[multinode] two nodes (preempted, resumed) vs one node: largest loss difference "
+          f"{worst:.3g} over {ITERS} steps × {len(LOSSES)} losses; total loss "
+          + " ".join(f"{s}:{two['loss/total'][s]:.7g}/{v:.7g}"
+                     for s, v in sorted(single_node_losses["loss/total"].items())))
     for tag in LOSSES:
         assert sorted(two[tag]) == list(range(1, ITERS + 1)), (tag, two[tag])
         for step, value in single_node_losses[tag].items():
@@ -436,6 +455,8 @@ def test_torchrun_once_per_node_matches(cluster, job_env, single_node_losses, tm
     assert "world 4 = TP 2 × PP 1 × DP 2" in out
     assert [int(m[1]) for m in ITERATION.finditer(out)] == list(range(1, ITERS + 1))
     losses = _losses(save / "tensorboard")
+    worst = max(abs(losses[t][s] - v) for t in LOSSES for s, v in single_node_losses[t].items())
+    print(f"\n[multinode] torchrun two nodes vs one node: largest loss difference {worst:.3g}")
     for tag in LOSSES:
         for step, value in single_node_losses[tag].items():
             assert abs(losses[tag][step] - value) <= 1e-6, (tag, step, losses[tag][step], value)
@@ -511,7 +532,7 @@ def test_estimate_cost_agrees_with_the_two_node_job(cluster, preempted_job):
     r = _estimate("--nodes", "2", "--gpus-per-node", "2", "--tp", "2", "--global-batch-size",
                   "16", "--micro-batch-size", "4")
     assert r.returncode == 0, r.stderr
-    tool = re.search(r"^layout:    (\d+) node\(s\) × \d+ GPUs = (\d+) ranks = TP (\d+) × DP (\d+)$",
+    tool = re.search(r"^layout: +(\d+) node\(s\) × \d+ GPUs = (\d+) ranks = TP (\d+) × DP (\d+)$",
                      r.stdout, re.M)
     job = re.search(r"on (\d+) node\(s\) \S+: (\d+) tasks", preempted_job.out)
     assert job.groups() == tool.groups()[:2] == ("2", "4")
