@@ -111,6 +111,9 @@ class ModelConfig:
     layernorm_position: LayerNormPosition = LayerNormPosition.PRE
     init_method_std: float = 0.02
     recompute_activations: bool = False  # megatron-core full-layer recompute, both models
+    # torch.compile of every encoder layer (in place: parameter names unchanged); GPU speed,
+    # off by default (compilation takes minutes for large models)
+    compile_layers: bool = False
 
     def padded_vocab_size(self, tensor_model_parallel_size: int) -> int:
         """Vocabulary rounded up to a multiple of 128 × TP (Megatron's rule, DESIGN.md §3).

@@ -86,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recompute-activations", action="store_true",
                    help="activation checkpointing in both models (megatron-core full-layer "
                         "recompute): less memory, one more forward per layer")
+    p.add_argument("--compile-layers", action="store_true",
+                   help="torch.compile every encoder layer (model.compile_layers): faster GPU "
+                        "steps after a compilation at start-up")
     p.add_argument("--export", help="after the last step, write a consolidated, TP-agnostic fp32 "
                    "state dict (ZeRO partitions and TP shards merged, vocabulary padding removed) "
                    "to this .pt file; loads at any TP size (rtd_scale.model.weights)")
@@ -166,6 +169,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         cfg.train.precision = Precision.BF16
     if args.recompute_activations:
         cfg.model.recompute_activations = True
+    if args.compile_layers:
+        cfg.model.compile_layers = True
     if args.override_opt_param_scheduler:
         cfg.optim.override_opt_param_scheduler = True
     if args.use_checkpoint_opt_param_scheduler:

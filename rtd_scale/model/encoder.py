@@ -68,7 +68,10 @@ def transformer_config(enc: EncoderConfig, *, init_std: float, tensor_model_para
         params_dtype=torch.float32,
         gradient_accumulation_fusion=False,
         bias_activation_fusion=False,
-        bias_dropout_fusion=False,
+        # megatron-core's fused bias-dropout-add: the same arithmetic, one kernel (CUDA only).
+        # Its bias-GELU fusion stays off: it computes GELU's tanh approximation, not the exact
+        # GELU of BERT/ELECTRA and Hugging Face's "gelu".
+        bias_dropout_fusion=torch.cuda.is_available(),
         masked_softmax_fusion=False,
         persist_layer_norm=False,
         apply_query_key_layer_scaling=False,
@@ -83,7 +86,8 @@ class Encoder(torch.nn.Module):
     TransformerBlock's layers, and (pre layout) the final LayerNorm on the last stage
     (megatron-core's ``pre_process`` / ``post_process``).
 
-    forward(ids [b, s], pad_mask [b, s] bool, True at [PAD]) -> hidden [s, b, H] (on the last
+    forward(ids [b, s], pad_mask [b, s] bool, True at [PAD], or None for a micro-batch without
+    padding) -> hidden [s, b, H] (on the last
     stage: after the final LayerNorm, or after the last layer's LayerNorm in the post layout).
     On a stage without ``pre_process`` the input comes from ``set_input_tensor`` (the previous
     stage's output, set by the pipeline schedule) and ``ids`` is unused.
@@ -117,7 +121,9 @@ class Encoder(torch.nn.Module):
             input_tensor = input_tensor[0]
         self.block.set_input_tensor(input_tensor)
 
-    def forward(self, ids: torch.Tensor, pad_mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, pad_mask: Optional[torch.Tensor]) -> torch.Tensor:
         hidden = self.embeddings(ids) if self.embeddings is not None else None  # [s, b, H]
-        attention_mask = pad_mask.view(pad_mask.shape[0], 1, 1, pad_mask.shape[1])  # True = masked
+        attention_mask = None  # no padding: attention without a mask (flash kernels on GPU)
+        if pad_mask is not None:  # True = masked
+            attention_mask = pad_mask.view(pad_mask.shape[0], 1, 1, pad_mask.shape[1])
         return self.block(hidden_states=hidden, attention_mask=attention_mask)

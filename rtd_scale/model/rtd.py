@@ -134,6 +134,10 @@ class RTDModel(torch.nn.Module):
                            num_layers={"generator": model.generator.num_layers,
                                        "discriminator": model.discriminator.num_layers},
                            scaled_output={"generator": not post_ln, "discriminator": not post_ln})
+        if model.compile_layers:  # in place: module names and weights stay as they are
+            for encoder in (self.generator, self.discriminator):
+                for layer in encoder.block.layers:
+                    layer.compile()
 
     # The tables, by role (tests and the embedding-similarity metric read these; first stage).
     @property
@@ -241,7 +245,7 @@ class RTDModel(torch.nn.Module):
                          corrupted_ids=gen.corrupted_ids, masked=gen.masked)
 
     def forward(self, input_ids: torch.Tensor, sample_index: torch.Tensor,
-                step: int = 0) -> RTDOutput:
+                step: int = 0, has_padding: bool = True) -> RTDOutput:
         """One RTD forward on a micro-batch (single pipeline stage; see
         ``training/pipeline.py`` for the pipelined step).
 
@@ -249,10 +253,14 @@ class RTDModel(torch.nn.Module):
             input_ids: [b, s] int64 original ids ([PAD] where a sample is shorter).
             sample_index: [b] int64 global sample index (masks and noise are keyed by it).
             step: optimizer step (part of the sampling-noise key).
+            has_padding: False when the caller knows that ``input_ids`` holds no [PAD] (packed
+                samples; decided on the host, no device sync): attention then runs without a
+                mask, which lets SDPA pick its flash kernels. True is always correct.
         """
         pad = input_ids == self.pad_id  # [b, s]
+        attn_pad = pad if has_padding else None
         m = self.mask(input_ids, sample_index)  # 1. mask
-        gen_hidden = self.generator(m.generator_input, pad)  # 2. generator  [s, b, Hg]
+        gen_hidden = self.generator(m.generator_input, attn_pad)  # 2. generator  [s, b, Hg]
         gen = self.generator_head(gen_hidden, input_ids, sample_index, m.masked, step)  # 3–4
-        disc_hidden = self.discriminator(gen.corrupted_ids, pad)  # 5. discriminator
+        disc_hidden = self.discriminator(gen.corrupted_ids, attn_pad)  # 5. discriminator
         return self.discriminator_head(disc_hidden, gen, pad)  # 6. L_MLM + λ·L_RTD

@@ -169,10 +169,15 @@ def make_loader(cfg: RunConfig, ctx: ParallelContext, data: BlendedDataset, *, c
                         prefetch_factor=cfg.data.prefetch_factor, seed=cfg.train.seed)
 
 
-def _to(mb, device):
+def _to(mb, device, pad_id: int) -> dict:
+    """A host micro-batch as the model's keyword arguments on ``device``: copies that do not
+    wait (from the loader's pinned memory on CUDA), and ``has_padding`` decided on the host, so
+    that a micro-batch without [PAD] runs attention without a mask and nothing waits for the
+    device."""
     non_blocking = device.type == "cuda"
-    return (mb.input_ids.to(device, non_blocking=non_blocking),
-            mb.sample_index.to(device, non_blocking=non_blocking))
+    return dict(input_ids=mb.input_ids.to(device, non_blocking=non_blocking),
+                sample_index=mb.sample_index.to(device, non_blocking=non_blocking),
+                has_padding=bool((mb.input_ids == pad_id).any()))
 
 
 def evaluate(cfg: RunConfig, ctx: ParallelContext, engine, loader) -> dict[str, float]:
@@ -189,7 +194,8 @@ def evaluate(cfg: RunConfig, ctx: ParallelContext, engine, loader) -> dict[str, 
                 if ctx.pp_size > 1:
                     outs = pipeline_forward(engine.module, batches, step=0, ctx=ctx)
                 else:
-                    outs = [engine(*_to(mb, ctx.device), 0) for mb in batches]
+                    outs = [engine(**_to(mb, ctx.device, engine.module.pad_id), step=0)
+                            for mb in batches]
                 for out in outs:
                     acc.add(out, cfg.rtd.rtd_lambda)
     finally:
@@ -269,7 +275,7 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
         else:
             outs = []
             for j, mb in enumerate(batches):
-                out = engine(*_to(mb, ctx.device), step)
+                out = engine(**_to(mb, ctx.device, engine.module.pad_id), step=step)
                 engine.backward(guard.gate(out.loss))
                 if own_norm and j == len(batches) - 1 and will_log(step + 1):
                     norm = grad_norm(model, ctx.tp_rank, mp_group)
@@ -293,7 +299,6 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
                 norm = engine.get_global_grad_norm()
             scalars["optim/grad_norm"] = float(norm) if norm is not None else float("nan")
             scalars["optim/skipped_iters"] = float(guard.take_interval_count())
-            guard.check(done, last_good, t.load or t.save)
             # non-pad tokens over all data-parallel ranks (reduce() summed them)
             scalars["throughput/tokens_per_s"] = scalars.pop("_tokens") / elapsed
             cos = table_cosine(model, ctx.tp_group, zero3=engine.zero_optimization_stage() == 3)
@@ -307,6 +312,7 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
                 result.history.append((done, scalars))
             acc.reset()
             last_log, steps_since_log = now, 0
+            guard.check(done, last_good, t.load or t.save)  # after the line that shows it
         if valid_loader is not None and done % t.eval_interval == 0:
             scalars = evaluate(cfg, ctx, engine, valid_loader)
             if ctx.is_logging_rank:

@@ -1,0 +1,129 @@
+"""The RTD step's speed paths keep its results: no host synchronisation in forward and backward,
+attention without a mask when the caller says the micro-batch has no padding."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from rtd_scale.config import preset
+from rtd_scale.model.rtd import RTDModel
+
+SPECIAL = (0, 1, 2, 3, 4)
+# Operations that make the host wait for the device on a GPU: reading a value (.item(), bool()),
+# outputs whose size depends on values, boolean-mask indexing.
+SYNCING = {"aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select",
+           "aten::is_nonzero", "aten::equal", "aten::unique_dim", "aten::_unique2",
+           "aten::unique_consecutive", "aten::repeat_interleave"}
+INDEXING = {"aten::index", "aten::index_put_", "aten::index_put", "aten::_index_put_impl_"}
+
+
+def _waits(func, args) -> bool:
+    name = func._schema.name
+    if name in SYNCING:
+        return True
+    if name not in INDEXING or len(args) < 2:
+        return False
+    boolean = any(isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in (args[1] or ()))
+    # t[mask] = scalar goes to masked_fill_ inside ATen (no sync), as megatron-core's
+    # vocab-parallel cross-entropy does; other boolean-mask indexing computes nonzero()
+    scalar_put = name != "aten::index" and len(args) > 2 and isinstance(args[2], torch.Tensor) \
+        and args[2].numel() == 1 and len(args[1]) == 1
+    return boolean and not scalar_put
+
+
+class SyncRecorder(TorchDispatchMode):
+    """Records the operations of a region that would make the host wait for a GPU."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if _waits(func, args):
+            self.ops.append(func._schema.name)
+        return func(*args, **(kwargs or {}))
+
+
+def _model(disallow_correct=False, compile_layers=False):
+    cfg = preset("tiny")
+    cfg.model.vocab_size = 300
+    cfg.model.generator = dataclasses.replace(cfg.model.generator, hidden_size=32,
+                                              ffn_hidden_size=64, hidden_dropout=0.0,
+                                              attention_dropout=0.0)
+    cfg.model.discriminator = dataclasses.replace(cfg.model.discriminator, hidden_size=32,
+                                                  ffn_hidden_size=64, hidden_dropout=0.0,
+                                                  attention_dropout=0.0)
+    cfg.model.embedding_size = 32
+    cfg.rtd.disallow_correct = disallow_correct
+    cfg.model.compile_layers = compile_layers
+    torch.manual_seed(3)
+    return RTDModel(cfg.model, cfg.rtd, tensor_model_parallel_size=1, special_ids=SPECIAL,
+                    pad_id=0, mask_id=4, seed=3)
+
+
+def _ids(b=4, s=64):
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, 300, (b, s), generator=g)
+    ids[:, 0], ids[:, -1] = 1, 2
+    return ids
+
+
+def test_the_recorder_sees_what_waits():
+    t, mask = torch.arange(6.0), torch.tensor([True, False] * 3)
+    rec = SyncRecorder()
+    with rec:
+        torch.nonzero(mask)
+        t[mask]
+        t[mask] = torch.tensor([1.0, 2.0, 3.0])
+        float(t.sum())
+        t[mask] = 0.0  # masked_fill_ inside ATen: no wait
+    assert rec.ops == ["aten::nonzero", "aten::index", "aten::index_put_",
+                       "aten::_local_scalar_dense"]
+
+
+@pytest.mark.parametrize("disallow_correct", [False, True])
+def test_forward_and_backward_never_wait_for_the_device(single_process_group, disallow_correct):
+    model = _model(disallow_correct)
+    ids = _ids()
+    ids[3, 40:] = 0  # padding too
+    rec = SyncRecorder()
+    with rec:
+        out = model(ids, torch.arange(4), step=7)
+        out.loss.backward()
+    assert rec.ops == []
+    # and the step is the objective: L = L_MLM + λ·L_RTD, every masked slot sampled
+    assert torch.isfinite(out.loss) and out.counts["masked"].item() == out.masked.sum().item()
+    assert torch.equal(out.corrupted_ids[~out.masked], ids[~out.masked])
+
+
+def test_no_padding_flag_gives_the_masked_result(single_process_group):
+    """has_padding=False (attention without a mask) on a batch without [PAD] gives the same
+    samples and losses as the default path that passes the all-False padding mask."""
+    model = _model().eval()
+    ids = _ids()
+    with torch.no_grad():
+        a = model(ids, torch.arange(4), step=2)
+        b = model(ids, torch.arange(4), step=2, has_padding=False)
+    assert torch.equal(a.corrupted_ids, b.corrupted_ids)
+    assert abs(a.mlm_loss.item() - b.mlm_loss.item()) < 1e-5
+    assert abs(a.rtd_loss.item() - b.rtd_loss.item()) < 1e-5
+
+
+def test_compiled_layers_compute_the_same_step(single_process_group):
+    """model.compile_layers compiles each encoder layer in place: same parameter names, the
+    same losses and samples (to float tolerance), gradients reach every layer."""
+    plain = _model()
+    compiled = _model(compile_layers=True)
+    assert [n for n, _ in plain.named_parameters()] == [n for n, _ in compiled.named_parameters()]
+    ids = _ids()
+    a = plain(ids, torch.arange(4), step=1)
+    b = compiled(ids, torch.arange(4), step=1)
+    assert torch.equal(a.masked, b.masked)
+    assert abs(a.mlm_loss.item() - b.mlm_loss.item()) < 1e-4
+    assert abs(a.rtd_loss.item() - b.rtd_loss.item()) < 1e-4
+    b.loss.backward()
+    layer = compiled.discriminator.block.layers[0]
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in layer.parameters())
