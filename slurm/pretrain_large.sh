@@ -45,7 +45,7 @@
 #   RTD_SEQ_LENGTH     512
 #   RTD_LR             3e-4                 peak learning rate
 #   RTD_WARMUP_ITERS   10000
-#   RTD_TP             1                    tensor-parallel size
+#   RTD_TP             1                    tensor-parallel size; divides the tasks per node
 #   RTD_SAVE_INTERVAL  1000                 steps between checkpoints (and one on preemption)
 #   RTD_LOG_INTERVAL   10
 #   RTD_SEED           1234
@@ -54,6 +54,7 @@
 #   RTD_DS_CONFIG      <repo>/ds_configs/zero3.json
 #   RTD_EXTRA_ARGS     (none)               more pretrain.py flags, space-separated
 #   RTD_MASTER_PORT    10000 + job id mod 20000
+#   RTD_LAUNCHER       srun                 srun: one task per rank; torchrun: one per node
 #   RTD_MAX_REQUEUES   100                  stop requeueing after this many restarts (0: never)
 #   RTD_VENV           <repo>/.venv         activated when present
 #   RTD_REPO           (found)              the rtd_scale checkout
