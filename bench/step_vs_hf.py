@@ -1,0 +1,478 @@
+#!/usr/bin/env python
+"""One RTD training step, rtd_scale vs the Hugging Face recipe, side by side in one process.
+
+Both implementations train the same dimensions on the same batches (micro-batch 8 × 128 by
+default) with the same AdamW, interleaved in one run (rounds alternate which goes first), one
+thread on CPU by default, or on CUDA when present (``--device``):
+
+- **HF recipe**, the RTD step as a ``transformers`` user writes it: ``ElectraForMaskedLM``
+  generator (``labels=-100`` outside the masked slots, so the vocabulary projection runs at every
+  position) and ``ElectraForPreTraining`` discriminator, which holds the generator's
+  ``word_embeddings`` module (ES; under GDES the discriminator is fed
+  ``inputs_embeds = embedding(ids, E_G.detach() + E_Δ)``); masking with ``torch.bernoulli``;
+  replacements by Gumbel-max over the full vocabulary at the masked rows
+  (``argmax(logits - log(-log(torch.rand)))``); ``L_MLM + 50 · L_RTD``.
+- **rtd_scale**: ``RTDModel`` forward, backward, AdamW (``training.engine.build_optimizer``, the
+  same optimizer the HF side gets) — the model's own step without DeepSpeed.
+
+Dimensions are rtd_scale's presets (``electra-small``: vocab 30,522; ``debertav3-xsmall``: vocab
+128,100, run by the HF side with ELECTRA's classes at those dimensions). CPU: fp32. CUDA: bf16
+autocast on both sides, fused AdamW.
+
+It prints one table: dims, rtd_scale ms, HF ms (medians of interleaved per-step times), the ratio
+ours / HF, and where rtd_scale's step goes — a ``torch.profiler`` run of a few steps with named
+ranges around the encoders, the MLM head + loss, the sampler, the masking, the discriminator head
+and the optimizer, each backward op charged to the range of the forward op that created it
+(autograd sequence numbers). Informational only: nothing here asserts a time.
+
+    python bench/step_vs_hf.py                        # both dims, CPU (or CUDA when present)
+    python bench/step_vs_hf.py --dims electra-small --rounds 7
+    python bench/step_vs_hf.py --tiny                 # seconds; what tests/unit/test_bench_step.py runs
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+# rtd_scale's fixed special ids (rtd_scale/data/tokenizer.py); the HF side uses the same ids.
+PAD_ID, CLS_ID, SEP_ID, UNK_ID, MASK_ID = 0, 1, 2, 3, 4
+SPECIAL_IDS = (PAD_ID, CLS_ID, SEP_ID, UNK_ID, MASK_ID)
+RTD_LAMBDA = 50.0
+SEED = 1234
+DIMS = ("electra-small", "debertav3-xsmall")
+# The profile's ranges, in the table's order; "other" is what no range holds (gradient
+# accumulation into .grad, the loss sum, the batch copy).
+PARTS = ("encoders", "mlm head + loss", "sampling", "masking", "discriminator head",
+         "optimizer", "other")
+
+
+# ----------------------------------------------------------------------------------------------
+# Configuration
+# ----------------------------------------------------------------------------------------------
+
+def run_config(dims: str, *, micro_batch: int, seq_length: int, tiny: bool):
+    """rtd_scale's config for a preset at this micro-batch and sequence length.
+
+    ``tiny`` keeps the preset's shape (ELECTRA: narrow generator and projected embedding;
+    DeBERTaV3: same width, half depth) at test size: hidden 32, 2 layers, vocab 1000.
+    """
+    from rtd_scale import config as C
+
+    cfg = C.preset(dims)
+    m = cfg.model
+    if tiny:
+        narrow = m.generator.hidden_size < m.discriminator.hidden_size
+        m.discriminator = dataclasses.replace(m.discriminator, num_layers=2, hidden_size=32,
+                                              num_attention_heads=2, ffn_hidden_size=128)
+        gh = 16 if narrow else 32
+        m.generator = dataclasses.replace(m.generator, num_layers=1 if not narrow else 2,
+                                          hidden_size=gh, num_attention_heads=1 if narrow else 2,
+                                          ffn_hidden_size=4 * gh)
+        m.embedding_size = 24 if narrow else 32
+        m.vocab_size = 1000
+    m.max_position_embeddings = max(m.max_position_embeddings, seq_length)
+    cfg.data.seq_length = seq_length
+    cfg.train.micro_batch_size = cfg.train.global_batch_size = micro_batch
+    cfg.validate()
+    return cfg
+
+
+def host_batches(cfg, count: int = 4) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(input_ids [b, s], sample_index [b]) on the host: ``[CLS]`` random ids ``[SEP]``, full
+    length (packed samples have no padding)."""
+    b, s, v = cfg.train.micro_batch_size, cfg.data.seq_length, cfg.model.vocab_size
+    g = torch.Generator().manual_seed(SEED)
+    out = []
+    for k in range(count):
+        ids = torch.randint(len(SPECIAL_IDS), v, (b, s), generator=g)
+        ids[:, 0], ids[:, -1] = CLS_ID, SEP_ID
+        out.append((ids, torch.arange(k * b, (k + 1) * b)))
+    return out
+
+
+_CTX = None
+
+
+def _parallel_state():
+    """torch.distributed (world 1) and megatron-core's parallel state, once per process."""
+    global _CTX
+    if _CTX is not None:
+        return _CTX
+    from rtd_scale import distributed
+    from rtd_scale.config import ParallelConfig
+
+    if "MASTER_PORT" not in os.environ:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(sock.getsockname()[1])
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
+        os.environ.setdefault(k, v)
+    _CTX = distributed.initialize(ParallelConfig(), seed=SEED)
+    return _CTX
+
+
+# ----------------------------------------------------------------------------------------------
+# The two steps
+# ----------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Step:
+    """One training step (``run(i)``: forward, backward and optimizer on batch i) and what the
+    profile needs: ``model`` (rtd_scale's, or None) and ``optimizer``."""
+
+    run: Callable[[int], Any]
+    model: Optional[torch.nn.Module]
+    optimizer: torch.optim.Optimizer
+
+
+def _autocast(device: torch.device):
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def ours(cfg, device: torch.device) -> Step:
+    """rtd_scale's step: ``RTDModel(ids, sample_index, step).loss.backward()``, AdamW."""
+    from rtd_scale.model.rtd import RTDModel
+    from rtd_scale.training.engine import build_optimizer
+
+    from rtd_scale import distributed
+
+    ctx = _parallel_state()
+    model = RTDModel(cfg.model, cfg.rtd, tensor_model_parallel_size=1, special_ids=SPECIAL_IDS,
+                     pad_id=PAD_ID, mask_id=MASK_ID, seed=SEED).to(device)
+    distributed.seed_after_build(ctx, SEED)  # dropout's model-parallel RNG
+    model.train()
+    opt = build_optimizer(model, cfg.optim)
+    batches = host_batches(cfg)
+
+    def run(i: int) -> None:  # as training/loop.py: has_padding decided on the host
+        ids, idx = batches[i % len(batches)]
+        with _autocast(device):
+            loss = model(ids.to(device, non_blocking=True), idx.to(device, non_blocking=True),
+                         i, has_padding=bool((ids == PAD_ID).any())).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return Step(run, model, opt)
+
+
+def hf(cfg, device: torch.device) -> Step:
+    """The HF recipe (module docstring), with the same optimizer as rtd_scale's step."""
+    import transformers as T
+    from rtd_scale.training.engine import build_optimizer
+
+    m = cfg.model
+
+    def electra_config(e):
+        return T.ElectraConfig(vocab_size=m.vocab_size, embedding_size=m.embedding_size,
+                               hidden_size=e.hidden_size, num_hidden_layers=e.num_layers,
+                               num_attention_heads=e.num_attention_heads,
+                               intermediate_size=e.ffn_hidden_size,
+                               hidden_dropout_prob=e.hidden_dropout,
+                               attention_probs_dropout_prob=e.attention_dropout,
+                               layer_norm_eps=e.layernorm_epsilon,
+                               max_position_embeddings=m.max_position_embeddings,
+                               pad_token_id=PAD_ID)
+
+    torch.manual_seed(SEED)
+    with torch.device(device):
+        gen = T.ElectraForMaskedLM._from_config(electra_config(m.generator),
+                                                attn_implementation="sdpa")
+        disc = T.ElectraForPreTraining._from_config(electra_config(m.discriminator),
+                                                    attn_implementation="sdpa")
+    table = gen.electra.embeddings.word_embeddings
+    both = torch.nn.ModuleDict({"generator": gen, "discriminator": disc})
+    delta = None
+    if m.sharing.value == "gdes":  # E_D = E_G.detach() + E_Δ, written plainly
+        delta = torch.nn.Parameter(torch.zeros_like(table.weight))
+        both.register_parameter("delta", delta)
+    else:  # ES: one table object (NES would be two tables; the presets here use ES or GDES)
+        disc.electra.embeddings.word_embeddings = table
+    both.train()
+    opt = build_optimizer(both, cfg.optim)
+    batches = host_batches(cfg)
+    mask_prob, mask_token_prob = cfg.rtd.mask_prob, cfg.rtd.mask_token_prob
+
+    def run(i: int) -> None:
+        ids = batches[i % len(batches)][0].to(device, non_blocking=True)
+        attn = torch.ones_like(ids)
+        prob = torch.full(ids.shape, mask_prob, device=device)
+        prob.masked_fill_(ids < len(SPECIAL_IDS), 0.0)
+        masked = torch.bernoulli(prob).bool()
+        to_mask = masked & torch.bernoulli(torch.full(ids.shape, mask_token_prob,
+                                                      device=device)).bool()
+        with _autocast(device):
+            out = gen(input_ids=ids.masked_fill(to_mask, MASK_ID), attention_mask=attn,
+                      labels=ids.masked_fill(~masked, -100))
+            with torch.no_grad():  # Gumbel-max over the full vocabulary at the masked rows
+                logits = out.logits[masked].float()
+                gumbel = -torch.log(-torch.log(torch.rand_like(logits).clamp_(1e-20, 1.0)))
+                sampled = (logits + gumbel).argmax(-1)
+            corrupted = ids.clone()
+            corrupted[masked] = sampled
+            labels = (corrupted != ids).float()
+            kw = (dict(inputs_embeds=F.embedding(corrupted, table.weight.detach() + delta))
+                  if delta is not None else dict(input_ids=corrupted))
+            l_rtd = disc(attention_mask=attn, labels=labels, **kw).loss
+            loss = out.loss + RTD_LAMBDA * l_rtd
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return Step(run, None, opt)
+
+
+# ----------------------------------------------------------------------------------------------
+# Timing and profile
+# ----------------------------------------------------------------------------------------------
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def interleaved_ms(steps: dict[str, Step], device: torch.device, *, warmup: int, rounds: int,
+                   steps_per_round: int) -> dict[str, dict[str, list[float]]]:
+    """Per-step times (ms) of each implementation, measured in alternating rounds: round r runs
+    the implementations in turn (which goes first alternates), ``steps_per_round`` steps each,
+    timed one by one (the device is synchronised at each step boundary).
+
+    Returns {name: {"wall": [...], "cpu": [...]}}: wall-clock time, and this thread's CPU time
+    (user + system; on CPU with one thread the step's whole work, and much less disturbed by
+    other processes on a shared machine than the wall clock).
+    """
+    names = list(steps)
+    counter = dict.fromkeys(names, 0)
+    for name in names:
+        for _ in range(warmup):
+            steps[name].run(counter[name])
+            counter[name] += 1
+    _sync(device)
+    times = {n: {"wall": [], "cpu": []} for n in names}
+    for r in range(rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            for _ in range(steps_per_round):
+                w0, c0 = time.perf_counter(), time.thread_time()
+                steps[name].run(counter[name])
+                _sync(device)
+                times[name]["wall"].append((time.perf_counter() - w0) * 1e3)
+                times[name]["cpu"].append((time.thread_time() - c0) * 1e3)
+                counter[name] += 1
+    return times
+
+
+class _Ranges:
+    """Named ``record_function`` ranges around pieces of rtd_scale's step, for the profile.
+
+    Module forwards get ranges through forward hooks; the masking, the sampler and the two heads
+    are wrapped where ``RTDModel`` calls them (instance attributes and ``rtd_scale.model.rtd``'s
+    imported names), and restored on exit.
+    """
+
+    def __init__(self, model, optimizer):
+        self.model, self.optimizer = model, optimizer
+        self.undo: list[Callable[[], None]] = []
+
+    @staticmethod
+    def _wrap(fn, name):
+        def wrapped(*args, **kwargs):
+            with torch.profiler.record_function(name):
+                return fn(*args, **kwargs)
+        return wrapped
+
+    def _attr(self, obj, attr, name):
+        old = getattr(obj, attr)
+        had = attr in vars(obj)
+        setattr(obj, attr, self._wrap(old, name))
+        self.undo.append(lambda: setattr(obj, attr, old) if had else delattr(obj, attr))
+
+    def _module(self, module, name):
+        stack = []
+
+        def pre(_m, _args):
+            rf = torch.profiler.record_function(name)
+            rf.__enter__()
+            stack.append(rf)
+
+        def post(_m, _args, _out):
+            stack.pop().__exit__(None, None, None)
+
+        h1, h2 = module.register_forward_pre_hook(pre), module.register_forward_hook(post)
+        self.undo += [h1.remove, h2.remove]
+
+    def __enter__(self):
+        import rtd_scale.model.rtd as rtd_module
+
+        m = self.model
+        self._attr(m, "mask", "masking")
+        self._module(m.generator, "encoders")
+        self._module(m.discriminator, "encoders")
+        self._attr(m, "generator_head", "mlm head + loss")
+        self._attr(rtd_module, "sample_from_logits", "sampling")
+        self._attr(m, "discriminator_head", "discriminator head")
+        self._attr(self.optimizer, "step", "optimizer")
+        self._attr(self.optimizer, "zero_grad", "optimizer")
+        return self
+
+    def __exit__(self, *exc):
+        for undo in reversed(self.undo):
+            undo()
+
+
+def _part_of(event, seq_range: dict[int, str]) -> str:
+    """The part an event's own time belongs to: its nearest enclosing named range, or for a
+    backward op the range of the forward op that created it (``seq_range``: autograd sequence
+    number -> range), else "other"."""
+    e = event
+    while e is not None:
+        if e.name in PARTS:
+            return e.name
+        if e.name.startswith("autograd::engine::evaluate_function"):
+            return seq_range.get(e.sequence_nr, "other")
+        e = e.cpu_parent
+    return "other"
+
+
+def profile_split(step: Step, device: torch.device, *, start: int, steps: int) -> dict[str, float]:
+    """Share of rtd_scale's step time per part (``PARTS``), from ``torch.profiler``.
+
+    Every event's own (exclusive) time counts once: forward ops for the range they run in, a
+    backward op ("autograd::engine::evaluate_function: ...") for the range of the forward op with
+    the same autograd sequence number. Gradient accumulation and ops outside every range are
+    "other". CPU: shares of CPU time; CUDA: shares of device (kernel) time.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with _Ranges(step.model, step.optimizer):
+        step.run(start)  # warm the wrappers
+        _sync(device)
+        with profile(activities=acts) as prof:
+            for k in range(steps):
+                step.run(start + 1 + k)
+            _sync(device)
+    events = list(prof.events())
+    seq_range: dict[int, str] = {}
+    for e in events:
+        if e.sequence_nr >= 0 and not e.name.startswith("autograd::"):
+            part = _part_of(e, {})
+            if part not in ("other", "optimizer"):
+                seq_range.setdefault(e.sequence_nr, part)
+    total: dict[str, float] = defaultdict(float)
+    for e in events:
+        t = e.self_device_time_total if cuda else e.self_cpu_time_total
+        if t > 0:
+            total[_part_of(e, seq_range)] += t
+    s = sum(total.values()) or 1.0
+    return {p: total.get(p, 0.0) / s for p in PARTS}
+
+
+# ----------------------------------------------------------------------------------------------
+# Main
+# ----------------------------------------------------------------------------------------------
+
+def measure(dims: str, args, device: torch.device) -> dict:
+    cfg = run_config(dims, micro_batch=args.micro_batch, seq_length=args.seq_length,
+                     tiny=args.tiny)
+    steps = {"ours": ours(cfg, device), "hf": hf(cfg, device)}
+    times = interleaved_ms(steps, device, warmup=args.warmup, rounds=args.rounds,
+                           steps_per_round=args.steps_per_round)
+    med = {k: {c: statistics.median(v[c]) for c in v} for k, v in times.items()}
+    split = profile_split(steps["ours"], device, start=10_000, steps=args.profile_steps)
+    m = cfg.model
+    return {"dims": dims, "vocab": m.vocab_size, "micro_batch": args.micro_batch,
+            "seq_length": args.seq_length, "ours_ms": med["ours"]["wall"],
+            "hf_ms": med["hf"]["wall"], "ratio": med["ours"]["wall"] / med["hf"]["wall"],
+            "ours_cpu_ms": med["ours"]["cpu"], "hf_cpu_ms": med["hf"]["cpu"],
+            "cpu_ratio": med["ours"]["cpu"] / med["hf"]["cpu"],
+            "split": split, "times_ms": times,
+            "shape": f"D {m.discriminator.num_layers}x{m.discriminator.hidden_size}, "
+                     f"G {m.generator.num_layers}x{m.generator.hidden_size}, "
+                     f"E {m.embedding_size}, {m.sharing.value.upper()}"}
+
+
+def table(results: list[dict], cpu_columns: bool) -> str:
+    short = {"encoders": "enc", "mlm head + loss": "mlm", "sampling": "samp", "masking": "mask",
+             "discriminator head": "disc", "optimizer": "opt", "other": "other"}
+    head = ["dims", "vocab", "ours ms", "HF ms", "ours/HF"]
+    head += ["ours CPU ms", "HF CPU ms", "CPU ours/HF"] if cpu_columns else []
+    head += [short[p] + " %" for p in PARTS]
+    rows = []
+    for r in results:
+        row = [r["dims"], f"{r['vocab']:,}", f"{r['ours_ms']:.0f}", f"{r['hf_ms']:.0f}",
+               f"{r['ratio']:.2f}"]
+        if cpu_columns:
+            row += [f"{r['ours_cpu_ms']:.0f}", f"{r['hf_cpu_ms']:.0f}", f"{r['cpu_ratio']:.2f}"]
+        rows.append(row + [f"{100 * r['split'][p]:.1f}" for p in PARTS])
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+
+    def line(cells):
+        return "| " + " | ".join(str(c).rjust(w) if i else str(c).ljust(w)
+                                 for i, (c, w) in enumerate(zip(cells, widths))) + " |"
+
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([line(head), sep] + [line(r) for r in rows])
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dims", default=",".join(DIMS),
+                   help=f"comma-separated presets (default {','.join(DIMS)})")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                   help="default: cuda when available, else cpu")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    p.add_argument("--micro-batch", type=int, default=8)
+    p.add_argument("--seq-length", type=int, default=128)
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps per implementation")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
+    p.add_argument("--steps-per-round", type=int, default=2)
+    p.add_argument("--profile-steps", type=int, default=2)
+    p.add_argument("--tiny", action="store_true", help="test-size models (seconds)")
+    p.add_argument("--json", help="write the results (per-step times included) here")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    torch.set_num_threads(args.threads)
+    dims = [d.strip() for d in args.dims.split(",") if d.strip()]
+    results = []
+    for d in dims:
+        results.append(measure(d, args, device))
+        r = results[-1]
+        print(f"{d}: ours {r['ours_ms']:.1f} ms, HF {r['hf_ms']:.1f} ms, ratio {r['ratio']:.2f} "
+              f"(CPU time {r['cpu_ratio']:.2f}) ({r['shape']})", flush=True)
+    print(f"\ndevice {device}, {torch.get_num_threads()} thread(s), micro-batch "
+          f"{args.micro_batch} x {args.seq_length}, medians of {args.rounds} interleaved rounds "
+          f"x {args.steps_per_round} steps; rtd_scale's profile split in % of its step")
+    print(table(results, cpu_columns=device.type == "cpu"))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": str(device), "args": vars(args),
+                                               "results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
