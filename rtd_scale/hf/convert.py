@@ -134,9 +134,9 @@ def _encoder_pairs(enc: EncoderConfig, lay: str, projected: bool) -> list[tuple[
 # TransformerEngine fuses the pre-layout norms into the next linear (``model/specs.py``); the
 # canonical names are the unfused ones.
 TE_NAMES = {"self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
-             "self_attention.linear_qkv.layer_norm_bias": "input_layernorm.bias",
-             "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight",
-             "mlp.linear_fc1.layer_norm_bias": "pre_mlp_layernorm.bias"}
+            "self_attention.linear_qkv.layer_norm_bias": "input_layernorm.bias",
+            "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight",
+            "mlp.linear_fc1.layer_norm_bias": "pre_mlp_layernorm.bias"}
 
 
 def unfused_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -203,3 +203,23 @@ def test_not_with_load():
     with pytest.raises(UserInputError, match="--pretrained-checkpoint and --load cannot be "
                                              "combined"):
         config_from_args(args)
+
+
+def test_transformer_engine_norm_names_map_to_the_same_export(single_process_group, tok):
+    """On GPU with TransformerEngine the pre-layout norms live inside linear_qkv / linear_fc1
+    (``layer_norm_weight``); the export is the same tensors under the same names."""
+    cfg = tiny_config(convert.PRE, Sharing.GDES, False, tok.vocab_size)
+    model = build_model(cfg, tok)
+    perturb(model)
+    plain = canonical_state(model, single_process_group)
+    te = {}
+    for k, v in plain.items():
+        for fused, unfused in convert.TE_NAMES.items():
+            if k.endswith("." + unfused) and ".layers." in k:
+                k = k[: -len(unfused)] + fused
+        te[k] = v
+    assert sum(k.endswith("layer_norm_weight") for k in te) == 2 * (2 + 1)  # 2 norms × 3 layers
+    a, _ = convert.to_hf(plain, cfg.model, pad_id=tok.pad_id)
+    b, _ = convert.to_hf(te, cfg.model, pad_id=tok.pad_id)
+    assert sorted(a.state) == sorted(b.state)
+    assert all(torch.equal(a.state[k], b.state[k]) for k in a.state)
