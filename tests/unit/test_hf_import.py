@@ -223,3 +223,29 @@ def test_transformer_engine_norm_names_map_to_the_same_export(single_process_gro
     b, _ = convert.to_hf(te, cfg.model, pad_id=tok.pad_id)
     assert sorted(a.state) == sorted(b.state)
     assert all(torch.equal(a.state[k], b.state[k]) for k in a.state)
+
+
+def test_released_electra_layout_loads_with_notes(single_process_group, tok, tmp_path):
+    """A released ELECTRA has two token types and LayerNorm eps 1e-12: row 0 is kept (the type
+    every pretraining sequence uses), and both differences are said in one note each."""
+    import transformers
+
+    cfg = tiny_config(convert.POST, Sharing.ES, False, tok.vocab_size)
+    hf_cfg = convert.hf_config(cfg.model, "discriminator", pad_id=tok.pad_id)
+    hf_cfg.type_vocab_size, hf_cfg.layer_norm_eps = 2, 1e-12
+    torch.manual_seed(0)
+    transformers.ElectraForPreTraining(hf_cfg).save_pretrained(tmp_path / "hf")
+    model = build_model(cfg, tok)
+    lines = []
+    load_pretrained(model, str(tmp_path / "hf"), cfg.model, pad_id=tok.pad_id,
+                    tp_group=single_process_group.tp_group, tp_rank=0, print_fn=lines.append)
+    src = transformers.ElectraForPreTraining.from_pretrained(tmp_path / "hf")
+    assert torch.equal(model.discriminator.embeddings.token_type.weight[0],
+                       src.electra.embeddings.token_type_embeddings.weight[0])
+    assert lines[0] == f"loaded weights from --pretrained-checkpoint {tmp_path / 'hf'} " \
+                       "(optimizer and schedule start fresh)"
+    assert ("note: the discriminator's layer_norm_eps is 1e-12 there, 1e-07 here (--set "
+            "model.discriminator.layernorm_epsilon=1e-12 to keep it)") in lines
+    assert ("note: the discriminator's token-type rows 1…1 are dropped (rtd_scale's encoders "
+            "have one token type)") in lines
+    assert "note: no generator/ beside the discriminator: the generator starts fresh" in lines
