@@ -145,6 +145,7 @@ STACK_TARGET = 191.5e3  # at least HF's plain encoder
 
 SHORT = {"hf-eager": "HF eager", "hf-compile": "HF compile", "hf-electra-arch": "HF ELECTRA",
          "rtd-engine": "rtd_scale DS", "rtd-engine-z0": "rtd_scale DS Z0",
+         "rtd-compile": "rtd_scale DS compiled",
          "rtd-autocast": "rtd_scale autocast", "stack-hf": "HF encoder",
          "stack-mcore": "rtd_scale spec", "stack-mcore-mask": "spec + mask"}
 IMPL_TITLES = {
@@ -153,6 +154,7 @@ IMPL_TITLES = {
     "hf-electra-arch": "HF ELECTRA arch (abs. pos.)",
     "rtd-engine": "rtd_scale (DeepSpeed bf16{zs})",
     "rtd-engine-z0": "rtd_scale (DeepSpeed bf16, ZeRO-0)",
+    "rtd-compile": "rtd_scale (DeepSpeed bf16{zs}, compiled layers)",
     "rtd-autocast": "rtd_scale (autocast, no DS)",
     "stack-hf": "HF ElectraEncoder (SDPA)",
     "stack-mcore": "rtd_scale spec, no mask",
@@ -476,7 +478,11 @@ class SyncCensus:
         if name in cls.ALWAYS:
             return True
         if name in cls.INDEXING and len(args) > 1 and isinstance(args[1], (list, tuple)):
-            return any(isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in args[1])
+            # t[mask] = scalar is dispatched to masked_fill_ inside ATen: no wait
+            scalar_put = (name != "aten::index" and len(args) > 2 and len(args[1]) == 1
+                          and isinstance(args[2], torch.Tensor) and args[2].numel() == 1)
+            return not scalar_put and any(isinstance(t, torch.Tensor) and t.dtype == torch.bool
+                                          for t in args[1])
         kw = kwargs or {}
         if name == "aten::_to_copy" and args and isinstance(args[0], torch.Tensor):
             src, dst = args[0].device.type, torch.device(kw.get("device") or args[0].device).type
@@ -776,9 +782,10 @@ def rtd_engine_step(cfg, s: Settings, zero_stage: int) -> tuple[Stepper, Any]:
         eng = build_engine(model, cfg, ds, distributed.DeepSpeedMpu())
     batches = rtd_batches(cfg)
 
-    def forward(i: int):  # training/loop.py's micro-batch step
+    def forward(i: int):  # training/loop.py's micro-batch step (has_padding from the host)
         ids, idx = batches[i % len(batches)]
-        return eng(ids.to(s.device), idx.to(s.device), i)
+        return eng(ids.to(s.device, non_blocking=True), idx.to(s.device, non_blocking=True), i,
+                   has_padding=bool((ids == PAD_ID).any()))
 
     stepper = Stepper(forward, lambda out: eng.backward(out.loss), eng.step, keep=[eng, model])
     note = f"{type(eng.optimizer).__name__} over {type(eng.basic_optimizer).__name__}"
@@ -800,7 +807,8 @@ def rtd_autocast_step(cfg, s: Settings) -> tuple[Stepper, Any]:
     def forward(i: int):
         ids, idx = batches[i % len(batches)]
         with autocast():
-            return model(ids.to(s.device), idx.to(s.device), i).loss
+            return model(ids.to(s.device, non_blocking=True), idx.to(s.device, non_blocking=True),
+                         i, has_padding=bool((ids == PAD_ID).any())).loss
 
     def backward(loss):
         with autocast() if not s.cuda else contextlib.nullcontext():
@@ -935,8 +943,9 @@ class Bench:
         if item.impl == "hf-compile":
             return hf_rtd_step(cfg, wl.hf_arch, s, s.compile_backend), None, \
                 f"backend={s.compile_backend}"
-        if item.impl in ("rtd-engine", "rtd-engine-z0"):
+        if item.impl in ("rtd-engine", "rtd-engine-z0", "rtd-compile"):
             zs = 0 if item.impl == "rtd-engine-z0" else s.zero_stage
+            cfg.model.compile_layers = item.impl == "rtd-compile"
             stepper, (model, note) = rtd_engine_step(cfg, s, zs)
             return stepper, (model, cfg), note
         if item.impl == "rtd-autocast":
@@ -950,7 +959,7 @@ class Bench:
         if self.left() < item.min_left_s:
             row.status, row.note = "skipped", f"deadline: {self.left():.0f}s left"
             return row
-        if item.impl == "hf-compile" and not self.in_child:
+        if item.impl in ("hf-compile", "rtd-compile") and not self.in_child:
             return self.run_child(item, row)
         t0 = time.perf_counter()
         self.log(f"-- {row.workload} / {row.title} ...")
@@ -1014,7 +1023,7 @@ class Bench:
             self.samplers[key] = sampler_cost(model, cfg, self.s, row.step_ms)
 
     def run_child(self, item: Item, row: Row) -> Row:
-        """torch.compile in a child process, cut off at the deadline."""
+        """A torch.compile row in a child process, cut off at the deadline."""
         t0 = time.perf_counter()
         self.log(f"-- {row.workload} / {row.title} (child process, ≤ {self.left() - 10:.0f}s) ...")
         out = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpu_rtd_step_child_{os.getpid()}.json"
@@ -1066,6 +1075,8 @@ def plan(s: Settings, workloads: list[str], skip: set[str]) -> list[Item]:
             items.append(Item("stack", "stack-mcore-mask"))
         if "debertav3-large" in workloads:
             items.append(Item("debertav3-large", "hf-electra-arch"))
+    if "rtd-compile" not in skip and "electra-large" in workloads and not s.tiny:
+        items.append(Item("electra-large", "rtd-compile", min_left_s=60))
     if "hf-compile" not in skip and "electra-large" in workloads:
         items.append(Item("electra-large", "hf-compile", min_left_s=20 if s.tiny else 75))
     return items
@@ -1247,7 +1258,8 @@ def parse_args(argv=None):
     p.add_argument("--workloads", default=",".join(WORKLOADS),
                    help=f"comma-separated subset of {', '.join(WORKLOADS)}")
     p.add_argument("--skip", default="",
-                   help="comma-separated parts to leave out: stack, profile, extras, hf-compile")
+                   help="comma-separated parts to leave out: stack, profile, extras, "
+                        "rtd-compile, hf-compile")
     p.add_argument("--zero-stage", type=int, default=1, choices=(0, 1, 2, 3),
                    help="ZeRO stage of rtd_scale's engine rows (as ds_configs/zeroN.json); "
                         "default 1: DeepSpeed's BF16_Optimizer (flat fp32 master weights and "
@@ -1265,9 +1277,10 @@ def parse_args(argv=None):
     unknown = set(filter(None, args.workloads.split(","))) - set(WORKLOADS)
     if unknown:
         p.error(f"--workloads: unknown {sorted(unknown)}; choose from {', '.join(WORKLOADS)}")
-    bad = set(filter(None, args.skip.split(","))) - {"stack", "profile", "extras", "hf-compile"}
+    parts = {"stack", "profile", "extras", "rtd-compile", "hf-compile"}
+    bad = set(filter(None, args.skip.split(","))) - parts
     if bad:
-        p.error(f"--skip: unknown {sorted(bad)}; choose from stack, profile, extras, hf-compile")
+        p.error(f"--skip: unknown {sorted(bad)}; choose from {', '.join(sorted(parts))}")
     return args
 
 

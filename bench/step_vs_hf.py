@@ -348,9 +348,20 @@ def _part_of(event, seq_range: dict[int, str]) -> str:
         if e.name in PARTS:
             return e.name
         if e.name.startswith("autograd::engine::evaluate_function"):
-            return seq_range.get(e.sequence_nr, "other")
+            part = seq_range.get(e.sequence_nr, "other")
+            return "other" if part == "optimizer" else part
         e = e.cpu_parent
     return "other"
+
+
+def _in_backward(event) -> bool:
+    """Whether an event runs inside the autograd engine (a backward op or its children)."""
+    e = event
+    while e is not None:
+        if e.name.startswith("autograd::engine"):
+            return True
+        e = e.cpu_parent
+    return False
 
 
 def profile_split(step: Step, device: torch.device, *, start: int, steps: int) -> dict[str, float]:
@@ -373,12 +384,12 @@ def profile_split(step: Step, device: torch.device, *, start: int, steps: int) -
                 step.run(start + 1 + k)
             _sync(device)
     events = list(prof.events())
+    # An op records the sequence number the next autograd node will get; the op that creates
+    # that node is the last one (in time) to record it, so later ops overwrite earlier ones.
     seq_range: dict[int, str] = {}
-    for e in events:
-        if e.sequence_nr >= 0 and not e.name.startswith("autograd::"):
-            part = _part_of(e, {})
-            if part not in ("other", "optimizer"):
-                seq_range.setdefault(e.sequence_nr, part)
+    for e in sorted(events, key=lambda e: e.time_range.start):
+        if e.sequence_nr >= 0 and not _in_backward(e):
+            seq_range[e.sequence_nr] = _part_of(e, {})
     total: dict[str, float] = defaultdict(float)
     for e in events:
         t = e.self_device_time_total if cuda else e.self_cpu_time_total

@@ -251,3 +251,34 @@ def test_sampler_is_a_function_of_each_rows_keys():
     other_step = sample_from_logits(logits, sample_index=sample, position=pos,
                                     **{**args, "step": 5})
     assert not torch.equal(other_step, full)
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@cuda
+def test_two_level_sampler_on_cuda_agrees_with_cpu_and_never_synchronises():
+    """The GPU path draws what the CPU path draws (up to last-bit differences of exp/log in a
+    near tie), matches softmax, and makes the host wait for nothing."""
+    logits_row, sampleable = _block_case()
+    n = 20_000
+    keys = dict(seed=3, step=11, sample_index=torch.arange(n) // 128,
+                position=torch.arange(n) % 128, vocab_start=0)
+    cpu = sample_from_logits(logits_row.expand(n, -1), sampleable=sampleable, **keys)
+    dev = torch.device("cuda")
+    gpu_keys = {k: (v.to(dev) if isinstance(v, torch.Tensor) else v) for k, v in keys.items()}
+    logits, allowed = logits_row.to(dev).expand(n, -1), sampleable.to(dev)
+    original = (torch.arange(n, device=dev) % 400) + 5
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        gpu = sample_from_logits(logits, sampleable=allowed, **gpu_keys)
+        banned = sample_from_logits(logits.bfloat16(), sampleable=allowed,
+                                    disallow_ids=original, **gpu_keys)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert (gpu.cpu() == cpu).double().mean().item() > 0.999
+    p = torch.softmax(logits_row.masked_fill(~sampleable, float("-inf")), -1)
+    emp = torch.bincount(gpu.cpu(), minlength=512).double() / n
+    assert (emp - p.double()).abs().max().item() < 0.01
+    assert not (banned == original).any() and allowed[banned].all()

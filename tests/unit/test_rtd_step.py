@@ -47,15 +47,15 @@ class SyncRecorder(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _model(disallow_correct=False, compile_layers=False):
+def _model(disallow_correct=False, compile_layers=False, dropout=0.0):
     cfg = preset("tiny")
     cfg.model.vocab_size = 300
     cfg.model.generator = dataclasses.replace(cfg.model.generator, hidden_size=32,
-                                              ffn_hidden_size=64, hidden_dropout=0.0,
-                                              attention_dropout=0.0)
+                                              ffn_hidden_size=64, hidden_dropout=dropout,
+                                              attention_dropout=dropout)
     cfg.model.discriminator = dataclasses.replace(cfg.model.discriminator, hidden_size=32,
-                                                  ffn_hidden_size=64, hidden_dropout=0.0,
-                                                  attention_dropout=0.0)
+                                                  ffn_hidden_size=64, hidden_dropout=dropout,
+                                                  attention_dropout=dropout)
     cfg.model.embedding_size = 32
     cfg.rtd.disallow_correct = disallow_correct
     cfg.model.compile_layers = compile_layers
@@ -127,3 +127,28 @@ def test_compiled_layers_compute_the_same_step(single_process_group):
     b.loss.backward()
     layer = compiled.discriminator.block.layers[0]
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in layer.parameters())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("has_padding", [False, True])
+def test_cuda_step_never_makes_the_host_wait(single_process_group, has_padding):
+    """On a GPU, forward and backward of the RTD step (dropout on, bf16 autocast) run without
+    one host synchronisation (torch.cuda.set_sync_debug_mode("error") raises on any)."""
+    from rtd_scale import distributed
+
+    model = _model(dropout=0.1).cuda()
+    distributed.seed_after_build(single_process_group, 3)
+    ids = _ids().cuda()
+    if has_padding:
+        ids[3, 40:] = 0
+    index = torch.arange(4, device="cuda")
+    model(ids, index, step=0, has_padding=has_padding).loss.backward()  # warm-up
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = model(ids, index, step=1, has_padding=has_padding)
+        out.loss.backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.isfinite(out.loss).item()
