@@ -408,7 +408,7 @@ def test_two_nodes_preemption_resumes_at_the_saved_step(preempted_job):
     assert f"saved checkpoint at iteration {saved:8d} to {save}/global_step{saved}" in first
     assert f"stopped at global_step{saved} (was none): requeueing job {job}" in first
     assert [int(m[1]) for m in ITERATION.finditer(first)] == list(range(1, saved + 1))
-    assert f"resuming: {save}/latest names global_step{saved}" in second
+    assert f"resuming: the newest complete checkpoint in {save} is global_step{saved}" in second
     assert f"resumed from {save} at iteration {saved}" in second
     assert [int(m[1]) for m in ITERATION.finditer(second)] == list(range(saved + 1, ITERS + 1))
     assert "training finished" in second
