@@ -9,9 +9,8 @@ stage-independent canonical names) into ``rtd_scale.model.weights.full_state_dic
 (``<tag>/rtd_meta.json``: world size, TP, PP, ZeRO stage) is started again as local processes
 (torch.multiprocessing, gloo on CPU), each builds the model from the recorded config, builds the
 DeepSpeed engine from ``<run>/ds_config.json`` and loads its own files through
-``engine.load_checkpoint`` exactly as ``--load`` would; then they gather. Weights are what the
-engine's module holds: fp32 for fp32 runs, the bf16 compute copy under ``--bf16`` (not the fp32
-master weights of the optimizer).
+``engine.load_checkpoint`` exactly as ``--load`` would; then they gather. Under ``--bf16`` the
+gathered weights are the optimizer's fp32 master copy, not the bf16 compute weights.
 """
 from __future__ import annotations
 
@@ -44,13 +43,37 @@ def gather_full_state(engine, model: torch.nn.Module, ctx, vocab_size: int
     zero3 = engine is not None and engine.zero_optimization_stage() == 3
     params = list({id(p): p for p in model.parameters()}.values())
     gather = deepspeed.zero.GatheredParameters(params) if zero3 else contextlib.nullcontext()
-    with gather:
+    with gather, _master_weights(engine, params):
         state = weights.full_state_dict(model, tp_group=ctx.tp_group, vocab_size=vocab_size)
     if ctx.pp_size > 1:  # every stage's share, merged by canonical (stage-independent) names
         shares = [None] * ctx.pp_size
         dist.all_gather_object(shares, state, group=ctx.pp_group)
         state = {k: v for share in shares for k, v in share.items()}
     return state
+
+
+@contextlib.contextmanager
+def _master_weights(engine, params: list[torch.nn.Parameter]):
+    """Under bf16, let each parameter hold its fp32 master copy (DeepSpeed's
+    ``safe_get_full_fp32_param``: the optimizer's high-precision weights, ZeRO partitions
+    gathered over data parallel; collective, every rank calls it for the same parameters in the
+    same order) while the state is read, then put the bf16 compute weights back."""
+    if engine is None or not engine.bfloat16_enabled():
+        yield
+        return
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    saved = []
+    for p in params:
+        master = safe_get_full_fp32_param(p)
+        if master is not None:
+            saved.append((p, p.data))
+            p.data = master.reshape(p.data.shape)
+    try:
+        yield
+    finally:
+        for p, data in saved:
+            p.data = data
 
 
 def run_config_from_dict(d: dict[str, Any]):

@@ -1,7 +1,7 @@
 """Hugging Face export and import through the real `deepspeed` launcher (2 ranks each).
 
-- TP=2 with ZeRO-3 (post-LayerNorm, GDES, E ≠ H) and PP=2 with ZeRO-1 (pre-LayerNorm, NES)
-  write ``--export-hf`` at the end; ``tools/export_hf.py`` on their checkpoints writes the same
+- TP=2 with ZeRO-3 (post-LayerNorm, GDES, E ≠ H) and PP=2 with ZeRO-1 and bf16 (pre-LayerNorm,
+  NES; the fp32 master weights are exported) write ``--export-hf`` at the end; ``tools/export_hf.py`` on their checkpoints writes the same
   tensors bitwise (it restarts each run's world of 2); the export computes what the trained
   model computes (fp32, real text, 1e-4), loaded with zero missing or unexpected keys.
 - ``--pretrained-checkpoint`` of the TP=2 export at another layout (TP=1 × DP=2, ZeRO-3): with a
@@ -91,13 +91,15 @@ def test_export_from_tp2_and_pp2_and_import_at_another_layout(single_process_gro
     _export_tool(a, tmp_path / "tp2_tool")
     _assert_same(_tensors(a / "hf"), _tensors(tmp_path / "tp2_tool"))
 
-    # PP=2, ZeRO-1, pre-LayerNorm, NES
+    # PP=2, ZeRO-1, bf16, pre-LayerNorm, NES
     b = tmp_path / "pp2"
     r = launch(_args(wiki_shards, b, "ds_configs/zero1.json", [
-        "--pipeline-model-parallel-size", "2", "--sharing", "nes", "--export", str(b / "w.pt"),
-        "--export-hf", str(b / "hf")]))
+        "--pipeline-model-parallel-size", "2", "--sharing", "nes", "--bf16",
+        "--export", str(b / "w.pt"), "--export-hf", str(b / "hf")]))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    assert "world 2 = TP 1 × PP 2 × DP 1" in r.stdout
+    assert "world 2 = TP 1 × PP 2 × DP 1" in r.stdout and "bf16" in r.stdout
+    exported = torch.load(b / "w.pt", weights_only=True)["model"]  # the fp32 masters, not bf16
+    assert any(not torch.equal(t, t.bfloat16().float()) for t in exported.values())
     _check_parity("PP=2 ZeRO-1 pre nes", b / "hf", b / "w.pt", tok, convert.PRE)
     assert (b / "hf" / convert.RTD_HEAD_FILE).is_file()
     _export_tool(b, tmp_path / "pp2_tool")
