@@ -147,7 +147,9 @@ def test_tiny_cpu_run_covers_every_row(tmp_path):
     assert {"electra-large|rtd-engine", "electra-large|hf-eager", "stack|stack-hf",
             "stack|stack-mcore"} <= {k.replace("stack 2x64", "stack") for k in res["profiles"]}
     engine = next(v for k, v in res["host_syncs"].items() if "ZeRO-1" in k)
-    assert any("rtd_scale/model/rtd.py" in site for site in engine["sites"])
+    # rtd_scale's own step waits for nothing; what is left is DeepSpeed's and the bench's
+    assert engine["sync_ops"] > 0
+    assert not any(site.split(" via ")[0].startswith("rtd_scale/") for site in engine["sites"])
     zero0 = next(v for k, v in res["host_syncs"].items() if "ZeRO-0" in k)
     assert zero0["sync_ops"] > engine["sync_ops"]  # DeepSpeed's per-parameter checks
     assert all(set(v) == {"forward", "backward", "update"} for v in res["phases_ms"].values())
