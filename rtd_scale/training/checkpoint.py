@@ -427,7 +427,10 @@ class SafeCheckpointEngine:
         return safe_load(path, map_location=map_location)
 
 
-def _install(engine) -> SafeCheckpointEngine:
+def install_safe_loading(engine) -> SafeCheckpointEngine:
+    """Make every later ``engine.load_checkpoint`` read its files with ``weights_only=True``
+    (and every ``engine.save_checkpoint`` report write errors to :func:`save`); idempotent.
+    Call it before loading a checkpoint with a DeepSpeed engine outside :func:`load`."""
     ce = engine.checkpoint_engine
     if not isinstance(ce, SafeCheckpointEngine):
         ce = engine.checkpoint_engine = SafeCheckpointEngine(ce)
@@ -598,7 +601,7 @@ def save(engine, save_dir: str, *, step: int, client_state: dict[str, Any], rank
 
     tag = tag_for(step)
     ckpt_dir = os.path.join(save_dir, tag)
-    ce = _install(engine)
+    ce = install_safe_loading(engine)
     ce.written, ce.failures = [], []
     agree = _Agreement()
     if rank == 0 and os.path.exists(os.path.join(ckpt_dir, RECORD_FILE)):
@@ -703,7 +706,7 @@ def load(engine, load: str, *, rank: int) -> dict[str, Any]:
             reads it).
     """
     choice = choose(load)
-    _install(engine)
+    install_safe_loading(engine)
     path, client_state = engine.load_checkpoint(choice.load_dir, tag=choice.tag)
     if path is None:
         raise UserInputError(f"--load {load}: DeepSpeed could not load {choice.tag}")
