@@ -327,10 +327,6 @@ class TrainConfig:
 
     def validate(self) -> None:
         self.precision = Precision(self.precision)
-        if self.pretrained_checkpoint and self.load:
-            raise ConfigError("--pretrained-checkpoint and --load cannot be combined: --load "
-                              "resumes a run (weights, optimizer, schedule, data position), "
-                              "--pretrained-checkpoint starts a new one from weights; pass one")
         _positive("train", train_iters=self.train_iters, micro_batch_size=self.micro_batch_size,
                   global_batch_size=self.global_batch_size, log_interval=self.log_interval)
         if self.save_interval < 0:

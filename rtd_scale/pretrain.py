@@ -280,6 +280,19 @@ def prepare(cfg: RunConfig, world_size: int, print_fn=None):
     return tok, dataset, ds_config, dp, gas, layout, meta
 
 
+def pretrained_weights(cfg: RunConfig) -> tuple[Optional[str], Optional[str]]:
+    """(the --pretrained-checkpoint to read, or None; a note for the log, or None).
+
+    Megatron-LM's rule: a run being resumed (``--load``) continues from its own checkpoint, and
+    the pretrained weights only start a run — so a requeued Slurm job may keep both flags.
+    """
+    path = cfg.train.pretrained_checkpoint
+    if path and cfg.train.load:
+        return None, (f"note: --load {cfg.train.load} resumes a run, so --pretrained-checkpoint "
+                      f"{path} is not read (it only starts a run)")
+    return path, None
+
+
 def run(cfg: RunConfig, print_fn=print, stop=None) -> dict:
     """Train; returns a summary dict (on every rank; history only on the logging rank)."""
     import torch
@@ -316,7 +329,10 @@ def run(cfg: RunConfig, print_fn=print, stop=None) -> dict:
                          recompute_activations=cfg.model.recompute_activations,
                          special_ids=tok.special_ids, pad_id=tok.pad_id, mask_id=tok.mask_id,
                          seed=cfg.train.seed).to(ctx.device)
-        if cfg.train.pretrained_checkpoint:  # weights only, before DeepSpeed partitions them
+        pretrained, note = pretrained_weights(cfg)
+        if note and ctx.is_logging_rank:
+            print_fn(note)
+        if pretrained:  # weights only, before DeepSpeed partitions them
             from rtd_scale.hf.pretrained import load_pretrained
 
             load_pretrained(model, cfg.train.pretrained_checkpoint, cfg.model, pad_id=tok.pad_id,

@@ -121,6 +121,7 @@ def read_run(run_dir: str, tag: Optional[str]) -> tuple[Any, dict[str, Any], dic
     for line in choice.notes:
         print(line)
     tag = choice.tag
+    checkpoint.check_safe_to_load(choice.path)  # refuse a crafted pickle before any rank reads it
     meta = checkpoint.read_meta(run_dir, tag)
     if meta is None or not meta.get("layout") or not meta.get("config"):
         raise UserInputError(f"--load {run_dir}: {tag} has no {checkpoint.META_FILE} "
@@ -164,6 +165,9 @@ def _worker(rank: int, world_size: int, port: int, run_dir: str, tag: str, cfg_d
                 special_ids=tok.special_ids, pad_id=tok.pad_id, mask_id=tok.mask_id,
                 seed=cfg.train.seed).to(ctx.device)
             eng = engine_mod.build_engine(model, cfg, ds_config, distributed.DeepSpeedMpu())
+            from rtd_scale.training import checkpoint
+
+            checkpoint.install_safe_loading(eng)  # DeepSpeed's files read with weights_only=True
             path, _ = eng.load_checkpoint(run_dir, tag=tag, load_lr_scheduler_states=False)
             if path is None:
                 raise UserInputError(f"--load {run_dir}: DeepSpeed could not load {tag}")

@@ -262,6 +262,8 @@ def check_loadable(load: str) -> str:
 # ``layernorm_position``: another layout has other parameters (and the same ones mean other things).
 _SHAPE_FIELDS = ("vocab_size", "embedding_size", "max_position_embeddings", "sharing",
                  "layernorm_position")
+# What a checkpoint written before a model field existed holds (its config lacks the field).
+_FIELDS_BEFORE_THEY_EXISTED = {"layernorm_position": "pre"}
 _ENCODER_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size")
 
 
@@ -296,6 +298,7 @@ def check_compatible(load_dir: str, tag: str, config: dict[str, Any],
             f"--load {load_dir}: {tag} was saved with another layout ({', '.join(diffs)}); "
             "resume with the same number of ranks, parallel sizes and ZeRO stage")
     old, new = meta["config"]["model"], config["model"]
+    old = {**_FIELDS_BEFORE_THEY_EXISTED, **old}
     diffs = [f"model.{k} {old.get(k)} → {new.get(k)}" for k in _SHAPE_FIELDS
              if old.get(k) != new.get(k)]
     for enc in ("generator", "discriminator"):

@@ -194,15 +194,20 @@ def test_es_refuses_two_different_tables(single_process_group, tok, tmp_path):
         _load(build_model(es, tok), es, single_process_group, tok, src)
 
 
-def test_not_with_load():
-    from rtd_scale.pretrain import build_parser, config_from_args
+def test_load_and_pretrained_checkpoint_together_resolve_to_load():
+    """Megatron-LM's rule (a requeued job passes both): --load wins, with a one-line note."""
+    from rtd_scale.pretrain import build_parser, config_from_args, pretrained_weights
 
     args = build_parser().parse_args([
         "--ds_config", "ds_configs/zero0.json", "--data-path", "x", "--tokenizer-model", "t",
         "--load", "runs/a", "--pretrained-checkpoint", "hf/a"])
-    with pytest.raises(UserInputError, match="--pretrained-checkpoint and --load cannot be "
-                                             "combined"):
-        config_from_args(args)
+    cfg = config_from_args(args)
+    assert (cfg.train.load, cfg.train.pretrained_checkpoint) == ("runs/a", "hf/a")
+    assert pretrained_weights(cfg) == (None, "note: --load runs/a resumes a run, so "
+                                       "--pretrained-checkpoint hf/a is not read (it only starts "
+                                       "a run)")
+    cfg.train.load = None
+    assert pretrained_weights(cfg) == ("hf/a", None)
 
 
 def test_transformer_engine_norm_names_map_to_the_same_export(single_process_group, tok):

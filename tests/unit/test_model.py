@@ -355,3 +355,23 @@ def test_checkpoint_of_the_other_layout_is_refused(tmp_path):
     post.model.layernorm_position = POST
     with pytest.raises(UserInputError, match="model.layernorm_position pre → post"):
         check_compatible(str(tmp_path), "global_step5", post.to_dict(), layout)
+
+
+def test_checkpoint_from_before_the_layout_field_counts_as_pre_ln(tmp_path):
+    """A checkpoint written before model.layernorm_position existed was pre-LN: it resumes a
+    pre-LN run and is refused by a post-LN one."""
+    import json
+
+    from rtd_scale.cli_errors import UserInputError
+    from rtd_scale.training.checkpoint import META_FILE, check_compatible
+
+    old = preset("tiny").to_dict()
+    del old["model"]["layernorm_position"]
+    layout = {"world_size": 1, "tensor_model_parallel_size": 1}
+    (tmp_path / "global_step5").mkdir()
+    (tmp_path / "global_step5" / META_FILE).write_text(json.dumps({"layout": layout, "config": old}))
+    assert check_compatible(str(tmp_path), "global_step5", preset("tiny").to_dict(), layout)
+    post = preset("tiny")
+    post.model.layernorm_position = POST
+    with pytest.raises(UserInputError, match="model.layernorm_position pre → post"):
+        check_compatible(str(tmp_path), "global_step5", post.to_dict(), layout)
