@@ -35,6 +35,8 @@ conf="$home/etc/slurm.conf"
 cannot_install() { echo "slurm_local_start: cannot install Slurm here: $*" >&2; exit 3; }
 die() { echo "slurm_local_start: error: $*" >&2; exit 1; }
 log() { echo "slurm_local_start: $*"; }
+# shellcheck source=tools/slurm_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/slurm_common.sh"  # slurm_conf_policy, alive
 
 if [ "$(id -u)" -ne 0 ]; then
   if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
@@ -114,28 +116,13 @@ SlurmctldPidFile=$home/run/slurmctld.pid
 SlurmdPidFile=$home/run/slurmd.pid
 SlurmctldLogFile=$home/log/slurmctld.log
 SlurmdLogFile=$home/log/slurmd.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-MpiDefault=none
-SchedulerType=sched/backfill
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-ReturnToService=2
-JobRequeue=1
-MinJobAge=600
-KillWait=30
-InactiveLimit=0
-SlurmctldTimeout=60
-SlurmdTimeout=120
+$(slurm_conf_policy)
 NodeName=localhost NodeAddr=127.0.0.1 $topology RealMemory=$(( mem_mb * 9 / 10 )) State=UNKNOWN
 PartitionName=local Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 EOF
 )"
 
 # -------------------------------------------------------------------------------- daemons ----
-alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 node_state() { timeout 10 sinfo -h -n localhost -o %T 2>/dev/null; }
 ctld_pid="$home/run/slurmctld.pid" d_pid="$home/run/slurmd.pid"
 export SLURM_CONF="$conf"

@@ -18,19 +18,8 @@ if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1 && sudo -n true 2>/de
   exec sudo -n --preserve-env=RTD_SLURM_HOME bash "${BASH_SOURCE[0]}" "$@"
 fi
 
-alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
-
-# stop_pid PIDFILE NAME: SIGTERM, up to 10 s, then SIGKILL
-stop_pid() {
-  local file="$1" name="$2" pid
-  alive "$file" || { rm -f "$file"; return 0; }
-  pid="$(cat "$file")"
-  kill -TERM "$pid" 2>/dev/null || true
-  for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  if kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid" 2>/dev/null || true; fi
-  rm -f "$file"
-  echo "slurm_local_stop: stopped $name ($pid)"
-}
+# shellcheck source=tools/slurm_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/slurm_common.sh"  # alive, stop_pid
 
 if [ -f "$conf" ] && alive "$home/run/slurmctld.pid" && command -v scancel >/dev/null 2>&1; then
   export SLURM_CONF="$conf"
@@ -42,14 +31,14 @@ if [ -f "$conf" ] && alive "$home/run/slurmctld.pid" && command -v scancel >/dev
     done
   fi
 fi
-stop_pid "$home/run/slurmd.pid" slurmd
-stop_pid "$home/run/slurmctld.pid" slurmctld
+stop_pid "$home/run/slurmd.pid" slurmd slurm_local_stop
+stop_pid "$home/run/slurmctld.pid" slurmctld slurm_local_stop
 
 if [ "$(readlink /etc/slurm/slurm.conf 2>/dev/null || true)" = "$conf" ] && [ "$keep_munge" = 0 ]; then
   rm -f /etc/slurm/slurm.conf
 fi
 if [ "$keep_munge" = 0 ] && [ -s "$home/munged.started" ]; then
   cp "$home/munged.started" "$home/munged.pid.tmp"
-  stop_pid "$home/munged.pid.tmp" munged
+  stop_pid "$home/munged.pid.tmp" munged slurm_local_stop
   rm -f "$home/munged.started"
 fi

@@ -57,6 +57,8 @@ failed() {
   fi
 }
 die() { echo "slurm_multinode_start: error: $*" >&2; exit 1; }
+# shellcheck source=tools/slurm_common.sh
+source "$here/slurm_common.sh"  # slurm_conf_policy
 
 [ "$(id -u)" -eq 0 ] || cannot "needs root (network namespaces, a bridge, daemons)"
 for cmd in ip nsenter unshare mount hostname; do
@@ -180,21 +182,7 @@ SlurmdPidFile=$home/run/slurmd.%n.pid
 SlurmctldLogFile=$home/log/slurmctld.log
 SlurmdLogFile=$home/log/slurmd.%n.log
 SlurmdParameters=config_overrides
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-MpiDefault=none
-SchedulerType=sched/backfill
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-ReturnToService=2
-JobRequeue=1
-MinJobAge=600
-KillWait=30
-InactiveLimit=0
-SlurmctldTimeout=60
-SlurmdTimeout=120
+$(slurm_conf_policy)
 NodeName=$n1 NodeAddr=${addr[$n1]} NodeHostname=$n1 CPUs=2 Sockets=1 CoresPerSocket=2 ThreadsPerCore=1 RealMemory=2000 State=UNKNOWN
 NodeName=$n2 NodeAddr=${addr[$n2]} NodeHostname=$n2 CPUs=2 Sockets=1 CoresPerSocket=2 ThreadsPerCore=1 RealMemory=2000 State=UNKNOWN
 PartitionName=nodes Nodes=$n1,$n2 Default=YES MaxTime=INFINITE State=UP

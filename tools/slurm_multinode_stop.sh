@@ -18,17 +18,8 @@ home="${RTD_MN_HOME:-/var/tmp/rtd_mn_$id}"
 ctl="rtd${id}c" br="rtd${id}br"
 namespaces=("$ctl" "rtd${id}n1" "rtd${id}n2")
 
-alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
-stop_pid() {  # PIDFILE NAME: SIGTERM, up to 10 s, then SIGKILL
-  local file="$1" name="$2" pid
-  alive "$file" || { rm -f "$file"; return 0; }
-  pid="$(cat "$file")"
-  kill -TERM "$pid" 2>/dev/null || true
-  for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  if kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid" 2>/dev/null || true; fi
-  rm -f "$file"
-  echo "slurm_multinode_stop: stopped $name ($pid)"
-}
+# shellcheck source=tools/slurm_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/slurm_common.sh"  # alive, stop_pid
 
 if [ -x "$home/bin/in-ns" ] && [ -e "/run/netns/$ctl" ] && alive "$home/run/slurmctld.pid"; then
   export SLURM_CONF="$home/etc/slurm.conf"
@@ -42,9 +33,9 @@ if [ -x "$home/bin/in-ns" ] && [ -e "/run/netns/$ctl" ] && alive "$home/run/slur
     done
   fi
 fi
-for node in "rtd${id}n1" "rtd${id}n2"; do stop_pid "$home/run/slurmd.$node.pid" "slurmd on $node"; done
-stop_pid "$home/run/slurmctld.pid" slurmctld
-stop_pid "$home/run/munged.pid" munged
+for node in "rtd${id}n1" "rtd${id}n2"; do stop_pid "$home/run/slurmd.$node.pid" "slurmd on $node" slurm_multinode_stop; done
+stop_pid "$home/run/slurmctld.pid" slurmctld slurm_multinode_stop
+stop_pid "$home/run/munged.pid" munged slurm_multinode_stop
 
 # whatever still runs in the run's namespaces (job steps slurmd left behind) was started by it
 for ns in "${namespaces[@]}"; do

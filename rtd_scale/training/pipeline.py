@@ -24,7 +24,7 @@ Validation (``pipeline_forward``) runs the same two passes with ``forward_only=T
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -36,6 +36,13 @@ from megatron.core.pipeline_parallel.schedules import (
 from rtd_scale.data.packed import MicroBatch
 from rtd_scale.distributed import ParallelContext
 from rtd_scale.model.rtd import GeneratorResult, RTDModel, RTDOutput
+
+
+def _attention_pad(mb: MicroBatch, pad: torch.Tensor, pad_id: int) -> Optional[torch.Tensor]:
+    """``pad`` [b, s] for attention, or None when the micro-batch holds no [PAD] — decided on
+    the host copy of the ids (no device sync), so SDPA runs unmasked (its flash kernel on GPU),
+    as in the one-stage step (``RTDModel.forward``'s ``has_padding``)."""
+    return pad if bool((mb.input_ids == pad_id).any()) else None
 
 
 def _schedule(encoder, forward_step, micro_batches: Sequence[MicroBatch], seq_length: int,
@@ -64,7 +71,7 @@ def pipeline_forward_backward(model: RTDModel, micro_batches: Sequence[MicroBatc
         ids, idx = mb.input_ids.to(dev), mb.sample_index.to(dev)
         pad = ids == model.pad_id
         m = model.mask(ids, idx)
-        hidden = encoder(m.generator_input, pad)
+        hidden = encoder(m.generator_input, _attention_pad(mb, pad, model.pad_id))
 
         def loss_func(output):
             gen = model.generator_head(output, ids, idx, m.masked, step)
@@ -88,7 +95,7 @@ def pipeline_forward_backward(model: RTDModel, micro_batches: Sequence[MicroBatc
         j, mb = next(data_iterator)
         ids = mb.input_ids.to(dev)
         pad = ids == model.pad_id
-        hidden = encoder(corrupted[j], pad)
+        hidden = encoder(corrupted[j], _attention_pad(mb, pad, model.pad_id))
 
         def loss_func(output):
             out = model.discriminator_head(output, gen_results[j], pad)

@@ -34,6 +34,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.e2e.test_pretrain_launcher import scalars
+from tests.e2e.test_slurm import _wait
 
 pytestmark = pytest.mark.e2e
 
@@ -294,17 +295,6 @@ def _queued(cluster: Cluster, job: int) -> str:
 def _job(cluster: Cluster, job: int) -> dict[str, str]:
     text = cluster.client("scontrol", "show", "job", "-o", str(job)).stdout
     return dict(kv.split("=", 1) for kv in text.split() if "=" in kv)
-
-
-def _wait(what: str, predicate, timeout: float, log: Path | None = None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    tail = log.read_text()[-4000:] if log is not None and log.exists() else ""
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{tail}")
 
 
 def _losses(tb_dir: Path) -> dict[str, dict[int, float]]:
