@@ -469,6 +469,7 @@ class SyncCensus:
               "aten::unique_consecutive", "aten::repeat_interleave"}
     INDEXING = {"aten::index", "aten::index_put_", "aten::index_put", "aten::_index_put_impl_"}
     ROOTS = ("rtd_scale/", "deepspeed/", "megatron/", "transformers/", "bench/")
+    OWN_ROOTS = ("rtd_scale/", "bench/")  # folders of this checkout; the rest are libraries
     MACHINERY = ("gpu_rtd_step.py", "torch/_compile.py", "torch/_dynamo/", "torch/_ops.py",
                  "torch/utils/_python_dispatch.py", "torch/overrides.py")
 
@@ -500,16 +501,25 @@ class SyncCensus:
         frames = [f for f in traceback.extract_stack()
                   if not any(m in f.filename.replace("\\", "/") for m in cls.MACHINERY)]
         via, site = "", ""
+        repo = REPO.as_posix() + "/"
         for fr in reversed(frames):
             path = fr.filename.replace("\\", "/")
+            # the project's own files by their place in the checkout (whatever the checkout is
+            # called, and never a library installed under it, e.g. in .venv/)
+            ours = path.startswith(repo) and "/site-packages/" not in path
             j = path.rfind("/torch/")
-            if j >= 0 and "rtd_scale" not in path:
+            if j >= 0 and not ours:
                 via = via or f"{path[j + 1:]}:{fr.lineno}"
                 continue
             for root in cls.ROOTS:
-                i = path.rfind("/" + root)
-                if i >= 0:
-                    site = f"{path[i + 1:]}:{fr.lineno}"
+                if ours and root in cls.OWN_ROOTS:
+                    if path[len(repo):].startswith(root):
+                        site = f"{path[len(repo):]}:{fr.lineno}"
+                elif not ours and root not in cls.OWN_ROOTS:
+                    i = path.rfind("/" + root)
+                    if i >= 0:
+                        site = f"{path[i + 1:]}:{fr.lineno}"
+                if site:
                     break
             if site:
                 break

@@ -556,6 +556,10 @@ def apply_override(cfg: RunConfig, assignment: str) -> None:
             what = f"one of {', '.join(m.value for m in kind)}"
         elif kind is float:
             what = "a finite value of type float"
+        current = getattr(obj, name)
+        example = current.value if isinstance(current, enum.Enum) else current
         raise ConfigError(f"--set {key}={raw}: expected {what}"
-                          + (" or none" if optional else "")) from None
+                          + (" or none" if optional else "")
+                          + (f", e.g. --set {key}={example}" if example is not None
+                             else "")) from None
     setattr(obj, name, value)

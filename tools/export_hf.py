@@ -3,7 +3,7 @@
 
     python tools/export_hf.py --load runs/base --output hf/base [--tag global_step500000]
 
-Reads the checkpoint (default: the newest, named by RUN/latest) whatever its tensor-parallel,
+Reads the checkpoint (default: the newest complete one, as --load takes it) whatever its tensor-parallel,
 pipeline-parallel and ZeRO layout: the run's recorded world is started again as local gloo
 processes on CPU, each loads its own DeepSpeed files, and they gather one consolidated state
 (rtd_scale/hf/consolidate.py). Writes, under a temporary name renamed when complete:
@@ -33,7 +33,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--load", required=True, metavar="RUN",
                    help="the run directory (pretrain.py's --save)")
-    p.add_argument("--tag", help="checkpoint to export, e.g. global_step1000 (default: latest)")
+    p.add_argument("--tag", help="checkpoint to export, e.g. global_step1000 (default: the newest complete one, as --load takes it)")
     p.add_argument("--output", required=True, metavar="DIR", help="export directory")
     p.add_argument("--tokenizer-model", help="the run's tokenizer, when it is no longer where "
                    "the run's config.json says")

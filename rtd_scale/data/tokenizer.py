@@ -346,6 +346,10 @@ class Tokenizer:
         else:
             self.kind = "sentencepiece"
             self._sp = spm.SentencePieceProcessor()
+            if not model_bytes:
+                raise TokenizerModelError(
+                    f"--tokenizer-model {model_path}: the file is empty (0 bytes); pass a "
+                    f"SentencePiece .model, a tokenizer.json or a vocab.txt, or {TRAIN_TOKENIZER_HINT}")
             try:
                 self._sp.LoadFromSerializedProto(model_bytes)
             except (RuntimeError, OSError) as e:

@@ -107,15 +107,17 @@ def test_set_optional_float_field():
     apply_override(tree, "section.scale=2.5e-3")
     assert tree.section.scale == 2.5e-3 and type(tree.section.scale) is float
     with pytest.raises(ConfigError, match=r"^--set section.scale=inf: expected a finite value "
-                                          r"of type float or none$"):
+                                          r"of type float or none, e.g. --set section.scale=0.0025$"):
         apply_override(tree, "section.scale=inf")
 
 
 @pytest.mark.parametrize("assignment, message", [
     ("optim.lr_decay_iters=ten", "--set optim.lr_decay_iters=ten: expected a value of type int or none"),
     ("optim.lr_decay_iters=1.5", "--set optim.lr_decay_iters=1.5: expected a value of type int or none"),
-    ("train.train_iters=none", "--set train.train_iters=none: expected a value of type int"),
-    ("train.precision=fp8", "--set train.precision=fp8: expected one of fp32, bf16"),
+    ("train.train_iters=none", "--set train.train_iters=none: expected a value of type int, "
+                               "e.g. --set train.train_iters=300"),
+    ("train.precision=fp8", "--set train.precision=fp8: expected one of fp32, bf16, "
+                            "e.g. --set train.precision=fp32"),
 ])
 def test_set_bad_value_is_one_line(assignment, message):
     cfg = preset("tiny")

@@ -279,3 +279,15 @@ def test_preprocess_and_pack_with_the_tokenizers_ids(tokenizers, layout, tmp_pat
     blended = build_split([(1.0, [dataset])], seq_length=64, split=(1,), part=0, seed=0,
                           cache_path=str(tmp_path / "cache"), specials=tok.specials)
     assert blended.datasets[0][0].tolist() == first.tolist()
+
+
+def test_an_empty_tokenizer_file_is_one_line_naming_the_flag(tmp_path):
+    from rtd_scale.data.tokenizer import Tokenizer, TokenizerModelError
+
+    empty = tmp_path / "empty.model"
+    empty.write_bytes(b"")
+    with pytest.raises(TokenizerModelError) as e:
+        Tokenizer(empty)
+    assert str(e.value) == (f"--tokenizer-model {empty}: the file is empty (0 bytes); pass a "
+                            "SentencePiece .model, a tokenizer.json or a vocab.txt, or train it "
+                            "with tools/train_tokenizer.py")
