@@ -78,6 +78,7 @@ def test_launcher_reports_a_user_error_without_traceback(wiki_shards, tmp_path):
 
 def _fake_checkpoint(root, step=4, layout=None, model=None):
     from rtd_scale.config import preset
+    from rtd_scale.training import checkpoint
 
     tag = root / f"global_step{step}"
     tag.mkdir(parents=True)
@@ -90,6 +91,7 @@ def _fake_checkpoint(root, step=4, layout=None, model=None):
                         "pipeline_model_parallel_size": 1, "zero_stage": 3}
     (tag / "rtd_meta.json").write_text(json.dumps(
         {"step": step, "consumed_samples": 32, "layout": layout, "config": cfg}))
+    checkpoint._write_record(str(tag), step)  # complete, as a finished save leaves it
     return root
 
 
