@@ -16,6 +16,14 @@ warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not
 warnings.filterwarnings("ignore", message=".*Apex is not installed.*")
 
 
+def standalone_env() -> dict[str, str]:
+    """This process's environment without the launcher variables that ``single_process_group``
+    sets (its MASTER_PORT is taken by this process): for a child that runs as its own one-process
+    job."""
+    launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    return {k: v for k, v in os.environ.items() if k not in launcher}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

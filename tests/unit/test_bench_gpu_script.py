@@ -17,6 +17,7 @@ from bench import gpu_rtd_step as bench
 from rtd_scale.flops import EncoderDims, RTDDims, mfu, rtd_flops_per_token, stack_flops_per_token
 
 REPO = Path(__file__).resolve().parents[2]
+from tests.conftest import standalone_env  # noqa: E402
 SCRIPT = REPO / "bench" / "gpu_rtd_step.py"
 
 ELECTRA_LARGE = RTDDims(
@@ -127,7 +128,7 @@ def test_tiny_cpu_run_covers_every_row(tmp_path):
     out = tmp_path / "tiny.json"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--tiny",
                            "--json", str(out)], capture_output=True, text=True, timeout=900,
-                          cwd=REPO)
+                          cwd=REPO, env=standalone_env())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = json.loads(out.read_text())
     rows = {(r["workload"], r["impl"]): r for r in res["rows"]}

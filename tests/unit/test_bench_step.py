@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+from tests.conftest import standalone_env  # noqa: E402
 
 pytest.importorskip("transformers")
 
@@ -20,7 +21,7 @@ def test_step_vs_hf_tiny_run(tmp_path):
         [sys.executable, str(REPO / "bench" / "step_vs_hf.py"), "--tiny", "--device", "cpu",
          "--rounds", "2", "--steps-per-round", "1", "--warmup", "1", "--profile-steps", "1",
          "--seq-length", "32", "--micro-batch", "4", "--json", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=900)
+        cwd=REPO, capture_output=True, text=True, timeout=900, env=standalone_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "| dims" in proc.stdout and "ours/HF" in proc.stdout
     results = json.loads(out.read_text())["results"]
