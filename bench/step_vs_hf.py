@@ -183,22 +183,20 @@ def hf(cfg, device: torch.device) -> Step:
 
     m = cfg.model
 
-    def electra_config(e):
-        return T.ElectraConfig(vocab_size=m.vocab_size, embedding_size=m.embedding_size,
-                               hidden_size=e.hidden_size, num_hidden_layers=e.num_layers,
-                               num_attention_heads=e.num_attention_heads,
-                               intermediate_size=e.ffn_hidden_size,
-                               hidden_dropout_prob=e.hidden_dropout,
-                               attention_probs_dropout_prob=e.attention_dropout,
-                               layer_norm_eps=e.layernorm_epsilon,
-                               max_position_embeddings=m.max_position_embeddings,
-                               pad_token_id=PAD_ID)
+    from rtd_scale.config import LayerNormPosition
+    from rtd_scale.hf import convert
+
+    # the recipe is ELECTRA at every preset's dimensions: the export's ElectraConfig
+    electra = dataclasses.replace(m, layernorm_position=LayerNormPosition.POST)
+
+    def electra_config(which: str):
+        return convert.hf_config(electra, which, pad_id=PAD_ID)
 
     torch.manual_seed(SEED)
     with torch.device(device):
-        gen = T.ElectraForMaskedLM._from_config(electra_config(m.generator),
+        gen = T.ElectraForMaskedLM._from_config(electra_config("generator"),
                                                 attn_implementation="sdpa")
-        disc = T.ElectraForPreTraining._from_config(electra_config(m.discriminator),
+        disc = T.ElectraForPreTraining._from_config(electra_config("discriminator"),
                                                     attn_implementation="sdpa")
     table = gen.electra.embeddings.word_embeddings
     both = torch.nn.ModuleDict({"generator": gen, "discriminator": disc})
