@@ -22,8 +22,8 @@ class ConfigError(UserInputError):
     """A config value is invalid; the message names the field or flag and the fix."""
 
 
-# Megatron-LM rounds the vocabulary up to a multiple of this times the TP size
-# (megatron/training/tokenizer: _vocab_size_with_padding, make-vocab-size-divisible-by 128).
+# Megatron-LM rounds the vocabulary up to a multiple of --make-vocab-size-divisible-by (default
+# 128) times the TP size (megatron/training/tokenizer: _vocab_size_with_padding).
 VOCAB_PAD_MULTIPLE = 128
 
 
@@ -110,18 +110,24 @@ class ModelConfig:
     sharing: Sharing = Sharing.GDES
     layernorm_position: LayerNormPosition = LayerNormPosition.PRE
     init_method_std: float = 0.02
+    # --make-vocab-size-divisible-by: the vocabulary is padded to a multiple of this × TP size
+    make_vocab_size_divisible_by: int = VOCAB_PAD_MULTIPLE
     recompute_activations: bool = False  # megatron-core full-layer recompute, both models
     # torch.compile of every encoder layer (in place: parameter names unchanged); GPU speed,
     # off by default (compilation takes minutes for large models)
     compile_layers: bool = False
 
     def padded_vocab_size(self, tensor_model_parallel_size: int) -> int:
-        """Vocabulary rounded up to a multiple of 128 × TP (Megatron's rule, DESIGN.md §3).
+        """Vocabulary rounded up to a multiple of ``make_vocab_size_divisible_by`` (default 128)
+        × TP: Megatron-LM's rule (``_vocab_size_with_padding``; DESIGN.md §3).
 
-        Deterministic in (vocab_size, TP). Padded ids [vocab_size, padded) are never predicted,
-        never sampled and carry no loss.
+        Deterministic in (vocab_size, make_vocab_size_divisible_by, TP). Padded ids
+        [vocab_size, padded) are never predicted, never sampled and carry no loss. With a
+        multiple of 128 every TP shard holds whole blocks of the two-level sampler
+        (``objectives/sampling.py``); a shard that does not is sampled in one level (the same
+        distribution, slower, and other draws than a shard of whole blocks).
         """
-        m = VOCAB_PAD_MULTIPLE * tensor_model_parallel_size
+        m = self.make_vocab_size_divisible_by * tensor_model_parallel_size
         return -(-self.vocab_size // m) * m
 
     def validate(self) -> None:
@@ -133,7 +139,8 @@ class ModelConfig:
                               "'pre' or 'post'") from None
         _positive("model", vocab_size=self.vocab_size, embedding_size=self.embedding_size,
                   max_position_embeddings=self.max_position_embeddings,
-                  init_method_std=self.init_method_std)
+                  init_method_std=self.init_method_std,
+                  make_vocab_size_divisible_by=self.make_vocab_size_divisible_by)
         self.generator.validate("model.generator")
         self.discriminator.validate("model.discriminator")
 
