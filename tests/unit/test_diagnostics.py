@@ -1,0 +1,130 @@
+"""Learning diagnostics (rtd_scale/training/diagnostics.py): Table 1's average cosines equal a
+brute-force pairwise computation, on random rows and on a model's real tables (GDES: E_G + E_Δ),
+vocab-parallel at TP = 2 as at TP = 1; the held-out RTD AUC equals brute-force pair counting."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rtd_scale.config import Sharing
+from rtd_scale.training.diagnostics import (AVG_COSINE_DISCRIMINATOR, AVG_COSINE_GENERATOR,
+                                            ROWWISE_COSINE, avg_pairwise_cosine, roc_auc,
+                                            table_cosines)
+
+
+def brute_force_cosine(rows: torch.Tensor) -> float:
+    """Mean of cos(r_i, r_j) over ordered pairs i != j, one pair at a time."""
+    n = rows.shape[0]
+    total = 0.0
+    for i in range(n):
+        for j in range(n):
+            if i != j:
+                total += float(torch.nn.functional.cosine_similarity(
+                    rows[i].double(), rows[j].double(), dim=0))
+    return total / (n * (n - 1))
+
+
+def brute_force_auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
+    """P(positive > negative) + ½ P(tie), over every (positive, negative) pair."""
+    pos = [float(s) for s, l in zip(scores, labels) if l == 1]
+    neg = [float(s) for s, l in zip(scores, labels) if l == 0]
+    wins = sum(1.0 if p > q else 0.5 if p == q else 0.0 for p in pos for q in neg)
+    return wins / (len(pos) * len(neg))
+
+
+def test_closed_form_cosine_equals_brute_force():
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randn(40, 7, generator=g) + 0.4  # a common direction: mean cosine well above 0
+    rows[5] = 0.0  # a zero row has cosine 0 with every row (torch's cosine_similarity)
+    ref = brute_force_cosine(rows)
+    assert ref > 0.05
+    assert avg_pairwise_cosine(rows) == pytest.approx(ref, abs=1e-12)
+    same = torch.ones(6, 3) * torch.arange(1, 7).view(6, 1)  # parallel rows: every cosine 1
+    assert avg_pairwise_cosine(same) == pytest.approx(1.0, abs=1e-12)
+    assert avg_pairwise_cosine(torch.eye(5)) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_roc_auc_equals_pair_counting_with_ties():
+    g = torch.Generator().manual_seed(1)
+    scores = torch.randint(0, 6, (300,), generator=g).float()  # many ties
+    labels = torch.randint(-1, 2, (300,), generator=g)  # -1 (padding) is ignored
+    labels[:4] = torch.tensor([0, 1, 0, 1])
+    keep = labels >= 0
+    assert roc_auc(scores, labels) == pytest.approx(brute_force_auc(scores[keep], labels[keep]),
+                                                    abs=1e-12)
+    cont = torch.randn(200, generator=g)
+    lab = (cont + torch.randn(200, generator=g) > 0).long()
+    ref = brute_force_auc(cont, lab)
+    assert ref > 0.6  # informative scores
+    assert roc_auc(cont, lab) == pytest.approx(ref, abs=1e-12)
+    assert roc_auc(torch.tensor([0.1, 0.9]), torch.tensor([0, 1])) == 1.0
+    assert roc_auc(torch.tensor([0.9, 0.1]), torch.tensor([0, 1])) == 0.0
+    assert roc_auc(torch.tensor([3.0, 3.0]), torch.tensor([0, 1])) == 0.5
+    assert torch.isnan(torch.tensor(roc_auc(torch.tensor([1.0, 2.0]), torch.tensor([1, 1]))))
+
+
+def _model(sharing: Sharing, tp_size: int):
+    from tests.dist.workers import build, tiny_config
+
+    model = build(tiny_config(sharing, vocab_size=300), tp_size)
+    table = model.discriminator_table
+    if hasattr(table, "delta"):  # E_Δ starts at zero: give it TP-independent nonzero rows
+        rows = torch.arange(table.delta.shape[0]) + model.generator_table.vocab_start_index
+        cols = torch.arange(table.delta.shape[1])
+        with torch.no_grad():
+            table.delta.copy_(0.02 * torch.sin(rows.view(-1, 1) * 0.37 + cols.view(1, -1)))
+    return model
+
+
+def _full_rows(model, vocab_size: int = 300):
+    g = model.generator_table.weight.detach()[:vocab_size]
+    d_mod = model.discriminator_table
+    if hasattr(d_mod, "delta"):
+        d = g + d_mod.delta.detach()[:vocab_size]
+    elif d_mod is model.generator_table:
+        d = g
+    else:
+        d = d_mod.weight.detach()[:vocab_size]
+    return g, d
+
+
+@pytest.mark.parametrize("sharing", [Sharing.ES, Sharing.NES, Sharing.GDES])
+def test_table_cosines_of_a_model(single_process_group, sharing):
+    model = _model(sharing, 1)
+    assert model.generator_table.weight.shape[0] > 300  # padded rows exist and are left out
+    got = table_cosines(model, single_process_group.tp_group, zero3=False)
+    g, d = _full_rows(model)
+    u = torch.nn.functional.normalize(g.double(), dim=-1)
+    v = torch.nn.functional.normalize(d.double(), dim=-1)
+    pair = lambda w: float(((w @ w.T).sum() - (w * w).sum()) / (300 * 299))  # noqa: E731
+    assert got[AVG_COSINE_GENERATOR] == pytest.approx(pair(u), abs=1e-10)
+    assert got[AVG_COSINE_DISCRIMINATOR] == pytest.approx(pair(v), abs=1e-10)
+    assert got[ROWWISE_COSINE] == pytest.approx(float((u * v).sum(-1).mean()), abs=1e-10)
+    # brute force on a slice checks the matrix form above
+    assert avg_pairwise_cosine(d[:25]) == pytest.approx(brute_force_cosine(d[:25]), abs=1e-12)
+    if sharing is Sharing.ES:
+        assert got[AVG_COSINE_DISCRIMINATOR] == got[AVG_COSINE_GENERATOR]
+        assert got[ROWWISE_COSINE] == pytest.approx(1.0, abs=1e-12)
+    if sharing is Sharing.GDES:  # the discriminator's table is E_G + E_Δ, not E_G or E_Δ alone
+        assert got[ROWWISE_COSINE] < 0.999
+        assert got[AVG_COSINE_DISCRIMINATOR] != pytest.approx(got[AVG_COSINE_GENERATOR], abs=1e-4)
+        assert got[AVG_COSINE_DISCRIMINATOR] != pytest.approx(
+            avg_pairwise_cosine(model.discriminator_table.delta.detach()[:300]), abs=1e-4)
+
+
+def cosines_worker(ctx):
+    """Table cosines of each sharing mode's model at this TP size (run by the dist harness)."""
+    return {s.value: table_cosines(_model(s, ctx.tp_size), ctx.tp_group, zero3=False)
+            for s in (Sharing.NES, Sharing.GDES)}
+
+
+@pytest.mark.dist
+def test_table_cosines_tp2_equal_tp1():
+    from tests.dist import harness
+
+    ref = harness.run(cosines_worker, world_size=1)[0]
+    for res in harness.run(cosines_worker, world_size=2, tp=2):
+        for mode, vals in ref.items():
+            assert res[mode] == pytest.approx(vals, abs=1e-10)
+    assert ref["gdes"][AVG_COSINE_DISCRIMINATOR] != pytest.approx(
+        ref["gdes"][AVG_COSINE_GENERATOR], abs=1e-4)
