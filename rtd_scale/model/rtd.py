@@ -7,7 +7,7 @@ The caller (``training/``) runs backward and the optimizer step.
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import torch
 
@@ -37,6 +37,7 @@ class RTDOutput(NamedTuple):
     counts: dict of scalar float tensors (see COUNT_KEYS), kept on the device.
     corrupted_ids: [b, s] the discriminator's input.
     masked: [b, s] bool, the masked positions.
+    rtd_logits: [b, s] the discriminator's logits (detached; validation's AUC reads them).
     """
 
     loss: torch.Tensor
@@ -45,6 +46,7 @@ class RTDOutput(NamedTuple):
     counts: dict[str, torch.Tensor]
     corrupted_ids: torch.Tensor
     masked: torch.Tensor
+    rtd_logits: Optional[torch.Tensor] = None
 
 
 class GeneratorResult(NamedTuple):
@@ -242,7 +244,8 @@ class RTDModel(torch.nn.Module):
                 "rtd_correct_original": (~predicted & is_orig).sum().float(),
             }
         return RTDOutput(loss=loss, mlm_loss=gen.mlm_loss, rtd_loss=l_rtd, counts=counts,
-                         corrupted_ids=gen.corrupted_ids, masked=gen.masked)
+                         corrupted_ids=gen.corrupted_ids, masked=gen.masked,
+                         rtd_logits=disc_logits.detach())
 
     def forward(self, input_ids: torch.Tensor, sample_index: torch.Tensor,
                 step: int = 0, has_padding: bool = True) -> RTDOutput:
