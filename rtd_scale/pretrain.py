@@ -28,6 +28,7 @@ if __name__ == "__main__" and __package__ in (None, ""):
 from rtd_scale import launch_env  # noqa: E402
 from rtd_scale.atomic import write_atomic  # noqa: E402
 from rtd_scale.cli_errors import UserInputError  # noqa: E402
+from rtd_scale import megatron_args  # noqa: E402
 from rtd_scale.config import (LayerNormPosition, Precision, RunConfig, Sharing,  # noqa: E402
                               apply_override, preset)
 
@@ -123,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
                    dest="use_checkpoint_opt_param_scheduler", action="store_true",
                    help="with --load: keep the checkpoint's learning-rate schedule, whatever "
                         "the schedule flags say")
+    megatron_args.add_model_args(p)
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="override any config field, e.g. --set model.generator.num_layers=2")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None,
@@ -175,6 +177,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         cfg.optim.override_opt_param_scheduler = True
     if args.use_checkpoint_opt_param_scheduler:
         cfg.optim.use_checkpoint_opt_param_scheduler = True
+    megatron_args.apply_model_args(cfg, args)  # after the flags above, before --set
     for assignment in args.set:
         apply_override(cfg, assignment)
     if args.ckpt_step is not None:  # one form for both: --load DIR/global_stepN

@@ -1,0 +1,169 @@
+"""Megatron-LM's model and optimizer flags (rtd_scale/megatron_args.py): a Megatron-style command
+line builds the same config as the preset plus ``--set``; generator twins and ratios; precedence;
+the refused flags."""
+from __future__ import annotations
+
+import pytest
+
+from rtd_scale.config import PRESETS, ConfigError, apply_override, preset
+from rtd_scale.megatron_args import REFUSED
+from rtd_scale.pretrain import build_parser, config_from_args, main
+
+BASE = ["--ds_config", "ds_configs/zero0.json", "--data-path", "data/x_text_document",
+        "--tokenizer-model", "spm.model"]
+
+
+def from_flags(*argv: str):
+    return config_from_args(build_parser().parse_args([*BASE, *argv]))
+
+
+def from_sets(name: str, *assignments: str):
+    cfg = preset(name)
+    cfg.data.data_path, cfg.data.tokenizer_model = ["data/x_text_document"], "spm.model"
+    cfg.train.ds_config = "ds_configs/zero0.json"
+    for a in assignments:
+        apply_override(cfg, a)
+    cfg.validate()
+    return cfg
+
+
+def test_megatron_command_line_builds_the_preset_plus_set_config():
+    megatron = from_flags(
+        "--preset", "electra-base", "--num-layers", "2", "--hidden-size", "64",
+        "--num-attention-heads", "2", "--max-position-embeddings", "128", "--seq-length", "128",
+        "--hidden-dropout", "0.05", "--attention-dropout", "0", "--init-method-std", "0.01",
+        "--make-vocab-size-divisible-by", "64", "--layernorm-epsilon", "1e-5",
+        "--adam-beta1", "0.85", "--adam-beta2", "0.99", "--adam-eps", "1e-8",
+        "--generator-hidden-size-ratio", "0.25")
+    expected = from_sets(
+        "electra-base",
+        "model.discriminator.num_layers=2", "model.discriminator.hidden_size=64",
+        "model.discriminator.num_attention_heads=2",
+        "model.discriminator.ffn_hidden_size=256",  # Megatron: 4 × --hidden-size
+        "model.discriminator.hidden_dropout=0.05", "model.discriminator.attention_dropout=0",
+        "model.discriminator.layernorm_epsilon=1e-5",
+        "model.embedding_size=64",  # Megatron: the embedding width is the hidden size
+        # ELECTRA's generator rule: depth × 1 (the preset's), width × 0.25, head size kept
+        # (64 / 2 = 32, so 16 // 32 → at least one head), FFN 4 × width, dropout and eps copied
+        "model.generator.num_layers=2", "model.generator.hidden_size=16",
+        "model.generator.num_attention_heads=1", "model.generator.ffn_hidden_size=64",
+        "model.generator.hidden_dropout=0.05", "model.generator.attention_dropout=0",
+        "model.generator.layernorm_epsilon=1e-5",
+        "model.max_position_embeddings=128", "data.seq_length=128",
+        "model.init_method_std=0.01", "model.make_vocab_size_divisible_by=64",
+        "optim.adam_beta1=0.85", "optim.adam_beta2=0.99", "optim.adam_eps=1e-8")
+    assert megatron.to_dict() == expected.to_dict()
+    assert megatron.model.generator.hidden_size == 16
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_without_model_flags_every_preset_is_unchanged(name):
+    assert from_flags("--preset", name).to_dict() == from_sets(name).to_dict()
+
+
+def test_debertav3_style_generator_keeps_the_presets_depth_ratio_and_head_size():
+    cfg = from_flags("--preset", "tiny", "--num-layers", "6", "--hidden-size", "64",
+                     "--num-attention-heads", "4")
+    d, g = cfg.model.discriminator, cfg.model.generator
+    assert (d.num_layers, d.hidden_size, d.num_attention_heads, d.ffn_hidden_size) == (6, 64, 4, 256)
+    # tiny's generator: half depth, same width; heads keep the discriminator's head size 16
+    assert (g.num_layers, g.hidden_size, g.num_attention_heads, g.ffn_hidden_size) == (3, 64, 4, 256)
+    assert cfg.model.embedding_size == 64
+
+
+def test_depth_only_leaves_the_generator_width_alone():
+    cfg = from_flags("--preset", "electra-small", "--num-layers", "6")
+    g = cfg.model.generator
+    assert (g.num_layers, g.hidden_size, g.num_attention_heads, g.ffn_hidden_size) == (6, 64, 1, 256)
+    assert cfg.model.embedding_size == 128  # no --hidden-size: the preset's factorised width
+
+
+def test_generator_twins_set_the_field_outright():
+    cfg = from_flags("--preset", "tiny", "--generator-num-layers", "1",
+                     "--generator-hidden-size", "48", "--generator-ffn-hidden-size", "100",
+                     "--generator-hidden-dropout", "0.2", "--generator-layernorm-epsilon", "1e-6")
+    g, d = cfg.model.generator, cfg.model.discriminator
+    # heads: 48 // tiny's head size 48 = 1; FFN as given, not 4 × 48
+    assert (g.num_layers, g.hidden_size, g.num_attention_heads, g.ffn_hidden_size) == (1, 48, 1, 100)
+    assert (g.hidden_dropout, g.attention_dropout, g.layernorm_epsilon) == (0.2, 0.1, 1e-6)
+    assert (d.num_layers, d.hidden_size, d.hidden_dropout) == (4, 96, 0.1)  # untouched
+    cfg = from_flags("--preset", "tiny", "--generator-num-attention-heads", "3",
+                     "--generator-attention-dropout", "0")
+    assert (cfg.model.generator.num_attention_heads, cfg.model.generator.hidden_size) == (3, 96)
+    assert cfg.model.generator.attention_dropout == 0.0
+
+
+def test_ratio_flags_scale_the_discriminator_rounding_to_nearest():
+    cfg = from_flags("--preset", "debertav3-base", "--num-layers", "10",
+                     "--generator-num-layers-ratio", "0.25", "--generator-hidden-size-ratio",
+                     "0.5")
+    g = cfg.model.generator
+    # round(2.5) = 2 (Python's and ELECTRA's int(round(·))); 768 × 0.5 = 384 with head size 64
+    assert (g.num_layers, g.hidden_size, g.num_attention_heads, g.ffn_hidden_size) == (2, 384, 6, 1536)
+    assert cfg.model.embedding_size == 768  # the shared table keeps the discriminator's width
+    cfg = from_flags("--preset", "tiny", "--generator-hidden-size-ratio", "0.5")  # ratio alone
+    assert (cfg.model.generator.hidden_size, cfg.model.generator.num_attention_heads) == (48, 1)
+
+
+def test_precedence_preset_then_flags_then_set():
+    cfg = from_flags("--preset", "tiny", "--hidden-size", "64",
+                     "--set", "model.discriminator.hidden_size=128",
+                     "--set", "model.generator.num_layers=4")
+    assert cfg.model.discriminator.hidden_size == 128  # --set beats the flag
+    assert cfg.model.discriminator.ffn_hidden_size == 256  # derived from the flag, not re-derived
+    assert cfg.model.generator.num_layers == 4  # --set beats the derived value
+    assert cfg.model.generator.hidden_size == 64  # derived from --hidden-size
+    assert from_flags("--preset", "tiny", "--adam-beta2", "0.95").optim.adam_beta2 == 0.95
+
+
+def test_vocab_padding_follows_megatrons_rule():
+    # Megatron-LM's _vocab_size_with_padding: round up to divisible_by × TP
+    cfg = from_flags("--make-vocab-size-divisible-by", "64")
+    cfg.model.vocab_size = 30_522
+    assert cfg.model.padded_vocab_size(1) == 30_528
+    assert cfg.model.padded_vocab_size(2) == 30_592
+    cfg = from_flags("--make-vocab-size-divisible-by", "1")
+    cfg.model.vocab_size = 30_522
+    assert cfg.model.padded_vocab_size(1) == 30_522
+    assert cfg.model.padded_vocab_size(4) == 30_524
+    assert from_flags().model.make_vocab_size_divisible_by == 128
+    with pytest.raises(ConfigError, match="make_vocab_size_divisible_by must be > 0"):
+        from_flags("--make-vocab-size-divisible-by", "0")
+
+
+def test_megatron_deepspeeds_spelling_is_accepted():
+    args = build_parser().parse_args(["--deepspeed", "--deepspeed_config", "ds_configs/zero3.json",
+                                      *BASE[2:], "--bert-no-binary-head"])
+    assert args.deepspeed and config_from_args(args).train.ds_config == "ds_configs/zero3.json"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--generator-hidden-size", "32", "--generator-hidden-size-ratio", "0.5"],
+     "--generator-hidden-size and --generator-hidden-size-ratio both set"),
+    (["--generator-num-layers-ratio", "0"], "--generator-num-layers-ratio 0.0: must be a positive"),
+    (["--generator-hidden-size-ratio", "nan"], "must be a positive number"),
+    (["--generator-num-layers-ratio", "0.1"],
+     r"model.generator.num_layers would be 0 \(round\(0.1 × 4\)\); pass --generator-num-layers"),
+])
+def test_bad_generator_flags_are_one_line_errors(argv, message):
+    with pytest.raises(ConfigError, match=message):
+        from_flags(*argv)
+
+
+REFUSED_CASES = [[r.flags[0]] + (["4"] if r.nargs else []) for r in REFUSED]
+
+
+@pytest.mark.parametrize("argv", REFUSED_CASES, ids=[a[0] for a in REFUSED_CASES])
+def test_refused_flags_are_one_line_naming_the_flag(argv, capsys):
+    assert main([*BASE, *argv]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {' '.join(argv)}: not supported: ")
+
+
+def test_refused_flags_accept_their_no_op_value():
+    cfg = from_flags("--position-embedding-type", "learned_absolute", "--normalization",
+                     "LayerNorm", "--context-parallel-size", "1")
+    assert cfg.to_dict() == from_sets("tiny").to_dict()
+    with pytest.raises(ConfigError, match="--normalization RMSNorm: not supported: .* "
+                                          r"\(or pass --normalization LayerNorm\)"):
+        from_flags("--normalization", "RMSNorm")
