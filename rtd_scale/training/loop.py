@@ -26,10 +26,11 @@ from rtd_scale.data.loader import DataParallelSampler, build_loader
 from rtd_scale.distributed import DeepSpeedMpu, ParallelContext
 from rtd_scale.training import checkpoint
 from rtd_scale.training.digest import DataDigest
+from rtd_scale.training.diagnostics import VALID_AUC, gather_scores, roc_auc, table_cosines
 from rtd_scale.training.engine import NonFiniteSkippingAdamW
 from rtd_scale.training.pipeline import pipeline_forward, pipeline_train_step
 from rtd_scale.training.metrics import (MetricAccumulator, TensorBoardLogger, format_log_line,
-                                        grad_norm, table_cosine)
+                                        grad_norm)
 
 
 @dataclass
@@ -182,9 +183,22 @@ def _to(mb, device, pad_id: int) -> dict:
 
 def evaluate(cfg: RunConfig, ctx: ParallelContext, engine, loader) -> dict[str, float]:
     """Validation losses and accuracies over ``eval_iters`` global batches of ``loader``
-    (forward only, dropout off). Collective over every rank; tags prefixed ``valid/``."""
+    (forward only, dropout off). Collective over every rank; tags prefixed ``valid/``.
+
+    ``valid/rtd/auc``: the exact ROC AUC (``diagnostics.roc_auc``, ties ½) of the
+    discriminator's logits, replaced (label 1) vs original (0), over every non-pad token of the
+    validation batches of all data-parallel ranks. Computed once per evaluation, on the first
+    data-parallel rank of the last pipeline stage's first tensor-parallel rank (the logging
+    rank's group; the logits are the same on every TP rank); NaN on the other ranks. Each global
+    batch's logits and labels are gathered there (``diagnostics.gather_scores``: 8 bytes per
+    token on the device) and kept in host memory (5 bytes per token; 2.1 GB for 100 batches of
+    8192 × 512), then sorted once.
+    """
     acc = MetricAccumulator(ctx.device)
     gas = len(loader) // cfg.train.eval_iters
+    pad_id = engine.module.pad_id
+    auc_here = ctx.is_last_stage and ctx.tp_rank == 0
+    scores, labels = [], []
     engine.eval()
     try:
         with torch.no_grad():
@@ -194,14 +208,24 @@ def evaluate(cfg: RunConfig, ctx: ParallelContext, engine, loader) -> dict[str, 
                 if ctx.pp_size > 1:
                     outs = pipeline_forward(engine.module, batches, step=0, ctx=ctx)
                 else:
-                    outs = [engine(**_to(mb, ctx.device, engine.module.pad_id), step=0)
-                            for mb in batches]
+                    outs = [engine(**_to(mb, ctx.device, pad_id), step=0) for mb in batches]
                 for out in outs:
                     acc.add(out, cfg.rtd.rtd_lambda)
+                if auc_here:
+                    ids = torch.stack([mb.input_ids for mb in batches]).to(ctx.device)
+                    rep = torch.stack([o.corrupted_ids for o in outs]) != ids
+                    lab = torch.where(ids == pad_id, -1, rep.to(torch.int64)).to(torch.int8)
+                    got = gather_scores(torch.stack([o.rtd_logits for o in outs]), lab,
+                                        ctx.dp_group)
+                    if got is not None:
+                        scores.append(got[0].cpu())
+                        labels.append(got[1].cpu())
     finally:
         engine.train()
     scalars = acc.reduce(ctx.dp_group)
-    return {f"valid/{k}": v for k, v in scalars.items() if not k.startswith("_")}
+    out = {f"valid/{k}": v for k, v in scalars.items() if not k.startswith("_")}
+    out[VALID_AUC] = roc_auc(torch.cat(scores), torch.cat(labels)) if scores else float("nan")
+    return out
 
 
 def format_valid_line(step: int, samples: int, scalars: dict[str, float]) -> str:
@@ -211,7 +235,8 @@ def format_valid_line(step: int, samples: int, scalars: dict[str, float]) -> str
             f"total loss: {scalars['valid/loss/total']:.6E} | "
             f"mlm acc: {scalars['valid/mlm/accuracy']:.4f} | "
             f"rtd acc replaced: {scalars['valid/rtd/accuracy_replaced']:.4f} | "
-            f"rtd acc original: {scalars['valid/rtd/accuracy_original']:.4f} |")
+            f"rtd acc original: {scalars['valid/rtd/accuracy_original']:.4f} | "
+            f"rtd auc: {scalars.get(VALID_AUC, float('nan')):.4f} |")
 
 
 def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedDataset], *,
@@ -301,9 +326,8 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
             scalars["optim/skipped_iters"] = float(guard.take_interval_count())
             # non-pad tokens over all data-parallel ranks (reduce() summed them)
             scalars["throughput/tokens_per_s"] = scalars.pop("_tokens") / elapsed
-            cos = table_cosine(model, ctx.tp_group, zero3=engine.zero_optimization_stage() == 3)
-            if cos is not None:
-                scalars["embedding/cosine_generator_discriminator"] = cos
+            scalars.update(table_cosines(model, ctx.tp_group,
+                                         zero3=engine.zero_optimization_stage() == 3) or {})
             if ctx.is_logging_rank:
                 tb.write(done, scalars)
                 print_fn(format_log_line(done, t.train_iters, consumed_samples,

@@ -4,14 +4,15 @@ One TensorBoard writer, on the logging rank (``ParallelContext.is_logging_rank``
 loss/mlm, loss/rtd, loss/total, mlm/accuracy, rtd/replaced_fraction, rtd/accuracy_replaced,
 rtd/accuracy_original, optim/lr, optim/grad_norm, optim/skipped_iters (iterations skipped for a
 non-finite loss or gradient norm since the previous log line), throughput/tokens_per_s, and
-embedding/cosine_generator_discriminator (the mean cosine similarity of the two token tables,
-arXiv 2111.09543 Table 1's diagnostic); at each evaluation (training/loop.py) the same losses and
-accuracies on the validation split under valid/ (valid/loss/mlm, valid/loss/rtd, valid/loss/total,
-valid/mlm/accuracy, valid/rtd/...).
+(first pipeline stage's tables, training/diagnostics.py) embedding/avg_cosine_generator and
+embedding/avg_cosine_discriminator (arXiv 2111.09543 Table 1: mean pairwise cosine within each
+table) and embedding/rowwise_cosine_generator_discriminator (a token's generator row vs its
+discriminator row); at each evaluation (training/loop.py) the same losses and accuracies on the
+validation split under valid/ (valid/loss/mlm, valid/loss/rtd, valid/loss/total,
+valid/mlm/accuracy, valid/rtd/...) and valid/rtd/auc (the discriminator's held-out ROC AUC).
 """
 from __future__ import annotations
 
-import contextlib
 import time
 from typing import Optional
 
@@ -81,34 +82,6 @@ def grad_norm(model: torch.nn.Module, tp_rank: int, model_parallel_group) -> flo
     if dist.is_initialized():
         dist.all_reduce(total, group=model_parallel_group)
     return float(total.sqrt())
-
-
-@torch.no_grad()
-def table_cosine(model, tp_group, zero3: bool) -> Optional[float]:
-    """Mean cosine similarity between the generator's and the discriminator's token rows over
-    the real vocabulary (arXiv 2111.09543 Table 1's diagnostic; 1.0 under ES). Gathers ZeRO-3
-    partitions of the two tables and sums over the tensor-parallel group, so every rank of the
-    first stage must call it; None on other pipeline stages."""
-    if not model.pre_process:  # the tables live on the first pipeline stage
-        return None
-    g_table, d_mod = model.generator_table, model.discriminator_table
-    params = [g_table.weight] + ([d_mod.delta] if hasattr(d_mod, "delta") else [d_mod.weight])
-    gather = contextlib.nullcontext()
-    if zero3:
-        import deepspeed
-
-        gather = deepspeed.zero.GatheredParameters(params)
-    with gather:
-        g = g_table.weight.float()
-        d = g + d_mod.delta.float() if hasattr(d_mod, "delta") else d_mod.weight.float()
-        real = torch.arange(g_table.vocab_start_index, g_table.vocab_end_index,
-                            device=g.device) < model.cfg.vocab_size
-        cos = torch.nn.functional.cosine_similarity(g[real], d[real], dim=-1)
-        stats = torch.stack([cos.sum().double(), torch.tensor(float(cos.numel()),
-                                                              dtype=torch.float64)])
-    if dist.is_initialized() and dist.get_world_size(tp_group) > 1:
-        dist.all_reduce(stats, group=tp_group)
-    return float(stats[0] / stats[1].clamp(min=1))
 
 
 class TensorBoardLogger:

@@ -57,7 +57,8 @@ def common(wiki_shards, save: Path, iters: int, extra=()) -> list[str]:
 
 TAGS = {"loss/mlm", "loss/rtd", "loss/total", "mlm/accuracy", "rtd/replaced_fraction",
         "rtd/accuracy_replaced", "rtd/accuracy_original", "optim/lr", "optim/grad_norm",
-        "throughput/tokens_per_s", "embedding/cosine_generator_discriminator"}
+        "throughput/tokens_per_s", "embedding/avg_cosine_generator",
+        "embedding/avg_cosine_discriminator", "embedding/rowwise_cosine_generator_discriminator"}
 
 
 def test_zero3_two_ranks_train_checkpoint_and_resume_exactly(wiki_shards, tmp_path):
@@ -78,9 +79,17 @@ def test_zero3_two_ranks_train_checkpoint_and_resume_exactly(wiki_shards, tmp_pa
     assert sorted(s["loss/total"]) == [1, 2, 3, 4, 5, 6]
     assert sorted(s["valid/loss/mlm"]) == [2, 4, 6]
     assert {"valid/loss/rtd", "valid/loss/total", "valid/mlm/accuracy"} <= set(s)
-    # GDES: E_D = E_G + E_Δ starts equal to E_G (cosine 1), then E_Δ moves it (ZeRO-3 gathered)
-    cos = s["embedding/cosine_generator_discriminator"]
+    # GDES: E_D = E_G + E_Δ starts equal to E_G (row-wise cosine 1, the same Table-1 average),
+    # then E_Δ moves it (ZeRO-3 gathered)
+    cos = s["embedding/rowwise_cosine_generator_discriminator"]
     assert cos[1] == pytest.approx(1.0, abs=1e-3) and 0.0 < cos[6] < 1.0
+    avg_g, avg_d = s["embedding/avg_cosine_generator"], s["embedding/avg_cosine_discriminator"]
+    assert avg_d[1] == pytest.approx(avg_g[1], abs=1e-3) and avg_d[6] != avg_g[6]
+    assert all(-0.1 < v < 0.5 for v in list(avg_g.values()) + list(avg_d.values()))
+    # the held-out AUC: in the validation line and TensorBoard at every validation
+    auc = s["valid/rtd/auc"]
+    assert sorted(auc) == [2, 4, 6] and all(0.0 < v < 1.0 for v in auc.values())
+    assert r.stdout.count(" | rtd auc: ") == 3
     for step, v in s["loss/total"].items():
         assert v == v and abs(v) < 1e4, (step, v)  # finite
         assert v == pytest.approx(s["loss/mlm"][step] + 50.0 * s["loss/rtd"][step], rel=1e-5)
