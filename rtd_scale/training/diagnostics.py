@@ -126,17 +126,18 @@ def roc_auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
     """
     scores, labels = scores.reshape(-1), labels.reshape(-1)
     keep = (labels == 0) | (labels == 1)
-    s, pos = scores[keep].double(), labels[keep] == 1
+    s, pos = scores[keep], labels[keep] == 1
     n1 = int(pos.sum())
     n0 = int(s.numel()) - n1
     if n1 == 0 or n0 == 0:
         return float("nan")
     s_sorted, order = torch.sort(s)
     _, counts = torch.unique_consecutive(s_sorted, return_counts=True)
-    ends = torch.cumsum(counts, 0).double()  # 1-based rank of each tie group's last element
-    avg_rank = ends - (counts.double() - 1) / 2  # mean of ranks end − count + 1 … end
-    ranks = torch.repeat_interleave(avg_rank, counts)  # per sorted element
-    r_pos = float(ranks[pos[order]].sum())
+    ends = torch.cumsum(counts, 0)  # 1-based rank of each tie group's last element
+    pos_before = torch.cumsum(pos[order].to(torch.int64), 0)[ends - 1]
+    pos_in_group = torch.diff(pos_before, prepend=pos_before.new_zeros(1))
+    avg_rank = ends.double() - (counts.double() - 1) / 2  # mean of ranks end − count + 1 … end
+    r_pos = float((avg_rank * pos_in_group.double()).sum())
     return (r_pos - n1 * (n1 + 1) / 2) / (n1 * n0)
 
 
