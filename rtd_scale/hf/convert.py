@@ -64,10 +64,15 @@ ELECTRA_DISCRIMINATOR = "ElectraForPreTraining"
 ELECTRA_GENERATOR = "ElectraForMaskedLM"
 ROBERTA_PRE_DISCRIMINATOR = "RobertaPreLayerNormModel"
 ROBERTA_PRE_GENERATOR = "RobertaPreLayerNormForMaskedLM"
+DEBERTA_DISCRIMINATOR = "DebertaV2Model"
+DEBERTA_GENERATOR = "DebertaV2ForMaskedLM"
 
 # Hugging Face base-model prefix of each class's encoder ("" : the class is the base model).
 _BASE = {ELECTRA_DISCRIMINATOR: "electra.", ELECTRA_GENERATOR: "electra.",
-         ROBERTA_PRE_DISCRIMINATOR: "", ROBERTA_PRE_GENERATOR: "roberta_prelayernorm."}
+         ROBERTA_PRE_DISCRIMINATOR: "", ROBERTA_PRE_GENERATOR: "roberta_prelayernorm.",
+         DEBERTA_DISCRIMINATOR: "", DEBERTA_GENERATOR: "deberta."}
+
+BERT_ATTENTION, DISENTANGLED = "bert", "disentangled"
 
 
 class ExportError(UserInputError):
@@ -80,8 +85,31 @@ def layout(model: ModelConfig) -> str:
     return getattr(value, "value", value)
 
 
+def attention_type(model: ModelConfig) -> str:
+    """"bert" or "disentangled": the encoders' attention (``model.attention_type``)."""
+    value = getattr(model, "attention_type", BERT_ATTENTION)
+    return getattr(value, "value", value)
+
+
+def is_deberta(model: ModelConfig) -> bool:
+    """True when the export targets Hugging Face's DebertaV2 classes (disentangled attention)."""
+    return attention_type(model) == DISENTANGLED
+
+
+def relative_positions(model: ModelConfig) -> tuple[int, int]:
+    """(position_buckets, max_relative_positions) of a disentangled model, as DebertaV2Config
+    holds them (arXiv 2111.09543 §4: 256 buckets; the span is the maximum position)."""
+    buckets = getattr(model, "position_buckets", 256)
+    span = getattr(model, "max_relative_positions", -1)
+    if span is None or span < 1:
+        span = model.max_position_embeddings
+    return buckets, span
+
+
 def class_names(model: ModelConfig) -> tuple[str, str]:
     """(discriminator class, generator class) of the export for this model's layout."""
+    if is_deberta(model):
+        return DEBERTA_DISCRIMINATOR, DEBERTA_GENERATOR
     if layout(model) == POST:
         return ELECTRA_DISCRIMINATOR, ELECTRA_GENERATOR
     return ROBERTA_PRE_DISCRIMINATOR, ROBERTA_PRE_GENERATOR
@@ -116,9 +144,19 @@ def _wb(ours: str, theirs: str) -> list[tuple[str, str]]:
     return [(f"{ours}.weight", f"{theirs}.weight"), (f"{ours}.bias", f"{theirs}.bias")]
 
 
-def _encoder_pairs(enc: EncoderConfig, lay: str, projected: bool) -> list[tuple[str, str]]:
+def _encoder_pairs(enc: EncoderConfig, lay: str, projected: bool,
+                   deberta: bool = False) -> list[tuple[str, str]]:
     """1:1 tensor pairs (ours relative to the encoder, theirs relative to the base model)."""
     pairs = _wb("embeddings.norm", "embeddings.LayerNorm")
+    if deberta:  # post-LN layers under BERT's sub-module names, one relative table per encoder
+        if projected:  # DebertaV2Embeddings.embed_proj: E → H before the LayerNorm, no bias
+            pairs.append(("embeddings.projection.weight", "embeddings.embed_proj.weight"))
+        pairs.append(("rel_embeddings.weight", "encoder.rel_embeddings.weight"))
+        pairs += _wb("rel_embeddings_norm", "encoder.LayerNorm")
+        for i in range(enc.num_layers):
+            for ours, theirs in _LAYER_LINEARS + _LAYER_NORMS[POST]:
+                pairs += _wb(f"block.layers.{i}.{ours}", f"encoder.layer.{i}.{theirs}")
+        return pairs
     if projected:
         pairs += _wb("embeddings.projection", "embeddings_project")
     if lay == POST:
@@ -180,8 +218,15 @@ def check_exportable(model: ModelConfig) -> None:
     """Refuse, before any work, a model the layout's Hugging Face classes cannot hold.
 
     Raises:
-        ExportError: the pre layout with an embedding size other than a hidden size.
+        ExportError: the pre layout with an embedding size other than a hidden size;
+            disentangled attention in the pre layout (DebertaV2 is post-LayerNorm).
     """
+    if is_deberta(model):
+        if layout(model) != POST:
+            raise ExportError("cannot export: Hugging Face's DebertaV2 is post-LayerNorm, but "
+                              "this disentangled model has --layernorm-position pre; train with "
+                              "--layernorm-position post")
+        return
     if layout(model) != PRE:
         return
     for name in ("discriminator", "generator"):
@@ -198,7 +243,7 @@ def check_exportable(model: ModelConfig) -> None:
 def hf_config(model: ModelConfig, which: str, *, pad_id: int, cls_id: Optional[int] = None,
               sep_id: Optional[int] = None):
     """The transformers config of the ``which`` ("discriminator" / "generator") export."""
-    from transformers import ElectraConfig, RobertaPreLayerNormConfig
+    from transformers import DebertaV2Config, ElectraConfig, RobertaPreLayerNormConfig
 
     enc: EncoderConfig = getattr(model, which)
     disc_cls, gen_cls = class_names(model)
@@ -210,6 +255,19 @@ def hf_config(model: ModelConfig, which: str, *, pad_id: int, cls_id: Optional[i
                   initializer_range=model.init_method_std, layer_norm_eps=enc.layernorm_epsilon,
                   pad_token_id=pad_id,
                   architectures=[disc_cls if which == "discriminator" else gen_cls])
+    if is_deberta(model):
+        buckets, span = relative_positions(model)
+        common.update(type_vocab_size=0, bos_token_id=cls_id, eos_token_id=sep_id)
+        # DeBERTaV3's released configuration (arXiv 2111.09543; microsoft/deberta-v3-*):
+        # relative attention in log buckets, c2p and p2c, the relative table LayerNorm'd and
+        # projected by each layer's own query / key (share_att_key), no absolute positions in
+        # the input; legacy=True is the MLM head with the embedding-width transform (ours).
+        return DebertaV2Config(
+            max_position_embeddings=model.max_position_embeddings, relative_attention=True,
+            position_buckets=buckets, max_relative_positions=span,
+            pos_att_type=["p2c", "c2p"], norm_rel_ebd="layer_norm", share_att_key=True,
+            position_biased_input=False, embedding_size=model.embedding_size, legacy=True,
+            **common)
     if layout(model) == POST:
         return ElectraConfig(embedding_size=model.embedding_size,
                              max_position_embeddings=model.max_position_embeddings, **common)
@@ -227,9 +285,19 @@ def _encoder_to_hf(state: dict[str, torch.Tensor], used: set[str], which: str,
         used.add(f"{which}.{name}")
         return state[f"{which}.{name}"]
 
+    deberta = is_deberta(model)
     out = {theirs: take(ours)
-           for ours, theirs in _encoder_pairs(enc, lay, model.embedding_size != enc.hidden_size)}
+           for ours, theirs in _encoder_pairs(enc, lay, model.embedding_size != enc.hidden_size,
+                                              deberta)}
     out["embeddings.word_embeddings.weight"] = table
+    if deberta:  # no absolute positions, no token type; DebertaV2's q/k/v are *_proj
+        for i in range(enc.num_layers):
+            for leaf in ("weight", "bias"):
+                q, k, v = split_qkv(take(f"block.layers.{i}.self_attention.linear_qkv.{leaf}"),
+                                    enc.num_attention_heads)
+                for part, t in zip(("query_proj", "key_proj", "value_proj"), (q, k, v)):
+                    out[f"encoder.layer.{i}.attention.self.{part}.{leaf}"] = t
+        return out
     position = take("embeddings.position.weight")  # [P, E]
     if lay == PRE:
         shifted = position.new_zeros(position.shape[0] + pad_id + 1, position.shape[1])
@@ -282,8 +350,11 @@ def to_hf(state: dict[str, torch.Tensor], model: ModelConfig, *, pad_id: int,
     base = _BASE[disc_cls]
     d_state = {base + k: v for k, v in
                _encoder_to_hf(state, used, "discriminator", model, disc_table, pad_id).items()}
-    if lay == POST:
+    if lay == POST and not is_deberta(model):
         disc = HFModel(disc_cls, hf_config(model, "discriminator", **ids), {**d_state, **rtd_head})
+    elif is_deberta(model):
+        disc = HFModel(disc_cls, hf_config(model, "discriminator", **ids), d_state,
+                       extra_files={RTD_HEAD_FILE: rtd_head})
     else:
         disc = HFModel(disc_cls, hf_config(model, "discriminator", **ids), d_state,
                        extra_files={RTD_HEAD_FILE: rtd_head},
@@ -293,7 +364,15 @@ def to_hf(state: dict[str, torch.Tensor], model: ModelConfig, *, pad_id: int,
     g_state = {base + k: v for k, v in
                _encoder_to_hf(state, used, "generator", model, gen_table, pad_id).items()}
     bias = take("mlm_head.bias")
-    if lay == POST:
+    if is_deberta(model):  # DebertaV2ForMaskedLM's legacy head: transform, tied decoder
+        g_state.update({
+            "cls.predictions.transform.dense.weight": take("mlm_head.dense.weight"),
+            "cls.predictions.transform.dense.bias": take("mlm_head.dense.bias"),
+            "cls.predictions.transform.LayerNorm.weight": take("mlm_head.norm.weight"),
+            "cls.predictions.transform.LayerNorm.bias": take("mlm_head.norm.bias"),
+            "cls.predictions.bias": bias, "cls.predictions.decoder.weight": gen_table,
+            "cls.predictions.decoder.bias": bias})
+    elif lay == POST:
         g_state.update({
             "generator_predictions.dense.weight": take("mlm_head.dense.weight"),
             "generator_predictions.dense.bias": take("mlm_head.dense.bias"),
@@ -366,10 +445,13 @@ def check_config(src: HFSource, model: ModelConfig, which: str, *, flag: str) ->
               ("num_attention_heads", enc.num_attention_heads,
                f"model.{which}.num_attention_heads"),
               ("intermediate_size", enc.ffn_hidden_size, f"model.{which}.ffn_hidden_size")]
-    if layout(model) == POST:
+    if is_deberta(model):
+        _check_deberta(src, model, which, flag=flag)
+        checks.append(("embedding_size", model.embedding_size, "model.embedding_size"))
+    elif layout(model) == POST:
         checks.append(("embedding_size", model.embedding_size, "model.embedding_size"))
     for key, ours, field_name in checks:
-        theirs = getattr(c, key)
+        theirs = getattr(c, key, c.hidden_size if key == "embedding_size" else None)
         if theirs != ours:
             raise UserInputError(
                 f"{flag} {src.where}: the {which}'s {key} is {theirs} there but {ours} in this "
@@ -390,6 +472,53 @@ def check_config(src: HFSource, model: ModelConfig, which: str, *, flag: str) ->
     return notes
 
 
+def _check_deberta(src: HFSource, model: ModelConfig, which: str, *, flag: str) -> None:
+    """Refuse a DebertaV2 config whose attention is not DeBERTaV3's (the one rtd_scale's
+    disentangled attention computes).
+
+    Raises:
+        UserInputError: one line naming the config field, its value and the fix.
+    """
+    c = src.config
+    where = f"{flag} {src.where}: the {which}'s"
+    fixed = [("relative_attention", True), ("position_biased_input", False),
+             ("share_att_key", True)]
+    for key, want in fixed:
+        if bool(getattr(c, key, None)) != want:
+            raise UserInputError(
+                f"{where} {key} is {getattr(c, key, None)} there; rtd_scale's disentangled "
+                f"attention is DeBERTaV3's ({key}={want}): pass a DeBERTaV3 checkpoint")
+    att = getattr(c, "pos_att_type", None) or []
+    att = [a.strip() for a in att.lower().split("|")] if isinstance(att, str) else list(att)
+    if sorted(att) != ["c2p", "p2c"]:
+        raise UserInputError(f"{where} pos_att_type is {att} there; rtd_scale's disentangled "
+                             "attention computes both c2p and p2c: pass a DeBERTaV3 checkpoint")
+    norm = [x.strip() for x in str(getattr(c, "norm_rel_ebd", "none")).lower().split("|")]
+    if "layer_norm" not in norm:
+        raise UserInputError(f"{where} norm_rel_ebd is {getattr(c, 'norm_rel_ebd', None)!r} "
+                             "there; rtd_scale LayerNorms the relative table ('layer_norm'): "
+                             "pass a DeBERTaV3 checkpoint")
+    if getattr(c, "conv_kernel_size", 0) or getattr(c, "type_vocab_size", 0):
+        key = "conv_kernel_size" if getattr(c, "conv_kernel_size", 0) else "type_vocab_size"
+        raise UserInputError(f"{where} {key} is {getattr(c, key)} there; rtd_scale's encoders "
+                             f"have no {'convolution layer' if key[0] == 'c' else 'token types'}"
+                             " (DeBERTaV3 has neither): pass a DeBERTaV3 checkpoint")
+    head = getattr(c, "attention_head_size", None)
+    if head is not None and head * c.num_attention_heads != c.hidden_size:
+        raise UserInputError(f"{where} attention_head_size {head} × {c.num_attention_heads} "
+                             f"heads != hidden_size {c.hidden_size}; rtd_scale's heads split "
+                             "the hidden size")
+    buckets, span = relative_positions(model)
+    theirs_span = getattr(c, "max_relative_positions", -1)
+    if theirs_span is None or theirs_span < 1:
+        theirs_span = c.max_position_embeddings
+    for key, theirs, ours in (("position_buckets", getattr(c, "position_buckets", -1), buckets),
+                              ("max_relative_positions", theirs_span, span)):
+        if theirs != ours:
+            raise UserInputError(f"{where} {key} is {theirs} there but {ours} in this model; "
+                                 f"pass --set model.{key}={theirs}")
+
+
 def _encoder_from_hf(src: HFSource, base: str, which: str, model: ModelConfig, pad_id: int,
                      notes: list[str]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """(canonical tensors of one encoder except its token table, that encoder's word table)."""
@@ -398,12 +527,21 @@ def _encoder_from_hf(src: HFSource, base: str, which: str, model: ModelConfig, p
     s = {k[len(base):]: v for k, v in src.state.items() if k.startswith(base)}
     out: dict[str, torch.Tensor] = {}
     layers = src.config.num_hidden_layers
-    projected = "embeddings_project.weight" in s
-    pairs = _encoder_pairs(dataclasses.replace(enc, num_layers=layers), lay, projected)
+    deberta = is_deberta(model)
+    projected = ("embeddings.embed_proj.weight" if deberta else "embeddings_project.weight") in s
+    pairs = _encoder_pairs(dataclasses.replace(enc, num_layers=layers), lay, projected, deberta)
     for ours, theirs in pairs:
         if ours == "embeddings.token_type.weight":
             continue
         out[f"{which}.{ours}"] = s[theirs]
+    if deberta:
+        for i in range(layers):
+            for leaf in ("weight", "bias"):
+                q, k, v = (s[f"encoder.layer.{i}.attention.self.{p}_proj.{leaf}"]
+                           for p in ("query", "key", "value"))
+                out[f"{which}.block.layers.{i}.self_attention.linear_qkv.{leaf}"] = fuse_qkv(
+                    q, k, v, src.config.num_attention_heads)
+        return out, s["embeddings.word_embeddings.weight"]
     position = s["embeddings.position_embeddings.weight"]
     token_type = s["embeddings.token_type_embeddings.weight"]
     if lay == PRE:
@@ -462,7 +600,20 @@ def from_hf(model: ModelConfig, *, discriminator: HFSource, generator: Optional[
                                         notes)
         out.update(g)
         gs = generator.state
-        if lay == POST:
+        if is_deberta(model) and "lm_predictions.lm_head.bias" in gs:
+            # DebertaV2ForMaskedLM with legacy=False (DeBERTa's own head names), E = H
+            names = {"dense.weight": "lm_predictions.lm_head.dense.weight",
+                     "dense.bias": "lm_predictions.lm_head.dense.bias",
+                     "norm.weight": "lm_predictions.lm_head.LayerNorm.weight",
+                     "norm.bias": "lm_predictions.lm_head.LayerNorm.bias",
+                     "bias": "lm_predictions.lm_head.bias"}
+        elif is_deberta(model):
+            names = {"dense.weight": "cls.predictions.transform.dense.weight",
+                     "dense.bias": "cls.predictions.transform.dense.bias",
+                     "norm.weight": "cls.predictions.transform.LayerNorm.weight",
+                     "norm.bias": "cls.predictions.transform.LayerNorm.bias",
+                     "bias": "cls.predictions.bias"}
+        elif lay == POST:
             names = {"dense.weight": "generator_predictions.dense.weight",
                      "dense.bias": "generator_predictions.dense.bias",
                      "norm.weight": "generator_predictions.LayerNorm.weight",

@@ -6,6 +6,10 @@ PATH may be
 - a Hugging Face ELECTRA directory: ``ElectraForPreTraining`` (or ``ElectraModel``: the RTD head
   then starts fresh), with or without an ``ElectraForMaskedLM`` in PATH/generator — without it
   the generator starts fresh, and under ES and GDES its table starts as the discriminator's;
+- a Hugging Face DeBERTaV3 directory (``model_type`` deberta-v2, ``--attention-type
+  disentangled``): any ``DebertaV2Model`` / ``DebertaV2For…`` checkpoint for the discriminator
+  (its heads are left aside; an RTD head only from PATH/rtd_head.safetensors), a
+  ``DebertaV2ForMaskedLM`` (either MLM head layout) in PATH/generator, as for ELECTRA;
 - an ``--export`` .pt file (``{"config", "model"}``, our canonical state).
 
 The weights go into the model before ``deepspeed.initialize`` (every rank reads PATH and keeps its
@@ -29,12 +33,23 @@ FLAG = "--pretrained-checkpoint"
 
 def _hf_class(model_type: str, path: str, model: ModelConfig) -> tuple[str, str]:
     want = convert.layout(model)
-    have = {"electra": convert.POST, "roberta-prelayernorm": convert.PRE}.get(model_type)
+    have = {"electra": convert.POST, "roberta-prelayernorm": convert.PRE,
+            "deberta-v2": convert.POST}.get(model_type)
     if have is None:
         raise UserInputError(
-            f"{FLAG} {path}: model_type {model_type!r}; rtd_scale imports ELECTRA (post-LayerNorm) "
-            "and RoBERTa-PreLayerNorm (pre-LayerNorm) checkpoints, its own exports and --export "
-            ".pt files")
+            f"{FLAG} {path}: model_type {model_type!r}; rtd_scale imports ELECTRA (post-LayerNorm), "
+            "RoBERTa-PreLayerNorm (pre-LayerNorm) and DeBERTaV3 (deberta-v2) checkpoints, its "
+            "own exports and --export .pt files")
+    theirs = convert.DISENTANGLED if model_type == "deberta-v2" else convert.BERT_ATTENTION
+    if theirs != convert.attention_type(model):
+        what = "disentangled" if theirs == convert.DISENTANGLED else "BERT-style"
+        raise UserInputError(f"{FLAG} {path}: a {model_type} checkpoint has {what} attention; "
+                             f"pass --attention-type {theirs}")
+    if model_type == "deberta-v2":
+        if want != convert.POST:
+            raise UserInputError(f"{FLAG} {path}: a deberta-v2 checkpoint has the "
+                                 "post-LayerNorm layout; pass --layernorm-position post")
+        return convert.DEBERTA_DISCRIMINATOR, convert.DEBERTA_GENERATOR
     if have != want:
         raise UserInputError(
             f"{FLAG} {path}: a {model_type} checkpoint has the {have}-LayerNorm layout; pass "
@@ -43,11 +58,16 @@ def _hf_class(model_type: str, path: str, model: ModelConfig) -> tuple[str, str]
         else (convert.ROBERTA_PRE_DISCRIMINATOR, convert.ROBERTA_PRE_GENERATOR)
 
 
+# Heads a DebertaV2Model read from a DebertaV2For… checkpoint leaves aside (the pooler of
+# sequence classification, the MLM heads, DeBERTa's own RTD head, a task classifier).
+_DEBERTA_HEADS = ("pooler.", "cls.", "lm_predictions.", "mask_predictions.", "classifier.")
+
+
 def _load_hf(cls_name: str, path: str, fresh_ok: tuple[str, ...] = (),
              **kwargs) -> convert.HFSource:
     """A transformers model's state dict through ``from_pretrained`` (any file format it reads),
     refusing missing tensors other than ``fresh_ok`` prefixes and unexpected ones other than
-    RoBERTa's untrained pooler."""
+    RoBERTa's untrained pooler (and, for ``DebertaV2Model``, the heads of a DebertaV2For…)."""
     import transformers
 
     try:
@@ -58,6 +78,8 @@ def _load_hf(cls_name: str, path: str, fresh_ok: tuple[str, ...] = (),
                              f"({str(e).splitlines()[0]})") from None
     missing = [k for k in info["missing_keys"] if not k.startswith(fresh_ok)]
     unexpected = [k for k in info["unexpected_keys"] if ".pooler." not in f".{k}"]
+    if cls_name == convert.DEBERTA_DISCRIMINATOR:
+        unexpected = [k for k in unexpected if not k.startswith(_DEBERTA_HEADS)]
     bad = info.get("mismatched_keys") or []
     if missing or unexpected or bad:
         what = (f"missing {missing[0]}" if missing else
@@ -92,6 +114,10 @@ def read_pretrained(path: str, model: ModelConfig, *, pad_id: int
         if have != convert.layout(model):
             raise UserInputError(f"{FLAG} {path}: saved with the {have}-LayerNorm layout; pass "
                                  f"--layernorm-position {have}")
+        att = old.get("attention_type", convert.BERT_ATTENTION)
+        if att != convert.attention_type(model):
+            raise UserInputError(f"{FLAG} {path}: saved with --attention-type {att}; pass "
+                                 f"--attention-type {att}")
         if old.get("sharing", model.sharing.value) != model.sharing.value:
             raise UserInputError(f"{FLAG} {path}: saved with --sharing {old['sharing']}; pass "
                                  f"--sharing {old['sharing']} (or load its Hugging Face export, "
@@ -104,7 +130,7 @@ def read_pretrained(path: str, model: ModelConfig, *, pad_id: int
         hint = (" (a run directory: export it first with tools/export_hf.py --load "
                 f"{path} --output DIR)" if os.path.isfile(os.path.join(path, "latest")) else "")
         raise UserInputError(f"{FLAG} {path}: no config.json{hint}; pass an export directory, "
-                             "a Hugging Face ELECTRA directory or an --export .pt file")
+                             "a Hugging Face ELECTRA / DeBERTaV3 directory or an --export .pt file")
     import json
 
     with open(config_path, encoding="utf-8") as f:
