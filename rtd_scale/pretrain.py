@@ -442,8 +442,20 @@ def export_consolidated(engine, model, cfg: RunConfig, ctx, path: str) -> None:
 
 
 def summary_text(summary: dict) -> str:
-    """Human summary: first and last logged losses, where the logs and checkpoint are."""
+    """Human summary: first and last logged losses, arXiv 2111.09543 Table 1's average
+    embedding cosines, the held-out RTD AUC and a verdict on it, where the logs and checkpoint
+    are.
+
+    The verdict reads the AUC at the last validation (``valid/rtd/auc``): more than 3 chance
+    standard deviations above 0.5 (``diagnostics.auc_chance_sd`` for that validation's class
+    sizes) means the discriminator tells replaced tokens from original ones by context; within
+    them it is on the prior plateau (its loss at most the entropy of the replaced fraction,
+    accuracy on replaced tokens 0 at logit 0). The change since the first validation is shown
+    beside it."""
     import math
+
+    from rtd_scale.training.diagnostics import (AVG_COSINE_DISCRIMINATOR, AVG_COSINE_GENERATOR,
+                                                VALID_AUC, VALID_AUC_CHANCE_SD)
 
     hist = summary["history"]
     (s0, first), (s1, last) = hist[0], hist[-1]
@@ -455,20 +467,44 @@ def summary_text(summary: dict) -> str:
         f"  L_MLM  first {first['loss/mlm']:.4f} (iteration {s0})  →  last {last['loss/mlm']:.4f}"
         f" (iteration {s1})",
         f"  L_RTD  first {first['loss/rtd']:.4f} (iteration {s0})  →  last {last['loss/rtd']:.4f}"
-        f" (iteration {s1})",
-        f"         (a discriminator that only knows the replaced fraction {p:.3f} scores "
-        f"{prior:.4f}; clearly below that, with accuracy on replaced tokens above 0, it "
-        "detects replacements from context)",
+        f" (iteration {s1}); knowing only the replaced fraction {p:.3f} gives {prior:.4f}",
         f"  MLM accuracy {first['mlm/accuracy']:.3f} → {last['mlm/accuracy']:.3f}; discriminator "
         f"accuracy on replaced {last['rtd/accuracy_replaced']:.3f}, on original "
-        f"{last['rtd/accuracy_original']:.3f}",
+        f"{last['rtd/accuracy_original']:.3f} (at logit 0)",
     ]
-    valid = summary.get("valid_history") or []
+    if AVG_COSINE_GENERATOR in last:
+        lines.append(f"  average cosine within each token table (arXiv 2111.09543 Table 1): "
+                     f"generator {last[AVG_COSINE_GENERATOR]:.3f}, discriminator "
+                     f"{last[AVG_COSINE_DISCRIMINATOR]:.3f}")
+    valid = list(summary.get("valid_history") or [])
     if valid:
         (v0, a), (v1, b) = valid[0], valid[-1]
         lines.append(f"  validation L_MLM {a['valid/loss/mlm']:.4f} (iteration {v0}) → "
                      f"{b['valid/loss/mlm']:.4f} (iteration {v1}), L_RTD "
                      f"{a['valid/loss/rtd']:.4f} → {b['valid/loss/rtd']:.4f}")
+    auc = [(k, v[VALID_AUC]) for k, v in valid if not math.isnan(v.get(VALID_AUC, math.nan))]
+    if not auc:
+        lines.append("  verdict: no held-out RTD AUC (no validation ran; set --eval-interval "
+                     "and --eval-iters above 0 with a validation share in --split)")
+    else:
+        (a0, auc0), (a1, auc1) = auc[0], auc[-1]
+        sd = dict(valid)[a1].get(VALID_AUC_CHANCE_SD, math.nan)
+        z = (auc1 - 0.5) / sd if sd > 0 else math.nan
+        trend = (f"; {auc0:.4f} at iteration {a0}, {auc1 - auc0:+.4f} since" if a0 != a1
+                 else "")
+        lines.append(f"  held-out RTD AUC {auc1:.4f} at iteration {a1} (0.5 = chance, "
+                     f"± {sd:.4f} for these token counts{trend})")
+        if z > 3:
+            verdict = ("learning: the discriminator ranks replaced tokens above original ones "
+                       f"from context ({z:.1f} chance standard deviations above 0.5)")
+        elif z < -3:
+            verdict = ("below chance: the discriminator ranks replaced tokens below original "
+                       "ones, which training should never do; check the data and the labels")
+        else:
+            verdict = ("on the prior plateau: the discriminator does not yet tell replaced "
+                       "tokens from original ones (AUC within 3 chance standard deviations of "
+                       "0.5); train longer (see the README, \"What 300 CPU steps show\")")
+        lines.append(f"  verdict: {verdict}")
     if summary.get("tensorboard_dir"):
         lines.append(f"  TensorBoard: tensorboard --logdir {summary['tensorboard_dir']}")
     if summary.get("checkpoint_dir"):

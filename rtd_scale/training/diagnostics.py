@@ -28,12 +28,13 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["avg_pairwise_cosine", "cosine_parts", "cosine_from_parts", "table_cosines",
-           "roc_auc", "gather_scores"]
+           "roc_auc", "auc_chance_sd", "gather_scores"]
 
 AVG_COSINE_GENERATOR = "embedding/avg_cosine_generator"
 AVG_COSINE_DISCRIMINATOR = "embedding/avg_cosine_discriminator"
 ROWWISE_COSINE = "embedding/rowwise_cosine_generator_discriminator"
 VALID_AUC = "valid/rtd/auc"
+VALID_AUC_CHANCE_SD = "_valid/rtd/auc_chance_sd"  # "_": kept out of TensorBoard
 
 
 def cosine_parts(rows: torch.Tensor) -> torch.Tensor:
@@ -139,6 +140,17 @@ def roc_auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
     avg_rank = ends.double() - (counts.double() - 1) / 2  # mean of ranks end − count + 1 … end
     r_pos = float((avg_rank * pos_in_group.double()).sum())
     return (r_pos - n1 * (n1 + 1) / 2) / (n1 * n0)
+
+
+def auc_chance_sd(labels: torch.Tensor) -> float:
+    """Standard deviation of the AUC of uninformative scores for ``labels`` (1 / 0; others
+    ignored): sqrt((n₁ + n₀ + 1) / (12·n₁·n₀)), the Mann–Whitney U statistic's null variance
+    over (n₁·n₀)² (no ties). An AUC more than ~3 of these above 0.5 is not chance. NaN when a
+    class is empty."""
+    n1, n0 = int((labels == 1).sum()), int((labels == 0).sum())
+    if n1 == 0 or n0 == 0:
+        return float("nan")
+    return ((n1 + n0 + 1) / (12.0 * n1 * n0)) ** 0.5
 
 
 def gather_scores(scores: torch.Tensor, labels: torch.Tensor,

@@ -26,7 +26,8 @@ from rtd_scale.data.loader import DataParallelSampler, build_loader
 from rtd_scale.distributed import DeepSpeedMpu, ParallelContext
 from rtd_scale.training import checkpoint
 from rtd_scale.training.digest import DataDigest
-from rtd_scale.training.diagnostics import VALID_AUC, gather_scores, roc_auc, table_cosines
+from rtd_scale.training.diagnostics import (VALID_AUC, VALID_AUC_CHANCE_SD, auc_chance_sd,
+                                            gather_scores, roc_auc, table_cosines)
 from rtd_scale.training.engine import NonFiniteSkippingAdamW
 from rtd_scale.training.pipeline import pipeline_forward, pipeline_train_step
 from rtd_scale.training.metrics import (MetricAccumulator, TensorBoardLogger, format_log_line,
@@ -192,7 +193,9 @@ def evaluate(cfg: RunConfig, ctx: ParallelContext, engine, loader) -> dict[str, 
     rank's group; the logits are the same on every TP rank); NaN on the other ranks. Each global
     batch's logits and labels are gathered there (``diagnostics.gather_scores``: 8 bytes per
     token on the device) and kept in host memory (5 bytes per token; 2.1 GB for 100 batches of
-    8192 × 512), then sorted once.
+    8192 × 512), then sorted once. ``_valid/rtd/auc_chance_sd`` (not written to TensorBoard):
+    the AUC's standard deviation for uninformative logits at these class sizes
+    (``diagnostics.auc_chance_sd``).
     """
     acc = MetricAccumulator(ctx.device)
     gas = len(loader) // cfg.train.eval_iters
@@ -224,7 +227,11 @@ def evaluate(cfg: RunConfig, ctx: ParallelContext, engine, loader) -> dict[str, 
         engine.train()
     scalars = acc.reduce(ctx.dp_group)
     out = {f"valid/{k}": v for k, v in scalars.items() if not k.startswith("_")}
-    out[VALID_AUC] = roc_auc(torch.cat(scores), torch.cat(labels)) if scores else float("nan")
+    out[VALID_AUC], out[VALID_AUC_CHANCE_SD] = float("nan"), float("nan")
+    if scores:
+        labels = torch.cat(labels)
+        out[VALID_AUC] = roc_auc(torch.cat(scores), labels)
+        out[VALID_AUC_CHANCE_SD] = auc_chance_sd(labels)
     return out
 
 

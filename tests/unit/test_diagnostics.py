@@ -186,3 +186,28 @@ def test_evaluate_auc_dp2_zero3_equals_dp1_and_pair_counting():
                                                              abs=1e-6)
     for r in two:  # Table-1 cosines gathered from ZeRO-3 partitions equal the unpartitioned ones
         assert r["cosines"] == pytest.approx(one["cosines"], abs=1e-10)
+
+
+def _summary(aucs):
+    """A run's summary with the training log of both ends and one validation per AUC."""
+    train = {"loss/mlm": 6.0, "loss/rtd": 0.4, "mlm/accuracy": 0.05,
+             "rtd/replaced_fraction": 0.13, "rtd/accuracy_replaced": 0.0,
+             "rtd/accuracy_original": 1.0, AVG_COSINE_GENERATOR: 0.123,
+             AVG_COSINE_DISCRIMINATOR: 0.045}
+    valid = [(100 * (i + 1), {"valid/loss/mlm": 6.1, "valid/loss/rtd": 0.41, "valid/rtd/auc": a,
+                              "_valid/rtd/auc_chance_sd": 0.01}) for i, a in enumerate(aucs)]
+    return {"history": [(1, train), (300, train)], "valid_history": valid}
+
+
+def test_summary_verdict_reads_the_last_auc_against_chance():
+    from rtd_scale.pretrain import summary_text
+
+    text = summary_text(_summary([0.51, 0.53, 0.565]))
+    assert "held-out RTD AUC 0.5650 at iteration 300 (0.5 = chance, ± 0.0100" in text
+    assert "0.5100 at iteration 100, +0.0550 since" in text
+    assert "verdict: learning:" in text and "6.5 chance standard deviations" in text
+    assert "generator 0.123, discriminator 0.045" in text
+    assert "verdict: on the prior plateau" in summary_text(_summary([0.49, 0.52]))
+    assert "verdict: below chance" in summary_text(_summary([0.46]))
+    no_valid = _summary([])
+    assert "verdict: no held-out RTD AUC" in summary_text(no_valid)
