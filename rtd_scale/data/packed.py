@@ -28,6 +28,9 @@ mtime of every ``.bin``/``.idx``), seq_length, the split and the tokenizer's [CL
 ids (``Tokenizer.specials``), so changed shards are re-indexed.
 Files are written under a unique temporary name and renamed, so ranks building the same index at
 once are safe. An unwritable cache directory falls back to memory with one warning.
+A build that takes longer than ``PROGRESS_INTERVAL_S`` prints progress lines on stderr (rank 0
+only; every rank builds the same index), as tools/preprocess_data.py does; a quick one prints
+nothing.
 
 Order (STYLE rule 10): a split's epoch e is ``default_rng([seed, e, *stream]).permutation(N)``,
 cached per epoch like the index. The k-th sample a run consumes (counting from 0 over the whole
@@ -42,6 +45,8 @@ import json
 import math
 import os
 import secrets
+import sys
+import time
 import warnings
 from dataclasses import dataclass
 from functools import lru_cache
@@ -56,6 +61,47 @@ from rtd_scale.data.tokenizer import TRAINED_SPECIAL_IDS, SpecialIds
 
 _INDEX_FORMAT = "rtd_scale.sample_index.v1"
 DEFAULT_CACHE_DIR = "index-cache"  # next to the first shard of a dataset
+_PART_NAMES = ("train", "valid", "test")  # the parts of --split
+# seconds between progress lines of an index build; a shorter build prints none
+PROGRESS_INTERVAL_S = 10.0
+
+
+class BuildProgress:
+    """Progress of one sample-index build, on stderr: a line at most every
+    ``PROGRESS_INTERVAL_S`` seconds while it runs, and a closing line when it took at least that
+    long; nothing for a quick build or a cache hit. Only rank 0 of a launch prints (``RANK``,
+    else ``SLURM_PROCID``)."""
+
+    def __init__(self, what: str):
+        self.what = what
+        self.start = self.last = time.monotonic()
+        self.built = False
+        rank = os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or "0"
+        self.quiet = rank.strip() != "0"
+
+    def run(self, build: Callable[[], np.ndarray]) -> np.ndarray:
+        """``build()``, recorded as built (the cache missed)."""
+        self.built = True
+        return build()
+
+    def update(self, done: int, total: int, unit: str) -> None:
+        """``done`` of ``total`` ``unit`` (e.g. "shards read") so far."""
+        self.built = True
+        now = time.monotonic()
+        if now - self.last >= PROGRESS_INTERVAL_S:
+            self.last = now
+            self._print(f"building {self.what}: {done:,} of {total:,} {unit} "
+                        f"({now - self.start:.0f} s)")
+
+    def finish(self, result: str) -> None:
+        """The closing line, ``result`` being what was built (e.g. "1,234 samples")."""
+        elapsed = time.monotonic() - self.start
+        if self.built and elapsed >= PROGRESS_INTERVAL_S:
+            self._print(f"built {self.what}: {result} in {elapsed:.0f} s")
+
+    def _print(self, line: str) -> None:
+        if not self.quiet:
+            print(line, file=sys.stderr, flush=True)
 
 
 class ShardIndex:
@@ -198,10 +244,12 @@ def split_boundaries(split: Sequence[float], num_documents: int) -> list[int]:
     return out + [num_documents]
 
 
-def _sample_starts(stream_len: np.ndarray, chunk: int) -> np.ndarray:
+def _sample_starts(stream_len: np.ndarray, chunk: int,
+                   progress: Optional[BuildProgress] = None) -> np.ndarray:
     """(document, offset) of each sample start, int64 [N + 1, 2], documents counted from 0 in
     ``stream_len`` (int64 [D], each document's tokens + its [SEP]); row N is the stream's end.
-    Built in blocks, so temporaries stay O(block) beyond the result."""
+    Built in blocks, so temporaries stay O(block) beyond the result; ``progress`` is told after
+    each block."""
     ends = np.cumsum(stream_len)
     total = int(ends[-1]) if len(ends) else 0
     n = -(-total // chunk)
@@ -214,6 +262,8 @@ def _sample_starts(stream_len: np.ndarray, chunk: int) -> np.ndarray:
         inside = d < len(ends)
         out[lo:lo + len(p), 0] = d
         out[lo:lo + len(p), 1] = np.where(inside, p - starts[np.minimum(d, len(ends) - 1)], 0)
+        if progress is not None:
+            progress.update(lo + len(p), n + 1, "sample starts")
     return out
 
 
@@ -259,8 +309,9 @@ class PackedDataset:
         shard_key = _digest({"format": _INDEX_FORMAT,
                              "shards": [s.fingerprint() for s in self.shards]})
         n_docs = int(docs.sum())
+        progress = BuildProgress(f"the sample index of {self.name} ({_PART_NAMES[part]})")
         self._doc_starts = self.cache.get(
-            f"{self.name}.{shard_key}.doc_starts.npy", self._build_doc_starts,
+            f"{self.name}.{shard_key}.doc_starts.npy", lambda: self._build_doc_starts(progress),
             {"shards": [s.fingerprint() for s in self.shards]},
             valid=lambda a: a.shape == (n_docs + 1,) and a[0] == 0)
         self._token_base = self._doc_starts[self._doc_base]  # int64 [S + 1]
@@ -282,30 +333,33 @@ class PackedDataset:
             self._samples = np.zeros((1, 2), np.int64) + lo
         else:
             self._samples = self.cache.get(
-                f"{self.name}.{self._index_key}.samples.npy", self._build_samples,
+                f"{self.name}.{self._index_key}.samples.npy",
+                lambda: self._build_samples(progress),
                 {"shards": [s.fingerprint() for s in self.shards], "seq_length": seq_length,
                  "split": list(self.split), "part": part, "documents": [lo, hi]},
                 valid=lambda a: (a.ndim == 2 and a.shape[0] >= 2 and a.shape[1] == 2
                                  and tuple(a[0]) == (lo, 0)))
         self.num_samples = len(self._samples) - 1
+        progress.finish(f"{self.num_samples:,} samples of {self.num_documents:,} documents")
         lens = np.diff(self._doc_starts[lo:hi + 1]) if hi > lo else np.zeros(0, np.int64)
         self.stream_tokens = int(lens.sum() + np.count_nonzero(lens))
         self._orders: dict[tuple, np.ndarray] = {}
 
     # -- index construction ----------------------------------------------------------------------
 
-    def _build_doc_starts(self) -> np.ndarray:
+    def _build_doc_starts(self, progress: BuildProgress) -> np.ndarray:
         parts, base = [np.zeros(1, np.int64)], 0
-        for s in self.shards:
+        for i, s in enumerate(self.shards):
             starts = s.document_token_starts()
             parts.append(starts[1:] + base)
             base += int(starts[-1])
+            progress.update(i + 1, len(self.shards), "shard indices read")
         return np.concatenate(parts)
 
-    def _build_samples(self) -> np.ndarray:
+    def _build_samples(self, progress: BuildProgress) -> np.ndarray:
         lo, hi = self.document_range
         lens = np.diff(self._doc_starts[lo:hi + 1])
-        out = _sample_starts(lens + (lens > 0), self._chunk)
+        out = _sample_starts(lens + (lens > 0), self._chunk, progress)
         out[:, 0] += lo
         return out
 
@@ -367,10 +421,13 @@ class PackedDataset:
             if len(self._orders) >= 4:
                 self._orders.pop(next(iter(self._orders)))
             tag = "-".join(str(x) for x in (seed, epoch, *stream))
+            progress = BuildProgress(f"the order of {self.name} ({_PART_NAMES[self.part]}), "
+                                     f"epoch {epoch}")
             self._orders[key] = self.cache.get(
                 f"{self.name}.{self._index_key}.order-{tag}.npy",
-                lambda: _order(self.num_samples, seed, epoch, tuple(stream)),
+                lambda: progress.run(lambda: _order(self.num_samples, seed, epoch, tuple(stream))),
                 valid=lambda a: a.shape == (self.num_samples,))
+            progress.finish(f"{self.num_samples:,} samples shuffled")
         return self._orders[key]
 
 
