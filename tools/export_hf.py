@@ -9,9 +9,11 @@ processes on CPU, each loads its own DeepSpeed files, and they gather one consol
 (rtd_scale/hf/consolidate.py). Writes, under a temporary name renamed when complete:
 
     DIR/             the discriminator (what you fine-tune): config.json, model.safetensors,
-                     tokenizer files; ElectraForPreTraining (post-LayerNorm runs) or
-                     RobertaPreLayerNormModel + rtd_head.safetensors (pre-LayerNorm runs)
-    DIR/generator/   the generator: ElectraForMaskedLM or RobertaPreLayerNormForMaskedLM
+                     tokenizer files; ElectraForPreTraining (post-LayerNorm runs),
+                     RobertaPreLayerNormModel + rtd_head.safetensors (pre-LayerNorm runs) or
+                     DebertaV2Model + rtd_head.safetensors (--attention-type disentangled)
+    DIR/generator/   the generator: ElectraForMaskedLM, RobertaPreLayerNormForMaskedLM or
+                     DebertaV2ForMaskedLM
 
 Both load offline with ``AutoTokenizer.from_pretrained(DIR)`` and
 ``AutoModel….from_pretrained(DIR)``. See rtd_scale/hf/convert.py for the exact mapping.

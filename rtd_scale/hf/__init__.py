@@ -6,12 +6,14 @@
   state dicts and configs, one mapping per target class. Pure torch, no megatron-core.
 - ``export``: writes an export directory (safetensors, config.json, tokenizer files).
 - ``pretrained``: reads an export directory, an ``--export`` .pt file or a Hugging Face ELECTRA
-  directory into a canonical state dict and loads it into a model at any TP / PP layout.
+  or DeBERTaV3 directory into a canonical state dict and loads it into a model at any TP / PP
+  layout.
 
-Targets, by ``model.layernorm_position``:
+Targets, by ``model.attention_type`` and ``model.layernorm_position``:
 
-| layout | discriminator (``DIR``)                               | generator (``DIR/generator``)   |
-|--------|-------------------------------------------------------|---------------------------------|
-| post   | ``ElectraForPreTraining`` (RTD head included)          | ``ElectraForMaskedLM``          |
-| pre    | ``RobertaPreLayerNormModel`` (no pooler) + ``rtd_head.safetensors`` | ``RobertaPreLayerNormForMaskedLM`` |
+| attention, layout | discriminator (``DIR``)                               | generator (``DIR/generator``)   |
+|-------------------|-------------------------------------------------------|---------------------------------|
+| bert, post   | ``ElectraForPreTraining`` (RTD head included)          | ``ElectraForMaskedLM``          |
+| bert, pre    | ``RobertaPreLayerNormModel`` (no pooler) + ``rtd_head.safetensors`` | ``RobertaPreLayerNormForMaskedLM`` |
+| disentangled, post | ``DebertaV2Model`` + ``rtd_head.safetensors``   | ``DebertaV2ForMaskedLM``        |
 """

@@ -11,7 +11,10 @@ shards gathered, vocabulary padding removed, a layer's index its global number �
     E.block.layers.{i}.{input_layernorm, pre_mlp_layernorm}.*         (pre)
     E.block.layers.{i}.{post_self_attn_layernorm, post_mlp_layernorm}.* (post)
     E.block.final_layernorm.*                                          (pre)
+    E.rel_embeddings.weight [2k, H], E.rel_embeddings_norm.*           (disentangled)
     mlm_head.{dense.*, norm.*, bias}, rtd_head.{dense.*, out.*}
+
+(disentangled: no ``position`` or ``token_type`` table; ``projection`` has no bias.)
 
 Rules, each exact (a renaming or a reshaping, never an approximation):
 
@@ -38,6 +41,29 @@ Rules, each exact (a renaming or a reshaping, never an approximation):
   hidden states differ there (only there — keys at pads are masked) unless ``position_ids =
   pad_id + 1 + arange(s)`` are passed, with which every position agrees. Its one token-type row
   is written as zeros (we have none).
+- **Disentangled attention → DeBERTaV3** (``DebertaV2Model`` / ``DebertaV2ForMaskedLM``,
+  ``models/deberta_v2/``; ``model.attention_type = "disentangled"``, post layout). The config is
+  DeBERTaV3's (arXiv 2111.09543; the released ``microsoft/deberta-v3-*`` configs):
+  ``relative_attention``, ``position_buckets`` / ``max_relative_positions`` as ours,
+  ``pos_att_type`` [p2c, c2p], ``norm_rel_ebd`` layer_norm, ``share_att_key``,
+  ``position_biased_input`` false, ``type_vocab_size`` 0, ``embedding_size`` E. Names:
+  ``linear_qkv`` split per head into ``attention.self.{query,key,value}_proj``; the encoder's
+  relative table and its LayerNorm → ``encoder.rel_embeddings`` / ``encoder.LayerNorm``;
+  ``embeddings.projection`` (E ≠ H, no bias, before the LayerNorm as in DebertaV2Embeddings)
+  → ``embeddings.embed_proj``; the rest under BERT's sub-module names. MLM head →
+  the ``legacy`` head ``cls.predictions.{transform.dense, transform.LayerNorm, bias}`` with the
+  decoder tied to the table (dense H→E, GELU, LayerNorm(E) as ours, so E ≠ H works); import
+  also reads DeBERTa's own ``lm_predictions.lm_head.*`` (``legacy=False``, E = H). The RTD head
+  goes to ``rtd_head.safetensors`` as for the pre layout (DebertaV2 has no RTD class, and the
+  released checkpoints' ``mask_predictions`` head has another shape: dense, LayerNorm,
+  classifier); ``DebertaV2ForTokenClassification`` reads the discriminator with only its
+  fresh ``classifier``. One difference from transformers is kept (``model/disentangled.py``):
+  outputs at [PAD] positions, which no loss reads — transformers zeroes the embedding there
+  (as we do) but lets a pad query attend to every key; our pad rows attend to the real keys.
+  Every real token's output is equal (tests/unit/test_hf_deberta.py).
+- **Foreign token tables** with up to a multiple of 128 rows more than the tokenizer's ids
+  (released DeBERTaV3: 128,100 rows for 128,001 ids) lose those padding rows on import, with a
+  note; no token id reaches them.
 - **Heads.** RTD head = ELECTRA's ``discriminator_predictions`` (dense H→H, GELU, dense H→1);
   for the pre layout it is written beside the model in ``rtd_head.safetensors`` under those
   names. MLM head = ELECTRA's ``generator_predictions`` (dense H→E, GELU, LayerNorm) +
@@ -459,17 +485,30 @@ def check_config(src: HFSource, model: ModelConfig, which: str, *, flag: str) ->
     if getattr(c, "hidden_act", "gelu") != "gelu":
         raise UserInputError(f"{flag} {src.where}: hidden_act {c.hidden_act!r}; rtd_scale's "
                              "encoders use the exact GELU ('gelu') only")
-    if c.vocab_size != model.vocab_size:
+    notes = []
+    if model.vocab_size < c.vocab_size <= padded_rows(model.vocab_size):
+        # padding rows past the tokenizer's ids, as the released DeBERTaV3 tables hold (128,100
+        # rows for 128,001 ids): no token reaches them, so dropping them changes no output
+        notes.append(f"the {which}'s token table has {c.vocab_size} rows there, the tokenizer "
+                     f"{model.vocab_size} ids: rows {model.vocab_size}…{c.vocab_size - 1} "
+                     "(padding) are dropped")
+    elif c.vocab_size != model.vocab_size:
         raise UserInputError(
             f"{flag} {src.where}: vocabulary of {c.vocab_size} ids there, {model.vocab_size} "
             f"in --tokenizer-model; pass the tokenizer the checkpoint was trained with "
             f"(an export holds it: tokenizer.json / spm.model in {src.where})")
-    notes = []
     if abs(getattr(c, "layer_norm_eps", enc.layernorm_epsilon) - enc.layernorm_epsilon) > 0:
         notes.append(f"the {which}'s layer_norm_eps is {c.layer_norm_eps} there, "
                      f"{enc.layernorm_epsilon} here (--set model.{which}.layernorm_epsilon="
                      f"{c.layer_norm_eps} to keep it)")
     return notes
+
+
+def padded_rows(vocab_size: int, multiple: int = 128) -> int:
+    """The most rows a foreign token table may have for ``vocab_size`` ids and still count as
+    that vocabulary plus padding: ``vocab_size`` rounded up to a multiple of 128 (Megatron's
+    padding at TP = 1)."""
+    return -(-vocab_size // multiple) * multiple
 
 
 def _check_deberta(src: HFSource, model: ModelConfig, which: str, *, flag: str) -> None:
@@ -541,7 +580,7 @@ def _encoder_from_hf(src: HFSource, base: str, which: str, model: ModelConfig, p
                            for p in ("query", "key", "value"))
                 out[f"{which}.block.layers.{i}.self_attention.linear_qkv.{leaf}"] = fuse_qkv(
                     q, k, v, src.config.num_attention_heads)
-        return out, s["embeddings.word_embeddings.weight"]
+        return out, s["embeddings.word_embeddings.weight"][:model.vocab_size]
     position = s["embeddings.position_embeddings.weight"]
     token_type = s["embeddings.token_type_embeddings.weight"]
     if lay == PRE:
@@ -561,7 +600,7 @@ def _encoder_from_hf(src: HFSource, base: str, which: str, model: ModelConfig, p
                        for p in ("query", "key", "value"))
             out[f"{which}.block.layers.{i}.self_attention.linear_qkv.{leaf}"] = fuse_qkv(
                 q, k, v, src.config.num_attention_heads)
-    return out, s["embeddings.word_embeddings.weight"]
+    return out, s["embeddings.word_embeddings.weight"][:model.vocab_size]
 
 
 def from_hf(model: ModelConfig, *, discriminator: HFSource, generator: Optional[HFSource],
@@ -624,6 +663,7 @@ def from_hf(model: ModelConfig, *, discriminator: HFSource, generator: Optional[
                      "norm.weight": "lm_head.layer_norm.weight",
                      "norm.bias": "lm_head.layer_norm.bias", "bias": "lm_head.bias"}
         out.update({f"mlm_head.{ours}": gs[theirs] for ours, theirs in names.items()})
+        out["mlm_head.bias"] = out["mlm_head.bias"][:model.vocab_size]  # padding rows dropped
     elif sharing is not Sharing.NES:
         gen_table = disc_table  # the generator's table starts as the discriminator's
     if sharing is Sharing.ES:

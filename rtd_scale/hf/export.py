@@ -3,9 +3,10 @@
 Each is what ``save_pretrained`` of its transformers class writes (``config.json`` +
 ``model.safetensors``, fp32) plus the tokenizer files (``Tokenizer.save_pretrained``:
 ``tokenizer.json`` / ``tokenizer_config.json``…), so ``AutoTokenizer.from_pretrained(DIR)`` and
-``AutoModel….from_pretrained(DIR)`` work offline. Pre-LayerNorm layout: ``DIR/rtd_head.safetensors``
-holds the RTD head under ELECTRA's names (``discriminator_predictions.{dense,dense_prediction}.
-{weight,bias}``), because ``RobertaPreLayerNormModel`` has no such head. ``DIR/rtd_scale.json``
+``AutoModel….from_pretrained(DIR)`` work offline. Pre-LayerNorm layout and disentangled
+attention: ``DIR/rtd_head.safetensors`` holds the RTD head under ELECTRA's names
+(``discriminator_predictions.{dense,dense_prediction}.{weight,bias}``), because
+``RobertaPreLayerNormModel`` and ``DebertaV2Model`` have no such head. ``DIR/rtd_scale.json``
 records the rtd_scale model config the export came from.
 
 The directory is written under a temporary name beside ``DIR`` and renamed into place; an existing
