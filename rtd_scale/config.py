@@ -49,6 +49,20 @@ class LayerNormPosition(str, enum.Enum):
     POST = "post"
 
 
+class AttentionType(str, enum.Enum):
+    """The self-attention of both encoders (``--attention-type``).
+
+    BERT: scaled dot-product attention over learned absolute positions added to the input
+    (arXiv 1706.03762 §3.2; BERT, ELECTRA). DISENTANGLED: DeBERTa's disentangled attention,
+    content-to-content + content-to-position + position-to-content over log-bucketed relative
+    positions and no absolute position in the input (arXiv 2006.03654 §3.1; DeBERTaV3, arXiv
+    2111.09543; Hugging Face ``DebertaV2Model``); needs the post-LayerNorm layout.
+    """
+
+    BERT = "bert"
+    DISENTANGLED = "disentangled"
+
+
 class Precision(str, enum.Enum):
     FP32 = "fp32"
     BF16 = "bf16"
@@ -109,6 +123,13 @@ class ModelConfig:
     discriminator: EncoderConfig
     sharing: Sharing = Sharing.GDES
     layernorm_position: LayerNormPosition = LayerNormPosition.PRE
+    # disentangled attention (AttentionType): relative distances in DeBERTa's log buckets,
+    # 2·position_buckets relative embeddings (-1: none, one per distance up to
+    # max_relative_positions); max_relative_positions -1 means max_position_embeddings
+    # (Hugging Face DebertaV2Config's rules; DeBERTaV3's released configs use 256 and -1)
+    attention_type: AttentionType = AttentionType.BERT
+    position_buckets: int = 256
+    max_relative_positions: int = -1
     init_method_std: float = 0.02
     # --make-vocab-size-divisible-by: the vocabulary is padded to a multiple of this × TP size
     make_vocab_size_divisible_by: int = VOCAB_PAD_MULTIPLE
@@ -130,6 +151,20 @@ class ModelConfig:
         m = self.make_vocab_size_divisible_by * tensor_model_parallel_size
         return -(-self.vocab_size // m) * m
 
+    def relative_span(self) -> int:
+        """k of disentangled attention: relative distances index 2k embeddings (Hugging Face
+        ``DisentangledSelfAttention.pos_ebd_size``): position_buckets, or without buckets the
+        resolved max_relative_positions."""
+        if self.position_buckets > 0:
+            return self.position_buckets
+        return self.resolved_max_relative_positions()
+
+    def resolved_max_relative_positions(self) -> int:
+        """max_relative_positions, -1 resolved to max_position_embeddings (Hugging Face's rule)."""
+        if self.max_relative_positions > 0:
+            return self.max_relative_positions
+        return self.max_position_embeddings
+
     def validate(self) -> None:
         self.sharing = Sharing(self.sharing)
         try:
@@ -137,6 +172,21 @@ class ModelConfig:
         except ValueError:
             raise ConfigError(f"--layernorm-position {self.layernorm_position!r}: choose "
                               "'pre' or 'post'") from None
+        try:
+            self.attention_type = AttentionType(self.attention_type)
+        except ValueError:
+            raise ConfigError(f"--attention-type {self.attention_type!r}: choose 'bert' or "
+                              "'disentangled'") from None
+        if (self.attention_type is AttentionType.DISENTANGLED
+                and self.layernorm_position is not LayerNormPosition.POST):
+            raise ConfigError("--attention-type disentangled needs --layernorm-position post "
+                              "(DeBERTa's layout, arXiv 2006.03654); add --layernorm-position post")
+        if self.position_buckets == 0 or self.position_buckets < -1:
+            raise ConfigError(f"model.position_buckets must be > 0 or -1 (no buckets), got "
+                              f"{self.position_buckets}; DeBERTaV3 uses 256")
+        if self.max_relative_positions == 0 or self.max_relative_positions < -1:
+            raise ConfigError(f"model.max_relative_positions must be > 0 or -1 "
+                              f"(= max_position_embeddings), got {self.max_relative_positions}")
         _positive("model", vocab_size=self.vocab_size, embedding_size=self.embedding_size,
                   max_position_embeddings=self.max_position_embeddings,
                   init_method_std=self.init_method_std,
@@ -478,9 +528,14 @@ def _debertav3(size: str) -> RunConfig:
     gen = dataclasses.replace(disc, num_layers=disc.num_layers // 2)
     return RunConfig(
         preset=f"debertav3-{size}",
+        # DeBERTaV3's released configs: disentangled attention (relative_attention, pos_att_type
+        # p2c|c2p, position_buckets 256, share_att_key, norm_rel_ebd layer_norm), no absolute
+        # position in the input, post-LayerNorm layers, LayerNorm epsilon 1e-7
         model=ModelConfig(vocab_size=128100, embedding_size=disc.hidden_size,
                           max_position_embeddings=512, generator=gen, discriminator=disc,
-                          sharing=Sharing.GDES),
+                          sharing=Sharing.GDES, layernorm_position=LayerNormPosition.POST,
+                          attention_type=AttentionType.DISENTANGLED, position_buckets=256,
+                          max_relative_positions=-1),
         data=DataConfig(seq_length=512),
         optim=OptimConfig(lr=3e-4 if size == "large" else 6e-4, lr_warmup_iters=10000),
         train=TrainConfig(train_iters=500_000, micro_batch_size=8, global_batch_size=8192),

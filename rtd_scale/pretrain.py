@@ -29,8 +29,8 @@ from rtd_scale import launch_env  # noqa: E402
 from rtd_scale.atomic import write_atomic  # noqa: E402
 from rtd_scale.cli_errors import UserInputError  # noqa: E402
 from rtd_scale import megatron_args  # noqa: E402
-from rtd_scale.config import (LayerNormPosition, Precision, RunConfig, Sharing,  # noqa: E402
-                              apply_override, preset)
+from rtd_scale.config import (AttentionType, LayerNormPosition, Precision,  # noqa: E402
+                              RunConfig, Sharing, apply_override, preset)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layernorm-position", choices=[x.value for x in LayerNormPosition],
                    help="encoder layout: pre (pre-LayerNorm, final LayerNorm) or post "
                         "(BERT/ELECTRA, Hugging Face ElectraModel); default: the preset's")
+    p.add_argument("--attention-type", choices=[x.value for x in AttentionType],
+                   help="self-attention: bert (absolute positions) or disentangled (DeBERTa's "
+                        "relative c2p|p2c attention, needs --layernorm-position post); default: "
+                        "the preset's")
     p.add_argument("--rtd-lambda", type=float, help="λ in L_MLM + λ·L_RTD (default 50)")
     p.add_argument("--mask-prob", type=float)
     p.add_argument("--lr", type=float)
@@ -149,6 +153,7 @@ _FLAG_FIELDS = {
     "pipeline_model_parallel_size": ("parallel", "pipeline_model_parallel_size"),
     "sharing": ("model", "sharing"), "rtd_lambda": ("rtd", "rtd_lambda"),
     "layernorm_position": ("model", "layernorm_position"),
+    "attention_type": ("model", "attention_type"),
     "mask_prob": ("rtd", "mask_prob"), "lr": ("optim", "lr"), "min_lr": ("optim", "min_lr"),
     "lr_warmup_iters": ("optim", "lr_warmup_iters"), "lr_decay_iters": ("optim", "lr_decay_iters"), "weight_decay": ("optim", "weight_decay"),
     "clip_grad": ("optim", "clip_grad"),

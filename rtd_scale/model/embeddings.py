@@ -143,28 +143,50 @@ class EncoderEmbeddings(torch.nn.Module):
     ``type_vocab_size`` 2 being unused in pretraining), ``norm.{weight, bias}`` [E],
     ``projection.{weight [H, E], bias [H]}`` (E != H only).
 
-    forward(ids [b, s]) -> [s, b, H] (megatron layout; the one transpose of this model).
+    forward(ids [b, s], pad_mask [b, s] bool (True at [PAD]) or None) -> [s, b, H] (megatron
+    layout; the one transpose of this model). ``pad_mask`` is read only with ``relative``.
+
+    With ``relative=True`` (disentangled attention, DeBERTa) the embeddings are Hugging Face's
+    ``DebertaV2Embeddings`` with ``position_biased_input`` false and ``type_vocab_size`` 0: token
+    rows → (E != H: ``projection`` [H, E] without bias) → LayerNorm at H → rows at [PAD] set to 0
+    → dropout; no ``position`` or ``token_type`` table (positions enter every layer's attention).
     """
 
     def __init__(self, table: torch.nn.Module, encoder: EncoderConfig, embedding_size: int,
-                 max_positions: int, init_std: float, token_type: bool = False):
+                 max_positions: int, init_std: float, token_type: bool = False,
+                 relative: bool = False):
         super().__init__()
+        assert not (relative and token_type), "DeBERTaV3's embeddings have no token type"
         self.table = table
-        self.position = torch.nn.Embedding(max_positions, embedding_size)
-        torch.nn.init.normal_(self.position.weight, std=init_std)
+        self.relative = relative
+        self.position: Optional[torch.nn.Embedding] = None
+        if not relative:
+            self.position = torch.nn.Embedding(max_positions, embedding_size)
+            torch.nn.init.normal_(self.position.weight, std=init_std)
         self.token_type: Optional[torch.nn.Embedding] = None
         if token_type:
             self.token_type = torch.nn.Embedding(1, embedding_size)
             torch.nn.init.normal_(self.token_type.weight, std=init_std)
-        self.norm = torch.nn.LayerNorm(embedding_size, eps=encoder.layernorm_epsilon)
+        norm_size = encoder.hidden_size if relative else embedding_size
+        self.norm = torch.nn.LayerNorm(norm_size, eps=encoder.layernorm_epsilon)
         self.dropout = torch.nn.Dropout(encoder.hidden_dropout)
         self.projection: Optional[torch.nn.Linear] = None
         if embedding_size != encoder.hidden_size:
-            self.projection = torch.nn.Linear(embedding_size, encoder.hidden_size)
+            self.projection = torch.nn.Linear(embedding_size, encoder.hidden_size,
+                                              bias=not relative)
             torch.nn.init.normal_(self.projection.weight, std=init_std)
-            torch.nn.init.zeros_(self.projection.bias)
+            if self.projection.bias is not None:
+                torch.nn.init.zeros_(self.projection.bias)
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, pad_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if self.relative:
+            x = self.table(ids)  # [b, s, E]
+            if self.projection is not None:
+                x = self.projection(x)  # [b, s, H]
+            x = self.norm(x)
+            if pad_mask is not None:
+                x = x * (~pad_mask).unsqueeze(-1).to(x.dtype)
+            return self.dropout(x).transpose(0, 1).contiguous()  # [s, b, H]
         pos = torch.arange(ids.shape[1], device=ids.device)
         x = self.table(ids)  # [b, s, E]
         if self.token_type is not None:

@@ -14,6 +14,12 @@ index i local to the pipeline stage (``model/weights.py`` maps it to the global 
                                     ``TransformerLayer`` (pre: ``input_layernorm``,
                                     ``pre_mlp_layernorm`` and the same attention / MLP linears)
     block.final_layernorm.{weight, bias}    pre layout, last stage only
+    rel_embeddings.weight [2k, H]           disentangled attention (DeBERTa), every stage: the
+    rel_embeddings_norm.{weight, bias} [H]  relative table all layers share and its LayerNorm
+                                            (Hugging Face ``encoder.rel_embeddings`` /
+                                            ``encoder.LayerNorm``); on a pipeline of several
+                                            stages each holds a copy, kept equal by summing
+                                            their gradients (``training/pipeline.py``)
 """
 from __future__ import annotations
 
@@ -25,7 +31,8 @@ from megatron.core.enums import ModelType
 from megatron.core.transformer.transformer_block import TransformerBlock
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from rtd_scale.config import EncoderConfig, LayerNormPosition
+from rtd_scale.config import AttentionType, EncoderConfig, LayerNormPosition
+from rtd_scale.model.disentangled import relative_embeddings
 from rtd_scale.model.embeddings import EncoderEmbeddings, init_normal, scaled_init_normal
 from rtd_scale.model.specs import encoder_layer_spec
 
@@ -94,25 +101,57 @@ class Encoder(torch.nn.Module):
 
     Args:
         layernorm_position: "pre" or "post" (``LayerNormPosition``); the embeddings must match
-            (a token-type row exactly in the post layout).
+            (a token-type row exactly in the post layout with BERT attention).
+        attention_type: "bert" or "disentangled" (``AttentionType``; post layout only): the
+            latter builds DeBERTa's attention and this encoder's relative table (2·span rows).
+        position_buckets, max_relative_positions: disentangled attention's relative positions
+            (``max_relative_positions`` resolved, > 0; the table has 2·span rows, span =
+            ``ModelConfig.relative_span()``).
     """
 
     def __init__(self, embeddings: Optional[EncoderEmbeddings], config: TransformerConfig, *,
                  layernorm_position: LayerNormPosition | str = LayerNormPosition.PRE,
+                 attention_type: AttentionType | str = AttentionType.BERT,
+                 position_buckets: int = 256, max_relative_positions: int = 512,
                  pre_process: bool = True, post_process: bool = True):
         super().__init__()
         assert pre_process == (embeddings is not None), "embeddings live on the first stage only"
         layernorm_position = LayerNormPosition(layernorm_position)
+        attention_type = AttentionType(attention_type)
         post = layernorm_position is LayerNormPosition.POST
-        assert embeddings is None or (embeddings.token_type is not None) == post, \
-            "the token-type row belongs to the post-LayerNorm layout"
+        relative = attention_type is AttentionType.DISENTANGLED
+        token_type = post and not relative
+        assert embeddings is None or (embeddings.token_type is not None) == token_type, \
+            "the token-type row belongs to the post-LayerNorm layout with BERT attention"
+        assert embeddings is None or embeddings.relative == relative
         self.config = config
         self.layernorm_position = layernorm_position
+        self.attention_type = attention_type
         self.model_type = ModelType.encoder_or_decoder  # read by megatron-core's schedules
         self.embeddings = embeddings
-        self.block = TransformerBlock(config=config, spec=encoder_layer_spec(layernorm_position),
-                                      post_layer_norm=not post, pre_process=pre_process,
-                                      post_process=post_process)
+        spec = encoder_layer_spec(layernorm_position, attention_type=attention_type,
+                                  position_buckets=position_buckets,
+                                  max_relative_positions=max_relative_positions)
+        self.block = TransformerBlock(config=config, spec=spec, post_layer_norm=not post,
+                                      pre_process=pre_process, post_process=post_process)
+        self.rel_embeddings: Optional[torch.nn.Embedding] = None
+        self.rel_embeddings_norm: Optional[torch.nn.LayerNorm] = None
+        if relative:
+            span = position_buckets if position_buckets > 0 else max_relative_positions
+            self.rel_embeddings = torch.nn.Embedding(2 * span, config.hidden_size)
+            self.rel_embeddings_norm = torch.nn.LayerNorm(config.hidden_size,
+                                                          eps=config.layernorm_epsilon)
+            if not pre_process:
+                # stage 0's copy counts in the gradient norm; the others are replicas
+                for p in self.pipeline_replicated_parameters():
+                    p.ds_pipe_replicated = True
+
+    def pipeline_replicated_parameters(self) -> list[torch.nn.Parameter]:
+        """Parameters every pipeline stage holds a copy of (the relative table and its norm);
+        their gradients are summed over the pipeline group before each step."""
+        if self.rel_embeddings is None:
+            return []
+        return [self.rel_embeddings.weight, *self.rel_embeddings_norm.parameters()]
 
     def set_input_tensor(self, input_tensor) -> None:
         """The previous stage's output [s, b, H] (megatron-core's schedules pass a 1-list)."""
@@ -122,8 +161,14 @@ class Encoder(torch.nn.Module):
         self.block.set_input_tensor(input_tensor)
 
     def forward(self, ids: torch.Tensor, pad_mask: Optional[torch.Tensor]) -> torch.Tensor:
-        hidden = self.embeddings(ids) if self.embeddings is not None else None  # [s, b, H]
+        hidden = None  # [s, b, H]
+        if self.embeddings is not None:
+            hidden = self.embeddings(ids, pad_mask)
         attention_mask = None  # no padding: attention without a mask (flash kernels on GPU)
         if pad_mask is not None:  # True = masked
             attention_mask = pad_mask.view(pad_mask.shape[0], 1, 1, pad_mask.shape[1])
-        return self.block(hidden_states=hidden, attention_mask=attention_mask)
+        rel = None  # disentangled attention: P = LayerNorm(R) [2k, H], read by every layer
+        if self.rel_embeddings is not None:
+            rel = relative_embeddings(self.rel_embeddings, self.rel_embeddings_norm)
+        return self.block(hidden_states=hidden, attention_mask=attention_mask,
+                          rotary_pos_emb=rel)

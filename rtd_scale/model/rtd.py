@@ -11,7 +11,7 @@ from typing import NamedTuple, Optional, Sequence
 
 import torch
 
-from rtd_scale.config import LayerNormPosition, ModelConfig, RTDConfig
+from rtd_scale.config import AttentionType, LayerNormPosition, ModelConfig, RTDConfig
 from megatron.core import parallel_state
 
 from rtd_scale.model.embeddings import (EncoderEmbeddings, TiedOutputTable, TokenTable,
@@ -105,19 +105,23 @@ class RTDModel(torch.nn.Module):
         disc_tc = transformer_config(model.discriminator, **tc)
 
         post_ln = LayerNormPosition(model.layernorm_position) is LayerNormPosition.POST
+        relative = AttentionType(model.attention_type) is AttentionType.DISENTANGLED
+        emb = dict(token_type=post_ln and not relative, relative=relative)
         gen_emb = disc_emb = None
         if pre_process:
             gen_table = TokenTable(self.padded_vocab_size, model.embedding_size, gen_tc)
             disc_table = discriminator_table(model.sharing, gen_table, self.padded_vocab_size,
                                              model.embedding_size, disc_tc)
             gen_emb = EncoderEmbeddings(gen_table, model.generator, model.embedding_size,
-                                        model.max_position_embeddings, std, token_type=post_ln)
+                                        model.max_position_embeddings, std, **emb)
             disc_emb = EncoderEmbeddings(disc_table, model.discriminator, model.embedding_size,
-                                         model.max_position_embeddings, std, token_type=post_ln)
-        self.generator = Encoder(gen_emb, gen_tc, layernorm_position=model.layernorm_position,
-                                 pre_process=pre_process, post_process=post_process)
-        self.discriminator = Encoder(disc_emb, disc_tc, layernorm_position=model.layernorm_position,
-                                     pre_process=pre_process, post_process=post_process)
+                                         model.max_position_embeddings, std, **emb)
+        enc = dict(layernorm_position=model.layernorm_position,
+                   attention_type=model.attention_type, position_buckets=model.position_buckets,
+                   max_relative_positions=model.resolved_max_relative_positions(),
+                   pre_process=pre_process, post_process=post_process)
+        self.generator = Encoder(gen_emb, gen_tc, **enc)
+        self.discriminator = Encoder(disc_emb, disc_tc, **enc)
         if post_process:
             output_table = (gen_emb.table if pre_process else
                             TiedOutputTable(self.padded_vocab_size, model.embedding_size, gen_tc))
@@ -160,6 +164,12 @@ class RTDModel(torch.nn.Module):
         if self.post_process and not self.pre_process:
             out.append(self.mlm_head.table.weight)
         return out
+
+    def pipeline_replicated_parameters(self) -> list[torch.nn.Parameter]:
+        """Parameters every pipeline stage holds a copy of — both encoders' relative tables and
+        their norms (disentangled attention) — whose gradients the pipeline group sums."""
+        return (self.generator.pipeline_replicated_parameters()
+                + self.discriminator.pipeline_replicated_parameters())
 
     def foreign_parameters(self) -> list[tuple[torch.nn.Module, torch.nn.Parameter]]:
         """(module, parameter) pairs where a module reads a parameter it does not own — the tied

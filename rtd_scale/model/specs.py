@@ -12,6 +12,10 @@ RowParallelLinear, even at TP=1), its ``SelfAttention`` and ``MLP``, with core a
 - "post": ``PostLNTransformerLayer`` (``model/layers.py``), LayerNorm after each residual add
   (BERT / ELECTRA, Hugging Face ``ElectraLayer``). With TransformerEngine its plain linears are
   used (a norm after the add cannot be fused into the next linear); parameter names are the same.
+
+``model.attention_type`` "disentangled" (post layout only) swaps the attention for
+``DisentangledSelfAttention`` with ``DisentangledCoreAttention`` (``model/disentangled.py``,
+DeBERTa): the same ``linear_qkv`` / ``linear_proj``, so parameter names and shapes do not change.
 """
 from __future__ import annotations
 
@@ -26,8 +30,9 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.torch_norm import WrappedTorchNorm
 from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
 
-from rtd_scale.config import LayerNormPosition
+from rtd_scale.config import AttentionType, LayerNormPosition
 from rtd_scale.model.attention import SDPACoreAttention
+from rtd_scale.model.disentangled import DisentangledCoreAttention, DisentangledSelfAttention
 from rtd_scale.model.layers import PostLNTransformerLayer, PostLNTransformerLayerSubmodules
 
 
@@ -39,13 +44,18 @@ def _have_transformer_engine() -> bool:
     return torch.cuda.is_available()
 
 
-def _self_attention(qkv, proj) -> ModuleSpec:
+def _self_attention(qkv, proj, relative: dict | None = None) -> ModuleSpec:
+    """BERT attention, or with ``relative`` (position_buckets, max_relative_positions)
+    DeBERTa's disentangled attention."""
+    core = SDPACoreAttention
+    if relative is not None:
+        core = ModuleSpec(module=DisentangledCoreAttention, params=dict(relative))
     return ModuleSpec(
-        module=SelfAttention,
+        module=SelfAttention if relative is None else DisentangledSelfAttention,
         params={"attn_mask_type": AttnMaskType.padding},
         submodules=SelfAttentionSubmodules(
             linear_qkv=qkv,
-            core_attention=SDPACoreAttention,
+            core_attention=core,
             linear_proj=proj,
             q_layernorm=IdentityOp,
             k_layernorm=IdentityOp,
@@ -54,17 +64,30 @@ def _self_attention(qkv, proj) -> ModuleSpec:
 
 
 def encoder_layer_spec(layernorm_position: LayerNormPosition | str = LayerNormPosition.PRE,
-                       use_transformer_engine: bool | None = None) -> ModuleSpec:
+                       use_transformer_engine: bool | None = None, *,
+                       attention_type: AttentionType | str = AttentionType.BERT,
+                       position_buckets: int = 256,
+                       max_relative_positions: int = 512) -> ModuleSpec:
     """The transformer-layer spec of both encoders (bidirectional, padding mask).
 
     Args:
         layernorm_position: "pre" (megatron-core's ``TransformerLayer``) or "post"
             (``PostLNTransformerLayer``, BERT / ELECTRA).
         use_transformer_engine: None picks TE when it is importable and a GPU is present.
+        attention_type: "bert" or "disentangled" (post layout only; DeBERTa).
+        position_buckets, max_relative_positions: disentangled attention's relative positions
+            (``max_relative_positions`` resolved, > 0).
     Raises:
-        ValueError: an unknown ``layernorm_position``.
+        ValueError: an unknown ``layernorm_position`` or ``attention_type``, or disentangled
+            attention in the pre layout.
     """
     layernorm_position = LayerNormPosition(layernorm_position)
+    relative = None
+    if AttentionType(attention_type) is AttentionType.DISENTANGLED:
+        if layernorm_position is not LayerNormPosition.POST:
+            raise ValueError("disentangled attention needs the post-LayerNorm layout")
+        relative = {"position_buckets": position_buckets,
+                    "max_relative_positions": max_relative_positions}
     if use_transformer_engine is None:
         use_transformer_engine = _have_transformer_engine()
     if layernorm_position is LayerNormPosition.POST:
@@ -81,7 +104,7 @@ def encoder_layer_spec(layernorm_position: LayerNormPosition | str = LayerNormPo
             module=PostLNTransformerLayer,
             submodules=PostLNTransformerLayerSubmodules(
                 input_layernorm=IdentityOp,
-                self_attention=_self_attention(column, row),
+                self_attention=_self_attention(column, row, relative),
                 self_attn_bda=get_bias_dropout_add,
                 post_self_attn_layernorm=WrappedTorchNorm,
                 pre_mlp_layernorm=IdentityOp,

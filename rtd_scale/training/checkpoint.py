@@ -261,9 +261,10 @@ def check_loadable(load: str) -> str:
 # Model fields that change the shape of some parameter: a checkpoint only loads into the same.
 # ``layernorm_position``: another layout has other parameters (and the same ones mean other things).
 _SHAPE_FIELDS = ("vocab_size", "embedding_size", "max_position_embeddings", "sharing",
-                 "layernorm_position")
+                 "layernorm_position", "attention_type", "position_buckets")
 # What a checkpoint written before a model field existed holds (its config lacks the field).
-_FIELDS_BEFORE_THEY_EXISTED = {"layernorm_position": "pre"}
+_FIELDS_BEFORE_THEY_EXISTED = {"layernorm_position": "pre", "attention_type": "bert",
+                               "position_buckets": 256}
 _ENCODER_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size")
 
 

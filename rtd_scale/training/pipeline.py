@@ -12,8 +12,9 @@ micro-batches, then one optimizer step:
    rtd_lambda · L_RTD / num_microbatches, which the schedule back-propagates;
 4. the two copies of the generator's table (stage 0's input table, the last stage's MLM output
    weight) get the sum of their gradients through megatron-core's embedding group, so they stay
-   equal (Megatron-LM's tied embeddings); then ``engine.step()`` reduces over the data-parallel
-   group (ZeRO-1) and steps.
+   equal (Megatron-LM's tied embeddings); under disentangled attention every stage's copy of
+   each encoder's relative table (and its norm) gets the sum over the pipeline group, likewise;
+   then ``engine.step()`` reduces over the data-parallel group (ZeRO-1) and steps.
 
 The schedule is handed the raw modules (``engine.module``'s encoders), so DeepSpeed's
 per-micro-batch hooks never run and gradients accumulate in ``param.grad`` (measured to match
@@ -119,7 +120,15 @@ def pipeline_forward(model: RTDModel, micro_batches: Sequence[MicroBatch], *, st
 
 def all_reduce_tied_gradients(model: RTDModel, ctx: ParallelContext) -> None:
     """Step 4's first half: sum the gradients of the generator table's copies over the embedding
-    group (first and last stage), as megatron-core's ``finalize_model_grads`` does."""
+    group (first and last stage), as megatron-core's ``finalize_model_grads`` does, and those
+    of the relative tables' per-stage copies over the pipeline group."""
+    if ctx.pp_size > 1:
+        # the relative tables of disentangled attention: one copy per stage, each trained by
+        # that stage's layers
+        for p in model.pipeline_replicated_parameters():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            dist.all_reduce(p.grad, group=ctx.pp_group)
     if ctx.embedding_group is None:
         return
     for p in model.tied_parameters():

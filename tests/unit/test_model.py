@@ -325,8 +325,8 @@ def test_layout_presets_flag_and_validation():
         cfg = preset(name)
         assert cfg.model.layernorm_position is POST
         assert cfg.model.discriminator.layernorm_epsilon == 1e-12  # BERT / HF ElectraConfig
-    for name in ("tiny", "debertav3-base"):
-        assert preset(name).model.layernorm_position is LayerNormPosition.PRE
+    assert preset("tiny").model.layernorm_position is LayerNormPosition.PRE
+    assert preset("debertav3-base").model.layernorm_position is POST  # DeBERTa is post-LN
     base = ["--ds_config", "x.json", "--preset", "tiny", "--data-path", "d", "--tokenizer-model",
             "t.model"]  # config_from_args only checks that they are given
     args = build_parser().parse_args(base + ["--layernorm-position", "post"])

@@ -1,0 +1,224 @@
+"""DeBERTa's disentangled self-attention on megatron-core's ``SelfAttention``.
+
+arXiv 2006.03654 §3.1 (DeBERTa) with DeBERTaV3's settings (arXiv 2111.09543; the released
+configs: ``relative_attention``, ``pos_att_type`` "p2c|c2p", ``position_buckets`` 256,
+``share_att_key``, ``norm_rel_ebd`` "layer_norm"), written to equal Hugging Face's
+``DebertaV2Model`` (``models/deberta_v2/modeling_deberta_v2.py``; tested with copied weights in
+``tests/unit/test_disentangled.py``). For query i, key j, head dimension d:
+
+    A[i, j] = ( q_i·k_j  +  q_i·Pk[δ(i, j)]  +  k_j·Pq[δ(i, j)] ) / sqrt(3·d)
+               content→content   content→position   position→content
+
+    δ(i, j) = clamp(bucket(i − j) + k, 0, 2k − 1)
+
+with P = LayerNorm(R), R the encoder's one table of 2k relative embeddings [2k, H] (shared by
+all layers), and Pq, Pk its projections by each layer's *own* query and key weights and biases
+(``share_att_key``: no separate position projections). ``bucket`` keeps distances below k/2 and
+maps longer ones logarithmically up to ``max_relative_positions`` (``log_bucket_position``).
+The position-to-content term reads Pq at δ(i, j) = clamp(−bucket(j − i) + k): ``bucket`` is odd,
+so one index matrix serves both terms.
+
+Tensor parallelism: q, k, v and Pq, Pk come from megatron-core's column-parallel ``linear_qkv``
+(each rank holds whole heads; the relative table R is replicated, and the linear's input
+all-reduce in backward sums R's gradient over the heads of every rank), the output from the
+row-parallel ``linear_proj`` — the names, shapes and initialisation of a ``SelfAttention``.
+
+The relative embeddings reach each layer in megatron-core's ``rotary_pos_emb`` slot: the
+``TransformerBlock`` passes that tensor unchanged to every layer's attention, and its full-layer
+activation recompute passes it as a differentiable checkpoint input (a tensor captured any other
+way would be back-propagated once per layer through one graph).
+
+Padding as Hugging Face's ``DebertaV2Encoder.get_attention_mask``: a score is masked when its
+key *or* its query is [PAD], so a [PAD] query's row is masked whole and averages over every key
+(its output is never read by a loss, but it makes every hidden state equal Hugging Face's).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from megatron.core import tensor_parallel
+from megatron.core.transformer.attention import SelfAttention
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+# Implementations of the attention core (benchmarked in bench/deberta_step_vs_hf.py):
+#   "explicit": scores [b, n, s, s] = c2c + gathered c2p + gathered p2c, softmax, dropout, @ V
+#   "sdpa": the same c2p + p2c gathered into one float bias, the rest in PyTorch's
+#           scaled_dot_product_attention (its memory-efficient kernel takes a bias with grad on GPU)
+IMPLEMENTATIONS = ("explicit", "sdpa")
+
+
+def log_bucket_position(relative_pos: torch.Tensor, position_buckets: int,
+                        max_position: int) -> torch.Tensor:
+    """DeBERTa's log buckets of relative distances (Hugging Face ``make_log_bucket_position``).
+
+    Distances with |r| ≤ position_buckets / 2 stay as they are; longer ones map to
+    sign(r)·(⌈log(|r| / m) / log((max_position − 1) / m) · (m − 1)⌉ + m), m = position_buckets / 2,
+    so |bucket| reaches position_buckets − 1 at |r| = max_position − 1.
+
+    Args:
+        relative_pos: int64 tensor of any shape, distances i − j.
+        position_buckets: total buckets k (> 0).
+        max_position: the longest distance mapped (``max_relative_positions``).
+    Returns:
+        int64, same shape.
+    """
+    mid = position_buckets // 2
+    magnitude = relative_pos.abs()
+    near = magnitude <= mid
+    # the log is computed for near distances too (and discarded): keep its argument ≥ 1
+    safe = torch.where(near, torch.full_like(magnitude, mid), magnitude).float()
+    denom = torch.log(torch.tensor((max_position - 1) / mid, dtype=torch.float32))
+    far = torch.ceil(torch.log(safe / mid) / denom * (mid - 1)) + mid
+    return torch.where(near, relative_pos, (far * relative_pos.sign()).long())
+
+
+def relative_position_index(seq_length: int, span: int, position_buckets: int,
+                            max_position: int, device=None) -> torch.Tensor:
+    """δ(i, j) [s, s] int64: the row of the 2·span relative embeddings that query i uses for
+    key j, clamp(bucket(i − j) + span, 0, 2·span − 1) (Hugging Face ``c2p_pos``).
+
+    Args:
+        position_buckets: buckets (> 0), or ≤ 0 for plain distances (no buckets).
+    """
+    pos = torch.arange(seq_length, device=device)
+    rel = pos[:, None] - pos[None, :]
+    if position_buckets > 0:
+        rel = log_bucket_position(rel, position_buckets, max_position)
+    return (rel + span).clamp(0, 2 * span - 1)
+
+
+def disentangled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           pos_q: torch.Tensor, pos_k: torch.Tensor, index: torch.Tensor,
+                           key_pad: Optional[torch.Tensor], *, dropout_p: float = 0.0,
+                           impl: str = "explicit") -> torch.Tensor:
+    """The attention core, heads batched.
+
+    Args:
+        q, k, v: [b, n, s, d] content queries, keys, values.
+        pos_q, pos_k: [n, 2k, d] the relative embeddings projected by the query / key weights.
+        index: [s, s] int64, δ(i, j) (``relative_position_index``).
+        key_pad: bool [b, 1, 1, s], True at [PAD], or None. A score is masked when its key or
+            its query is [PAD] (a fully masked row becomes uniform, as in Hugging Face).
+        dropout_p: attention-probability dropout (the caller picks the RNG).
+        impl: one of ``IMPLEMENTATIONS``.
+    Returns:
+        [b, n, s, d].
+    """
+    b, n, s, d = q.shape
+    scale = 1.0 / math.sqrt(3 * d)  # three terms (arXiv 2006.03654 §3.1, "scaled by 1/sqrt(3d)")
+    qs = q * scale
+    # content→position: q_i · Pk[δ(i, j)]  — [b, n, s, 2k] gathered to [b, n, s, s]
+    idx = index.expand(b, n, s, s)
+    bias = torch.gather(torch.matmul(qs, pos_k.transpose(-1, -2)), -1, idx)
+    # position→content: k_j · Pq[δ(i, j)] — row j of (k · Pqᵀ) gathered at δ(i, j)ᵀ, transposed
+    bias = bias + torch.gather(torch.matmul(k * scale, pos_q.transpose(-1, -2)), -1,
+                               index.t().expand(b, n, s, s)).transpose(-1, -2)
+    masked = None if key_pad is None else key_pad | key_pad.transpose(-1, -2)  # [b, 1, s, s]
+    if impl == "sdpa":
+        if masked is not None:
+            bias = bias.masked_fill(masked, torch.finfo(bias.dtype).min)
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
+    assert impl == "explicit", impl
+    scores = torch.matmul(qs, k.transpose(-1, -2)) + bias  # [b, n, s, s]
+    if masked is not None:
+        scores = scores.masked_fill(masked, torch.finfo(scores.dtype).min)
+    probs = torch.softmax(scores, dim=-1)
+    if dropout_p > 0:
+        probs = torch.nn.functional.dropout(probs, p=dropout_p)
+    return torch.matmul(probs, v)
+
+
+class DisentangledCoreAttention(MegatronModule):
+    """The core of disentangled attention, on one tensor-parallel rank's heads.
+
+    forward(query, key, value [s, b, n, d], attention_mask bool broadcastable to [b, 1, 1, s]
+    (True = masked key, megatron's convention) or None, pos_query, pos_key [2k, 1, n, d])
+    -> [s, b, n·d]. Attention-probability dropout draws from megatron-core's model-parallel RNG
+    tracker (heads are split over TP ranks). No parameters.
+
+    Args (beyond megatron-core's core-attention constructor):
+        position_buckets: k (> 0) or -1 (no buckets); max_relative_positions: resolved (> 0).
+        impl: ``IMPLEMENTATIONS``; None picks "sdpa" on CUDA and "explicit" elsewhere.
+    """
+
+    def __init__(self, config: TransformerConfig, layer_number: int,
+                 attn_mask_type: AttnMaskType, attention_type: str,
+                 attention_dropout: Optional[float] = None, softmax_scale: Optional[float] = None,
+                 cp_comm_type: Optional[str] = None, pg_collection=None, *,
+                 position_buckets: int, max_relative_positions: int,
+                 impl: Optional[str] = None) -> None:
+        super().__init__(config=config)
+        if config.context_parallel_size != 1:
+            raise ValueError("DisentangledCoreAttention does not support context parallelism")
+        self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
+        self.position_buckets = position_buckets
+        self.max_relative_positions = max_relative_positions
+        self.span = position_buckets if position_buckets > 0 else max_relative_positions
+        assert impl is None or impl in IMPLEMENTATIONS, impl
+        self.impl = impl
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                attention_mask: Optional[torch.Tensor], *, pos_query: torch.Tensor,
+                pos_key: torch.Tensor) -> torch.Tensor:
+        s, b, n, d = query.shape
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, n, s, d]
+        pq, pk = (t.squeeze(1).transpose(0, 1) for t in (pos_query, pos_key))  # [n, 2k, d]
+        index = relative_position_index(s, self.span, self.position_buckets,
+                                        self.max_relative_positions, device=query.device)
+        key_pad = None if attention_mask is None else attention_mask.view(b, 1, 1, s)
+        impl = self.impl or ("sdpa" if query.is_cuda else "explicit")
+        dropout_p = self.dropout_p if self.training else 0.0
+        if dropout_p > 0:
+            with tensor_parallel.get_cuda_rng_tracker().fork():
+                out = disentangled_attention(q, k, v, pq, pk, index, key_pad,
+                                             dropout_p=dropout_p, impl=impl)
+        else:
+            out = disentangled_attention(q, k, v, pq, pk, index, key_pad, impl=impl)
+        return out.permute(2, 0, 1, 3).reshape(s, b, n * d)  # [s, b, n·d]
+
+
+class DisentangledSelfAttention(SelfAttention):
+    """megatron-core's ``SelfAttention`` (same ``linear_qkv`` / ``linear_proj``, TP split, names)
+    whose core also reads the relative embeddings.
+
+    forward(hidden_states [s, b, H], attention_mask, rotary_pos_emb=P [2k, H], ...) ->
+    (output [s, b, H], bias [H] or None), as ``SelfAttention``. P is the encoder's LayerNorm'd
+    relative table (``rotary_pos_emb`` is only the slot megatron-core forwards it in; see the
+    module docstring). Neither packed sequences, inference caches nor attention biases.
+    """
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: Optional[torch.Tensor],
+                key_value_states=None, inference_context=None,
+                rotary_pos_emb: Optional[torch.Tensor] = None, rotary_pos_cos=None,
+                rotary_pos_sin=None, rotary_pos_cos_sin=None, attention_bias=None,
+                packed_seq_params=None, sequence_len_offset=None, *, inference_params=None):
+        if rotary_pos_emb is None or not isinstance(rotary_pos_emb, torch.Tensor):
+            raise ValueError("disentangled attention needs the relative embeddings [2k, H] "
+                             "(passed by the Encoder as rotary_pos_emb)")
+        if (packed_seq_params is not None or attention_bias is not None
+                or inference_context is not None or inference_params is not None):
+            raise ValueError("disentangled attention supports neither packed sequences, "
+                             "attention biases nor inference caches")
+        query, key, value = self.get_query_key_value_tensors(hidden_states)  # [s, b, n, d]
+        # each layer drops out its own copy of P (Hugging Face ``pos_dropout``, hidden dropout);
+        # P is replicated over TP ranks, so the default generator (shared by TP peers) draws it
+        rel = torch.nn.functional.dropout(rotary_pos_emb.to(hidden_states.dtype),
+                                          p=self.config.hidden_dropout, training=self.training)
+        # the relative table through this layer's own query / key projections (share_att_key)
+        pos_query, pos_key, _ = self.get_query_key_value_tensors(rel.unsqueeze(1))  # [2k,1,n,d]
+        context = self.core_attention(query, key, value, attention_mask,
+                                      pos_query=pos_query, pos_key=pos_key)
+        return self.linear_proj(context)
+
+
+def relative_embeddings(table: torch.nn.Embedding, norm: torch.nn.LayerNorm) -> torch.Tensor:
+    """P = LayerNorm(R) [2k, H], the relative table every layer reads (Hugging Face
+    ``DebertaV2Encoder.get_rel_embedding`` with ``norm_rel_ebd = layer_norm``). Both are called
+    as modules, so DeepSpeed ZeRO-3 gathers their parameters."""
+    rows = torch.arange(table.num_embeddings, device=table.weight.device)
+    return norm(table(rows))
