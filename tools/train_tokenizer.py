@@ -121,6 +121,7 @@ _SPM_RECORD = re.compile(r"^(?:([IWEF])\d{4} [\d:. ]+\s+\d+ [\w.]+:\d+\] |"
                          r"[\w.]+\(\d+\) LOG\(([A-Z])[A-Z]*\) )(.*)$")
 _SPM_MILESTONES = (
     (re.compile(r"Done! preprocessed (\d+) sentences"), "SentencePiece: {:,} sentences preprocessed"),
+    (re.compile(r"Extracting seed sentencepieces"), "SentencePiece: extracting seed pieces"),
     (re.compile(r"Initialized (\d+) seed pieces"), "SentencePiece: {:,} seed pieces"),
     (re.compile(r"EM sub_iter=\d+ size=(\d+)"), "SentencePiece unigram EM: {:,} pieces (target {vocab:,})"),
     (re.compile(r"Merged: freq=\d+ merges=(\d+)"), "SentencePiece BPE: {:,} merges (vocab {vocab:,})"),
@@ -170,7 +171,7 @@ class SentencePieceLog:
         for pattern, text in _SPM_MILESTONES:
             m = pattern.search(message)
             if m:
-                self.progress.set(text.format(int(m.group(1)), vocab=self.vocab_size))
+                self.progress.set(text.format(*map(int, m.groups()), vocab=self.vocab_size))
                 return
 
 
