@@ -3,6 +3,10 @@ line builds the same config as the preset plus ``--set``; generator twins and ra
 the refused flags."""
 from __future__ import annotations
 
+import argparse
+import re
+from pathlib import Path
+
 import pytest
 
 from rtd_scale.config import PRESETS, ConfigError, apply_override, preset
@@ -167,3 +171,59 @@ def test_refused_flags_accept_their_no_op_value():
     with pytest.raises(ConfigError, match="--normalization RMSNorm: not supported: .* "
                                           r"\(or pass --normalization LayerNorm\)"):
         from_flags("--normalization", "RMSNorm")
+
+
+def _readme_section(start: str, end: str) -> str:
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    return text[text.index(start):text.index(end, text.index(start))]
+
+
+def test_readme_flag_table_matches_the_parser():
+    parser = build_parser()
+    known = parser._option_string_actions
+    table = _readme_section("### Megatron flags", "**The generator.**")
+    rows = [line.split("|")[1] for line in table.splitlines() if line.startswith("| `--")]
+    listed = {f for row in rows for f in re.findall(r"`(--[\w-]+)", row)}
+    refused = {f for r in REFUSED for f in r.flags}
+    assert len(listed) > 50
+    assert sorted(f for f in listed if f not in known) == []  # every row is a flag we take
+    assert sorted(f for f in listed if f in refused and not any(
+        r.accepted for r in REFUSED if f in r.flags)) == []
+    generator = _readme_section("**The generator.**", "**Refused**")
+    model_flags = {o for a in parser._actions for o in a.option_strings
+                   if o in known and a.help != argparse.SUPPRESS
+                   and a.container.title and a.container.title.startswith("Megatron-LM model")}
+    documented = listed | set(re.findall(r"`(--[\w-]+)", generator))
+    assert sorted(model_flags - documented) == []
+    refusals = _readme_section("**Refused**", "Our own flags")
+    assert sorted(f for f in refused if f"`{f}" not in refusals) == []
+
+
+def test_another_vocab_multiple_pads_only(single_process_group):
+    """--make-vocab-size-divisible-by 64: 300 ids pad to 320 rather than 384; the real rows and
+    the MLM loss are the same (padded ids are never predicted), and no padded or special id is
+    sampled (the shard is not whole 128-id blocks, so sampling takes one level)."""
+    import torch
+
+    from rtd_scale.model.rtd import RTDModel
+
+    out, models = {}, {}
+    for multiple in (128, 64):
+        cfg = from_flags("--make-vocab-size-divisible-by", str(multiple), "--hidden-size", "32",
+                         "--num-attention-heads", "2", "--num-layers", "2",
+                         "--hidden-dropout", "0", "--attention-dropout", "0")
+        cfg.model.vocab_size = 300
+        torch.manual_seed(0)
+        m = RTDModel(cfg.model, cfg.rtd, tensor_model_parallel_size=1, special_ids=(0, 1, 2, 3, 4),
+                     pad_id=0, mask_id=4, seed=5)
+        g = torch.Generator().manual_seed(0)
+        ids = torch.randint(5, 300, (8, 32), generator=g)
+        ids[:, 0], ids[:, -1] = 1, 2
+        out[multiple], models[multiple] = m(ids, torch.arange(8)), m
+    assert (models[128].padded_vocab_size, models[64].padded_vocab_size) == (384, 320)
+    w128, w64 = (models[k].generator_table.weight for k in (128, 64))
+    assert w64.shape[0] == 320 and torch.equal(w128[:300], w64[:300])
+    torch.testing.assert_close(out[64].mlm_loss, out[128].mlm_loss)
+    sampled = out[64].corrupted_ids[out[64].masked]
+    assert sampled.numel() > 0 and sampled.max().item() < 300
+    assert not torch.isin(sampled, torch.tensor([0, 1, 2, 3, 4])).any()
