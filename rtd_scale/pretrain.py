@@ -451,12 +451,12 @@ def summary_text(summary: dict) -> str:
     embedding cosines, the held-out RTD AUC and a verdict on it, where the logs and checkpoint
     are.
 
-    The verdict reads the AUC at the last validation (``valid/rtd/auc``): more than 3 chance
-    standard deviations above 0.5 (``diagnostics.auc_chance_sd`` for that validation's class
-    sizes) means the discriminator tells replaced tokens from original ones by context; within
-    them it is on the prior plateau (its loss at most the entropy of the replaced fraction,
-    accuracy on replaced tokens 0 at logit 0). The change since the first validation is shown
-    beside it."""
+    The verdict reads the AUC at the last validation (``valid/rtd/auc``) in units of its chance
+    standard deviation σ (``diagnostics.auc_chance_sd`` for that validation's class sizes):
+    more than 3σ above 0.5 and more than 3σ above the first validation's (or only one
+    validation): learning; more than 3σ above 0.5 but not rising: above chance, on a plateau;
+    within 3σ of 0.5: on the prior plateau (a discriminator that knows only the replaced
+    fraction); more than 3σ below: below chance (a fault)."""
     import math
 
     from rtd_scale.training.diagnostics import (AVG_COSINE_DISCRIMINATOR, AVG_COSINE_GENERATOR,
@@ -499,9 +499,15 @@ def summary_text(summary: dict) -> str:
                  else "")
         lines.append(f"  held-out RTD AUC {auc1:.4f} at iteration {a1} (0.5 = chance, "
                      f"± {sd:.4f} for these token counts{trend})")
-        if z > 3:
+        rising = a0 == a1 or auc1 - auc0 > 3 * sd
+        if z > 3 and rising:
             verdict = ("learning: the discriminator ranks replaced tokens above original ones "
                        f"from context ({z:.1f} chance standard deviations above 0.5)")
+        elif z > 3:
+            verdict = (f"above chance ({z:.1f} chance standard deviations above 0.5) but not "
+                       f"rising since iteration {a0}: the discriminator picked up a little "
+                       "context early and is on a plateau; train longer (see the README, "
+                       "\"What 300 CPU steps show\")")
         elif z < -3:
             verdict = ("below chance: the discriminator ranks replaced tokens below original "
                        "ones, which training should never do; check the data and the labels")

@@ -207,6 +207,9 @@ def test_summary_verdict_reads_the_last_auc_against_chance():
     assert "0.5100 at iteration 100, +0.0550 since" in text
     assert "verdict: learning:" in text and "6.5 chance standard deviations" in text
     assert "generator 0.123, discriminator 0.045" in text
+    assert "verdict: above chance (4.0 chance standard deviations above 0.5) but not rising " \
+        "since iteration 100" in summary_text(_summary([0.53, 0.56, 0.54]))
+    assert "verdict: learning:" in summary_text(_summary([0.54]))  # one validation: no trend
     assert "verdict: on the prior plateau" in summary_text(_summary([0.49, 0.52]))
     assert "verdict: below chance" in summary_text(_summary([0.46]))
     no_valid = _summary([])
