@@ -18,9 +18,9 @@ that is fine-tuned afterwards), and the generator is derived from it:
   its depth and width are the discriminator's × ``--generator-num-layers-ratio`` /
   ``--generator-hidden-size-ratio`` (default: the preset's own ratios, e.g. 1/2 depth for
   DeBERTaV3, 1/4 width for ELECTRA-small), rounded to the nearest integer; its heads keep the
-  discriminator's head size (hidden / heads, ELECTRA's 64: ``max(1, width // head size)``); its
-  FFN is 4 × its width; dropouts and LayerNorm epsilon are the discriminator's. A field no flag
-  touches keeps the preset's value.
+  discriminator's head size (hidden / heads, ELECTRA's 64: ``max(1, width // head size)``, or
+  the largest count below that divides the width); its FFN is 4 × its width; dropouts and
+  LayerNorm epsilon are the discriminator's. A field no flag touches keeps the preset's value.
 
 Precedence: preset → these flags → ``--set section.field=value``. A few Megatron-LM flags
 describe an architecture or schedule this system does not build; each is refused in one line
@@ -229,6 +229,10 @@ def apply_model_args(cfg: RunConfig, args: argparse.Namespace) -> None:
             setattr(getattr(cfg, section), name, getattr(args, dest))
 
     # the generator: a twin wins; else derived from what was given for the discriminator
+    for name in ("num_layers", "hidden_size", "num_attention_heads"):  # the rules divide by them
+        if getattr(disc, name) < 1:
+            raise ConfigError(f"{_flag(name)} must be >= 1, got {getattr(disc, name)}")
+
     def twin(name: str) -> Optional[Any]:
         return getattr(args, "generator_" + name, None)
 
@@ -245,7 +249,10 @@ def apply_model_args(cfg: RunConfig, args: argparse.Namespace) -> None:
     elif width_set or _given(args, "num_attention_heads"):
         head_size = max(1, disc.hidden_size // disc.num_attention_heads)
         width = derived.get("hidden_size", gen.hidden_size)
-        derived["num_attention_heads"] = max(1, width // head_size)
+        heads = max(1, width // head_size)
+        while width % heads:  # a count that divides the width (megatron-core needs it)
+            heads -= 1
+        derived["num_attention_heads"] = heads
     if twin("ffn_hidden_size") is not None:
         derived["ffn_hidden_size"] = twin("ffn_hidden_size")
     elif width_set:

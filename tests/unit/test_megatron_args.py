@@ -107,6 +107,18 @@ def test_ratio_flags_scale_the_discriminator_rounding_to_nearest():
     assert cfg.model.embedding_size == 768  # the shared table keeps the discriminator's width
     cfg = from_flags("--preset", "tiny", "--generator-hidden-size-ratio", "0.5")  # ratio alone
     assert (cfg.model.generator.hidden_size, cfg.model.generator.num_attention_heads) == (48, 1)
+    # head size 64: 21 // 64 → 1 head; 320 // 64 = 5 heads; 200 // 64 = 3 does not divide 200 → 2
+    for ratio, width, heads in (("0.0833", 21, 1), ("1.25", 320, 5), ("0.78125", 200, 2)):
+        g = from_flags("--preset", "electra-small", "--generator-hidden-size-ratio", ratio).model.generator
+        assert (g.hidden_size, g.num_attention_heads, g.ffn_hidden_size) == (width, heads, 4 * width)
+
+
+def test_set_can_repair_what_the_flags_leave_inconsistent():
+    # electra-base has 12 heads: --hidden-size 100 alone does not divide, --set fixes the heads
+    cfg = from_flags("--preset", "electra-base", "--hidden-size", "100",
+                     "--set", "model.discriminator.num_attention_heads=4",
+                     "--set", "model.generator.num_attention_heads=1")
+    assert (cfg.model.discriminator.hidden_size, cfg.model.discriminator.num_attention_heads) == (100, 4)
 
 
 def test_precedence_preset_then_flags_then_set():
@@ -146,6 +158,9 @@ def test_megatron_deepspeeds_spelling_is_accepted():
      "--generator-hidden-size and --generator-hidden-size-ratio both set"),
     (["--generator-num-layers-ratio", "0"], "--generator-num-layers-ratio 0.0: must be a positive"),
     (["--generator-hidden-size-ratio", "nan"], "must be a positive number"),
+    (["--num-attention-heads", "0"], "--num-attention-heads must be >= 1, got 0"),
+    (["--hidden-size", "100", "--num-attention-heads", "3"],
+     r"model.discriminator.hidden_size \(100\) must be divisible by"),
     (["--generator-num-layers-ratio", "0.1"],
      r"model.generator.num_layers would be 0 \(round\(0.1 × 4\)\); pass --generator-num-layers"),
 ])
