@@ -64,6 +64,20 @@ SECTION_FIELDS: dict[str, tuple[str, str, type, str]] = {
     "adam_eps": ("optim", "adam_eps", float, "AdamW ε"),
 }
 
+# --tokenizer-type values → the file kind rtd_scale.data.tokenizer.Tokenizer reads (chosen by
+# the file name: *.json a tokenizer.json, *.txt a WordPiece vocab.txt, else SentencePiece).
+TOKENIZER_TYPES: dict[str, str] = {
+    "SentencePieceTokenizer": "sentencepiece", "GPTSentencePieceTokenizer": "sentencepiece",
+    "HuggingFaceTokenizer": "tokenizer.json",
+    "BertWordPieceLowerCase": "vocab.txt", "BertWordPieceCase": "vocab.txt",
+}
+
+
+def _tokenizer_kind(path: str) -> str:
+    return ("tokenizer.json" if path.endswith(".json") else
+            "vocab.txt" if path.endswith(".txt") else "sentencepiece")
+
+
 # Generator ratio flags: dest → the encoder field they scale.
 RATIO_FLAGS: dict[str, str] = {
     "generator_num_layers_ratio": "num_layers",
@@ -160,6 +174,13 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--deepspeed", action="store_true",
                    help="accepted for Megatron-DeepSpeed's `--deepspeed --deepspeed_config X`; "
                         "DeepSpeed always runs")
+    g.add_argument("--vocab-file", metavar="VOCAB_TXT",
+                   help="Megatron-LM's name for a WordPiece vocab.txt: the same as "
+                        "--tokenizer-model VOCAB_TXT")
+    g.add_argument("--tokenizer-type", choices=sorted(TOKENIZER_TYPES),
+                   help="checked against the tokenizer file (the kind is read from its name); "
+                        "a WordPiece vocab.txt lower-cases when it has no upper-case token, "
+                        "whichever BertWordPiece type is named")
     g.add_argument("--bert-no-binary-head", action="store_true",
                    help="accepted for Megatron-LM's pretrain_bert.py: RTD has no "
                         "sentence-pair head")
@@ -198,6 +219,20 @@ def apply_model_args(cfg: RunConfig, args: argparse.Namespace) -> None:
     refused = getattr(args, "megatron_refused", None)
     if refused:
         raise ConfigError(refused[0])
+    vocab_file = getattr(args, "vocab_file", None)
+    if vocab_file is not None:
+        if getattr(args, "tokenizer_model", None) not in (None, vocab_file):
+            raise ConfigError(f"--vocab-file {vocab_file} and --tokenizer-model "
+                              f"{args.tokenizer_model} name two tokenizers; pass one of them")
+        cfg.data.tokenizer_model = vocab_file
+    kind = getattr(args, "tokenizer_type", None)
+    if kind is not None and cfg.data.tokenizer_model:
+        found = _tokenizer_kind(cfg.data.tokenizer_model)
+        if found != TOKENIZER_TYPES[kind]:
+            fits = sorted(t for t, k in TOKENIZER_TYPES.items() if k == found)
+            raise ConfigError(f"--tokenizer-type {kind} does not fit {cfg.data.tokenizer_model} "
+                              f"(a {found} file); pass --tokenizer-type {' or '.join(fits)}, or "
+                              "the tokenizer file it names")
     model = cfg.model
     disc, gen = model.discriminator, model.generator
     ratio: dict[str, float] = {

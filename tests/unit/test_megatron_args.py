@@ -153,6 +153,20 @@ def test_megatron_deepspeeds_spelling_is_accepted():
     assert args.deepspeed and config_from_args(args).train.ds_config == "ds_configs/zero3.json"
 
 
+def test_megatron_tokenizer_flags():
+    assert from_flags("--tokenizer-type", "SentencePieceTokenizer").data.tokenizer_model == "spm.model"
+    args = build_parser().parse_args(["--ds_config", "z.json", "--data-path", "d",
+                                      "--vocab-file", "bert/vocab.txt",
+                                      "--tokenizer-type", "BertWordPieceLowerCase"])
+    assert config_from_args(args).data.tokenizer_model == "bert/vocab.txt"
+    with pytest.raises(ConfigError, match=r"--tokenizer-type BertWordPieceCase does not fit "
+                       r"spm.model \(a sentencepiece file\); pass --tokenizer-type "
+                       r"GPTSentencePieceTokenizer or SentencePieceTokenizer"):
+        from_flags("--tokenizer-type", "BertWordPieceCase")
+    with pytest.raises(ConfigError, match="--vocab-file v.txt and --tokenizer-model spm.model"):
+        from_flags("--vocab-file", "v.txt")
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--generator-hidden-size", "32", "--generator-hidden-size-ratio", "0.5"],
      "--generator-hidden-size and --generator-hidden-size-ratio both set"),
