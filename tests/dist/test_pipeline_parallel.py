@@ -10,9 +10,10 @@ from tests.dist import harness, workers
 
 pytestmark = pytest.mark.dist
 
-# (name, sharing, layernorm layout): every sharing mode pre-LN, and ELECTRA's ES post-LN
+# (name, sharing, layernorm layout[, attention]): every sharing mode pre-LN, ELECTRA's ES
+# post-LN, and DeBERTa's disentangled attention (a relative table on every stage)
 CASES = (("es", Sharing.ES, "pre"), ("nes", Sharing.NES, "pre"), ("gdes", Sharing.GDES, "pre"),
-         ("post_es", Sharing.ES, "post"))
+         ("post_es", Sharing.ES, "post"), ("deberta_gdes", Sharing.GDES, "post", "disentangled"))
 
 
 def _merge(results, case):
@@ -24,7 +25,8 @@ def _merge(results, case):
         if res["tp_rank"] != 0:
             continue
         for name, g in res["grads"].items():
-            if name in grads:  # the tied table: both copies must hold the same summed gradient
+            if name in grads:  # the tied table and the relative tables: every copy must hold
+                # the same summed gradient
                 assert torch.equal(grads[name], g), name
             grads[name] = g
         if res["mlm"]:
@@ -40,11 +42,17 @@ def reference():
 @pytest.mark.parametrize("tp, pp", [(1, 2), (2, 2)])
 def test_pipeline_equals_one_stage(reference, tp, pp):
     results = harness.run(workers.pipeline_parity, CASES, world_size=tp * pp, tp=tp, pp=pp)
-    for case, _, _ in CASES:
+    for case, *_ in CASES:
         ref = reference[case]
         grads, last = _merge(results, case)
-        # the post-LN case really ran post-LN layers: their norms and the token-type row
-        assert any(n.endswith("post_mlp_layernorm.weight") for n in grads) == (case == "post_es")
+        # the post-LN cases really ran post-LN layers, the DeBERTa case its relative tables
+        assert any(n.endswith("post_mlp_layernorm.weight") for n in grads) == \
+            case.startswith(("post", "deberta"))
+        assert any(n.endswith("rel_embeddings.weight") for n in grads) == \
+            case.startswith("deberta")
+        if case.startswith("deberta"):  # each stage's copy holds the gradient of all layers
+            copies = [r[case]["grads"]["discriminator.rel_embeddings.weight"] for r in results]
+            assert all(torch.equal(c, copies[0]) for c in copies) and copies[0].abs().sum() > 0
         assert last["mlm"] == pytest.approx(ref["mlm"], abs=1e-5)
         assert last["rtd"] == pytest.approx(ref["rtd"], abs=1e-5)
         for a, b in zip(last["corrupted"], ref["corrupted"]):

@@ -6,17 +6,21 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
-from rtd_scale.config import LayerNormPosition, Sharing, preset
+from rtd_scale.config import AttentionType, LayerNormPosition, Sharing, preset
 
 SPECIAL = (0, 1, 2, 3, 4)
 
 
 def tiny_config(sharing: Sharing, *, embedding_size: int = 48, dropout: float = 0.0,
-                vocab_size: int = 300, layout: str = "pre"):
+                vocab_size: int = 300, layout: str = "pre", attention: str = "bert"):
+    """``attention`` "disentangled": DeBERTa's attention with 8 position buckets, so the
+    40-token batches reach its logarithmic buckets."""
     cfg = preset("tiny")
     cfg.model.vocab_size = vocab_size
     cfg.model.sharing = sharing
     cfg.model.layernorm_position = LayerNormPosition(layout)
+    cfg.model.attention_type = AttentionType(attention)
+    cfg.model.position_buckets = 8
     cfg.model.embedding_size = embedding_size
     cfg.model.generator = dataclasses.replace(
         cfg.model.generator, num_layers=1, hidden_size=32, num_attention_heads=2,
@@ -46,12 +50,13 @@ def fixed_batch(b: int = 6, s: int = 40, vocab_size: int = 300):
 
 def parity(ctx, cases):
     """One RTD forward/backward per case (name, sharing, embedding size, layout "pre" /
-    "post"); returns what TP=1 and TP=2 must agree on."""
+    "post"[, attention "bert" / "disentangled"]); returns what TP=1 and TP=2 must agree on."""
     from rtd_scale.model import weights
 
     out = {}
-    for name, sharing, embedding_size, layout in cases:
-        cfg = tiny_config(sharing, embedding_size=embedding_size, layout=layout)
+    for name, sharing, embedding_size, layout, *attention in cases:
+        cfg = tiny_config(sharing, embedding_size=embedding_size, layout=layout,
+                          attention=attention[0] if attention else "bert")
         model = build(cfg, ctx.tp_size)
         ids, idx = fixed_batch()
         res = model(ids, idx, step=3)
@@ -203,8 +208,8 @@ def load_export(ctx, path: str):
     return float(model(ids, idx, step=0).loss)
 
 
-def _pp_config(sharing: Sharing, layout: str = "pre"):
-    cfg = tiny_config(sharing, layout=layout)
+def _pp_config(sharing: Sharing, layout: str = "pre", attention: str = "bert"):
+    cfg = tiny_config(sharing, layout=layout, attention=attention)
     cfg.model.generator = dataclasses.replace(cfg.model.generator, num_layers=2)
     cfg.model.discriminator = dataclasses.replace(cfg.model.discriminator, num_layers=4)
     return cfg
@@ -230,13 +235,13 @@ def _build_stage(ctx, cfg, seed: int = 7):
 def pipeline_parity(ctx, cases):
     """One step's losses and gradients over 4 micro-batches, at this TP × PP layout (PP = 1:
     the plain forward, accumulated; PP > 1: the two-pass 1F1B step), per case (name, sharing,
-    layernorm layout "pre" / "post")."""
+    layernorm layout "pre" / "post"[, attention "bert" / "disentangled"])."""
     from rtd_scale.model import weights
     from rtd_scale.training.pipeline import all_reduce_tied_gradients, pipeline_forward_backward
 
     out = {}
-    for name, sharing, layout in cases:
-        cfg = _pp_config(sharing, layout)
+    for name, sharing, layout, *attention in cases:
+        cfg = _pp_config(sharing, layout, *attention)
         model = _build_stage(ctx, cfg)
         mbs = _pp_micro_batches()
         if ctx.pp_size == 1:

@@ -1,0 +1,215 @@
+#!/usr/bin/env python
+"""One DeBERTaV3 RTD training step, rtd_scale vs a Hugging Face ``DebertaV2`` recipe, in one
+process on the same batches.
+
+What is timed is the whole step — generator and discriminator forward, backward and AdamW — for:
+
+- **rtd_scale**: ``RTDModel`` with disentangled attention (``model/disentangled.py``), once per
+  attention core in ``--impls``: "explicit" (scores [b, n, s, s] = c2c + gathered c2p + p2c,
+  softmax, @ V) and "sdpa" (c2p + p2c gathered into one float bias given to PyTorch's
+  ``scaled_dot_product_attention``; on GPU its memory-efficient kernel, which takes a bias with
+  gradient). FlexAttention (a score modification gathering the c2p / p2c tables) is not among
+  them: see bench/README.md.
+- **HF**: the RTD step as a ``transformers`` user writes it with DeBERTaV3's classes (eager
+  attention, the only one ``DebertaV2`` has): ``DebertaV2ForMaskedLM`` generator
+  (``labels=-100`` outside the masked slots), ``DebertaV2Model`` discriminator with ELECTRA's
+  discriminator head (dense → GELU → 1 logit, BCE), GDES as
+  ``inputs_embeds = embedding(ids, E_G.detach() + E_Δ)``; configs from rtd_scale's export
+  (``rtd_scale.hf.convert.hf_config``), so both sides have the same shapes and dropout.
+
+Timing is ``bench/step_vs_hf.py``'s: interleaved rounds, per-step wall and thread-CPU times,
+medians. CPU: fp32, one thread by default. CUDA: ``--bf16`` autocast on both sides. Prints one
+table (ms per step, tokens/s, ratio to HF); nothing here asserts a time.
+
+    python bench/deberta_step_vs_hf.py                      # debertav3-xsmall dims, CPU
+    python bench/deberta_step_vs_hf.py --dims large --device cuda --bf16 --batch 16 --seq 512
+    python bench/deberta_step_vs_hf.py --tiny --device cpu  # seconds (tests/unit/test_bench_step.py)
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+
+def _step_vs_hf():
+    """bench/step_vs_hf.py as a module (its config, batches, our step and its timer)."""
+    spec = importlib.util.spec_from_file_location("step_vs_hf", REPO / "bench" / "step_vs_hf.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+SVH = _step_vs_hf()
+
+
+def run_config(dims: str, *, batch: int, seq: int, tiny: bool):
+    """rtd_scale's config of preset ``debertav3-{dims}`` (disentangled attention, post-LN,
+    GDES) at this micro-batch and length; ``tiny``: test size (hidden 32, 2 / 1 layers,
+    vocab 1000, 16 position buckets so the log buckets are reached)."""
+    cfg = SVH.run_config(f"debertav3-{dims}", micro_batch=batch, seq_length=seq, tiny=tiny)
+    if tiny:
+        cfg.model.position_buckets = 16
+    from rtd_scale.config import AttentionType
+
+    assert cfg.model.attention_type is AttentionType.DISENTANGLED
+    return cfg
+
+
+def ours(cfg, device: torch.device, impl: str):
+    """rtd_scale's step (``step_vs_hf.ours``) with attention core ``impl``."""
+    from rtd_scale.model.disentangled import DisentangledCoreAttention
+
+    step = SVH.ours(cfg, device)
+    cores = [m for m in step.model.modules() if isinstance(m, DisentangledCoreAttention)]
+    assert cores, "no disentangled attention in the model"
+    for core in cores:
+        core.impl = impl
+    return step
+
+
+def hf(cfg, device: torch.device, bf16: bool):
+    """The Hugging Face DebertaV2 recipe (module docstring), with rtd_scale's AdamW."""
+    import transformers as T
+
+    from rtd_scale.hf import convert
+    from rtd_scale.training.engine import build_optimizer
+
+    m = cfg.model
+    torch.manual_seed(SVH.SEED)
+    with torch.device(device):
+        gen = T.DebertaV2ForMaskedLM(convert.hf_config(m, "generator", pad_id=SVH.PAD_ID))
+        disc = T.DebertaV2Model(convert.hf_config(m, "discriminator", pad_id=SVH.PAD_ID))
+        h = m.discriminator.hidden_size
+        head = torch.nn.Sequential(torch.nn.Linear(h, h), torch.nn.GELU(), torch.nn.Linear(h, 1))
+    table = gen.deberta.embeddings.word_embeddings
+    both = torch.nn.ModuleDict({"generator": gen, "discriminator": disc, "head": head})
+    delta = torch.nn.Parameter(torch.zeros_like(table.weight))  # GDES: E_D = E_G.detach() + E_Δ
+    both.register_parameter("delta", delta)
+    both.train()
+    opt = build_optimizer(both, cfg.optim)
+    batches = SVH.host_batches(cfg)
+    mask_prob, mask_token_prob = cfg.rtd.mask_prob, cfg.rtd.mask_token_prob
+    autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if bf16
+                else torch.autocast(device.type, enabled=False))
+
+    def run(i: int) -> None:
+        ids = batches[i % len(batches)][0].to(device, non_blocking=True)
+        attn = torch.ones_like(ids)
+        prob = torch.full(ids.shape, mask_prob, device=device)
+        prob.masked_fill_(ids < len(SVH.SPECIAL_IDS), 0.0)
+        masked = torch.bernoulli(prob).bool()
+        to_mask = masked & torch.bernoulli(torch.full(ids.shape, mask_token_prob,
+                                                      device=device)).bool()
+        with autocast:
+            out = gen(input_ids=ids.masked_fill(to_mask, SVH.MASK_ID), attention_mask=attn,
+                      labels=ids.masked_fill(~masked, -100))
+            with torch.no_grad():  # Gumbel-max over the full vocabulary at the masked rows
+                logits = out.logits[masked].float()
+                gumbel = -torch.log(-torch.log(torch.rand_like(logits).clamp_(1e-20, 1.0)))
+                sampled = (logits + gumbel).argmax(-1)
+            corrupted = ids.clone()
+            corrupted[masked] = sampled
+            labels = (corrupted != ids).float()
+            emb = F.embedding(corrupted, table.weight.detach() + delta)
+            hidden = disc(inputs_embeds=emb, attention_mask=attn).last_hidden_state
+            l_rtd = F.binary_cross_entropy_with_logits(head(hidden).squeeze(-1).float(), labels)
+            loss = out.loss + SVH.RTD_LAMBDA * l_rtd
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return SVH.Step(run, None, opt)
+
+
+def measure(args, device: torch.device) -> dict:
+    cfg = run_config(args.dims, batch=args.batch, seq=args.seq, tiny=args.tiny)
+    steps = {f"ours:{impl}": ours(cfg, device, impl) for impl in args.impls}
+    steps["hf"] = hf(cfg, device, args.bf16)
+    times = SVH.interleaved_ms(steps, device, warmup=args.warmup, rounds=args.rounds,
+                               steps_per_round=args.steps_per_round)
+    tokens = args.batch * args.seq
+    col = "cpu" if device.type == "cpu" else "wall"  # one CPU thread: its CPU time is the step
+    rows = {}
+    for name, t in times.items():
+        ms = statistics.median(t[col])
+        rows[name] = {"ms": ms, "tokens_per_s": tokens / ms * 1e3, "times_ms": t}
+    for r in rows.values():
+        r["ratio"] = r["ms"] / rows["hf"]["ms"]
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    return {"dims": f"debertav3-{args.dims}" + (" (tiny)" if args.tiny else ""),
+            "device": device.type, "bf16": args.bf16, "batch": args.batch, "seq": args.seq,
+            "timed": col, "rows": rows, "peak_gib": peak}
+
+
+def table(res: dict) -> str:
+    head = (f"{res['dims']}, {res['device']}{' bf16' if res['bf16'] else ' fp32'}, batch "
+            f"{res['batch']} × seq {res['seq']}, median {res['timed']} time per step "
+            "(generator + discriminator forward, backward, AdamW)")
+    lines = [head, "| step | ms | tokens/s | ours/HF |", "|---|---|---|---|"]
+    for name, r in res["rows"].items():
+        lines.append(f"| {name} | {r['ms']:.1f} | {r['tokens_per_s']:,.0f} | {r['ratio']:.2f} |")
+    if res["peak_gib"] is not None:
+        lines.append(f"peak CUDA memory (all steps): {res['peak_gib']:.1f} GiB")
+    return "\n".join(lines)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dims", default="xsmall", choices=("xsmall", "small", "base", "large"),
+                   help="the debertav3-* preset whose dimensions both sides train")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast on both sides (CUDA)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--impls", default="explicit,sdpa",
+                   help="rtd_scale attention cores to time, comma-separated")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps per implementation")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
+    p.add_argument("--steps-per-round", type=int, default=2)
+    p.add_argument("--tiny", action="store_true", help="test-size models (seconds)")
+    p.add_argument("--json", help="write the results (per-step times included) here")
+    args = p.parse_args(argv)
+    args.impls = [x for x in args.impls.split(",") if x]
+    from rtd_scale.model.disentangled import IMPLEMENTATIONS
+
+    for impl in args.impls:
+        if impl not in IMPLEMENTATIONS:
+            p.error(f"--impls: {impl!r} is not one of {', '.join(IMPLEMENTATIONS)}")
+    if args.bf16 and args.device != "cuda":
+        p.error("--bf16 is for --device cuda (on CPU both sides run fp32)")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("--device cuda: no CUDA device here", file=sys.stderr)
+        return 2
+    device = torch.device(args.device)
+    if not args.bf16:  # step_vs_hf's step autocasts to bf16 on CUDA; fp32 unless --bf16
+        SVH._autocast = lambda _device: contextlib.nullcontext()
+    SVH._parallel_state()
+    res = measure(args, device)
+    print(table(res))
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
