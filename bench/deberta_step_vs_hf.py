@@ -59,12 +59,13 @@ def run_config(dims: str, *, batch: int, seq: int, tiny: bool):
     """rtd_scale's config of preset ``debertav3-{dims}`` (disentangled attention, post-LN,
     GDES) at this micro-batch and length; ``tiny``: test size (hidden 32, 2 / 1 layers,
     vocab 1000, 16 position buckets so the log buckets are reached)."""
-    cfg = SVH.run_config(f"debertav3-{dims}", micro_batch=batch, seq_length=seq, tiny=tiny)
-    if tiny:
-        cfg.model.position_buckets = 16
     from rtd_scale.config import AttentionType
 
-    assert cfg.model.attention_type is AttentionType.DISENTANGLED
+    cfg = SVH.run_config(f"debertav3-{dims}", micro_batch=batch, seq_length=seq, tiny=tiny)
+    cfg.model.attention_type = AttentionType.DISENTANGLED  # the preset's (step_vs_hf sets BERT)
+    if tiny:
+        cfg.model.position_buckets = 16
+    cfg.validate()
     return cfg
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check of the RTD step, in one call on a fresh CUDA machine (~6 minutes on one H200).
+# The GPU check of the RTD step, in one call on a fresh CUDA machine (~8 minutes on one H200).
 #
 # That machine has CUDA torch, transformers, tensorboard, sentencepiece and pytest but neither
 # deepspeed nor megatron-core, and no network: their wheels travel in .wheels/ (git-ignored),
@@ -20,6 +20,9 @@
 #                      ELECTRA-large B 32, ELECTRA-base B 64, DeBERTaV3-large dims B 16, seq 512,
 #                      then rtd_scale with compiled layers (ELECTRA-large) while time is left
 #   step_vs_hf.*       bench/step_vs_hf.py on CUDA (electra-small, debertav3-xsmall dims)
+#   deberta_step_vs_hf.*  bench/deberta_step_vs_hf.py: our DeBERTaV3 step (disentangled
+#                      attention, each core) vs the HF DebertaV2 recipe, debertav3-large dims,
+#                      bf16, batch 16 × seq 512 (~2 minutes)
 #
 # TINY=1 runs the same steps at test size on CPU (no install when the packages import): a check
 # of this script's plumbing, not of the GPU.
@@ -55,7 +58,20 @@ timeout 100 $PY -m pytest -q -p no:cacheprovider -x tests/unit/test_objectives.p
   | tee "$OUT/pytest.txt" | tail -25
 elapsed "tests"
 
-# 3. the issue's rows: HF eager and rtd_scale per workload, diagnostics for ELECTRA-large,
+# 3. DeBERTaV3: our disentangled-attention step against Hugging Face's DebertaV2 at
+#    debertav3-large dims (first, so that the slower rows below cannot crowd it out)
+if [ "$TINY" = 1 ]; then
+  deberta_args=(--tiny --device cpu --batch 4 --seq 48 --rounds 1 --steps-per-round 1 --warmup 1)
+else
+  deberta_args=(--dims large --device cuda --bf16 --batch 16 --seq 512 --rounds 2
+                --steps-per-round 2 --warmup 2)
+fi
+timeout 170 $PY bench/deberta_step_vs_hf.py "${deberta_args[@]}" \
+  --json "$OUT/deberta_step_vs_hf.json" 2>&1 | grep -v -i "warn" \
+  | tee "$OUT/deberta_step_vs_hf.txt" | tail -8
+elapsed "deberta_step_vs_hf"
+
+# 4. the issue's rows: HF eager and rtd_scale per workload, diagnostics for ELECTRA-large,
 #    compiled layers last while the deadline allows
 if [ "$TINY" = 1 ]; then
   gpu_args=(--device cpu --tiny --deadline-s 240)
@@ -69,7 +85,7 @@ timeout 270 $PY bench/gpu_rtd_step.py --skip stack,extras,hf-compile "${gpu_args
   | tail -60
 elapsed "gpu_rtd_step"
 
-# 4. the side-by-side of the CPU targets, on the GPU
+# 5. the side-by-side of the CPU targets, on the GPU
 timeout 80 $PY bench/step_vs_hf.py "${step_args[@]}" --json "$OUT/step_vs_hf.json" 2>&1 \
   | grep -v -i "warn" | tee "$OUT/step_vs_hf.txt" | tail -8
 elapsed "done"

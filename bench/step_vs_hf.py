@@ -77,6 +77,9 @@ def run_config(dims: str, *, micro_batch: int, seq_length: int, tiny: bool):
 
     cfg = C.preset(dims)
     m = cfg.model
+    # BERT / ELECTRA attention at every preset's dimensions, as the HF recipe's ELECTRA classes
+    # (DeBERTa's disentangled attention against Hugging Face's: bench/deberta_step_vs_hf.py)
+    m.attention_type = C.AttentionType.BERT
     if tiny:
         narrow = m.generator.hidden_size < m.discriminator.hidden_size
         m.discriminator = dataclasses.replace(m.discriminator, num_layers=2, hidden_size=32,
