@@ -64,8 +64,13 @@ class AttentionType(str, enum.Enum):
 
 
 class Precision(str, enum.Enum):
+    """Compute precision (``--bf16``, ``--fp16``; default fp32 in every preset). bf16 and fp16
+    keep fp32 master weights in DeepSpeed's optimizer; fp16 scales the loss with DeepSpeed's
+    dynamic loss scaler (the ds_config's ``fp16`` section sets its knobs)."""
+
     FP32 = "fp32"
     BF16 = "bf16"
+    FP16 = "fp16"
 
 
 def _positive(section: str, **values: float) -> None:

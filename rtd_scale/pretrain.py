@@ -88,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weight-decay", type=float)
     p.add_argument("--clip-grad", type=float)
     p.add_argument("--bf16", action="store_true", help="bf16 compute, fp32 master weights")
+    p.add_argument("--fp16", action="store_true", help="fp16 compute, fp32 master weights, "
+                   "DeepSpeed's dynamic loss scaler (knobs in the ds_config's fp16 section); "
+                   "for GPUs without bf16 (V100, T4); not with --bf16")
     p.add_argument("--recompute-activations", action="store_true",
                    help="activation checkpointing in both models (megatron-core full-layer "
                         "recompute): less memory, one more forward per layer")
@@ -172,8 +175,12 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         value = getattr(args, flag)
         if value is not None:
             setattr(getattr(cfg, section), name, value)
+    if args.bf16 and args.fp16:
+        raise UserInputError("--bf16 and --fp16 contradict each other; pass one of them")
     if args.bf16:
         cfg.train.precision = Precision.BF16
+    if args.fp16:
+        cfg.train.precision = Precision.FP16
     if args.recompute_activations:
         cfg.model.recompute_activations = True
     if args.compile_layers:

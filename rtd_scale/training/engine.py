@@ -17,100 +17,9 @@ import torch
 
 from rtd_scale.config import OptimConfig, Precision, RunConfig
 
-# ds_config keys that rtd_scale derives from its own config, and the flag that sets each.
-_OWNED = {
-    "train_batch_size": "--global-batch-size",
-    "train_micro_batch_size_per_gpu": "--micro-batch-size",
-    "gradient_accumulation_steps": "--global-batch-size / (--micro-batch-size × data-parallel size)",
-    "gradient_clipping": "--clip-grad",
-}
-
-
-def load_ds_config(path: str) -> dict[str, Any]:
-    """Read a DeepSpeed JSON config.
-
-    Raises:
-        ValueError: the file is missing, not JSON, or not a JSON object (message names the file).
-    """
-    if not os.path.isfile(path):
-        raise UserInputError(f"--ds_config {path}: no such file; pass one of ds_configs/*.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except json.JSONDecodeError as e:
-        raise UserInputError(f"--ds_config {path}: not valid JSON (line {e.lineno}: {e.msg})") from None
-    if not isinstance(data, dict):
-        raise UserInputError(f"--ds_config {path}: expected a JSON object at the top level")
-    return data
-
-
-def resolve_ds_config(user: dict[str, Any], cfg: RunConfig, *, data_parallel_size: int,
-                      gradient_accumulation_steps: int, source: str = "ds_config") -> dict[str, Any]:
-    """Merge a user's ds_config with the values rtd_scale owns.
-
-    Raises:
-        ValueError: a batch number, the clipping or the precision in the file contradicts the
-            flags; or the file defines an optimizer or scheduler (rtd_scale builds them).
-    """
-    t = cfg.train
-    ours: dict[str, Any] = {
-        "train_batch_size": t.global_batch_size,
-        "train_micro_batch_size_per_gpu": t.micro_batch_size,
-        "gradient_accumulation_steps": gradient_accumulation_steps,
-        # DeepSpeed 0.19.8 clips at 1.0 when this key is absent: always write ours.
-        "gradient_clipping": cfg.optim.clip_grad,
-    }
-    for key, flag in _OWNED.items():
-        if key in user and user[key] != "auto" and user[key] != ours[key]:
-            raise UserInputError(
-                f"{source}: {key}={user[key]} contradicts {flag} (which gives {ours[key]}); "
-                f"remove {key!r} from the file or set it to \"auto\"")
-    for section in ("optimizer", "scheduler"):
-        if section in user:
-            raise UserInputError(
-                f"{source}: defines {section!r}, but rtd_scale builds AdamW and its schedule from "
-                "--lr, --lr-warmup-iters and friends; remove that section")
-    bf16 = t.precision is Precision.BF16
-    for key, want in (("bf16", bf16), ("fp16", False)):
-        enabled = user.get(key, {}).get("enabled", want)
-        if enabled != "auto" and bool(enabled) != want:
-            hint = "pass --bf16" if key == "bf16" and enabled else "remove the section"
-            raise UserInputError(f"{source}: {key}.enabled={enabled} contradicts the precision "
-                             f"({t.precision.value}); {hint}")
-    zero = user.get("zero_optimization", {}).get("stage", 0)
-    pp = cfg.parallel.pipeline_model_parallel_size
-    if pp > 1:
-        if zero != 1:
-            raise UserInputError(
-                f"{source}: ZeRO stage {zero} with --pipeline-model-parallel-size {pp} is not "
-                "supported: with pipeline parallelism the optimizer state is sharded by ZeRO "
-                "stage 1 only (stage 3 gathers parameters in module hooks that megatron-core's "
-                "schedule bypasses; stage 2 partitions gradients before the tied embedding's "
-                "gradients are summed); use ds_configs/zero1.json")
-        # megatron-core's schedule accumulates the micro-batches' gradients in param.grad;
-        # DeepSpeed sees one step of global_batch / dp samples per rank
-        ours["train_micro_batch_size_per_gpu"] = t.global_batch_size // data_parallel_size
-        ours["gradient_accumulation_steps"] = 1
-    resolved = dict(user)
-    resolved.update(ours)
-    if pp > 1:
-        resolved["managed_gradient_accumulation"] = False
-    resolved["bf16"] = {**user.get("bf16", {}), "enabled": bf16}
-    if bf16:
-        # DeepSpeed's ZeRO 1/2 optimizer skips a step with a non-finite gradient norm under
-        # bf16 only with this on (its stage 3 and bf16 optimizer always do): the NaN policy
-        # (training/loop.py, NonFiniteGuard) relies on the skip
-        if user.get("bf16", {}).get("check_grad_overflow", True) is False:
-            raise UserInputError(f"{source}: bf16.check_grad_overflow=false would let a step "
-                                 "with a non-finite gradient norm update the weights; remove it")
-        resolved["bf16"]["check_grad_overflow"] = True
-    resolved.pop("fp16", None)
-    resolved.setdefault("steps_per_print", 10**9)  # our own log lines replace DeepSpeed's
-    resolved.setdefault("wall_clock_breakdown", False)
-    resolved["zero_allow_untested_optimizer"] = True  # client torch.optim.AdamW
-    if bf16 and zero in (1, 2, 3):
-        resolved.setdefault("data_types", {}).setdefault("grad_accum_dtype", "fp32")
-    return resolved
+# The ds_config's checks and merge live in training/ds_config.py; imported here by callers.
+from rtd_scale.training.ds_config import (load_ds_config, offloads_optimizer,  # noqa: E402,F401
+                                          resolve_ds_config)
 
 
 def lr_lambda(optim: OptimConfig, train_iters: int):
@@ -259,17 +168,35 @@ def _param_groups(model: torch.nn.Module, optim: OptimConfig) -> list[dict[str, 
 
 
 def build_optimizer(model: torch.nn.Module, optim: OptimConfig, *, checked: bool = False,
-                    model_parallel_group=None) -> torch.optim.Optimizer:
+                    model_parallel_group=None, cpu_adam: bool = False,
+                    cpu_offload: bool = False) -> torch.optim.Optimizer:
     """AdamW (decoupled weight decay, arXiv 1711.05101); no decay on biases, norms and 1-D
     parameters. Fused on GPU. ``checked``: a ``NonFiniteSkippingAdamW`` instead (ZeRO stage 0
-    in fp32, where DeepSpeed does not skip non-finite steps itself)."""
+    in fp32, where DeepSpeed does not skip non-finite steps itself). ``cpu_adam``: DeepSpeed's
+    ``DeepSpeedCPUAdam`` in AdamW mode with the same hyper-parameters and groups (ZeRO-Offload,
+    whose optimizer step runs on the CPU; a C++ op DeepSpeed compiles on first use).
+    ``cpu_offload``: the step runs on the CPU with torch's AdamW (not fused)."""
     groups = _param_groups(model, optim)
     betas = (optim.adam_beta1, optim.adam_beta2)
     if checked:
         return NonFiniteSkippingAdamW(groups, lr=optim.lr, betas=betas, eps=optim.adam_eps,
                                       model_parallel_group=model_parallel_group)
+    if cpu_adam:
+        import subprocess
+
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        try:
+            return DeepSpeedCPUAdam(groups, lr=optim.lr, betas=betas, eps=optim.adam_eps,
+                                    adamw_mode=True)
+        except (RuntimeError, OSError, ImportError, subprocess.CalledProcessError) as e:
+            raise UserInputError(
+                "zero_optimization.offload_optimizer: DeepSpeed's CPU Adam op could not be "
+                f"built here ({' '.join(str(e).split())[:200]}); install a C++ compiler, or "
+                "set \"zero_force_ds_cpu_optimizer\": false in the ds_config to run torch's "
+                "AdamW on the CPU") from None
     kwargs: dict[str, Any] = {}
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and not cpu_offload:
         kwargs["fused"] = True
     return torch.optim.AdamW(groups, lr=optim.lr, betas=betas, eps=optim.adam_eps, **kwargs)
 
@@ -283,9 +210,15 @@ def build_engine(model, cfg: RunConfig, ds_config: dict[str, Any], mpu):
     import deepspeed
 
     zero = ds_config.get("zero_optimization", {}).get("stage", 0)
-    checked = zero == 0 and not ds_config.get("bf16", {}).get("enabled", False)
+    checked = zero == 0 and not (ds_config.get("bf16", {}).get("enabled", False)
+                                 or ds_config.get("fp16", {}).get("enabled", False))
+    # ZeRO-Offload: DeepSpeed's CPU Adam unless the file says zero_force_ds_cpu_optimizer=false
+    offload = offloads_optimizer(ds_config)
     optimizer = build_optimizer(model, cfg.optim, checked=checked,
-                                model_parallel_group=mpu.get_model_parallel_group())
+                                model_parallel_group=mpu.get_model_parallel_group(),
+                                cpu_adam=offload and ds_config.get("zero_force_ds_cpu_optimizer",
+                                                                   True),
+                                cpu_offload=offload)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda(cfg.optim, cfg.train.train_iters))
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,

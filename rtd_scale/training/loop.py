@@ -101,12 +101,25 @@ class NonFiniteGuard:
         self._interval = zero.clone() if self.on_device else 0
         self.total = 0  # skipped iterations read so far (host)
         self._seen = engine.skipped_steps
+        # fp16: DeepSpeed's loss scaler skips every step whose scaled gradients overflow, its
+        # normal way of finding the scale. Such skips are counted (optim/skipped_iters) but, as
+        # in Megatron-LM, never stop the run: only iterations whose loss itself was non-finite
+        # count toward the limit, recorded on the device by this instance's gate.
+        self.fp16 = bool(getattr(engine, "fp16_enabled", lambda: False)())
+        if self.fp16:
+            self._loss_bad = zero.clone()
+            self.gate = self._gate_and_record
 
     @staticmethod
     def gate(loss: torch.Tensor) -> torch.Tensor:
         """``loss`` × (1 if finite else NaN), the factor a constant (no gradient of its own)."""
         factor = torch.where(torch.isfinite(loss.detach()), 1.0, float("nan")).to(loss.dtype)
         return loss * factor
+
+    def _gate_and_record(self, loss: torch.Tensor) -> torch.Tensor:
+        """``gate``, remembering on the device whether this iteration's loss was non-finite."""
+        self._loss_bad = self._loss_bad | (~torch.isfinite(loss.detach())).to(torch.int64)
+        return NonFiniteGuard.gate(loss)
 
     def after_step(self) -> None:
         """Record the iteration just stepped (after its last ``engine.step()``)."""
@@ -117,6 +130,11 @@ class NonFiniteGuard:
             return
         skipped = self.engine.skipped_steps != self._seen
         self._seen = self.engine.skipped_steps
+        if self.fp16:  # an overflow skip is counted, a non-finite loss also stops the run
+            self._interval += int(skipped)
+            self._consecutive = (self._consecutive + 1) * self._loss_bad
+            self._loss_bad = self._loss_bad * 0
+            return
         if skipped:
             # DeepSpeed leaves the schedule where it was on a skipped step; ours counts
             # iterations at every ZeRO stage
