@@ -53,8 +53,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--skip-bad-lines", action="store_true", help="skip and count malformed lines instead of stopping")
     p.add_argument("--verbose", action="store_true", help="show SentencePiece's own log")
     p.add_argument("--progress-interval", type=float, default=30.0, metavar="SECONDS",
-                   help="when stderr is not a terminal, a progress line every SECONDS (default 30; "
-                        "0: at every change)")
+                   help="a progress line every SECONDS when stderr is not a terminal (default 30; "
+                        "0: at every change); on a terminal one line is redrawn every second")
     return p.parse_args(argv)
 
 
@@ -71,7 +71,8 @@ class Progress:
         self.out = out or os.fdopen(os.dup(sys.stderr.fileno()), "w", buffering=1)
         self.tty = self.out.isatty()
         self.interval = min(interval, 1.0) if self.tty else interval
-        self.start = self.last = time.monotonic()
+        self._owned = out is None
+        self.start = time.monotonic()
         self.text = ""
         self._drawn = False
         self._stop = threading.Event()
@@ -91,6 +92,8 @@ class Progress:
         if self._drawn and self.tty:
             self.out.write("\n")
         self.out.flush()
+        if self._owned:
+            self.out.close()
 
     def set(self, text: str) -> None:
         """Replace the status; printed now when ``interval`` is 0, else at the next tick."""
