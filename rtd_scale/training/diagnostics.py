@@ -34,6 +34,7 @@ AVG_COSINE_GENERATOR = "embedding/avg_cosine_generator"
 AVG_COSINE_DISCRIMINATOR = "embedding/avg_cosine_discriminator"
 ROWWISE_COSINE = "embedding/rowwise_cosine_generator_discriminator"
 VALID_AUC = "valid/rtd/auc"
+ROW_CHUNK = 16384  # table rows per float64 block in table_cosines
 VALID_AUC_CHANCE_SD = "_valid/rtd/auc_chance_sd"  # "_": kept out of TensorBoard
 
 
@@ -73,9 +74,11 @@ def table_cosines(model, tp_group: Optional[dist.ProcessGroup],
         model: an ``RTDModel`` (or this pipeline stage's share of one); its tables are
             vocab-parallel ``TokenTable``s, rows [V_local, E].
         tp_group: the tensor-parallel group the vocabulary is split over (one all-reduce of
-            2·E + 4 float64 values).
+            2·E + 5 float64 values).
         zero3: gather the ZeRO-3 partitions of the tables first (DeepSpeed
             ``GatheredParameters``); then every rank of the first stage must call it.
+    Memory: float64 copies of ``ROW_CHUNK`` rows at a time, besides the gathered tables.
+
     Returns:
         {AVG_COSINE_GENERATOR, AVG_COSINE_DISCRIMINATOR, ROWWISE_COSINE} → float, or None on
         pipeline stages other than the first (the tables live there).
@@ -94,18 +97,22 @@ def table_cosines(model, tp_group: Optional[dist.ProcessGroup],
 
         gather = deepspeed.zero.GatheredParameters(params)
     with gather:
-        real = torch.arange(g_table.vocab_start_index, g_table.vocab_end_index,
-                            device=g_table.weight.device) < model.cfg.vocab_size
-        g = g_table.weight[real].double()
-        if shared:
-            d = g
-        elif delta is not None:
-            d = g + delta[real].double()
-        else:
-            d = d_mod.weight[real].double()
-        rowwise = torch.nn.functional.cosine_similarity(g, d, dim=-1).sum().reshape(1)
-        e = g.shape[1]
-        stats = torch.cat([cosine_parts(g), cosine_parts(d), rowwise])
+        # this rank's real-token rows are a prefix of its shard (padding sits at the end)
+        n_real = max(0, min(model.cfg.vocab_size, g_table.vocab_end_index)
+                     - g_table.vocab_start_index)
+        e = g_table.weight.shape[1]
+        stats = torch.zeros(2 * e + 5, dtype=torch.float64, device=g_table.weight.device)
+        for lo in range(0, n_real, ROW_CHUNK):  # float64 copies of ROW_CHUNK rows at a time
+            hi = min(lo + ROW_CHUNK, n_real)
+            g = g_table.weight[lo:hi].double()
+            if shared:
+                d = g
+            elif delta is not None:
+                d = g + delta[lo:hi].double()
+            else:
+                d = d_mod.weight[lo:hi].double()
+            rowwise = torch.nn.functional.cosine_similarity(g, d, dim=-1).sum().reshape(1)
+            stats += torch.cat([cosine_parts(g), cosine_parts(d), rowwise])
     if dist.is_initialized() and dist.get_world_size(tp_group) > 1:
         dist.all_reduce(stats, group=tp_group)
     gen, disc = stats[:e + 2], stats[e + 2:2 * e + 4]

@@ -89,10 +89,15 @@ def _full_rows(model, vocab_size: int = 300):
 
 
 @pytest.mark.parametrize("sharing", [Sharing.ES, Sharing.NES, Sharing.GDES])
-def test_table_cosines_of_a_model(single_process_group, sharing):
+def test_table_cosines_of_a_model(single_process_group, sharing, monkeypatch):
+    from rtd_scale.training import diagnostics
+
     model = _model(sharing, 1)
     assert model.generator_table.weight.shape[0] > 300  # padded rows exist and are left out
     got = table_cosines(model, single_process_group.tp_group, zero3=False)
+    monkeypatch.setattr(diagnostics, "ROW_CHUNK", 7)  # blocks of rows add up to the whole
+    assert table_cosines(model, single_process_group.tp_group, zero3=False) == pytest.approx(
+        got, abs=1e-12)
     g, d = _full_rows(model)
     u = torch.nn.functional.normalize(g.double(), dim=-1)
     v = torch.nn.functional.normalize(d.double(), dim=-1)
