@@ -200,6 +200,19 @@ class ModelConfig:
         self.discriminator.validate("model.discriminator")
 
 
+class MaskStrategy(str, enum.Enum):
+    """What the masking selects (``--mask-strategy``; ``objectives/masking.py``).
+
+    TOKEN: single tokens (BERT, ELECTRA, DeBERTaV3). WHOLE_WORD: every token of a word together
+    (BERT's whole-word masking, words from the tokenizer's word-start pieces). SPAN: runs of
+    whole words with truncated-geometric lengths (SpanBERT, arXiv 1907.10529 §3.1).
+    """
+
+    TOKEN = "token"
+    WHOLE_WORD = "whole_word"
+    SPAN = "span"
+
+
 @dataclass(kw_only=True)
 class RTDConfig:
     """The objective (arXiv 2111.09543 §3.1)."""
@@ -211,8 +224,23 @@ class RTDConfig:
     random_token_prob: float = 0.1
     temperature: float = 1.0
     disallow_correct: bool = False  # ELECTRA option: never sample the original token
+    mask_strategy: MaskStrategy = MaskStrategy.TOKEN
+    # span lengths in words: P(l) ∝ p·(1-p)^(l-1) for l = 1..span_max_words (SpanBERT §3.1)
+    span_geometric_p: float = 0.2
+    span_max_words: int = 10
 
     def validate(self) -> None:
+        try:
+            self.mask_strategy = MaskStrategy(self.mask_strategy)
+        except ValueError:
+            raise ConfigError(f"--mask-strategy {self.mask_strategy!r}: choose "
+                              f"{', '.join(s.value for s in MaskStrategy)}") from None
+        if not 0 < self.span_geometric_p <= 1:
+            raise ConfigError(f"rtd.span_geometric_p must be in (0, 1], got {self.span_geometric_p}; "
+                              "SpanBERT uses 0.2")
+        if self.span_max_words < 1:
+            raise ConfigError(f"rtd.span_max_words must be >= 1, got {self.span_max_words}; "
+                              "SpanBERT uses 10")
         _positive("rtd", temperature=self.temperature)
         if self.rtd_lambda < 0:
             raise ConfigError(f"rtd.rtd_lambda must be >= 0, got {self.rtd_lambda}")

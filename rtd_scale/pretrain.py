@@ -81,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "the preset's")
     p.add_argument("--rtd-lambda", type=float, help="λ in L_MLM + λ·L_RTD (default 50)")
     p.add_argument("--mask-prob", type=float)
+    p.add_argument("--mask-strategy", choices=["token", "whole_word", "span"],
+                   help="mask single tokens (default), whole words, or SpanBERT spans of whole "
+                        "words (objectives/masking.py)")
     p.add_argument("--lr", type=float)
     p.add_argument("--min-lr", type=float)
     p.add_argument("--lr-warmup-iters", type=int)
@@ -157,7 +160,7 @@ _FLAG_FIELDS = {
     "sharing": ("model", "sharing"), "rtd_lambda": ("rtd", "rtd_lambda"),
     "layernorm_position": ("model", "layernorm_position"),
     "attention_type": ("model", "attention_type"),
-    "mask_prob": ("rtd", "mask_prob"), "lr": ("optim", "lr"), "min_lr": ("optim", "min_lr"),
+    "mask_prob": ("rtd", "mask_prob"), "mask_strategy": ("rtd", "mask_strategy"), "lr": ("optim", "lr"), "min_lr": ("optim", "min_lr"),
     "lr_warmup_iters": ("optim", "lr_warmup_iters"), "lr_decay_iters": ("optim", "lr_decay_iters"), "weight_decay": ("optim", "weight_decay"),
     "clip_grad": ("optim", "clip_grad"),
     "max_consecutive_nonfinite_iters": ("train", "max_consecutive_nonfinite_iters"),
@@ -343,7 +346,9 @@ def run(cfg: RunConfig, print_fn=print, stop=None) -> dict:
                                          else torch.float32),
                          recompute_activations=cfg.model.recompute_activations,
                          special_ids=tok.special_ids, pad_id=tok.pad_id, mask_id=tok.mask_id,
-                         seed=cfg.train.seed).to(ctx.device)
+                         seed=cfg.train.seed,
+                         word_start_table=(None if cfg.rtd.mask_strategy == "token"
+                                           else tok.word_start_table())).to(ctx.device)
         pretrained, note = pretrained_weights(cfg)
         if note and ctx.is_logging_rank:
             print_fn(note)

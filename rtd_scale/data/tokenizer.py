@@ -510,6 +510,57 @@ class Tokenizer:
         i = self._hf.token_to_id(piece)
         return self.unk_id if i is None else i
 
+    def word_start_table(self) -> np.ndarray:
+        """Whether each id begins a word, for whole-word and span masking
+        (``objectives/masking.py``): [vocab_size] bool, indexed by id.
+
+        The rule is the tokenizer's own piece convention: SentencePiece and Metaspace pieces
+        begin a word when they start with "▁" (a byte-level BPE's with "Ġ"); WordPiece pieces
+        (vocab.txt, or a tokenizer.json with a continuing-subword prefix) begin one unless they
+        start with "##" (the prefix). Special ids are True (they are never masked).
+
+        Raises:
+            TokenizerModelError (a ValueError): a tokenizer.json whose pieces mark no word
+                boundary by any of these conventions; one line naming the file and the fix.
+        """
+        if self._sp is not None:
+            count, starts, marker = self._sp.get_piece_size(), True, "▁"
+            piece = self._sp.id_to_piece
+        else:
+            count, (starts, marker) = self._piece_count(), self._hf_word_marker()
+            piece = lambda i: self._hf.id_to_token(i) or ""  # noqa: E731  (holes in a vocab)
+        table = np.ones(self.vocab_size, dtype=bool)
+        for i in range(count):
+            table[i] = piece(i).startswith(marker) == starts
+        table[list(self.special_ids)] = True
+        return table
+
+    def _hf_word_marker(self) -> tuple[bool, str]:
+        """(True, marker): a piece starting with marker begins a word; (False, prefix): a piece
+        starting with prefix continues one (tokenizers' model and pre-tokenizer settings)."""
+        import json
+
+        data = json.loads(self._hf.to_str())
+        model = data.get("model") or {}
+        prefix = model.get("continuing_subword_prefix")
+        if model.get("type") == "WordPiece" or prefix:
+            return False, prefix or "##"
+
+        def pre_tokenizers(node):
+            if isinstance(node, dict):
+                yield node
+                for child in node.get("pretokenizers") or []:
+                    yield from pre_tokenizers(child)
+
+        for node in pre_tokenizers(data.get("pre_tokenizer")):
+            if node.get("type") == "Metaspace":
+                return True, node.get("replacement") or "▁"
+            if node.get("type") == "ByteLevel":
+                return True, "Ġ"
+        raise TokenizerModelError(
+            f"tokenizer {self.model_path} marks no word boundaries in its pieces (no '▁', 'Ġ' or "
+            "'##' convention), so whole words are unknown; use --mask-strategy token")
+
     # -- Hugging Face ---------------------------------------------------------------------------
 
     def to_hf_backend(self):

@@ -85,17 +85,23 @@ class RTDModel(torch.nn.Module):
         pre_process, post_process: whether this is the first / last pipeline stage.
         pipeline_dtype: dtype of activations between stages.
         recompute_activations: megatron-core full-layer activation recompute in both models.
+        word_start_table: [vocab_size] bool, whether each id begins a word
+            (``Tokenizer.word_start_table``); needed when ``rtd.mask_strategy`` is whole_word or
+            span. Kept as a non-persistent buffer, so it moves with the model.
     """
 
     def __init__(self, model: ModelConfig, rtd: RTDConfig, *, tensor_model_parallel_size: int,
                  special_ids: Sequence[int], pad_id: int, mask_id: int, seed: int,
                  pipeline_model_parallel_size: int = 1, pre_process: bool = True,
                  post_process: bool = True, pipeline_dtype: torch.dtype = torch.float32,
-                 recompute_activations: bool = False):
+                 recompute_activations: bool = False,
+                 word_start_table: Sequence[bool] | torch.Tensor | None = None):
         super().__init__()
         self.cfg, self.rtd_cfg = model, rtd
         self.special_ids, self.pad_id, self.mask_id, self.seed = tuple(special_ids), pad_id, mask_id, seed
         self.pre_process, self.post_process = pre_process, post_process
+        self.register_buffer("word_start_table", None if word_start_table is None else
+                             torch.as_tensor(word_start_table, dtype=torch.bool), persistent=False)
         self.padded_vocab_size = model.padded_vocab_size(tensor_model_parallel_size)
         std = model.init_method_std
         tc = dict(init_std=std, tensor_model_parallel_size=tensor_model_parallel_size,
@@ -191,7 +197,10 @@ class RTDModel(torch.nn.Module):
         return mask_tokens(input_ids, sample_index, seed=self.seed, mask_prob=rtd.mask_prob,
                            mask_token_prob=rtd.mask_token_prob,
                            random_token_prob=rtd.random_token_prob, mask_id=self.mask_id,
-                           vocab_size=self.cfg.vocab_size, special_ids=self.special_ids)
+                           vocab_size=self.cfg.vocab_size, special_ids=self.special_ids,
+                           strategy=rtd.mask_strategy, word_start_table=self.word_start_table,
+                           span_geometric_p=rtd.span_geometric_p,
+                           span_max_words=rtd.span_max_words)
 
     def generator_head(self, gen_hidden: torch.Tensor, input_ids: torch.Tensor,
                        sample_index: torch.Tensor, masked: torch.Tensor,
@@ -209,7 +218,7 @@ class RTDModel(torch.nn.Module):
         b, s = input_ids.shape
         # static shapes, no host sync: every sample's masked positions in k slots (k = the
         # masking's per-sample maximum), unused slots marked invalid and given no weight
-        k = prediction_budget(rtd.mask_prob, s)
+        k = prediction_budget(rtd.mask_prob, s, rtd.mask_strategy)
         positions, valid = masked_positions(masked, k)  # [b, k] each
         rows = torch.arange(b, device=input_ids.device).view(b, 1).expand(b, k).reshape(-1)
         cols, valid = positions.view(-1), valid.view(-1)  # [n = b·k]
