@@ -347,14 +347,44 @@ class ParallelConfig:
                         f"--tensor-model-parallel-size ({tp})")
 
 
+class LRDecayStyle(str, enum.Enum):
+    """``--lr-decay-style``: megatron-core's ``OptimizerParamScheduler`` styles after warm-up."""
+
+    CONSTANT = "constant"
+    LINEAR = "linear"
+    COSINE = "cosine"
+    INVERSE_SQUARE_ROOT = "inverse-square-root"
+    WSD = "WSD"  # warmup-stable-decay: the peak until the last lr_wsd_decay_* of the decay
+
+
+class WSDDecayStyle(str, enum.Enum):
+    """``--lr-wsd-decay-style``: the annealing of a WSD schedule's last phase (megatron-core)."""
+
+    EXPONENTIAL = "exponential"
+    LINEAR = "linear"
+    COSINE = "cosine"
+    MINUS_SQRT = "minus_sqrt"
+
+
 @dataclass(kw_only=True)
 class OptimConfig:
-    """AdamW with linear warm-up then linear decay (arXiv 2111.09543 Table 10)."""
+    """AdamW and megatron-core's learning-rate schedule (``training/lr_schedule.py``): warm-up
+    from ``lr_warmup_init`` to ``lr``, then ``lr_decay_style`` down to ``min_lr`` (linear by
+    default, arXiv 2111.09543 Table 10). Lengths are Megatron-LM's: ``*_iters`` in optimizer
+    steps, ``*_samples`` in samples, ``lr_warmup_fraction`` of the decay length."""
 
     lr: float = 1e-4
     min_lr: float = 0.0
     lr_warmup_iters: int = 0  # optimizer steps, never micro-batches (case C18)
     lr_decay_iters: Optional[int] = None  # default: train_iters
+    lr_decay_style: LRDecayStyle = LRDecayStyle.LINEAR
+    lr_warmup_fraction: Optional[float] = None  # of the decay length; not with *_warmup_iters
+    lr_warmup_samples: int = 0  # samples; not with lr_warmup_iters
+    lr_decay_samples: Optional[int] = None  # samples; not with lr_decay_iters
+    lr_warmup_init: float = 0.0  # the lr of the first update when warming up
+    lr_wsd_decay_style: WSDDecayStyle = WSDDecayStyle.EXPONENTIAL
+    lr_wsd_decay_iters: Optional[int] = None  # WSD's annealing phase, in optimizer steps
+    lr_wsd_decay_samples: Optional[int] = None  # ... or in samples
     weight_decay: float = 0.01
     adam_beta1: float = 0.9
     adam_beta2: float = 0.98
@@ -376,6 +406,7 @@ class OptimConfig:
             raise ConfigError(
                 f"--lr-decay-iters ({self.lr_decay_iters}) must be >= --lr-warmup-iters "
                 f"({self.lr_warmup_iters})")
+        self._validate_schedule()
         if self.clip_grad < 0:
             raise ConfigError(f"--clip-grad must be >= 0 (0 disables), got {self.clip_grad}")
         _probability("optim", adam_beta1=self.adam_beta1, adam_beta2=self.adam_beta2)
@@ -383,6 +414,67 @@ class OptimConfig:
             raise ConfigError("--override-opt_param-scheduler and "
                               "--use-checkpoint-opt_param-scheduler contradict each other; "
                               "pass one of them")
+
+    def _validate_schedule(self) -> None:
+        for flag, kind, attr in (("--lr-decay-style", LRDecayStyle, "lr_decay_style"),
+                                 ("--lr-wsd-decay-style", WSDDecayStyle, "lr_wsd_decay_style")):
+            try:
+                setattr(self, attr, kind(getattr(self, attr)))
+            except ValueError:
+                choices = ", ".join(e.value for e in kind)
+                raise ConfigError(f"{flag} {getattr(self, attr)!r}: choose one of "
+                                  f"{choices}") from None
+        pairs = (("--lr-warmup-iters", self.lr_warmup_iters > 0, "--lr-warmup-samples",
+                  self.lr_warmup_samples > 0),
+                 ("--lr-warmup-fraction", self.lr_warmup_fraction is not None,
+                  "--lr-warmup-iters/--lr-warmup-samples",
+                  self.lr_warmup_iters > 0 or self.lr_warmup_samples > 0),
+                 ("--lr-decay-iters", self.lr_decay_iters is not None, "--lr-decay-samples",
+                  self.lr_decay_samples is not None),
+                 ("--lr-wsd-decay-iters", self.lr_wsd_decay_iters is not None,
+                  "--lr-wsd-decay-samples", self.lr_wsd_decay_samples is not None))
+        for a, has_a, b, has_b in pairs:  # Megatron-LM's validate_args allows one of each
+            if has_a and has_b:
+                raise ConfigError(f"{a} and {b} both give the same length; pass one of them")
+        if self.lr_warmup_fraction is not None and not 0.0 <= self.lr_warmup_fraction < 1.0:
+            raise ConfigError(f"--lr-warmup-fraction must be in [0, 1), got "
+                              f"{self.lr_warmup_fraction}")
+        for flag, v in (("--lr-warmup-samples", self.lr_warmup_samples),
+                        ("--lr-decay-samples", self.lr_decay_samples),
+                        ("--lr-wsd-decay-iters", self.lr_wsd_decay_iters),
+                        ("--lr-wsd-decay-samples", self.lr_wsd_decay_samples)):
+            if v is not None and v < 0:
+                raise ConfigError(f"{flag} must be >= 0, got {v}")
+        if self.lr_decay_samples == 0:
+            raise ConfigError("--lr-decay-samples must be > 0; omit it to decay over the run")
+        if not 0.0 <= self.lr_warmup_init <= self.lr:
+            raise ConfigError(f"--lr-warmup-init must be in [0, --lr {self.lr}], got "
+                              f"{self.lr_warmup_init}")
+        if (self.lr_decay_style is LRDecayStyle.WSD and self.lr_wsd_decay_iters is None
+                and self.lr_wsd_decay_samples is None):
+            raise ConfigError("--lr-decay-style WSD needs the length of its annealing phase: "
+                              "add --lr-wsd-decay-iters N (or --lr-wsd-decay-samples N)")
+
+    def schedule_samples(self, train_iters: int,
+                         global_batch_size: int) -> tuple[float, int, Optional[int]]:
+        """(warm-up, decay, WSD annealing) lengths in samples, as Megatron-LM's
+        ``get_optimizer_param_scheduler`` derives them: ``*_iters`` × global batch size,
+        ``*_samples`` as given, the decay defaulting to ``train_iters`` and the warm-up
+        fraction applying to the decay length (so it may be fractional)."""
+        g = global_batch_size
+        if self.lr_decay_samples is not None:
+            decay = self.lr_decay_samples
+        else:
+            decay = (self.lr_decay_iters or train_iters) * g
+        if self.lr_warmup_fraction is not None:
+            warmup: float = self.lr_warmup_fraction * decay
+        elif self.lr_warmup_samples:
+            warmup = self.lr_warmup_samples
+        else:
+            warmup = self.lr_warmup_iters * g
+        wsd = (self.lr_wsd_decay_samples if self.lr_wsd_decay_samples is not None else
+               None if self.lr_wsd_decay_iters is None else self.lr_wsd_decay_iters * g)
+        return warmup, decay, wsd
 
 
 @dataclass(kw_only=True)
@@ -410,6 +502,9 @@ class TrainConfig:
     # stop after this many iterations in a row with a non-finite loss or gradient norm (each
     # is skipped); checked at the log interval and before a save; 0: never stop
     max_consecutive_nonfinite_iters: int = 5
+    # a device's peak TFLOP/s, MFU's denominator in the log (--peak-tflops-per-device or
+    # --device-peak); None: the GPU's bf16 dense datasheet value when its name is known
+    peak_tflops_per_device: Optional[float] = None
 
     @property
     def evaluates(self) -> bool:
@@ -424,6 +519,9 @@ class TrainConfig:
         if self.max_consecutive_nonfinite_iters < 0:
             raise ConfigError("--max-consecutive-nonfinite-iters must be >= 0 (0: never stop), "
                               f"got {self.max_consecutive_nonfinite_iters}")
+        if self.peak_tflops_per_device is not None and not self.peak_tflops_per_device > 0:
+            raise ConfigError("--peak-tflops-per-device must be > 0 (TFLOP/s of one device), "
+                              f"got {self.peak_tflops_per_device}")
         if self.eval_interval < 0 or self.eval_iters < 0:
             raise ConfigError(f"--eval-interval and --eval-iters must be >= 0 (0 disables "
                               f"validation), got {self.eval_interval} and {self.eval_iters}")
@@ -455,10 +553,17 @@ class RunConfig:
             warnings.warn(f"--split {self.data.split} gives validation no documents: "
                           "--eval-interval has no effect (give the second share a weight, "
                           "e.g. --split 969,30,1)")
-        if self.optim.lr_warmup_iters > self.train.train_iters:
+        warmup, decay, wsd = self.optim.schedule_samples(self.train.train_iters,
+                                                         self.train.global_batch_size)
+        if warmup >= self.train.train_iters * self.train.global_batch_size:
+            # megatron-core's scheduler reaches the peak at the update after the warm-up
             warnings.warn(
-                f"--lr-warmup-iters ({self.optim.lr_warmup_iters}) exceeds --train-iters "
-                f"({self.train.train_iters}): the peak learning rate is never reached")
+                f"the learning-rate warm-up ({warmup:g} samples) is not shorter than the run "
+                f"(--train-iters {self.train.train_iters} × --global-batch-size "
+                f"{self.train.global_batch_size}): the peak learning rate is never reached")
+        if wsd is not None and wsd > decay:
+            raise ConfigError(f"--lr-wsd-decay-iters/-samples ({wsd} samples) exceeds the decay "
+                              f"length ({decay} samples); use at most --lr-decay-iters")
 
     def batch_arithmetic(self, world_size: int) -> tuple[int, int]:
         """(data_parallel_size, gradient_accumulation_steps) for ``world_size`` ranks.

@@ -28,6 +28,8 @@ if __name__ == "__main__" and __package__ in (None, ""):
 from rtd_scale import launch_env  # noqa: E402
 from rtd_scale.atomic import write_atomic  # noqa: E402
 from rtd_scale.cli_errors import UserInputError  # noqa: E402
+from rtd_scale.config import LRDecayStyle, WSDDecayStyle  # noqa: E402
+from rtd_scale.training.throughput import DEVICE_PEAK_TFLOPS  # noqa: E402
 from rtd_scale import megatron_args  # noqa: E402
 from rtd_scale.config import (AttentionType, LayerNormPosition, Precision,  # noqa: E402
                               RunConfig, Sharing, apply_override, preset)
@@ -88,6 +90,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-lr", type=float)
     p.add_argument("--lr-warmup-iters", type=int)
     p.add_argument("--lr-decay-iters", type=int, help="default: --train-iters")
+    # megatron-core's OptimizerParamScheduler, with Megatron-LM's flags (training/lr_schedule.py)
+    p.add_argument("--lr-decay-style", choices=[x.value for x in LRDecayStyle],
+                   help="after the warm-up, from --lr to --min-lr (default linear)")
+    p.add_argument("--lr-warmup-fraction", type=float, help="warm-up as a fraction of the "
+                   "decay length (instead of --lr-warmup-iters / --lr-warmup-samples)")
+    p.add_argument("--lr-warmup-samples", type=int, help="warm-up in samples")
+    p.add_argument("--lr-decay-samples", type=int, help="decay length in samples (instead of "
+                   "--lr-decay-iters)")
+    p.add_argument("--lr-warmup-init", type=float, help="the lr warm-up starts from (default 0)")
+    p.add_argument("--lr-wsd-decay-style", choices=[x.value for x in WSDDecayStyle],
+                   help="WSD's annealing (default exponential)")
+    p.add_argument("--lr-wsd-decay-iters", type=int, help="WSD: the last N steps of the decay "
+                   "anneal to --min-lr (the lr holds at --lr before them)")
+    p.add_argument("--lr-wsd-decay-samples", type=int, help="WSD's annealing phase in samples")
+    p.add_argument("--peak-tflops-per-device", type=float, metavar="TFLOPS",
+                   help="a device's peak TFLOP/s, the denominator of the MFU in the log "
+                        "(default: the bf16 dense datasheet value of a known GPU; else no MFU)")
+    p.add_argument("--device-peak", choices=sorted(DEVICE_PEAK_TFLOPS), help="the peak of a "
+                   "known GPU by name (bf16 dense datasheet value); instead of "
+                   "--peak-tflops-per-device")
+    p.add_argument("--log-throughput", action="store_true", help="accepted for Megatron-LM's "
+                   "command lines: TFLOP/s per device, MFU, memory and ETA are always logged")
     p.add_argument("--weight-decay", type=float)
     p.add_argument("--clip-grad", type=float)
     p.add_argument("--bf16", action="store_true", help="bf16 compute, fp32 master weights")
@@ -127,9 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "interval and before a save; 0: never stop (default 5)")
     p.add_argument("--override-opt_param-scheduler", "--override-opt-param-scheduler",
                    dest="override_opt_param_scheduler", action="store_true",
-                   help="with --load: use this run's --lr, --min-lr, --lr-warmup-iters and "
-                        "--lr-decay-iters from the first resumed iteration when they differ "
-                        "from the checkpoint's")
+                   help="with --load: use this run's schedule flags (--lr, --min-lr, "
+                        "--lr-warmup-*, --lr-decay-*, --lr-wsd-*) from the first resumed "
+                        "iteration when they differ from the checkpoint's")
     p.add_argument("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler",
                    dest="use_checkpoint_opt_param_scheduler", action="store_true",
                    help="with --load: keep the checkpoint's learning-rate schedule, whatever "
@@ -163,6 +187,10 @@ _FLAG_FIELDS = {
     "mask_prob": ("rtd", "mask_prob"), "mask_strategy": ("rtd", "mask_strategy"), "lr": ("optim", "lr"), "min_lr": ("optim", "min_lr"),
     "lr_warmup_iters": ("optim", "lr_warmup_iters"), "lr_decay_iters": ("optim", "lr_decay_iters"), "weight_decay": ("optim", "weight_decay"),
     "clip_grad": ("optim", "clip_grad"),
+    **{name: ("optim", name) for name in (
+        "lr_decay_style", "lr_warmup_fraction", "lr_warmup_samples", "lr_decay_samples",
+        "lr_warmup_init", "lr_wsd_decay_style", "lr_wsd_decay_iters", "lr_wsd_decay_samples")},
+    "peak_tflops_per_device": ("train", "peak_tflops_per_device"),
     "max_consecutive_nonfinite_iters": ("train", "max_consecutive_nonfinite_iters"),
 }
 
@@ -188,6 +216,11 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         cfg.model.recompute_activations = True
     if args.compile_layers:
         cfg.model.compile_layers = True
+    if args.device_peak:
+        if args.peak_tflops_per_device is not None:
+            raise UserInputError("--device-peak and --peak-tflops-per-device both give the "
+                                 "peak; pass one of them")
+        cfg.train.peak_tflops_per_device = DEVICE_PEAK_TFLOPS[args.device_peak]
     if args.override_opt_param_scheduler:
         cfg.optim.override_opt_param_scheduler = True
     if args.use_checkpoint_opt_param_scheduler:

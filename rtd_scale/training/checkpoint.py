@@ -451,21 +451,14 @@ def install_safe_loading(engine) -> SafeCheckpointEngine:
 
 
 def refresh_learning_rate(engine, lr: Optional[float] = None) -> None:
-    """After a load, set the optimizer's learning rate from this run's schedule at the restored
-    iteration: the checkpoint carries the previous run's last value and its peak ``base_lrs``,
-    stale when the schedule or --train-iters changed. ``lr``: this run's peak learning rate
-    (``optim.lr``, as ``engine.resolve_resume_schedule`` left it), which replaces the restored
-    ``base_lrs``; None keeps them. The multipliers (``lr_lambdas``) are always this run's:
-    LambdaLR does not save functions."""
+    """After a load, set the optimizer's learning rate and weight decay from this run's
+    schedule at the restored position: the checkpoint's optimizer state carries the previous
+    run's last values, stale when the schedule or --train-iters changed. The scheduler
+    (``training/lr_schedule.py``) holds this run's values, as ``engine.resolve_resume_schedule``
+    left them; ``lr`` is accepted for callers of the earlier schedule and not needed."""
     sched = engine.lr_scheduler
-    if sched is None:
-        return
-    if lr is not None:
-        sched.base_lrs = [lr] * len(sched.optimizer.param_groups)
-    for group, base, fn in zip(sched.optimizer.param_groups, sched.base_lrs, sched.lr_lambdas):
-        group["initial_lr"] = base
-        group["lr"] = base * fn(sched.last_epoch)
-    sched._last_lr = [group["lr"] for group in sched.optimizer.param_groups]
+    if sched is not None:
+        sched.step(0)
 
 
 def _rng_state() -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from rtd_scale.cli_errors import UserInputError
 
+import enum
 import json
 import os
 from typing import Any, Optional
@@ -22,38 +23,23 @@ from rtd_scale.training.ds_config import (load_ds_config, offloads_optimizer,  #
                                           resolve_ds_config)
 
 
-def lr_lambda(optim: OptimConfig, train_iters: int):
-    """Learning-rate multiplier for LambdaLR: linear warm-up, then linear decay to min_lr.
-
-    Counted in optimizer steps (case C18): update number u = e + 1 (LambdaLR's epoch e starts
-    at 0) uses lr · u / warmup while u <= warmup — so update ``lr_warmup_iters`` is the first at
-    the peak — then decays linearly to min_lr at update ``lr_decay_iters`` (default train_iters).
-    """
-    warm = optim.lr_warmup_iters
-    decay = optim.lr_decay_iters or train_iters
-    floor = optim.min_lr / optim.lr
-
-    def f(e: int) -> float:
-        u = e + 1
-        if warm > 0 and u <= warm:
-            return u / warm
-        if decay <= warm or u >= decay:
-            return floor if u >= decay else 1.0
-        return floor + (1.0 - floor) * (decay - u) / (decay - warm)
-
-    return f
-
-
 # The schedule's fields a resumed run compares with its checkpoint's, and their flags.
 SCHEDULE_FIELDS = {"lr": "--lr", "min_lr": "--min-lr", "lr_warmup_iters": "--lr-warmup-iters",
-                   "lr_decay_iters": "--lr-decay-iters"}
+                   "lr_decay_iters": "--lr-decay-iters", "lr_decay_style": "--lr-decay-style",
+                   "lr_warmup_fraction": "--lr-warmup-fraction",
+                   "lr_warmup_samples": "--lr-warmup-samples",
+                   "lr_decay_samples": "--lr-decay-samples", "lr_warmup_init": "--lr-warmup-init",
+                   "lr_wsd_decay_style": "--lr-wsd-decay-style",
+                   "lr_wsd_decay_iters": "--lr-wsd-decay-iters",
+                   "lr_wsd_decay_samples": "--lr-wsd-decay-samples"}
 
 
 def resolve_resume_schedule(optim: OptimConfig, saved: dict[str, Any], *, source: str,
                             saved_train_iters: Optional[int] = None) -> Optional[str]:
     """Decide the learning-rate schedule of a resumed run (Megatron-LM's rule,
-    ``OptimizerParamScheduler._check_and_set``): when ``optim``'s lr, min_lr, lr_warmup_iters
-    or lr_decay_iters differ from ``saved`` (the checkpoint's ``optim`` section), the flags'
+    ``OptimizerParamScheduler._check_and_set``): when one of ``optim``'s ``SCHEDULE_FIELDS``
+    (peak, floor, warm-up and decay lengths, decay style) differs from ``saved`` (the
+    checkpoint's ``optim`` section; fields it lacks are not compared), the flags'
     values apply from the first resumed iteration with ``override_opt_param_scheduler``, and
     the checkpoint's are copied into ``optim`` with ``use_checkpoint_opt_param_scheduler``.
     A changed ``--train-iters`` alone is no difference (the decay follows it when
@@ -69,9 +55,12 @@ def resolve_resume_schedule(optim: OptimConfig, saved: dict[str, Any], *, source
         return None
 
     def show(name: str, value: Any) -> str:
-        if value is None and name == "lr_decay_iters":
+        if value is None:
             return "unset" + (f" (= --train-iters {saved_train_iters})"
-                              if saved_train_iters is not None else "")
+                              if name == "lr_decay_iters" and saved_train_iters is not None
+                              else "")
+        if isinstance(value, enum.Enum):
+            return str(value.value)
         return f"{value:g}" if isinstance(value, float) else str(value)
 
     change = ", ".join(f"{SCHEDULE_FIELDS[n]} {show(n, saved[n])} → {show(n, getattr(optim, n))}"
@@ -83,6 +72,7 @@ def resolve_resume_schedule(optim: OptimConfig, saved: dict[str, Any], *, source
     if optim.use_checkpoint_opt_param_scheduler:
         for name in diffs:
             setattr(optim, name, saved[name])
+        optim.validate()  # the saved strings back to their enums
         return (f"note: the learning-rate schedule differs from the checkpoint's ({change}); "
                 "--use-checkpoint-opt_param-scheduler: the checkpoint's values are kept")
     raise UserInputError(
@@ -209,6 +199,8 @@ def build_engine(model, cfg: RunConfig, ds_config: dict[str, Any], mpu):
     """
     import deepspeed
 
+    from rtd_scale.training.lr_schedule import build_scheduler
+
     zero = ds_config.get("zero_optimization", {}).get("stage", 0)
     checked = zero == 0 and not (ds_config.get("bf16", {}).get("enabled", False)
                                  or ds_config.get("fp16", {}).get("enabled", False))
@@ -219,8 +211,9 @@ def build_engine(model, cfg: RunConfig, ds_config: dict[str, Any], mpu):
                                 cpu_adam=offload and ds_config.get("zero_force_ds_cpu_optimizer",
                                                                    True),
                                 cpu_offload=offload)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lr_lambda(cfg.optim, cfg.train.train_iters))
+    # megatron-core's schedule, stepped by DeepSpeed after each applied update (lr_schedule.py)
+    scheduler = build_scheduler(optimizer, cfg.optim, train_iters=cfg.train.train_iters,
+                                global_batch_size=cfg.train.global_batch_size)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
                                            lr_scheduler=scheduler, config=ds_config, mpu=mpu)
     if ds_config.get("zero_optimization", {}).get("stage", 0) == 3:

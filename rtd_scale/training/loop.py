@@ -11,6 +11,7 @@ through the validation set from one evaluation to the next instead.)
 """
 from __future__ import annotations
 
+import json
 import signal
 import time
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from rtd_scale.training.diagnostics import (VALID_AUC, VALID_AUC_CHANCE_SD, auc_
                                             gather_scores, roc_auc, table_cosines)
 from rtd_scale.training.engine import NonFiniteSkippingAdamW
 from rtd_scale.training.pipeline import pipeline_forward, pipeline_train_step
+from rtd_scale.training.throughput import ThroughputMeter, loss_scale, memory_gib
 from rtd_scale.training.metrics import (MetricAccumulator, TensorBoardLogger, format_log_line,
                                         grad_norm)
 
@@ -82,9 +84,9 @@ class NonFiniteGuard:
     - the optimizer step then skips an iteration whose gradient norm is not finite: DeepSpeed's
       own check under ZeRO 1–3 and its bf16 optimizers (they already read the norm on the host
       every step), ``engine.NonFiniteSkippingAdamW`` on the device at ZeRO stage 0 in fp32.
-      Either way a skipped iteration leaves the parameters, AdamW's moments and its step count
-      as they were; the learning-rate schedule still advances (it counts iterations, like the
-      data position), and the iteration's samples are consumed;
+      Either way a skipped iteration leaves the parameters, AdamW's moments, its step count
+      and the learning-rate schedule as they were (Megatron-LM's rule; how the schedule learns
+      of the skip: ``training/lr_schedule.py``), and the iteration's samples are consumed;
     - ``after_step()`` counts skipped iterations, on the host where DeepSpeed decided (its
       ``skipped_steps``), else on the device.
 
@@ -135,11 +137,7 @@ class NonFiniteGuard:
             self._consecutive = (self._consecutive + 1) * self._loss_bad
             self._loss_bad = self._loss_bad * 0
             return
-        if skipped:
-            # DeepSpeed leaves the schedule where it was on a skipped step; ours counts
-            # iterations at every ZeRO stage
-            if self.engine.lr_scheduler is not None:
-                self.engine.lr_scheduler.step()
+        if skipped:  # DeepSpeed did not step the schedule either (training/lr_schedule.py)
             self._consecutive += 1
             self._interval += 1
         else:
@@ -310,13 +308,20 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
     digest = DataDigest(t.data_digest, ctx)
     guard = NonFiniteGuard(engine, ctx.device, t.max_consecutive_nonfinite_iters)
     last_good = resumed_from
+    meter = ThroughputMeter(cfg, world_size=ctx.world_size, device=ctx.device)
+    if ctx.is_logging_rank:  # the resolved configs, next to the scalars they produce
+        tb.write_text("config/run", cfg.to_json(), start_step)
+        if isinstance(getattr(engine, "config", None), dict):  # the resolved ds_config
+            tb.write_text("config/ds_config", json.dumps(engine.config, indent=2,
+                                                         sort_keys=True), start_step)
 
     def will_log(done: int) -> bool:
         # every log_interval steps, and the run's first and last step (the summary's ends)
         return done % t.log_interval == 0 or done in (start_step + 1, t.train_iters)
 
     for step in range(start_step, t.train_iters):
-        lr_used = engine.get_lr()[0]  # the schedule's value for this update (before it steps)
+        if will_log(step + 1):  # the schedule's value for this update (before it steps)
+            lr_used = engine.lr_scheduler.lr()  # settles a skip the device decided: a host read
         batches = [next(train_batches) for _ in range(gas)]
         if ctx.pp_size > 1:
             outs = pipeline_train_step(engine, batches, step=step, ctx=ctx)
@@ -351,6 +356,11 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
             scalars["optim/skipped_iters"] = float(guard.take_interval_count())
             # non-pad tokens over all data-parallel ranks (reduce() summed them)
             scalars["throughput/tokens_per_s"] = scalars.pop("_tokens") / elapsed
+            scalars.update(meter.scalars(steps=steps_since_log, seconds=elapsed, done=done))
+            scalars.update(memory_gib(ctx.device) or {})  # an all-reduce on CUDA
+            scale = loss_scale(engine)
+            if scale is not None:
+                scalars["optim/loss_scale"] = scale
             scalars.update(table_cosines(model, ctx.tp_group,
                                          zero3=engine.zero_optimization_stage() == 3) or {})
             if ctx.is_logging_rank:

@@ -10,9 +10,14 @@ table) and embedding/rowwise_cosine_generator_discriminator (a token's generator
 discriminator row); at each evaluation (training/loop.py) the same losses and accuracies on the
 validation split under valid/ (valid/loss/mlm, valid/loss/rtd, valid/loss/total,
 valid/mlm/accuracy, valid/rtd/...) and valid/rtd/auc (the discriminator's held-out ROC AUC).
+From training/throughput.py: throughput/tflops_per_device, throughput/mfu (a fraction; with a
+known peak), memory/allocated_gib, memory/reserved_gib, memory/peak_allocated_gib (CUDA; max over
+ranks), time/eta_s, and optim/loss_scale under fp16. Text: config/run and config/ds_config (the
+resolved configs, at the run's first step).
 """
 from __future__ import annotations
 
+import datetime
 import time
 from typing import Optional
 
@@ -106,6 +111,14 @@ class TensorBoardLogger:
                 self.writer.add_scalar(tag, value, step)
         self.writer.flush()
 
+    def write_text(self, tag: str, text: str, step: int) -> None:
+        """``text`` as a fenced block under TensorBoard's Text tab (``add_text`` renders
+        Markdown), e.g. the resolved config at the run's first step."""
+        if self.writer is None:
+            return
+        self.writer.add_text(tag, "```\n" + text + "\n```", step)
+        self.writer.flush()
+
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
@@ -124,4 +137,24 @@ def format_log_line(step: int, train_iters: int, consumed: int, ms_per_step: flo
         f"grad norm: {scalars['optim/grad_norm']:.3f} | "
         f"tokens/s: {scalars['throughput/tokens_per_s']:.0f} | "
         f"number of skipped iterations: {int(scalars.get('optim/skipped_iters', 0)):3d} |"
+        + _throughput_fields(scalars)
     )
+
+
+def _throughput_fields(scalars: dict[str, float]) -> str:
+    """The optional fields (training/throughput.py), each present when its scalar is."""
+    out = ""
+    if "throughput/tflops_per_device" in scalars:  # Megatron-LM's --log-throughput wording
+        out += (" throughput per GPU (TFLOP/s/GPU): "
+                f"{scalars['throughput/tflops_per_device']:.4g} |")
+    if "throughput/mfu" in scalars:
+        out += f" MFU: {100 * scalars['throughput/mfu']:.4g}% |"
+    if "memory/allocated_gib" in scalars:
+        out += (" memory GiB (max over ranks) allocated/reserved/peak: "
+                f"{scalars['memory/allocated_gib']:.2f}/{scalars['memory/reserved_gib']:.2f}/"
+                f"{scalars['memory/peak_allocated_gib']:.2f} |")
+    if "optim/loss_scale" in scalars:
+        out += f" loss scale: {scalars['optim/loss_scale']:.1f} |"
+    if "time/eta_s" in scalars:
+        out += f" ETA: {datetime.timedelta(seconds=round(scalars['time/eta_s']))} |"
+    return out

@@ -21,8 +21,7 @@ import sys
 import pytest
 import torch
 
-from rtd_scale.config import OptimConfig
-from rtd_scale.training.engine import NonFiniteSkippingAdamW, lr_lambda
+from rtd_scale.training.engine import NonFiniteSkippingAdamW
 from rtd_scale.training.loop import NonFiniteGuard
 from tests.conftest import REPO, free_port
 from tests.dist import harness
@@ -75,7 +74,7 @@ def _skip_worker(ctx, cases):
         params = list({id(p): p for p in model.parameters()}.values())
         with deepspeed.zero.GatheredParameters(params, enabled=stage == 3):
             state = {n: p.detach().float().clone() for n, p in model.named_parameters()}
-        return state, counts, skipped, eng.lr_scheduler.last_epoch
+        return state, counts, skipped, eng.lr_scheduler.iterations
 
     return {case: (run(*case, True), run(*case, False)) for case in cases}
 
@@ -85,8 +84,8 @@ def test_a_nonfinite_step_is_skipped_exactly_at_every_zero_stage():
     for case, ((state_a, counts, skipped, epoch), (state_b, _, skipped_b, epoch_b)) in (
             results.items()):
         assert counts == [0, 1, 0] and skipped == 1 and skipped_b == 0, case
-        # the schedule counts iterations, skipped or not
-        assert epoch == 3 and epoch_b == 2, case
+        # a skipped iteration does not advance the schedule (Megatron-LM's rule)
+        assert epoch == 2 and epoch_b == 2, case
         # the parameters after good, skipped, good equal those after good, good — bitwise: the
         # skipped step moved neither the parameters nor AdamW's moments nor its step count
         assert state_a.keys() == state_b.keys()
@@ -164,7 +163,7 @@ def _error_lines(r: subprocess.CompletedProcess) -> list[str]:
 @pytest.mark.parametrize("zero, ranks", [(3, 2), (0, 1)])
 def test_c25_huge_lr_is_detected_counted_and_stopped(wiki_shards, tmp_path, zero, ranks):
     save = tmp_path / "run"
-    r = launch(_args(wiki_shards, save, 30, "--lr", "1e6", "--lr-warmup-iters", "1",
+    r = launch(_args(wiki_shards, save, 30, "--lr", "1e6", "--lr-warmup-iters", "0",
                      "--log-interval", "2", "--save-interval", "1",
                      "--max-consecutive-nonfinite-iters", "3", zero=zero), ranks=ranks)
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
@@ -224,22 +223,20 @@ def test_c27_a_new_schedule_on_resume(wiki_shards, tmp_path):
     assert "Traceback" not in r.stderr
     assert not (run_dir / "global_step6").exists()
 
-    # the flags win from iteration 5: 5e-4 × lr_lambda(new)(4), decaying to 1e-4 at 340
+    # the flags win from iteration 5: megatron-core's linear decay after 4 updates of 8
+    # samples, warm-up 2 × 8, decay 340 × 8, from 5e-4 to 1e-4
     run_dir, r = runs["override"]
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    want = 5e-4 * lr_lambda(OptimConfig(lr=5e-4, min_lr=1e-4, lr_warmup_iters=2,
-                                        lr_decay_iters=340), 6)(4)
-    assert want == pytest.approx(5e-4 * (0.2 + 0.8 * (340 - 5) / (340 - 2)), rel=1e-15)
+    want = 1e-4 + (5e-4 - 1e-4) * (1 - (32 - 16) / (340 * 8 - 16))
     assert _lr_of_first_resumed_iteration(r, 5) == pytest.approx(want, rel=1e-12)
     tb = scalars(str(run_dir / "tensorboard"))
     assert tb["optim/lr"][5] == pytest.approx(want, rel=1e-6)  # TensorBoard keeps float32
     assert "--override-opt_param-scheduler: the new values apply" in r.stdout
 
-    # the checkpoint's schedule: 1e-3, no floor, decay over --train-iters (now 6)
+    # the checkpoint's schedule: 1e-3, no floor, decay over --train-iters (now 6 × 8 samples)
     run_dir, r = runs["checkpoint"]
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    want = 1e-3 * lr_lambda(OptimConfig(lr=1e-3, min_lr=0.0, lr_warmup_iters=2), 6)(4)
-    assert want == pytest.approx(1e-3 * (6 - 5) / (6 - 2), rel=1e-15)
+    want = 1e-3 * (1 - (32 - 16) / (6 * 8 - 16))
     assert _lr_of_first_resumed_iteration(r, 5) == pytest.approx(want, rel=1e-12)
     assert "--use-checkpoint-opt_param-scheduler: the checkpoint's values are kept" in r.stdout
 
