@@ -1,6 +1,8 @@
 """The post-LayerNorm layout under DeepSpeed ZeRO-3 (gloo, CPU, DP = 2): parameters partitioned
 and gathered by DeepSpeed's module hooks (the token-type row included) train exactly like
-unpartitioned ZeRO stage 0."""
+unpartitioned ZeRO stage 0 — with BERT attention and with DeBERTa's disentangled attention, whose
+relative table and its norm, read by every layer but owned by the encoder, are gathered like the
+rest."""
 from __future__ import annotations
 
 import pytest
@@ -11,8 +13,11 @@ pytestmark = pytest.mark.dist
 
 
 def test_post_ln_zero3_equals_zero0_at_dp2():
-    ranks = harness.run(workers.post_ln_zero_steps, (0, 3), 3, world_size=2)
-    for res in ranks:
-        assert res[3] == pytest.approx(res[0], abs=1e-6)
-        assert res[3][-1] < res[3][0]  # it trained (same 2 samples, 3 steps)
-    assert ranks[0][3][0] != ranks[1][3][0]  # each data-parallel rank read its own samples
+    ranks = harness.run(workers.post_ln_zero_steps, (0, 3), 3, "both", world_size=2)
+    for attention in ("bert", "disentangled"):
+        for res in (r[attention] for r in ranks):
+            assert res[3] == pytest.approx(res[0], abs=1e-6), attention
+            assert res[3][-1] < res[3][0]  # it trained (same 2 samples, 3 steps)
+        # each data-parallel rank read its own samples
+        assert ranks[0][attention][3][0] != ranks[1][attention][3][0]
+    assert ranks[0]["bert"][3][0] != ranks[0]["disentangled"][3][0]  # two different models

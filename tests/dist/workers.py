@@ -288,14 +288,16 @@ def pipeline_tied_after_training(ctx, steps: int):
     return {"pp_rank": ctx.pp_rank, "weight": w.detach().clone(), "losses": losses}
 
 
-def post_ln_zero_steps(ctx, stages, steps: int):
+def post_ln_zero_steps(ctx, stages, steps: int, attention: str = "bert"):
     """Per ZeRO stage in ``stages``: ``steps`` DeepSpeed optimizer steps of a fresh
-    post-LayerNorm model (GDES, projected E != H), each data-parallel rank on its own 2
-    samples; this rank's losses by stage."""
+    post-LayerNorm model (GDES, projected E != H; ``attention`` "bert" or "disentangled"), each
+    data-parallel rank on its own 2 samples; this rank's losses by stage."""
+    if attention == "both":
+        return {a: post_ln_zero_steps(ctx, stages, steps, a) for a in ("bert", "disentangled")}
     from rtd_scale import distributed
     from rtd_scale.training import engine as engine_mod
 
-    cfg = tiny_config(Sharing.GDES, embedding_size=16, layout="post")
+    cfg = tiny_config(Sharing.GDES, embedding_size=16, layout="post", attention=attention)
     cfg.train.micro_batch_size, cfg.train.global_batch_size = 2, 2 * ctx.dp_size
     cfg.optim.lr, cfg.optim.lr_warmup_iters = 1e-3, 0
     ids, idx = fixed_batch(b=2 * ctx.dp_size)
