@@ -63,9 +63,17 @@ def test_pipeline_equals_one_stage(reference, tp, pp):
             assert diff <= 1e-5, f"{case} tp={tp} pp={pp}: {name} differs by {diff:.3g}"
 
 
-def test_tied_table_bitwise_equal_after_20_steps():
-    res = harness.run(workers.pipeline_tied_after_training, 20, world_size=2, pp=2)
+def test_tied_and_relative_tables_bitwise_equal_after_20_steps():
+    """DeBERTa's attention: besides the generator's tied table, each stage's copies of both
+    relative tables and their norms stay bitwise equal through DeepSpeed's steps (gradient
+    clipping counts the copies once: ``ds_pipe_replicated``)."""
+    res = harness.run(workers.pipeline_tied_after_training, 20, "disentangled", world_size=2,
+                      pp=2)
     first = next(r for r in res if r["pp_rank"] == 0)
     last = next(r for r in res if r["pp_rank"] == 1)
     assert torch.equal(first["weight"], last["weight"])
+    assert len(first["relative"]) == len(last["relative"]) == 6  # 2 encoders × table, weight, bias
+    for k, w in first["relative"].items():
+        assert torch.equal(w, last["relative"][k]), k
+    assert not torch.equal(first["relative"]["1"], torch.ones_like(first["relative"]["1"]))  # trained
     assert last["losses"][-1] < last["losses"][0]  # it trained (lr 1e-2, same 4 micro-batches)

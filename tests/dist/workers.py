@@ -263,14 +263,15 @@ def pipeline_parity(ctx, cases):
     return out
 
 
-def pipeline_tied_after_training(ctx, steps: int):
+def pipeline_tied_after_training(ctx, steps: int, attention: str = "bert"):
     """``steps`` optimizer steps through DeepSpeed ZeRO-1 at PP = 2; then the first stage's
-    generator table and the last stage's MLM output weight, for a bitwise comparison."""
+    generator table and the last stage's MLM output weight, and (disentangled attention, the
+    post-LayerNorm layout) this stage's copies of the relative tables, for bitwise comparisons."""
     from rtd_scale import distributed
     from rtd_scale.training import engine as engine_mod
     from rtd_scale.training.pipeline import pipeline_train_step
 
-    cfg = _pp_config(Sharing.GDES)
+    cfg = _pp_config(Sharing.GDES, "pre" if attention == "bert" else "post", attention)
     cfg.train.micro_batch_size, cfg.train.global_batch_size = 2, 8
     cfg.optim.lr, cfg.optim.lr_warmup_iters = 1e-2, 0
     cfg.parallel.pipeline_model_parallel_size = ctx.pp_size
@@ -285,7 +286,10 @@ def pipeline_tied_after_training(ctx, steps: int):
         outs = pipeline_train_step(eng, _pp_micro_batches(), step=step, ctx=ctx)
         losses += [o.loss.item() for o in outs]
     w = (model.generator_table.weight if ctx.is_first_stage else model.mlm_head.table.weight)
-    return {"pp_rank": ctx.pp_rank, "weight": w.detach().clone(), "losses": losses}
+    relative = {f"{i}": p.detach().clone()
+                for i, p in enumerate(model.pipeline_replicated_parameters())}
+    return {"pp_rank": ctx.pp_rank, "weight": w.detach().clone(), "losses": losses,
+            "relative": relative}
 
 
 def post_ln_zero_steps(ctx, stages, steps: int, attention: str = "bert"):
