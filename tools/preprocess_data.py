@@ -13,7 +13,8 @@ naming; one document per entry, no [CLS]/[SEP] added):
 - D.manifest.json, written last: the shard list and totals. Its presence means D is complete;
   pass D as --data-path.
 
-Inputs are read as a stream (.jsonl / .json / .txt, optionally .gz/.xz/.bz2, and .parquet), at
+Inputs are read as a stream (.jsonl / .json / .txt, optionally .gz/.xz/.bz2; .parquet; .arrow and
+directories written by Hugging Face datasets' save_to_disk, memory-mapped), at
 most 2 x --workers batches in flight, so memory does not grow with the corpus. Documents empty
 after normalisation are skipped and counted.
 
@@ -44,19 +45,20 @@ import numpy as np  # noqa: E402
 
 from rtd_scale.cli_errors import UserInputError, run_cli  # noqa: E402
 from rtd_scale.data.text import (  # noqa: E402
-    BadLineError, LineBlock, Position, ReadStats, check_inputs, input_fingerprint, is_compressed,
+    BadLineError, LineBlock, Position, ReadStats, check_inputs, input_bytes, input_fingerprint, is_compressed,
     iter_line_blocks, iter_record_batches, line_format, parse_line_block, read_line_range)
 from rtd_scale.data.tokenizer import Tokenizer  # noqa: E402
 
 _BLOCK_BYTES = 1 << 20  # input bytes per task sent to a worker (memory: 2 x workers in flight)
-_BATCH_RECORDS = 512  # ... or, for parquet and JSON arrays, this many records
+_BATCH_RECORDS = 512  # ... or, for parquet, Arrow and JSON arrays, this many records
 _SHARD_DIGITS = 5
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", nargs="+", required=True, metavar="FILE",
-                   help="corpus files (.jsonl .json .txt, optionally .gz/.xz/.bz2; .parquet), read in order")
+                   help="corpus files (.jsonl .json .txt, optionally .gz/.xz/.bz2; .parquet; .arrow; a "
+                        "directory from datasets' save_to_disk), read in order")
     p.add_argument("--json-keys", nargs="+", default=["text"], metavar="KEY",
                    help="fields to tokenize, one dataset per key (default: text)")
     p.add_argument("--tokenizer-model", required=True,
@@ -80,7 +82,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 #
 # The main process hands out work and writes: byte ranges of uncompressed JSON lines / text files
 # (each worker reads its own range), whole-line blocks of compressed ones (decompressed here), or
-# parsed record batches of parquet / JSON-array files. Workers read and parse the lines, normalise
+# parsed record batches of parquet / Arrow / JSON-array inputs. Workers read and parse the lines, normalise
 # and encode, so the main process stays far below one core however many workers run.
 
 # (tokenizer, shard dtype, keys), set once per worker process by _init_worker
@@ -406,7 +408,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         start = time.perf_counter()
         stats.bad_lines = plan.position.bad_lines if plan.position else 0
         compressed = any(map(is_compressed, paths))
-        bar = _progress_bar(None if compressed else sum(p.stat().st_size for p in paths))
+        bar = _progress_bar(None if compressed else sum(map(input_bytes, paths)))
         next_log = args.log_interval
         with bar:
             line_base = {plan.position.file: plan.position.line} if plan.position else {}

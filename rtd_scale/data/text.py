@@ -8,8 +8,12 @@ Formats, chosen by file suffix:
 | `.json`    | JSON lines (Megatron-LM's "loose json"), or one top-level array of objects | this module |
 | `.parquet` | one row                            | Hugging Face `datasets` (streaming)      |
 | `.txt`     | one line (HF `datasets` "text" convention) | this module, line by line        |
+| `.arrow`   | one row of an Arrow IPC stream (what `datasets` writes) or file | `datasets` (memory-mapped) |
+| a directory | one row of a dataset saved by `datasets`' `save_to_disk` (`state.json` + `.arrow` files) | `datasets.load_from_disk` (memory-mapped) |
 
-Each of `.jsonl`, `.json` and `.txt` may also be compressed: `.gz`, `.xz`, `.bz2` (e.g.
+Arrow inputs are memory-mapped and read in slices of rows, so memory does not grow with them; a
+saved ``DatasetDict`` (``dataset_dict.json``, one directory per split) is refused with the fix:
+pass the split's directory, e.g. ``corpus/train``. Each of `.jsonl`, `.json` and `.txt` may also be compressed: `.gz`, `.xz`, `.bz2` (e.g.
 `corpus.jsonl.xz`), decompressed while streaming.
 
 Every record comes with its :class:`Position` — where the input continues after it — so a reader
@@ -47,6 +51,7 @@ __all__ = [
     "ReadStats",
     "check_inputs",
     "input_fingerprint",
+    "input_bytes",
     "input_format",
     "LineBlock",
     "ParsedRecords",
@@ -59,13 +64,15 @@ __all__ = [
     "read_line_range",
 ]
 
-InputFormat = Literal["jsonl", "json", "parquet", "text"]
+InputFormat = Literal["jsonl", "json", "parquet", "text", "arrow"]
 _SUFFIX_TO_FORMAT: dict[str, InputFormat] = {
     ".jsonl": "jsonl",
     ".json": "json",
     ".parquet": "parquet",
     ".txt": "text",
+    ".arrow": "arrow",
 }
+_ARROW_SLICE_ROWS = 1024  # rows converted to Python at a time
 _COMPRESSION = {".gz": gzip.open, ".xz": lzma.open, ".bz2": bz2.open}
 _TEXT_KEY = "text"  # the one field a .txt record has
 _MAX_EXAMPLES = 3  # bad lines remembered for the summary
@@ -74,7 +81,7 @@ _MAX_EXAMPLES = 3  # bad lines remembered for the summary
 class BadLineError(UserInputError):
     """A malformed record: ``<path>:<line>: <reason>``.
 
-    ``line`` is 1-based; for parquet it is the row number and for a JSON array the element number,
+    ``line`` is 1-based; for parquet and Arrow it is the row number and for a JSON array the element number,
     and ``unit`` says which ("row", "element"), giving ``<path>: row <n>: <reason>``.
     """
 
@@ -120,7 +127,10 @@ def _split_suffix(path: str | Path) -> tuple[str, str | None]:
 
 def input_format(path: str | Path) -> InputFormat:
     """The format of ``path`` from its suffix (a compression suffix .gz/.xz/.bz2 is looked
-    through); raises UserInputError for an unknown suffix or compressed parquet."""
+    through; a directory is a saved ``datasets`` dataset, "arrow"); raises UserInputError for an
+    unknown suffix or compressed parquet or Arrow."""
+    if Path(path).is_dir():
+        return "arrow"
     suffix, compression = _split_suffix(path)
     fmt = _SUFFIX_TO_FORMAT.get(suffix)
     if fmt is None:
@@ -128,8 +138,9 @@ def input_format(path: str | Path) -> InputFormat:
             f"{path}: unsupported input suffix {''.join(Path(path).suffixes[-2:])!r}; use one of "
             f"{', '.join(_SUFFIX_TO_FORMAT)}, optionally compressed ({', '.join(_COMPRESSION)})"
         )
-    if fmt == "parquet" and compression:
-        raise UserInputError(f"{path}: parquet is compressed internally; give the .parquet file itself")
+    if fmt in ("parquet", "arrow") and compression:
+        raise UserInputError(f"{path}: {fmt} is not read through a decompressor; give the "
+                             f".{fmt} file itself")
     return fmt
 
 
@@ -142,17 +153,55 @@ def input_fingerprint(path: str | Path) -> dict:
     """``{"path", "bytes", "mtime_ns", "sha256_head_tail"}`` of an input file: its real path (so
     any spelling of it matches), size, modification time and the SHA-256 of its first and last MiB
     — cheap at any size, and enough to notice that a resumed run is reading another or an edited
-    file (an edit changes the modification time)."""
+    file (an edit changes the modification time). For a saved dataset directory: its real path,
+    and over its files (``state.json`` and the data files, in order) the total size, the newest
+    modification time and the SHA-256 of their names and first and last MiB."""
     path = Path(path)
-    st = path.stat()
+    files = [path / "state.json", *_saved_dataset_files(path)] if path.is_dir() else [path]
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        h.update(f.read(1 << 20))
-        if st.st_size > 2 << 20:
-            f.seek(-(1 << 20), os.SEEK_END)
-        h.update(f.read(1 << 20))
-    return {"path": os.path.realpath(path), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns,
+    size = mtime = 0
+    for file in files:
+        st = file.stat()
+        size, mtime = size + st.st_size, max(mtime, st.st_mtime_ns)
+        if path.is_dir():
+            h.update(file.name.encode() + b"\0")
+        with open(file, "rb") as f:
+            h.update(f.read(1 << 20))
+            if st.st_size > 2 << 20:
+                f.seek(-(1 << 20), os.SEEK_END)
+            h.update(f.read(1 << 20))
+    return {"path": os.path.realpath(path), "bytes": size, "mtime_ns": mtime,
             "sha256_head_tail": h.hexdigest()}
+
+
+def input_bytes(path: str | Path) -> int:
+    """Size of an input in bytes (a saved dataset directory: its data files together)."""
+    path = Path(path)
+    if path.is_dir():
+        return sum(f.stat().st_size for f in _saved_dataset_files(path))
+    return path.stat().st_size
+
+
+def _saved_dataset_files(path: Path) -> list[Path]:
+    """The data files of a directory written by ``datasets``' ``Dataset.save_to_disk``, in row
+    order (its ``state.json``); UserInputError naming the directory and the fix otherwise."""
+    if (path / "dataset_dict.json").is_file():
+        splits = sorted(p.name for p in path.iterdir() if (p / "state.json").is_file())
+        first = splits[0] if splits else "train"
+        raise UserInputError(
+            f"{path}: a DatasetDict saved by datasets (splits: {', '.join(splits) or 'none'}); pass "
+            f"one split's directory as --input, e.g. {path / first}")
+    state = path / "state.json"
+    try:
+        names = [entry["filename"] for entry in json.loads(state.read_text())["_data_files"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        names = None
+    if not names or not all(isinstance(n, str) and (path / n).is_file() for n in names):
+        raise UserInputError(
+            f"input {path} is a directory but not a dataset saved by datasets' save_to_disk "
+            f"({'no readable state.json listing its .arrow files' if names is None else 'its state.json lists missing files'}); "
+            "pass such a directory, or the input files themselves")
+    return [path / n for n in names]
 
 
 def check_inputs(paths: Sequence[str | Path], json_keys: Sequence[str]) -> list[Path]:
@@ -169,7 +218,9 @@ def check_inputs(paths: Sequence[str | Path], json_keys: Sequence[str]) -> list[
     for p in map(Path, paths):
         if not p.exists():
             raise UserInputError(f"input file not found: {p}")
-        if not p.is_file():
+        if p.is_dir():
+            _saved_dataset_files(p)  # a saved dataset, or one line saying what to pass
+        elif not p.is_file():
             raise UserInputError(f"input is not a file: {p}")
         if input_format(p) == "text" and list(json_keys) != [_TEXT_KEY]:
             raise UserInputError(
@@ -185,7 +236,8 @@ class Position:
     """Where a read continues: after the record it is attached to.
 
     ``file``: index into the list of inputs. ``offset``: for JSON lines and text, decompressed
-    bytes of that file consumed; for a JSON array, elements consumed; for parquet, rows consumed.
+    bytes of that file consumed; for a JSON array, elements consumed; for parquet and Arrow inputs
+    (a saved dataset directory is one input), rows consumed.
     ``line``: lines (elements, rows) consumed in that file. ``bad_lines``: malformed records
     skipped so far over all files (with ``skip_bad_lines``).
     """
@@ -242,8 +294,7 @@ def iter_positioned_records(
             continue
         offset, line = (start.offset, start.line) if index == start.file else (0, 0)
         if line_format(path) is None:
-            records = (_iter_parquet(path, keys, stats, line) if input_format(path) == "parquet"
-                       else _iter_json_array(path, keys, stats, line))
+            records = _record_reader(path)(path, keys, stats, line)
         else:
             records = _line_records(path, index, keys, stats, offset, line)
         for offset, line, rec in records:
@@ -394,6 +445,63 @@ def _iter_parquet(path: Path, keys: tuple[str, ...], stats: ReadStats, skip: int
     stats.bytes_read += path.stat().st_size
 
 
+def _record_reader(path: Path):
+    """The reader of an input that is not read by lines."""
+    fmt = input_format(path)
+    return {"parquet": _iter_parquet, "arrow": _iter_arrow}.get(fmt, _iter_json_array)
+
+
+def _open_arrow(path: Path):
+    """A memory-mapped ``datasets.Dataset`` over a saved dataset directory or an ``.arrow`` file
+    (an Arrow IPC stream, as ``datasets`` writes, or an IPC file); one-line UserInputError when
+    it cannot be read."""
+    import datasets  # lazy: ~0.4 s to import, needed only for Arrow and parquet inputs
+    import pyarrow
+
+    def unreadable(e: Exception, what: str) -> UserInputError:
+        reason = " ".join(str(e).split())[:200]
+        return UserInputError(f"{path}: not a readable {what} ({reason}); check it, or pass the "
+                              "files in another supported format")
+
+    if path.is_dir():
+        _saved_dataset_files(path)
+        try:
+            return datasets.load_from_disk(str(path))
+        except (pyarrow.ArrowException, OSError, ValueError) as e:
+            raise unreadable(e, "dataset directory") from None
+    try:
+        return datasets.Dataset.from_file(str(path))  # an IPC stream
+    except (pyarrow.ArrowException, OSError) as stream_error:
+        try:  # an IPC file (Feather v2): zero-copy over the memory map as well
+            table = pyarrow.ipc.open_file(pyarrow.memory_map(str(path))).read_all()
+        except (pyarrow.ArrowException, OSError):
+            raise unreadable(stream_error, "Arrow IPC stream or file") from None
+        return datasets.Dataset(table)
+
+
+def _iter_arrow(path: Path, keys: tuple[str, ...], stats: ReadStats, skip: int):
+    """(rows consumed, row number, record or BadLineError) from row ``skip`` on, converting
+    ``_ARROW_SLICE_ROWS`` rows of the key columns at a time. ``stats.bytes_read`` grows with the
+    share of rows read, reaching ``input_bytes(path)`` at the end."""
+    ds = _open_arrow(path)
+    missing = [k for k in keys if k not in ds.column_names]
+    if missing:
+        raise UserInputError(f"{path}: missing column {missing[0]!r} (columns: "
+                             f"{', '.join(ds.column_names)}); choose it with --json-keys")
+    rows, total = ds.num_rows, input_bytes(path)
+    view = ds.select_columns(list(dict.fromkeys(keys))).with_format("arrow")
+    for start in range(skip, rows, _ARROW_SLICE_ROWS):
+        table = view[start:start + _ARROW_SLICE_ROWS]
+        columns = {k: table.column(k).to_pylist() for k in dict.fromkeys(keys)}
+        for i in range(table.num_rows):
+            rec = _fields({k: c[i] for k, c in columns.items()}, keys, path, start + i + 1)
+            if isinstance(rec, BadLineError):
+                rec.unit = "row"
+            yield start + i + 1, start + i + 1, rec
+        end = start + table.num_rows
+        stats.bytes_read += total * end // rows - total * start // rows
+
+
 # -- line-based inputs in blocks, parsed where the work is (tools/preprocess_data.py's workers) ---
 
 
@@ -444,7 +552,7 @@ def line_format(path: str | Path) -> InputFormat | None:
     """"jsonl" or "text" when ``path`` is read line by line (JSON lines, loose-JSON .json, text),
     else None (parquet, a .json top-level array)."""
     fmt = input_format(path)
-    if fmt == "parquet" or (fmt == "json" and _starts_with_array(Path(path))):
+    if fmt in ("parquet", "arrow") or (fmt == "json" and _starts_with_array(Path(path))):
         return None
     return "text" if fmt == "text" else "jsonl"
 
@@ -531,14 +639,12 @@ def parse_line_block(block: LineBlock, path: str | Path, fmt: InputFormat,
 def iter_record_batches(path: str | Path, keys: Sequence[str], offset: int = 0, line: int = 0,
                         max_records: int = 512, max_chars: int = 1 << 20
                         ) -> Iterator[tuple[ParsedRecords, int]]:
-    """(records, input bytes consumed) batches of a file that is not read by lines (parquet, a
-    .json top-level array), parsed here, from element/row ``line`` on (``offset`` is the same
-    count for these formats)."""
+    """(records, input bytes consumed) batches of a file that is not read by lines (parquet,
+    Arrow, a saved dataset directory, a .json top-level array), parsed here, from element/row
+    ``line`` on (``offset`` is the same count for these formats)."""
     path = Path(path)
     stats = ReadStats()
-    fmt = input_format(path)
-    source = (_iter_parquet(path, tuple(keys), stats, line) if fmt == "parquet"
-              else _iter_json_array(path, tuple(keys), stats, line))
+    source = _record_reader(path)(path, tuple(keys), stats, line)
     batch, chars, reported = ParsedRecords(), 0, 0
     for end, where, rec in source:
         if not batch.add(rec, end, where):
