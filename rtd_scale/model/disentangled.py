@@ -34,6 +34,7 @@ key *or* its query is [PAD], so a [PAD] query's row is masked whole and averages
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional
 
@@ -91,6 +92,19 @@ def relative_position_index(seq_length: int, span: int, position_buckets: int,
     return (rel + span).clamp(0, 2 * span - 1)
 
 
+@functools.lru_cache(maxsize=64)
+def used_rows(seq_length: int, span: int, position_buckets: int,
+              max_position: int) -> tuple[int, int]:
+    """[lo, hi): the rows of the 2·span relative embeddings that a sequence of ``seq_length``
+    reads (δ is monotone in i − j, so the longest distance bounds them). Only these rows are
+    projected: at seq 128 with 256 buckets, 255 of 512. Host arithmetic, no device sync."""
+    far = torch.tensor([seq_length - 1])
+    if position_buckets > 0:
+        far = log_bucket_position(far, position_buckets, max_position)
+    reach = int(far.item())
+    return max(span - reach, 0), min(span + reach, 2 * span - 1) + 1
+
+
 def disentangled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            pos_q: torch.Tensor, pos_k: torch.Tensor, index: torch.Tensor,
                            key_pad: Optional[torch.Tensor], *, dropout_p: float = 0.0,
@@ -99,8 +113,9 @@ def disentangled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
     Args:
         q, k, v: [b, n, s, d] content queries, keys, values.
-        pos_q, pos_k: [n, 2k, d] the relative embeddings projected by the query / key weights.
-        index: [s, s] int64, δ(i, j) (``relative_position_index``).
+        pos_q, pos_k: [n, r, d] relative embeddings projected by the query / key weights (all
+            2k rows, or the rows ``index`` reads).
+        index: [s, s] int64, δ(i, j) (``relative_position_index``) minus the first row given.
         key_pad: bool [b, 1, 1, s], True at [PAD], or None. A score is masked when its key or
             its query is [PAD] (a fully masked row becomes uniform, as in Hugging Face).
         dropout_p: attention-probability dropout (the caller picks the RNG).
@@ -137,8 +152,8 @@ class DisentangledCoreAttention(MegatronModule):
     """The core of disentangled attention, on one tensor-parallel rank's heads.
 
     forward(query, key, value [s, b, n, d], attention_mask bool broadcastable to [b, 1, 1, s]
-    (True = masked key, megatron's convention) or None, pos_query, pos_key [2k, 1, n, d])
-    -> [s, b, n·d]. Attention-probability dropout draws from megatron-core's model-parallel RNG
+    (True = masked key, megatron's convention) or None, pos_query, pos_key [hi − lo, 1, n, d]:
+    rows [lo, hi) = ``self.rows(s)`` of the projected relative table) -> [s, b, n·d]. Attention-probability dropout draws from megatron-core's model-parallel RNG
     tracker (heads are split over TP ranks). No parameters.
 
     Args (beyond megatron-core's core-attention constructor):
@@ -162,14 +177,20 @@ class DisentangledCoreAttention(MegatronModule):
         assert impl is None or impl in IMPLEMENTATIONS, impl
         self.impl = impl
 
+    def rows(self, seq_length: int) -> tuple[int, int]:
+        """[lo, hi): the relative rows a sequence of this length reads (``used_rows``)."""
+        return used_rows(seq_length, self.span, self.position_buckets,
+                         self.max_relative_positions)
+
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 attention_mask: Optional[torch.Tensor], *, pos_query: torch.Tensor,
                 pos_key: torch.Tensor) -> torch.Tensor:
         s, b, n, d = query.shape
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, n, s, d]
-        pq, pk = (t.squeeze(1).transpose(0, 1) for t in (pos_query, pos_key))  # [n, 2k, d]
+        pq, pk = (t.squeeze(1).transpose(0, 1) for t in (pos_query, pos_key))  # [n, r, d]
         index = relative_position_index(s, self.span, self.position_buckets,
                                         self.max_relative_positions, device=query.device)
+        index = index - self.rows(s)[0]
         key_pad = None if attention_mask is None else attention_mask.view(b, 1, 1, s)
         impl = self.impl or ("sdpa" if query.is_cuda else "explicit")
         dropout_p = self.dropout_p if self.training else 0.0
@@ -207,7 +228,8 @@ class DisentangledSelfAttention(SelfAttention):
         query, key, value = self.get_query_key_value_tensors(hidden_states)  # [s, b, n, d]
         # each layer drops out its own copy of P (Hugging Face ``pos_dropout``, hidden dropout);
         # P is replicated over TP ranks, so the default generator (shared by TP peers) draws it
-        rel = torch.nn.functional.dropout(rotary_pos_emb.to(hidden_states.dtype),
+        lo, hi = self.core_attention.rows(hidden_states.shape[0])  # the rows this length reads
+        rel = torch.nn.functional.dropout(rotary_pos_emb[lo:hi].to(hidden_states.dtype),
                                           p=self.config.hidden_dropout, training=self.training)
         # the relative table through this layer's own query / key projections (share_att_key)
         pos_query, pos_key, _ = self.get_query_key_value_tensors(rel.unsqueeze(1))  # [2k,1,n,d]

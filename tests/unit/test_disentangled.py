@@ -9,7 +9,7 @@ import torch
 
 from rtd_scale.config import AttentionType, ConfigError, LayerNormPosition, Sharing, preset
 from rtd_scale.model.disentangled import (disentangled_attention, log_bucket_position,
-                                          relative_position_index)
+                                          relative_position_index, used_rows)
 from rtd_scale.model.rtd import RTDModel
 
 hf_deberta = pytest.importorskip("transformers.models.deberta_v2.modeling_deberta_v2")
@@ -79,6 +79,9 @@ def test_relative_index_equals_hugging_face_c2p_positions(s, buckets, max_pos):
     # position→content reads the same rows: HF's p2c_pos at [j, i] is δ(i, j)
     p2c = torch.clamp(-rel[0] + span, 0, 2 * span - 1)
     assert torch.equal(p2c.t(), ours)
+    # only the rows the index reads are projected
+    lo, hi = used_rows(s, span, buckets, max_pos)
+    assert (ours.min().item(), ours.max().item() + 1) == (lo, hi)
 
 
 def test_sdpa_and_explicit_cores_agree():
