@@ -1,6 +1,7 @@
 """Hugging Face export and import through the real `deepspeed` launcher (2 ranks each).
 
-- TP=2 with ZeRO-3 (post-LayerNorm, GDES, E ≠ H) and PP=2 with ZeRO-1 and bf16 (pre-LayerNorm,
+- TP=2 with ZeRO-3 (post-LayerNorm with disentangled attention, i.e. DebertaV2, 16 log
+  buckets; GDES, E ≠ H) and PP=2 with ZeRO-1 and bf16 (pre-LayerNorm,
   NES; the fp32 master weights are exported) write ``--export-hf`` at the end; ``tools/export_hf.py`` on their checkpoints writes the same
   tensors bitwise (it restarts each run's world of 2); the export computes what the trained
   model computes (fp32, real text, 1e-4), loaded with zero missing or unexpected keys.
@@ -64,10 +65,17 @@ def _model_from_export_pt(path, tok):
 
 
 def _check_parity(run_name, export_dir, pt, tok, layout):
+    """``layout`` "deberta": DebertaV2 classes, compared at real tokens (see test_hf_deberta)."""
+    from tests.unit import test_hf_deberta
+
     model, _ = _model_from_export_pt(pt, tok)
     ids = real_batch(tok)
-    diffs = max_diffs(ours(model, ids, tok.pad_id), hf_outputs(export_dir, layout, ids,
-                                                               tok.pad_id))
+    if layout == "deberta":
+        diffs = test_hf_deberta._diffs(ours(model, ids, tok.pad_id), test_hf_deberta.hf_outputs(
+            export_dir, ids, tok.pad_id), ids != tok.pad_id)
+    else:
+        diffs = max_diffs(ours(model, ids, tok.pad_id), hf_outputs(export_dir, layout, ids,
+                                                                   tok.pad_id))
     print(f"parity {run_name}: disc_hidden {diffs[0]:.2e} rtd {diffs[1]:.2e} "
           f"gen_hidden {diffs[2]:.2e} mlm {diffs[3]:.2e}")
     assert max(diffs) < TOL, diffs
@@ -78,16 +86,18 @@ def test_export_from_tp2_and_pp2_and_import_at_another_layout(single_process_gro
     from rtd_scale.data.tokenizer import Tokenizer
 
     tok = Tokenizer(wiki_shards[0])
-    post = ["--layernorm-position", "post", "--set", "model.embedding_size=64"]  # E 64 ≠ H 96
+    post = ["--layernorm-position", "post", "--set", "model.embedding_size=64",  # E 64 ≠ H 96
+            "--attention-type", "disentangled", "--set", "model.position_buckets=16"]
 
-    # TP=2, ZeRO-3, post-LayerNorm, GDES, projected embeddings
+    # TP=2, ZeRO-3, post-LayerNorm with disentangled attention, GDES, projected embeddings
     a = tmp_path / "tp2"
     r = launch(_args(wiki_shards, a, "ds_configs/zero3.json", [
         "--tensor-model-parallel-size", "2", *post, "--export", str(a / "w.pt"),
         "--export-hf", str(a / "hf")]))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert "world 2 = TP 2 × PP 1 × DP 1" in r.stdout and "exported to Hugging Face" in r.stdout
-    _check_parity("TP=2 ZeRO-3 post gdes E!=H", a / "hf", a / "w.pt", tok, convert.POST)
+    _check_parity("TP=2 ZeRO-3 disentangled gdes E!=H", a / "hf", a / "w.pt", tok, "deberta")
+    assert (a / "hf" / convert.RTD_HEAD_FILE).is_file()
     _export_tool(a, tmp_path / "tp2_tool")
     _assert_same(_tensors(a / "hf"), _tensors(tmp_path / "tp2_tool"))
 
