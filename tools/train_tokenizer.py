@@ -30,7 +30,8 @@ from typing import IO, Optional, Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rtd_scale.cli_errors import UserInputError, run_cli  # noqa: E402
-from rtd_scale.data.text import BadLineError, ReadStats, check_inputs, is_compressed, iter_records  # noqa: E402
+from rtd_scale.data.text import (BadLineError, ReadStats, check_inputs, input_bytes, is_compressed,  # noqa: E402
+                                 iter_records)
 from rtd_scale.data.tokenizer import DEFAULT_MAX_SENTENCE_BYTES, MODEL_TYPES, train_tokenizer  # noqa: E402
 
 
@@ -184,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.progress_interval < 0:
         raise UserInputError(f"--progress-interval must be >= 0 seconds, got {args.progress_interval}")
     stats = ReadStats()
-    total = sum(p.stat().st_size for p in paths)
+    total = sum(map(input_bytes, paths))  # a save_to_disk directory: its Arrow files
     compressed = any(map(is_compressed, paths))  # then the decompressed size is unknown
 
     def read_so_far() -> str:
