@@ -262,6 +262,13 @@ def _check_zero(user: dict[str, Any], cfg: RunConfig, problems: list[str]) -> Op
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
     raw = user.get("zero_optimization", {})
+    stage = raw.get("stage", 0) if isinstance(raw, dict) else 0
+    if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
+        problems.append(f"zero_optimization.stage is {json.dumps(raw['stage'])}; DeepSpeed's "
+                        "stages are 0, 1, 2 and 3")
+        _validate_section("zero_optimization", {k: v for k, v in raw.items() if k != "stage"},
+                          DeepSpeedZeroConfig, problems)  # the other fields, all at once
+        return None
     zero = _validate_section("zero_optimization", raw, DeepSpeedZeroConfig, problems)
     if not isinstance(raw, dict):
         return None

@@ -105,6 +105,10 @@ def test_all_problems_of_a_file_are_reported_at_once():
     ]
     for part in expected:
         assert part in message, part
+    message = error_of({"zero_optimization": {"stage": 7, "overlap_com": True}})
+    assert message == ("x.json: 2 problems: (1) zero_optimization.stage is 7; DeepSpeed's stages "
+                       "are 0, 1, 2 and 3; (2) zero_optimization.overlap_com: not a DeepSpeed "
+                       "field (did you mean overlap_comm?)")
     message = error_of({"zero_optimization": {"stage": 2, "stage3_max_live_parameters": 10,
                                               "offload_param": {"device": "cpu"}}})
     assert "(1) zero_optimization.offload_param acts only at stage 3 (this file has stage 2)" \
