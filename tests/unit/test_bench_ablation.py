@@ -1,0 +1,132 @@
+"""bench/sharing_ablation.py and bench/pos_probe.py: their pure parts on fixed inputs, and the
+whole bench end to end at toy size (three real single-process pretraining runs, exports,
+held-out measurements, the POS probe on tests/data/pos_sample instead of the npm download)."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, standalone_env
+
+sys.path.insert(0, str(REPO / "bench"))
+import pos_probe  # noqa: E402
+import sharing_ablation  # noqa: E402
+
+POS_SAMPLE = REPO / "tests" / "data" / "pos_sample"
+
+
+def test_coarse_tag_strips_markers_and_compounds():
+    assert [pos_probe.coarse_tag(t) for t in
+            ("nn-tl", "NP-HL", "fw-nn", "ppss+bem", "do*", "*", "pp$", "jj-tl-nc", ".", "--")] == \
+        ["nn", "np", "nn", "ppss", "do", "*", "pp$", "jj", ".", "--"]
+
+
+def test_read_and_split_brown_sample():
+    files = pos_probe.read_brown(POS_SAMPLE)
+    assert sorted(files) == ["ca01", "ca02", "cb01", "cc01", "cd01"]  # README.md is not read
+    assert files["ca01"][2] == [("She", "pps"), ("has", "hvz"), ("written", "vbn"),
+                                ("three", "cd"), ("letters", "nns"), ("to", "in"), ("the", "at"),
+                                ("mayor", "nn"), (".", ".")]
+    train, test = pos_probe.split_brown(files, 100, 100)
+    # the fifth file in name order (cd01, 3 sentences) is the test side
+    assert len(train) == 16 and len(test) == 3
+    assert sorted(s[0][0] for s in test) == ["A", "The", "They"]
+    b = pos_probe.baselines(train, test)
+    # 24 test words, 6 of them tagged "at" (the most frequent training tag); each word's most
+    # frequent training tag is right for 15: all but doctor, sick, child, tall, tree, stood, near,
+    # house, evening, which training never saw (they fall back to "at", wrong for each)
+    assert b == {"most_frequent_tag": 6 / 24, "word_most_frequent_tag": 15 / 24}
+
+
+def test_read_brown_errors_name_the_file(tmp_path):
+    with pytest.raises(pos_probe.UserInputError, match="no Brown corpus files"):
+        pos_probe.read_brown(tmp_path)
+    (tmp_path / "ca01").write_text("The/at dog\n")
+    with pytest.raises(pos_probe.UserInputError, match=r"ca01:1: token 'dog' is not word/tag"):
+        pos_probe.read_brown(tmp_path)
+
+
+def test_slice_corpus_takes_every_kth_document_and_holds_out_others(tmp_path):
+    corpus = tmp_path / "c.jsonl"
+    docs = [f"document number {i} " + "x" * 95 for i in range(50)]  # ~118 bytes each
+    corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    stats = sharing_ablation.slice_corpus(corpus, tmp_path / "out", corpus_mb=0.0012,
+                                          heldout_docs=3)
+    total = sum(len(d.encode()) for d in docs)
+    stride = math.ceil(total / 1200)
+    assert stats["stride"] == stride == 5
+    train = [json.loads(l)["text"] for l in (tmp_path / "out" / "train.jsonl").read_text().splitlines()]
+    held = [json.loads(l)["text"] for l in (tmp_path / "out" / "heldout.jsonl").read_text().splitlines()]
+    assert train == docs[::5]
+    # 10 candidates (1, 6, …, 46), every third of them: 1, 16, 31
+    assert held == [docs[1], docs[16], docs[31]]
+    assert not set(held) & set(train)
+
+
+def test_verdict_states_both_claims():
+    res = {"es": {"avg_cosine_generator": 0.1, "avg_cosine_discriminator": 0.1},
+           "nes": {"avg_cosine_generator": 0.3, "avg_cosine_discriminator": 0.05},
+           "gdes": {"avg_cosine_generator": 0.3, "avg_cosine_discriminator": 0.08}}
+    lines = sharing_ablation.verdict(res)
+    assert lines[0].endswith("0.300 vs 0.100 -> holds")
+    assert lines[1].endswith("0.080 vs NES 0.050, ES 0.100 -> does NOT hold")
+
+
+def test_last_validation_reads_the_last_line(tmp_path):
+    log = tmp_path / "x.log"
+    log.write_text(
+        " validation at iteration      200 | samples: 128 | mlm loss: 6.8E+00 | rtd loss: 4.1E-01 | "
+        "total loss: 2.7E+01 | mlm acc: 0.06 | rtd auc: 0.7000 |\n"
+        " validation at iteration      400 | samples: 128 | mlm loss: 6.5E+00 | rtd loss: 3.9E-01 | "
+        "total loss: 2.6E+01 | mlm acc: 0.07 | rtd acc replaced: 0.0 | rtd auc: 0.8125 |\n")
+    assert sharing_ablation.last_validation(log) == {"step": 400, "mlm": 6.5, "rtd": 0.39,
+                                                     "auc": 0.8125}
+    assert sharing_ablation.last_validation(tmp_path / "none.log") == {}
+
+
+@pytest.mark.e2e
+def test_ablation_end_to_end_toy(tmp_path):
+    pytest.importorskip("transformers")
+    work = tmp_path / "work"
+    cmd = [sys.executable, str(REPO / "bench" / "sharing_ablation.py"),
+           "--corpus", str(REPO / "tests" / "data" / "wiki_sample.jsonl"), "--work-dir", str(work),
+           "--corpus-mb", "0.15", "--vocab-size", "1000", "--heldout-docs", "20",
+           "--heldout-seqs", "4", "--ranks", "1", "--steps", "2", "--seq-length", "32",
+           "--micro-batch-size", "4", "--global-batch-size", "4", "--warmup", "1",
+           "--log-interval", "1", "--save-interval", "2", "--eval-interval", "2",
+           "--eval-iters", "1", "--brown-dir", str(POS_SAMPLE), "--probe-train-sentences", "16",
+           "--probe-test-sentences", "3", "--probe-finetune-steps", "2"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900,
+                          env=standalone_env())
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = json.loads((work / "ablation.json").read_text())
+    assert list(out["results"]) == ["es", "nes", "gdes"]
+    for mode, r in out["results"].items():
+        for key in ("avg_cosine_generator", "avg_cosine_discriminator", "heldout_mlm",
+                    "heldout_rtd", "heldout_auc"):
+            assert math.isfinite(r[key]), (mode, key)
+        assert -1 <= r["avg_cosine_generator"] <= 1
+        assert r["heldout_tokens"] == 4 * 32
+        assert r["run_validation"]["step"] == 2 and math.isfinite(r["run_validation"]["mlm"])
+        for kind in ("discriminator", "generator"):
+            for what in ("linear", "finetune"):
+                assert 0 <= r["probe"][kind][what] <= 1
+    # ES: one table, so the two cosines are the same number; the others have two tables
+    es = out["results"]["es"]
+    assert es["avg_cosine_generator"] == es["avg_cosine_discriminator"]
+    assert out["results"]["nes"]["avg_cosine_generator"] != out["results"]["nes"]["avg_cosine_discriminator"]
+    assert 0 <= out["random_init_probe"]["linear"] <= 1
+    table = (work / "table.md").read_text()
+    assert all(f"| {m} |" in table for m in ("ES", "NES", "GDES"))
+    assert "NES generator cosine > ES generator cosine" in table and "GDES discriminator" in table
+    assert table in proc.stdout
+    # a second run finds everything done: no pretraining command is issued again
+    again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300,
+                           env=standalone_env())
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "rtd_scale/pretrain.py" not in again.stdout and "training skipped" in again.stdout
