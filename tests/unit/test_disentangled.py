@@ -313,3 +313,30 @@ def test_presets_flag_and_validation():
     cfg.position_buckets = 0
     with pytest.raises(ConfigError, match="model.position_buckets"):
         cfg.validate()
+
+
+# --- the benchmark --------------------------------------------------------------------------
+
+def test_deberta_bench_tiny_run(tmp_path):
+    """bench/deberta_step_vs_hf.py at test size on CPU keeps working (no time is asserted)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.conftest import standalone_env
+
+    repo = Path(__file__).resolve().parents[2]
+    out = tmp_path / "deberta.json"
+    proc = subprocess.run(
+        [sys.executable, str(repo / "bench" / "deberta_step_vs_hf.py"), "--tiny", "--batch", "2",
+         "--seq", "24", "--rounds", "1", "--steps-per-round", "1", "--warmup", "1",
+         "--json", str(out)],
+        cwd=repo, capture_output=True, text=True, timeout=900, env=standalone_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "| ours:explicit |" in proc.stdout and "| hf |" in proc.stdout
+    res = json.loads(out.read_text())
+    assert set(res["rows"]) == {"ours:explicit", "ours:sdpa", "hf"}
+    for row in res["rows"].values():
+        assert row["ms"] > 0 and row["tokens_per_s"] == pytest.approx(48 / row["ms"] * 1e3)
+    assert res["rows"]["hf"]["ratio"] == 1.0
