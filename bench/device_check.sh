@@ -53,8 +53,9 @@ EOF
 elapsed "installed"
 
 # 2. the tests of the sampler and of the step (the CUDA ones skip on CPU)
-timeout 100 $PY -m pytest -q -p no:cacheprovider -x tests/unit/test_objectives.py \
-  tests/unit/test_rtd_step.py -k "cuda or sampler or never_wait" 2>&1 \
+timeout 130 $PY -m pytest -q -p no:cacheprovider -x tests/unit/test_objectives.py \
+  tests/unit/test_rtd_step.py tests/unit/test_disentangled.py \
+  -k "cuda or sampler or never_wait" 2>&1 \
   | tee "$OUT/pytest.txt" | tail -25
 elapsed "tests"
 

@@ -72,7 +72,9 @@ def log_bucket_position(relative_pos: torch.Tensor, position_buckets: int,
     near = magnitude <= mid
     # the log is computed for near distances too (and discarded): keep its argument ≥ 1
     safe = torch.where(near, torch.full_like(magnitude, mid), magnitude).float()
-    denom = torch.log(torch.tensor((max_position - 1) / mid, dtype=torch.float32))
+    # log((max − 1) / m) rounded to float32 as Hugging Face computes it; a Python number, so
+    # no host tensor meets a device one
+    denom = torch.log(torch.tensor((max_position - 1) / mid, dtype=torch.float32)).item()
     far = torch.ceil(torch.log(safe / mid) / denom * (mid - 1)) + mid
     return torch.where(near, relative_pos, (far * relative_pos.sign()).long())
 

@@ -315,6 +315,52 @@ def test_presets_flag_and_validation():
         cfg.validate()
 
 
+# --- CUDA (bench/device_check.sh runs these) ---------------------------------------------
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("has_padding", [False, True])
+def test_cuda_disentangled_cores_agree_and_never_make_the_host_wait(single_process_group,
+                                                                    has_padding):
+    """On a GPU: the "sdpa" core (CUDA's default) and the "explicit" one give the same fp32
+    losses and gradients as the CPU; a bf16 step with dropout runs without one host
+    synchronisation."""
+    from rtd_scale import distributed
+    from rtd_scale.model.disentangled import DisentangledCoreAttention
+
+    cfg = _cfg(Sharing.GDES)
+    ids = _ids()
+    if not has_padding:
+        ids[ids == 0] = 7
+    results = {}
+    for device, impl in (("cpu", "explicit"), ("cuda", "explicit"), ("cuda", "sdpa")):
+        m = _model(cfg).to(device)
+        for core in m.modules():
+            if isinstance(core, DisentangledCoreAttention):
+                core.impl = impl
+        out = m(ids.to(device), torch.arange(3, device=device), step=1, has_padding=has_padding)
+        out.loss.backward()
+        results[device, impl] = (out.loss.item(), {n: p.grad.cpu() for n, p in
+                                                   m.named_parameters() if p.grad is not None})
+    ref_loss, ref = results["cpu", "explicit"]
+    for key, (loss, grads) in results.items():
+        assert loss == pytest.approx(ref_loss, abs=1e-4), key
+        for n, g in ref.items():
+            assert (grads[n] - g).abs().max().item() < 1e-4, (key, n)
+    model = _model(_cfg(Sharing.GDES, dropout=0.1)).cuda()
+    distributed.seed_after_build(single_process_group, 3)
+    ids, index = ids.cuda(), torch.arange(3, device="cuda")
+    model(ids, index, step=0, has_padding=has_padding).loss.backward()  # warm-up
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = model(ids, index, step=1, has_padding=has_padding)
+        out.loss.backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.isfinite(out.loss).item()
+
+
 # --- the benchmark --------------------------------------------------------------------------
 
 def test_deberta_bench_tiny_run(tmp_path):
