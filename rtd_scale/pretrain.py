@@ -552,14 +552,15 @@ def summary_text(summary: dict) -> str:
             verdict = (f"above chance ({z:.1f} chance standard deviations above 0.5) but not "
                        f"rising since iteration {a0}: the discriminator picked up a little "
                        "context early and is on a plateau; train longer (see the README, "
-                       "\"What 300 CPU steps show\")")
+                       "\"What 300 CPU steps can and cannot show\")")
         elif z < -3:
             verdict = ("below chance: the discriminator ranks replaced tokens below original "
                        "ones, which training should never do; check the data and the labels")
         else:
             verdict = ("on the prior plateau: the discriminator does not yet tell replaced "
                        "tokens from original ones (AUC within 3 chance standard deviations of "
-                       "0.5); train longer (see the README, \"What 300 CPU steps show\")")
+                       "0.5); train longer (see the README, \"What 300 CPU steps can and "
+                       "cannot show\")")
         lines.append(f"  verdict: {verdict}")
     if summary.get("tensorboard_dir"):
         lines.append(f"  TensorBoard: tensorboard --logdir {summary['tensorboard_dir']}")
