@@ -249,7 +249,7 @@ def _check_precision(user: dict[str, Any], precision: Precision, problems: list[
         if key == "fp16" and section.get("auto_cast"):
             problems.append("fp16.auto_cast=true casts floating-point inputs, and the inputs are "
                             "token ids; remove it")
-        if key != "fp16" and section.get("check_grad_overflow", True) is False:
+        if want and key != "fp16" and section.get("check_grad_overflow", True) is False:
             # DeepSpeed's ZeRO 1/2 optimizer skips a step with a non-finite gradient norm under
             # bf16 only with this on (its stage 3 and bf16 optimizer always do): the NaN policy
             # (training/loop.py, NonFiniteGuard) relies on the skip
@@ -358,8 +358,8 @@ def resolve_ds_config(user: dict[str, Any], cfg: RunConfig, *, data_parallel_siz
                       fp16_ok: Optional[bool] = None) -> dict[str, Any]:
     """Check every key of a user's ds_config and merge it with the values rtd_scale owns.
 
-    Maps ``activation_checkpointing`` onto ``cfg.model.recompute_activations`` (sets it True;
-    the section itself is dropped from the result, as DeepSpeed would do nothing with it).
+    Maps ``activation_checkpointing`` onto ``cfg.model.recompute_activations`` (sets it True).
+    A resolved ds_config resolves again to itself.
     ``fp16_ok``: whether this machine runs fp16 (``fp16_supported()`` when None); asked only
     under ``--fp16``.
 
@@ -393,8 +393,13 @@ def resolve_ds_config(user: dict[str, Any], cfg: RunConfig, *, data_parallel_siz
         # DeepSpeed 0.19.8 clips at 1.0 when this key is absent: always write ours.
         "gradient_clipping": cfg.optim.clip_grad,
     }
+    pp = cfg.parallel.pipeline_model_parallel_size
+    also = {}  # under pipeline parallelism the resolved file holds these (below); both agree
+    if pp > 1:
+        also = {"train_micro_batch_size_per_gpu": t.global_batch_size // data_parallel_size,
+                "gradient_accumulation_steps": 1}
     for key in ours:
-        if key in user and user[key] != "auto" and user[key] != ours[key]:
+        if key in user and user[key] not in ("auto", ours[key], also.get(key, ours[key])):
             problems.append(f"{key}={json.dumps(user[key])} contradicts {OWNED[key]} (which "
                             f"gives {ours[key]}); remove {key!r} from the file or set it to "
                             "\"auto\"")
@@ -402,9 +407,12 @@ def resolve_ds_config(user: dict[str, Any], cfg: RunConfig, *, data_parallel_siz
             user.get("zero_allow_untested_optimizer") != "auto":
         problems.append("zero_allow_untested_optimizer=false would refuse rtd_scale's own AdamW; "
                         "remove it")
-    if "managed_gradient_accumulation" in user:
-        problems.append("managed_gradient_accumulation is set by rtd_scale (false under "
-                        "pipeline parallelism); remove it")
+    managed = cfg.parallel.pipeline_model_parallel_size == 1  # what rtd_scale sets
+    if user.get("managed_gradient_accumulation", managed) not in (managed, "auto"):
+        problems.append(f"managed_gradient_accumulation="
+                        f"{json.dumps(user['managed_gradient_accumulation'])} contradicts "
+                        f"--pipeline-model-parallel-size (which gives {json.dumps(managed)}); "
+                        "remove it")
     if "checkpoint" in user:
         ck = user["checkpoint"]
         extra = sorted(set(ck) - {"tag_validation"}) if isinstance(ck, dict) else ["(not an object)"]
@@ -438,13 +446,12 @@ def resolve_ds_config(user: dict[str, Any], cfg: RunConfig, *, data_parallel_siz
     if "activation_checkpointing" in user:
         cfg.model.recompute_activations = True
     stage = int(zero.stage) if zero is not None else 0
-    pp = cfg.parallel.pipeline_model_parallel_size
-    if pp > 1:
-        # megatron-core's schedule accumulates the micro-batches' gradients in param.grad;
-        # DeepSpeed sees one step of global_batch / dp samples per rank
-        ours["train_micro_batch_size_per_gpu"] = t.global_batch_size // data_parallel_size
-        ours["gradient_accumulation_steps"] = 1
-    resolved = {k: v for k, v in user.items() if k not in MAPPED and k != "bfloat16"}
+    # megatron-core's pipeline schedule accumulates the micro-batches' gradients in param.grad;
+    # DeepSpeed sees one step of global_batch / dp samples per rank
+    ours.update(also)
+    # activation_checkpointing stays in the file (DeepSpeed reads it and does nothing with it):
+    # passed again as --ds_config, the resolved file maps it again
+    resolved = {k: v for k, v in user.items() if k != "bfloat16"}
     resolved.update(ours)
     if pp > 1:
         resolved["managed_gradient_accumulation"] = False

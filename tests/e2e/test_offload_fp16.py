@@ -111,7 +111,7 @@ def test_zero3_offload_with_activation_checkpointing_through_the_launcher(wiki_s
     zero = resolved["zero_optimization"]
     assert zero["stage"] == 3
     assert zero["offload_optimizer"]["device"] == zero["offload_param"]["device"] == "cpu"
-    assert "activation_checkpointing" not in resolved
+    assert resolved["activation_checkpointing"] == {"partition_activations": False}
     config = json.loads((save / "config.json").read_text())
     assert config["model"]["recompute_activations"] is True
 

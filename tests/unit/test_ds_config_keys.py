@@ -125,6 +125,15 @@ def test_owned_values_may_repeat_the_flags_or_say_auto():
             ok["gradient_accumulation_steps"], ok["gradient_clipping"]) == (16, 4, 2, 1.0)
     assert ok["steps_per_print"] == 50 and ok["zero_force_ds_cpu_optimizer"] is False
     assert ok["zero_optimization"] == {"stage": 1, "reduce_bucket_size": "auto"}
+    # a run directory's resolved ds_config.json resolves again to itself
+    again = resolve(ok)
+    assert again == ok
+    pp = cfg_of(pp=2)
+    resolved_pp = resolve({"zero_optimization": {"stage": 1}}, pp)
+    assert resolved_pp["managed_gradient_accumulation"] is False
+    assert resolve(resolved_pp, pp) == resolved_pp
+    assert "managed_gradient_accumulation=false contradicts --pipeline-model-parallel-size " \
+           "(which gives true)" in error_of({"managed_gradient_accumulation": False})
     assert "zero_allow_untested_optimizer=false" in error_of({"zero_allow_untested_optimizer":
                                                               False})
     assert "checkpoint.load_universal is not supported" in error_of(
@@ -141,7 +150,9 @@ def test_activation_checkpointing_maps_to_megatron_recompute():
                                                "contiguous_memory_optimization": False,
                                                "number_checkpoints": None}}, cfg)
     assert cfg.model.recompute_activations is True
-    assert "activation_checkpointing" not in ok  # DeepSpeed would do nothing with it
+    assert ok["activation_checkpointing"]["partition_activations"] is False
+    again = cfg_of()  # the resolved file, passed again, maps again
+    assert resolve(ok, again) == ok and again.model.recompute_activations is True
     cfg = cfg_of()
     resolve({"activation_checkpointing": {}}, cfg)
     assert cfg.model.recompute_activations is True
