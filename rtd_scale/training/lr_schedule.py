@@ -22,7 +22,8 @@ Skipped updates do not advance the schedule (Megatron-LM steps its scheduler onl
   event) and applies the increment at the next optimizer step (a step pre-hook), or when its
   state or lr is read (``settle``). That wait covers the previous step's work only, while the
   current iteration's forward and backward are already queued, so the device never runs dry;
-  on CPU it is a plain read.
+  on CPU it is a plain read. The loop reads the lr it logs through ``lr()``, which settles at
+  the start of a log iteration: a wait at the log interval only.
 
 Resume: the checkpoint (DeepSpeed's ``lr_scheduler`` entry) restores the position
 (``num_steps``) only; lengths, peak and floor are this run's ``OptimConfig``, which

@@ -106,7 +106,13 @@ def test_mfu_in_the_log_is_flops_py_formula_for_the_step(tiny_run):
         assert tflops == pytest.approx(want, rel=2e-3), text
         assert mfu == pytest.approx(want / 0.001, rel=2e-3), text
         assert re.search(r"ETA: \d+:\d\d:\d\d \|", text), text
-        assert "memory GiB" not in text  # CPU: no CUDA memory to report
+        memory = re.search(r"memory GiB \(max over ranks\) allocated/reserved/peak: "
+                           r"([\d.]+)/([\d.]+)/([\d.]+) \|", text)
+        if torch.cuda.is_available():  # the run trains on the GPU
+            allocated, reserved, peak = map(float, memory.groups())
+            assert 0 < allocated <= reserved and allocated <= peak, text
+        else:
+            assert memory is None, text  # CPU: no CUDA memory to report
     assert "ETA: 0:00:00 |" in stdout.splitlines()[-1] or re.search(
         r"iteration +4/ +4 \|.*ETA: 0:00:00 \|", stdout)
 
