@@ -15,8 +15,14 @@ A. ``--fp16`` at ZeRO-2 with the loss scaler starting at 2^32 and ``--max-consec
 B. ``--fp16`` with ``ds_configs/zero3_offload.json`` (parameters and optimizer on the CPU,
    DeepSpeed's CPU Adam), 8 iterations: trains, losses finite.
 
-Prints one ``PASS``/``FAIL`` line per check and a JSON summary (also ``DIR/fp16_check.json``);
-exits 1 when a check fails. About 2–4 minutes on one GPU (the CPU Adam op compiles on first use).
+Prints one ``PASS``/``FAIL`` line per check and a JSON summary (also ``DIR/fp16_check.json``),
+with each run's log in ``DIR/<run>.log``; exits 1 when a check fails. Needs deepspeed and
+megatron-core importable (on the bare GPU machine, step 1 of ``bench/device_check.sh`` installs
+them from ``.wheels``), and for B a C++ compiler and ninja: DeepSpeed compiles its CPU Adam op on
+first use; without them B fails with rtd_scale's one-line error naming
+``zero_force_ds_cpu_optimizer``. Not yet timed on a GPU (two launcher runs of the tiny
+preset). On a CPU without fp16 it runs end to end and reports the one-line refusal in each log
+(a plumbing check only).
 """
 from __future__ import annotations
 
