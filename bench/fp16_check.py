@@ -11,7 +11,8 @@ A. ``--fp16`` at ZeRO-2 with the loss scaler starting at 2^32 and ``--max-consec
    ``optim/skipped_iters``) while the loss scale halves (log and ``optim/loss_scale``); the run
    is not stopped by the overflows (more than 3 in a row; only a non-finite loss counts toward
    the limit, as in Megatron-LM); an iteration after a skipped one has the skipped one's
-   learning rate (a skip does not advance the schedule); the last losses are finite.
+   learning rate (a skip does not advance the schedule); the last losses are finite; the
+   ``--export`` holds the fp32 master weights (values fp16 cannot represent).
 B. ``--fp16`` with ``ds_configs/zero3_offload.json`` (parameters and optimizer on the CPU,
    DeepSpeed's CPU Adam), 8 iterations: trains, losses finite.
 
@@ -117,7 +118,9 @@ def main() -> int:
     user["fp16"]["initial_scale_power"] = 32
     ds_a = work / "fp16_scale32.json"
     ds_a.write_text(json.dumps(user))
-    rc, stdout, save = launch("fp16_zero2", ds_a, 30, "--max-consecutive-nonfinite-iters", "3")
+    export = work / "fp16_zero2.pt"
+    rc, stdout, save = launch("fp16_zero2", ds_a, 30, "--max-consecutive-nonfinite-iters", "3",
+                              "--export", str(export))
     rows = iterations(stdout)
     check("A_exit_0", rc == 0, f"rc={rc}")
     check("A_30_log_lines", len(rows) == 30, str(len(rows)))
@@ -148,6 +151,15 @@ def main() -> int:
               "optim/loss_scale" in tb and sum(tb.get("optim/skipped_iters", {}).values())
               == sum(skipped), f"optim/skipped_iters total "
               f"{sum(tb.get('optim/skipped_iters', {}).values())}")
+
+    if export.exists():  # the export holds the fp32 master weights, not fp16-rounded ones
+        state = torch.load(export, map_location="cpu", weights_only=False)["model"]
+        weights = [v for v in state.values() if v.is_floating_point() and v.numel() > 1000]
+        off_fp16 = sum(int((w.float() != w.float().half().float()).any()) for w in weights)
+        check("A_export_holds_fp32_master_weights", off_fp16 == len(weights) > 0,
+              f"{off_fp16} of {len(weights)} large tensors hold values fp16 cannot")
+    else:
+        check("A_export_holds_fp32_master_weights", False, "no export written")
 
     # B. ZeRO-3 with parameters and optimizer offloaded, in fp16
     rc, stdout, _ = launch("fp16_zero3_offload", REPO / "ds_configs" / "zero3_offload.json", 8)

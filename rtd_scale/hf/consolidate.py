@@ -9,8 +9,9 @@ stage-independent canonical names) into ``rtd_scale.model.weights.full_state_dic
 (``<tag>/rtd_meta.json``: world size, TP, PP, ZeRO stage) is started again as local processes
 (torch.multiprocessing, gloo on CPU), each builds the model from the recorded config, builds the
 DeepSpeed engine from ``<run>/ds_config.json`` and loads its own files through
-``engine.load_checkpoint`` exactly as ``--load`` would; then they gather. Under ``--bf16`` the
-gathered weights are the optimizer's fp32 master copy, not the bf16 compute weights.
+``engine.load_checkpoint`` exactly as ``--load`` would; then they gather. Under ``--bf16`` (and
+``--fp16``) the gathered weights are the optimizer's fp32 master copy, not the 16-bit compute
+weights.
 """
 from __future__ import annotations
 
@@ -54,11 +55,11 @@ def gather_full_state(engine, model: torch.nn.Module, ctx, vocab_size: int
 
 @contextlib.contextmanager
 def _master_weights(engine, params: list[torch.nn.Parameter]):
-    """Under bf16, let each parameter hold its fp32 master copy (DeepSpeed's
+    """Under bf16 or fp16, let each parameter hold its fp32 master copy (DeepSpeed's
     ``safe_get_full_fp32_param``: the optimizer's high-precision weights, ZeRO partitions
     gathered over data parallel; collective, every rank calls it for the same parameters in the
-    same order) while the state is read, then put the bf16 compute weights back."""
-    if engine is None or not engine.bfloat16_enabled():
+    same order) while the state is read, then put the 16-bit compute weights back."""
+    if engine is None or not (engine.bfloat16_enabled() or engine.fp16_enabled()):
         yield
         return
     from deepspeed.utils import safe_get_full_fp32_param
