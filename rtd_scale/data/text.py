@@ -72,7 +72,7 @@ _SUFFIX_TO_FORMAT: dict[str, InputFormat] = {
     ".txt": "text",
     ".arrow": "arrow",
 }
-_ARROW_SLICE_ROWS = 1024  # rows converted to Python at a time
+_ARROW_SLICE_ROWS = 256  # rows converted to Python at a time (a few MB of text)
 _COMPRESSION = {".gz": gzip.open, ".xz": lzma.open, ".bz2": bz2.open}
 _TEXT_KEY = "text"  # the one field a .txt record has
 _MAX_EXAMPLES = 3  # bad lines remembered for the summary
