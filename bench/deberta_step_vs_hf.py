@@ -8,8 +8,9 @@ What is timed is the whole step — generator and discriminator forward, backwar
   attention core in ``--impls``: "explicit" (scores [b, n, s, s] = c2c + gathered c2p + p2c,
   softmax, @ V) and "sdpa" (c2p + p2c gathered into one float bias given to PyTorch's
   ``scaled_dot_product_attention``; on GPU its memory-efficient kernel, which takes a bias with
-  gradient). FlexAttention (a score modification gathering the c2p / p2c tables) is not among
-  them: see bench/README.md.
+  gradient), and "flex" (one FlexAttention kernel reading the c2p / p2c tables in a score
+  modification, ``model/disentangled_flex.py``; CUDA only, timed without attention dropout,
+  which it lacks).
 - **HF**: the RTD step as a ``transformers`` user writes it with DeBERTaV3's classes (eager
   attention, the only one ``DebertaV2`` has): ``DebertaV2ForMaskedLM`` generator
   (``labels=-100`` outside the masked slots), ``DebertaV2Model`` discriminator with ELECTRA's
@@ -78,6 +79,8 @@ def ours(cfg, device: torch.device, impl: str):
     assert cores, "no disentangled attention in the model"
     for core in cores:
         core.impl = impl
+        if impl == "flex":  # FlexAttention has no attention-probability dropout
+            core.dropout_p = 0.0
     return step
 
 

@@ -49,7 +49,9 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 #   "explicit": scores [b, n, s, s] = c2c + gathered c2p + gathered p2c, softmax, dropout, @ V
 #   "sdpa": the same c2p + p2c gathered into one float bias, the rest in PyTorch's
 #           scaled_dot_product_attention (its memory-efficient kernel takes a bias with grad on GPU)
-IMPLEMENTATIONS = ("explicit", "sdpa")
+#   "flex": one FlexAttention kernel reading the c2p / p2c tables in a score modification
+#           (``disentangled_flex.py``; CUDA, no attention-probability dropout)
+IMPLEMENTATIONS = ("explicit", "sdpa", "flex")
 
 
 def log_bucket_position(relative_pos: torch.Tensor, position_buckets: int,
@@ -127,6 +129,14 @@ def disentangled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """
     b, n, s, d = q.shape
     scale = 1.0 / math.sqrt(3 * d)  # three terms (arXiv 2006.03654 §3.1, "scaled by 1/sqrt(3d)")
+    if impl == "flex":
+        if dropout_p > 0:
+            raise ValueError("the flex attention core has no attention-probability dropout: "
+                             "set --attention-dropout 0 (and --generator-attention-dropout 0) "
+                             "or use the sdpa core")
+        from rtd_scale.model.disentangled_flex import flex_disentangled_attention
+
+        return flex_disentangled_attention(q, k, v, pos_q, pos_k, index, key_pad, scale)
     qs = q * scale
     # content→position: q_i · Pk[δ(i, j)]  — [b, n, s, 2k] gathered to [b, n, s, s]
     idx = index.expand(b, n, s, s)
