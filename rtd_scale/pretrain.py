@@ -202,6 +202,11 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         ValueError: naming the flag or field and the fix.
     """
     cfg = preset(args.preset)
+    if args.lr_warmup_iters is None and (args.lr_warmup_fraction is not None
+                                         or args.lr_warmup_samples is not None):
+        # the warm-up given in another unit replaces the preset's (in iterations), as when
+        # Megatron-LM is given only one of them
+        cfg.optim.lr_warmup_iters = 0
     for flag, (section, name) in _FLAG_FIELDS.items():
         value = getattr(args, flag)
         if value is not None:

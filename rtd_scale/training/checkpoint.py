@@ -261,10 +261,11 @@ def check_loadable(load: str) -> str:
 # Model fields that change the shape of some parameter: a checkpoint only loads into the same.
 # ``layernorm_position``: another layout has other parameters (and the same ones mean other things).
 _SHAPE_FIELDS = ("vocab_size", "embedding_size", "max_position_embeddings", "sharing",
-                 "layernorm_position", "attention_type", "position_buckets")
+                 "layernorm_position", "attention_type", "position_buckets",
+                 "make_vocab_size_divisible_by")
 # What a checkpoint written before a model field existed holds (its config lacks the field).
 _FIELDS_BEFORE_THEY_EXISTED = {"layernorm_position": "pre", "attention_type": "bert",
-                               "position_buckets": 256}
+                               "position_buckets": 256, "make_vocab_size_divisible_by": 128}
 _ENCODER_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size")
 
 

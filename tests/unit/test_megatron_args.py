@@ -256,3 +256,19 @@ def test_another_vocab_multiple_pads_only(single_process_group):
     sampled = out[64].corrupted_ids[out[64].masked]
     assert sampled.numel() > 0 and sampled.max().item() < 300
     assert not torch.isin(sampled, torch.tensor([0, 1, 2, 3, 4])).any()
+
+
+@pytest.mark.parametrize("flag, value, field", [("--lr-warmup-fraction", "0.1", "lr_warmup_fraction"),
+                                                ("--lr-warmup-samples", "320", "lr_warmup_samples")])
+def test_warmup_in_another_unit_replaces_the_presets_iterations(flag, value, field):
+    """Every preset warms up in iterations; a Megatron user's --lr-warmup-fraction or
+    --lr-warmup-samples replaces that warm-up instead of contradicting it. Given together
+    with --lr-warmup-iters, it is still refused."""
+    for name in ("tiny", "electra-base", "debertav3-large"):
+        cfg = from_flags("--preset", name, flag, value)
+        assert cfg.optim.lr_warmup_iters == 0
+        assert getattr(cfg.optim, field) == pytest.approx(float(value))
+    from rtd_scale.cli_errors import UserInputError
+
+    with pytest.raises(UserInputError, match="both give the same length"):
+        from_flags(flag, value, "--lr-warmup-iters", "5")

@@ -375,3 +375,24 @@ def test_checkpoint_from_before_the_layout_field_counts_as_pre_ln(tmp_path):
     post.model.layernorm_position = POST
     with pytest.raises(UserInputError, match="model.layernorm_position pre → post"):
         check_compatible(str(tmp_path), "global_step5", post.to_dict(), layout)
+
+
+def test_checkpoint_with_another_vocab_multiple_is_refused(tmp_path):
+    """Another --make-vocab-size-divisible-by changes the padded tables' shapes: one line
+    naming the field, not DeepSpeed's shape-mismatch traceback; a checkpoint from before the
+    field existed counts as 128."""
+    import json
+
+    from rtd_scale.cli_errors import UserInputError
+    from rtd_scale.training.checkpoint import META_FILE, check_compatible
+
+    old = preset("tiny").to_dict()
+    del old["model"]["make_vocab_size_divisible_by"]
+    layout = {"world_size": 1, "tensor_model_parallel_size": 1}
+    (tmp_path / "global_step5").mkdir()
+    (tmp_path / "global_step5" / META_FILE).write_text(json.dumps({"layout": layout, "config": old}))
+    assert check_compatible(str(tmp_path), "global_step5", preset("tiny").to_dict(), layout)
+    other = preset("tiny")
+    other.model.make_vocab_size_divisible_by = 64
+    with pytest.raises(UserInputError, match="model.make_vocab_size_divisible_by 128 → 64"):
+        check_compatible(str(tmp_path), "global_step5", other.to_dict(), layout)
