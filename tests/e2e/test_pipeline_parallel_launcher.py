@@ -38,6 +38,8 @@ def test_pp2_dp2_zero1_matches_pp1_and_resumes_exactly(wiki_shards, tmp_path):
         assert sorted(pp[tag]) == [10, 20]
         for step in (10, 20):
             assert pp[tag][step] == pytest.approx(ref[tag][step], rel=1e-4), (tag, step)
+    for step in (10, 20):  # the held-out AUC, gathered over DP on the last stage
+        assert pp["valid/rtd/auc"][step] == pytest.approx(ref["valid/rtd/auc"][step], abs=1e-3)
     for step in (1, 10, 20):  # DeepSpeed's global gradient norm counts the tied table once
         assert pp["optim/grad_norm"][step] == pytest.approx(ref["optim/grad_norm"][step],
                                                             rel=1e-4)
