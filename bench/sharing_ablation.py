@@ -19,7 +19,8 @@ One command runs the whole pipeline and prints one table row per sharing mode:
      it; vocabulary padding is not exported), `rtd_scale.training.diagnostics.avg_pairwise_cosine`;
    - held-out L_MLM, L_RTD and the ROC AUC of the discriminator's logits, replaced vs original, on
      `--heldout-seqs` sequences packed from the held-out documents (`[CLS] … [SEP]`, the run's
-     sequence length), masked by the product's `mask_tokens` with the run's seed and rules, the
+     sequence length), masked by the product's `mask_tokens` (token strategy) with the run's seed
+     and rules, the
      masked slots filled by sampling the exported generator's softmax (a fixed torch seed, the same
      draws for every mode); L_MLM is the cross-entropy at the masked slots, L_RTD the binary
      cross-entropy over every token, both in nats; the AUC is `diagnostics.roc_auc` (exact, ties
