@@ -552,11 +552,15 @@ def summary_text(summary: dict) -> str:
         rising = a0 == a1 or auc1 - auc0 > 3 * sd
         if z > 3 and rising:
             verdict = ("learning: the discriminator ranks replaced tokens above original ones "
-                       f"from context ({z:.1f} chance standard deviations above 0.5)")
+                       f"({z:.1f} chance standard deviations above 0.5); early in a run, while "
+                       "L_MLM is near ln V, the generator samples rare tokens and the token "
+                       "alone can give them away, so read this as use of context only once "
+                       "L_MLM has fallen well below ln V")
         elif z > 3:
             verdict = (f"above chance ({z:.1f} chance standard deviations above 0.5) but not "
-                       f"rising since iteration {a0}: the discriminator picked up a little "
-                       "context early and is on a plateau; train longer (see the README, "
+                       f"rising since iteration {a0}: the discriminator tells some replaced tokens "
+                       "apart (early on, often by the token alone) and is on a plateau; "
+                       "train longer (see the README, "
                        "\"What 300 CPU steps can and cannot show\")")
         elif z < -3:
             verdict = ("below chance: the discriminator ranks replaced tokens below original "

@@ -211,6 +211,9 @@ def test_summary_verdict_reads_the_last_auc_against_chance():
     assert "held-out RTD AUC 0.5650 at iteration 300 (0.5 = chance, ± 0.0100" in text
     assert "0.5100 at iteration 100, +0.0550 since" in text
     assert "verdict: learning:" in text and "6.5 chance standard deviations" in text
+    # an AUC above chance early on can come from the replaced tokens' identity alone: the
+    # verdict does not call it context until L_MLM has fallen
+    assert "from context" not in text and "use of context only once L_MLM" in text
     assert "generator 0.123, discriminator 0.045" in text
     assert "verdict: above chance (4.0 chance standard deviations above 0.5) but not rising " \
         "since iteration 100" in summary_text(_summary([0.53, 0.56, 0.54]))
