@@ -694,6 +694,37 @@ def _write_latest(save_dir: str, tag: str) -> None:
 
 # ------------------------------------------------------------------------------ loading ----
 
+def check_finite_weights(engine, ckpt_dir: str) -> None:
+    """Refuse a loaded checkpoint whose weights hold inf or NaN.
+
+    The completion record checks every file's size, not its bytes: a file damaged in place (a
+    bad disk block, a partial overwrite) loads, and the run then fails on its first step as if
+    the learning rate were too high. Each rank counts the non-finite values of its own
+    parameters (its ZeRO-3 partition), one all-reduce sums the counts: every rank raises the
+    same error, before any step.
+
+    Raises:
+        UserInputError: naming the checkpoint, the count and the fix.
+    """
+    import torch
+    import torch.distributed as dist
+
+    bad = torch.zeros((), dtype=torch.int64, device=engine.device)
+    for p in engine.module.parameters():
+        local = getattr(p, "ds_tensor", None)  # ZeRO-3 keeps this rank's partition there
+        t = local if local is not None else p.data
+        if t.numel():
+            bad += (~torch.isfinite(t)).sum()
+    if dist.is_initialized():
+        dist.all_reduce(bad)
+    count = int(bad.item())  # once, at load: not in the step
+    if count:
+        raise UserInputError(
+            f"{ckpt_dir}: the loaded weights hold {count} inf/NaN value(s): a file of this "
+            "checkpoint is damaged although its size matches the completion record; resume "
+            "from an earlier checkpoint (--load DIR/global_stepN) or delete this one")
+
+
 def load(engine, load: str, *, rank: int) -> dict[str, Any]:
     """Load the checkpoint :func:`choose` picks for ``--load load`` into ``engine``; returns its
     client state. Every file is read with ``weights_only=True``.
@@ -709,6 +740,7 @@ def load(engine, load: str, *, rank: int) -> dict[str, Any]:
     if path is None:
         raise UserInputError(f"--load {load}: DeepSpeed could not load {choice.tag}")
     refresh_learning_rate(engine)
+    check_finite_weights(engine, choice.path)
     rng_path = os.path.join(choice.path, rng_file(rank))
     if not os.path.isfile(rng_path):
         raise CheckpointReadError(f"{rng_path}: missing; resume from another checkpoint "

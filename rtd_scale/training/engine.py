@@ -12,6 +12,7 @@ from rtd_scale.cli_errors import UserInputError
 import enum
 import json
 import os
+import sys
 from typing import Any, Optional
 
 import torch
@@ -176,6 +177,11 @@ def build_optimizer(model: torch.nn.Module, optim: OptimConfig, *, checked: bool
 
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 
+        # the first use compiles the op and prints nothing for minutes: say so
+        print("rtd_scale: ZeRO-Offload uses DeepSpeed's CPU Adam op, compiled on first use "
+              "(minutes on 2 cores, then cached in ~/.cache/torch_extensions; a build killed "
+              "midway leaves a 'lock' file there that makes later runs wait: delete it)",
+              file=sys.stderr, flush=True)
         try:
             return DeepSpeedCPUAdam(groups, lr=optim.lr, betas=betas, eps=optim.adam_eps,
                                     adamw_mode=True)

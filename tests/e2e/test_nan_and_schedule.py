@@ -285,3 +285,62 @@ def test_tensorboard_holds_one_value_per_step_after_kill_and_resume(wiki_shards,
         assert after[step] == before["loss/mlm"][step]
     # steps 9 and 10 are the resumed run's (the same data and masks: bitwise the same value)
     assert after[9] == before["loss/mlm"][9]
+
+
+# ---------------------------------------------------------------------------------------------
+# A checkpoint damaged in place (its sizes intact) is refused at load, before any step
+# ---------------------------------------------------------------------------------------------
+
+
+def _damaged_checkpoint_worker(ctx, save_dir):
+    from rtd_scale import distributed
+    from rtd_scale.cli_errors import UserInputError
+    from rtd_scale.config import Sharing
+    from rtd_scale.training import checkpoint
+    from rtd_scale.training import engine as engine_mod
+    from tests.dist.workers import build, fixed_batch, tiny_config
+
+    cfg = tiny_config(Sharing.GDES)
+    cfg.train.micro_batch_size = cfg.train.global_batch_size = 4
+    cfg.validate()
+
+    def engine():
+        model = build(cfg, tp_size=1)
+        distributed.seed_after_build(ctx, 7)
+        ds = engine_mod.resolve_ds_config({"zero_optimization": {"stage": 2}}, cfg,
+                                          data_parallel_size=1, gradient_accumulation_steps=1)
+        return engine_mod.build_engine(model, cfg, ds, distributed.DeepSpeedMpu())
+
+    eng = engine()
+    ids, idx = fixed_batch(b=4, s=32)
+    eng.backward(eng(ids, idx, 0).loss)
+    eng.step()
+    path = checkpoint.save(eng, save_dir, step=1, rank=0, client_state={"step": 1},
+                           layout={"world_size": 1})
+    checkpoint.load(engine(), save_dir, rank=0)  # intact: loads
+    # one weight turned NaN in place, as a damaged disk block does: the file keeps its size
+    import struct
+    import zipfile
+
+    states = os.path.join(path, "mp_rank_00_model_states.pt")
+    size = os.path.getsize(states)
+    with zipfile.ZipFile(states) as z:  # torch.save's archive stores each tensor's bytes as is
+        entry = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    with open(states, "r+b") as f:
+        f.seek(entry.header_offset + 26)
+        name_len, extra_len = struct.unpack("<HH", f.read(4))
+        f.seek(entry.header_offset + 30 + name_len + extra_len)  # the entry's first float32
+        f.write(struct.pack("<f", float("nan")))
+    assert os.path.getsize(states) == size
+    try:
+        checkpoint.load(engine(), save_dir, rank=0)
+    except UserInputError as e:
+        return str(e)
+    return None
+
+
+def test_a_checkpoint_damaged_in_place_is_refused_at_load(tmp_path):
+    (message,) = harness.run(_damaged_checkpoint_worker, str(tmp_path / "run"), world_size=1)
+    assert message is not None, "a NaN weight loaded without a word"
+    assert "global_step1: the loaded weights hold 1 inf/NaN value(s)" in message
+    assert "--load DIR/global_stepN" in message and "\n" not in message

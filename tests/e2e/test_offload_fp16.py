@@ -101,6 +101,8 @@ def test_zero3_offload_with_activation_checkpointing_through_the_launcher(wiki_s
     save = tmp_path / "run"
     r = launch(_args(wiki_shards, save, str(ds), 4), timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
+    # the op's first build is silent for minutes: the run says what it is waiting for
+    assert "CPU Adam op, compiled on first use" in r.stdout + r.stderr
     rows = _iterations(r.stdout)
     assert len(rows) == 4
     for row in rows:
