@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import itertools
 import multiprocessing
 import os
 import re
@@ -44,9 +43,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 from rtd_scale.cli_errors import UserInputError, run_cli  # noqa: E402
+from rtd_scale.data.encode_workers import init_worker, work, work_in_worker  # noqa: E402
 from rtd_scale.data.text import (  # noqa: E402
-    BadLineError, LineBlock, Position, ReadStats, check_inputs, input_bytes, input_fingerprint, is_compressed,
-    iter_line_blocks, iter_record_batches, line_format, parse_line_block, read_line_range)
+    BadLineError, Position, ReadStats, check_inputs, input_bytes, input_fingerprint, is_compressed,
+    iter_line_blocks, iter_record_batches, line_format)
 from rtd_scale.data.tokenizer import Tokenizer  # noqa: E402
 
 _BLOCK_BYTES = 1 << 20  # input bytes per task sent to a worker (memory: 2 x workers in flight)
@@ -85,50 +85,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 # parsed record batches of parquet / Arrow / JSON-array inputs. Workers read and parse the lines, normalise
 # and encode, so the main process stays far below one core however many workers run.
 
-# (tokenizer, shard dtype, keys), set once per worker process by _init_worker
-_worker_state: tuple[Tokenizer, np.dtype, tuple[str, ...]] | None = None
-
-
-def _init_worker(tokenizer: Tokenizer, dtype: np.dtype, keys: tuple[str, ...]) -> None:
-    global _worker_state
-    _worker_state = (tokenizer, dtype, keys)
-
-
-def _work_in_worker(task) -> tuple:
-    assert _worker_state is not None
-    return _work(*_worker_state, task)
-
-
-def _work(tokenizer: Tokenizer, dtype: np.dtype, keys: tuple[str, ...], task) -> tuple:
-    """A task -> (file index, ParsedRecords without texts, per key (ids [sum(lengths)] in the
-    shard dtype, lengths [records] int64; 0 for an empty document), input bytes, whether its
-    line numbers still count from the task's first line)."""
-    if task[0] == "range":  # an uncompressed file: read here, line numbers fixed up later
-        _, path, fmt, file, start, end, at_line_start = task
-        block = read_line_range(path, file, start, end, at_line_start)
-        parsed, nbytes = parse_line_block(block, path, fmt, keys), len(block.data)
-    elif isinstance(task[0], LineBlock):
-        block, path, fmt = task
-        parsed, file, nbytes = parse_line_block(block, path, fmt, keys), block.file, len(block.data)
-    else:
-        file, parsed, nbytes = task
-    encoded = _encode(tokenizer, dtype, len(keys), parsed.texts)
-    parsed.texts = []  # not shipped back
-    return file, parsed, encoded, nbytes, task[0] == "range"
-
-
-def _encode(tokenizer: Tokenizer, dtype: np.dtype, width: int,
-            records: list[tuple[str, ...]]) -> list[tuple[np.ndarray, np.ndarray]]:
-    flat = tokenizer.encode_batch([text for record in records for text in record]) if records else []
-    out = []
-    for k in range(width):
-        docs = flat[k::width]
-        lengths = np.fromiter(map(len, docs), dtype=np.int64, count=len(docs))
-        ids = np.fromiter(itertools.chain.from_iterable(docs), dtype=dtype, count=int(lengths.sum()))
-        out.append((ids, lengths))
-    return out
-
-
 def _tasks(paths: Sequence[Path], keys: Sequence[str], start: Position | None) -> Iterator[tuple]:
     start = start or Position()
     for index, path in enumerate(paths):
@@ -153,11 +109,11 @@ def _results(tasks: Iterator[tuple], state: tuple, pool, workers: int) -> Iterat
     memory stays bounded however large the input (Pool.imap would read ahead without limit)."""
     if pool is None:
         for task in tasks:
-            yield _work(*state, task)
+            yield work(*state, task)
         return
     pending: collections.deque = collections.deque()
     for task in tasks:
-        pending.append(pool.apply_async(_work_in_worker, (task,)))
+        pending.append(pool.apply_async(work_in_worker, (task,)))
         if len(pending) >= 2 * workers:
             yield pending.popleft().get()
     while pending:
@@ -372,7 +328,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     # threads make fork unsafe); if a caller has, spawn instead.
     start_method = "spawn" if "torch" in sys.modules or not hasattr(os, "fork") else "fork"
     state = (tokenizer, dtype, tuple(keys))
-    pool = (multiprocessing.get_context(start_method).Pool(args.workers, initializer=_init_worker,
+    pool = (multiprocessing.get_context(start_method).Pool(args.workers, initializer=init_worker,
                                                            initargs=state)
             if args.workers > 1 else None)
 
