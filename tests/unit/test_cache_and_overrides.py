@@ -116,7 +116,7 @@ def test_set_optional_float_field():
     ("optim.lr_decay_iters=1.5", "--set optim.lr_decay_iters=1.5: expected a value of type int or none"),
     ("train.train_iters=none", "--set train.train_iters=none: expected a value of type int, "
                                "e.g. --set train.train_iters=300"),
-    ("train.precision=fp8", "--set train.precision=fp8: expected one of fp32, bf16, "
+    ("train.precision=fp8", "--set train.precision=fp8: expected one of fp32, bf16, fp16, "
                             "e.g. --set train.precision=fp32"),
 ])
 def test_set_bad_value_is_one_line(assignment, message):
