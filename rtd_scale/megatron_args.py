@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -208,9 +209,13 @@ def _scaled(value: int, ratio: float, field: str) -> int:
     return out
 
 
-def apply_model_args(cfg: RunConfig, args: argparse.Namespace) -> None:
+def apply_model_args(cfg: RunConfig, args: argparse.Namespace) -> dict[str, str]:
     """Apply the flags of :func:`add_model_args` to ``cfg`` (a preset), in place, before the
     ``--set`` overrides. The rules are the module docstring's.
+
+    Returns:
+        Which flag set each config field it changed (``"model.generator.hidden_dropout"`` →
+        ``"--hidden-dropout"``), for :func:`name_flags`.
 
     Raises:
         ConfigError: a refused flag, a twin given together with its ratio flag, or a ratio that
@@ -235,6 +240,7 @@ def apply_model_args(cfg: RunConfig, args: argparse.Namespace) -> None:
                               "the tokenizer file it names")
     model = cfg.model
     disc, gen = model.discriminator, model.generator
+    origins: dict[str, str] = {}
     ratio: dict[str, float] = {
         "num_layers": gen.num_layers / disc.num_layers,
         "hidden_size": gen.hidden_size / disc.hidden_size,
@@ -254,14 +260,18 @@ def apply_model_args(cfg: RunConfig, args: argparse.Namespace) -> None:
     for name in ENCODER_FIELDS:
         if _given(args, name):
             setattr(disc, name, getattr(args, name))
+            origins[f"model.discriminator.{name}"] = _flag(name)
     if _given(args, "hidden_size"):
         if not _given(args, "ffn_hidden_size"):
             disc.ffn_hidden_size = 4 * disc.hidden_size
+            origins["model.discriminator.ffn_hidden_size"] = "--hidden-size"
         if not _given(args, "embedding_size"):
             model.embedding_size = disc.hidden_size
+            origins["model.embedding_size"] = "--hidden-size"
     for dest, (section, name, _, _) in SECTION_FIELDS.items():
         if _given(args, dest):
             setattr(getattr(cfg, section), name, getattr(args, dest))
+            origins[f"{section}.{name}"] = _flag(dest)
 
     # the generator: a twin wins; else derived from what was given for the discriminator
     for name in ("num_layers", "hidden_size", "num_attention_heads"):  # the rules divide by them
@@ -272,16 +282,22 @@ def apply_model_args(cfg: RunConfig, args: argparse.Namespace) -> None:
         return getattr(args, "generator_" + name, None)
 
     derived: dict[str, Any] = {}
+    source: dict[str, str] = {}  # the flag each derived field comes from
     for name, dest in (("num_layers", "generator_num_layers_ratio"),
                        ("hidden_size", "generator_hidden_size_ratio")):
         if twin(name) is not None:
-            derived[name] = twin(name)
+            derived[name], source[name] = twin(name), _flag("generator_" + name)
         elif _given(args, name) or _given(args, dest):
             derived[name] = _scaled(getattr(disc, name), ratio[name], name)
+            source[name] = _flag(dest if _given(args, dest) else name)
     width_set = "hidden_size" in derived
     if twin("num_attention_heads") is not None:
         derived["num_attention_heads"] = twin("num_attention_heads")
+        source["num_attention_heads"] = _flag("generator_num_attention_heads")
     elif width_set or _given(args, "num_attention_heads"):
+        source["num_attention_heads"] = (_flag("num_attention_heads")
+                                         if _given(args, "num_attention_heads")
+                                         else source["hidden_size"])
         head_size = max(1, disc.hidden_size // disc.num_attention_heads)
         width = derived.get("hidden_size", gen.hidden_size)
         heads = max(1, width // head_size)
@@ -290,12 +306,27 @@ def apply_model_args(cfg: RunConfig, args: argparse.Namespace) -> None:
         derived["num_attention_heads"] = heads
     if twin("ffn_hidden_size") is not None:
         derived["ffn_hidden_size"] = twin("ffn_hidden_size")
+        source["ffn_hidden_size"] = _flag("generator_ffn_hidden_size")
     elif width_set:
         derived["ffn_hidden_size"] = 4 * derived["hidden_size"]
+        source["ffn_hidden_size"] = source["hidden_size"]
     for name in ("hidden_dropout", "attention_dropout", "layernorm_epsilon"):
         if twin(name) is not None:
-            derived[name] = twin(name)
+            derived[name], source[name] = twin(name), _flag("generator_" + name)
         elif _given(args, name):
-            derived[name] = getattr(disc, name)
+            derived[name], source[name] = getattr(disc, name), _flag(name)
     for name, value in derived.items():
         setattr(gen, name, value)
+        origins[f"model.generator.{name}"] = source[name]
+    return origins
+
+
+def name_flags(message: str, origins: dict[str, str]) -> str:
+    """``message`` (a config check's) with each config field a flag set written as the flag,
+    the field in brackets: "model.generator.hidden_dropout must be in [0, 1]" →
+    "--hidden-dropout (model.generator.hidden_dropout) must be in [0, 1]"."""
+    fields = sorted(origins, key=len, reverse=True)  # the longest name first
+    if not fields:
+        return message
+    pattern = re.compile(r"(?<![\w.])(" + "|".join(map(re.escape, fields)) + r")(?![\w])")
+    return pattern.sub(lambda m: f"{origins[m[1]]} ({m[1]})", message)

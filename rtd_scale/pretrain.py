@@ -31,7 +31,7 @@ from rtd_scale.cli_errors import UserInputError  # noqa: E402
 from rtd_scale.config import LRDecayStyle, WSDDecayStyle  # noqa: E402
 from rtd_scale.training.throughput import DEVICE_PEAK_TFLOPS  # noqa: E402
 from rtd_scale import megatron_args  # noqa: E402
-from rtd_scale.config import (AttentionType, LayerNormPosition, Precision,  # noqa: E402
+from rtd_scale.config import (AttentionType, ConfigError, LayerNormPosition, Precision,  # noqa: E402
                               RunConfig, Sharing, apply_override, preset)
 
 
@@ -230,9 +230,10 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         cfg.optim.override_opt_param_scheduler = True
     if args.use_checkpoint_opt_param_scheduler:
         cfg.optim.use_checkpoint_opt_param_scheduler = True
-    megatron_args.apply_model_args(cfg, args)  # after the flags above, before --set
+    origins = megatron_args.apply_model_args(cfg, args)  # after the flags above, before --set
     for assignment in args.set:
         apply_override(cfg, assignment)
+        origins.pop(assignment.split("=", 1)[0].strip(), None)  # --set has the last word
     if args.ckpt_step is not None:  # one form for both: --load DIR/global_stepN
         if not cfg.train.load:
             raise UserInputError(f"--ckpt-step {args.ckpt_step}: needs --load DIR (the run "
@@ -240,7 +241,10 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         cfg.train.load = os.path.join(cfg.train.load, f"global_step{args.ckpt_step}")
     if cfg.train.tensorboard_dir is None and cfg.train.save:
         cfg.train.tensorboard_dir = os.path.join(cfg.train.save, "tensorboard")
-    cfg.validate()
+    try:
+        cfg.validate()
+    except ConfigError as e:  # a field a Megatron flag set is named by that flag
+        raise ConfigError(megatron_args.name_flags(str(e), origins)) from None
     if not cfg.data.data_path:
         raise UserInputError("--data-path is required: shard prefixes made by tools/preprocess_data.py")
     if not cfg.data.tokenizer_model:

@@ -46,7 +46,8 @@ def test_pp2_dp2_zero1_matches_pp1_and_resumes_exactly(wiki_shards, tmp_path):
 
     assert_resume_continues(
         lambda iters, extra: _args(wiki_shards, res_dir, "ds_configs/zero1.json", iters, 2, extra),
-        pp, ranks=4, save_dir=res_dir)
+        pp, ranks=4, save_dir=res_dir,
+        straight_dir=pp_dir)
 
 
 def test_pipeline_rejects_zero3(wiki_shards, tmp_path):

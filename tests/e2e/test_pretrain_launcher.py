@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -32,15 +33,22 @@ def scalars(tb_dir: str) -> dict[str, dict[int, float]]:
     return {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
 
 
-def assert_resume_continues(args, straight: dict, ranks: int, save_dir) -> None:
-    """``args(iters, extra)`` gives the launch arguments: 5 steps, then ``--load`` to 10; steps
-    6–10 must repeat ``straight``'s losses (TensorBoard scalars of an uninterrupted run)
-    bitwise (C20; TensorBoard stores float32)."""
-    r = launch(args(5, []), ranks=ranks)
-    assert r.returncode == 0, r.stderr[-3000:]
+def assert_resume_continues(args, straight: dict, ranks: int, save_dir, straight_dir) -> None:
+    """``args(iters, extra)`` gives the launch arguments. The uninterrupted run in
+    ``straight_dir`` saved at step 5 on its way (``--save-interval 5``): a copy of its directory
+    cut back to that checkpoint is resumed with ``--load`` to step 10, and steps 6–10 must repeat
+    ``straight``'s losses (its TensorBoard scalars) bitwise (C20; TensorBoard stores float32)."""
+    shutil.copytree(straight_dir, save_dir)
+    for later in save_dir.glob("global_step*"):
+        if int(later.name[len("global_step"):]) > 5:
+            shutil.rmtree(later)
+    (save_dir / "latest").write_text("global_step5")
+    shutil.rmtree(save_dir / "tensorboard")
     r = launch(args(10, ["--load", str(save_dir)]), ranks=ranks)
     assert r.returncode == 0, r.stderr[-3000:]
+    assert f"resumed from {save_dir} at iteration 5" in r.stdout, r.stdout[-3000:]
     resumed = scalars(str(save_dir / "tensorboard"))
+    assert sorted(resumed["loss/mlm"]) == [6, 7, 8, 9, 10]
     for step in range(6, 11):
         for tag in ("loss/mlm", "loss/rtd"):
             assert resumed[tag][step] == straight[tag][step], (tag, step)

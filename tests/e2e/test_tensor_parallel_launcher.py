@@ -55,4 +55,5 @@ def test_tp2_dp2_zero3_matches_tp1_and_resumes_exactly(wiki_shards, tmp_path):
     # save at TP=2 × DP=2 (step 5), resume: the next 5 losses equal the uninterrupted run's
     assert_resume_continues(
         lambda iters, extra: _args(wiki_shards, res_dir, "ds_configs/zero3.json", iters, 2, extra),
-        tp, ranks=4, save_dir=res_dir)
+        tp, ranks=4, save_dir=res_dir,
+        straight_dir=tp_dir)

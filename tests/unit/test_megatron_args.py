@@ -143,7 +143,8 @@ def test_vocab_padding_follows_megatrons_rule():
     assert cfg.model.padded_vocab_size(1) == 30_522
     assert cfg.model.padded_vocab_size(4) == 30_524
     assert from_flags().model.make_vocab_size_divisible_by == 128
-    with pytest.raises(ConfigError, match="make_vocab_size_divisible_by must be > 0"):
+    with pytest.raises(ConfigError, match=r"--make-vocab-size-divisible-by "
+                       r"\(model.make_vocab_size_divisible_by\) must be > 0, got 0"):
         from_flags("--make-vocab-size-divisible-by", "0")
 
 
@@ -174,13 +175,35 @@ def test_megatron_tokenizer_flags():
     (["--generator-hidden-size-ratio", "nan"], "must be a positive number"),
     (["--num-attention-heads", "0"], "--num-attention-heads must be >= 1, got 0"),
     (["--hidden-size", "100", "--num-attention-heads", "3"],
-     r"model.discriminator.hidden_size \(100\) must be divisible by"),
+     r"--hidden-size \(model.discriminator.hidden_size\) \(100\) must be divisible by "
+     r"--num-attention-heads \(model.discriminator.num_attention_heads\) \(3\)"),
     (["--generator-num-layers-ratio", "0.1"],
      r"model.generator.num_layers would be 0 \(round\(0.1 × 4\)\); pass --generator-num-layers"),
 ])
 def test_bad_generator_flags_are_one_line_errors(argv, message):
     with pytest.raises(ConfigError, match=message):
         from_flags(*argv)
+
+
+@pytest.mark.parametrize("argv, message", [
+    # --hidden-dropout sets both encoders; the generator's copy is checked first
+    (["--hidden-dropout", "1.5"],
+     "--hidden-dropout (model.generator.hidden_dropout) must be in [0, 1], got 1.5"),
+    (["--generator-attention-dropout", "2"],
+     "--generator-attention-dropout (model.generator.attention_dropout) must be in [0, 1], "
+     "got 2.0"),
+    (["--adam-beta1", "1.2"], "--adam-beta1 (optim.adam_beta1) must be in [0, 1], got 1.2"),
+    (["--init-method-std", "-1"], "--init-method-std (model.init_method_std) must be > 0, got -1.0"),
+    # --set has the last word: the field it set is no longer the flag's
+    (["--hidden-dropout", "1.5", "--set", "model.generator.hidden_dropout=0.1"],
+     "--hidden-dropout (model.discriminator.hidden_dropout) must be in [0, 1], got 1.5"),
+    (["--set", "model.discriminator.hidden_dropout=1.5"],
+     "model.discriminator.hidden_dropout must be in [0, 1], got 1.5"),
+])
+def test_a_bad_value_from_a_megatron_flag_names_the_flag(argv, message):
+    with pytest.raises(ConfigError) as e:
+        from_flags(*argv)
+    assert str(e.value) == message
 
 
 REFUSED_CASES = [[r.flags[0]] + (["4"] if r.nargs else []) for r in REFUSED]
