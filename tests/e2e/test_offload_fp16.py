@@ -12,6 +12,7 @@ import re
 import pytest
 import torch
 
+from bench.fp16_check import iterations
 from rtd_scale import pretrain
 from rtd_scale.training.ds_config import fp16_supported
 from tests.conftest import REPO
@@ -84,15 +85,6 @@ def _args(wiki_shards, save, ds_config: str, iters: int, *extra: str) -> list[st
             "--save-interval", "0", "--seed", "11", *extra]
 
 
-def _iterations(stdout: str) -> list[dict[str, str]]:
-    rows = []
-    for line in stdout.splitlines():
-        if line.lstrip().startswith("iteration"):
-            rows.append({k.strip(): v.strip() for k, v in
-                         (f.split(":", 1) for f in line.split("|")[1:] if ":" in f)})
-    return rows
-
-
 def test_zero3_offload_with_activation_checkpointing_through_the_launcher(wiki_shards, tmp_path):
     user = json.loads((REPO / "ds_configs" / "zero3_offload.json").read_text())
     user["activation_checkpointing"] = {"partition_activations": False}
@@ -103,7 +95,7 @@ def test_zero3_offload_with_activation_checkpointing_through_the_launcher(wiki_s
     assert r.returncode == 0, r.stderr[-3000:]
     # the op's first build is silent for minutes: the run says what it is waiting for
     assert "CPU Adam op, compiled on first use" in r.stdout + r.stderr
-    rows = _iterations(r.stdout)
+    rows = iterations(r.stdout)
     assert len(rows) == 4
     for row in rows:
         for key in ("mlm loss", "rtd loss"):
@@ -141,7 +133,7 @@ def test_fp16_trains_or_is_refused_in_one_line(wiki_shards, tmp_path, capsys, mo
     r = launch(argv, ranks=min(2, torch.cuda.device_count()) if torch.cuda.is_available() else 2,
                timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
-    rows = _iterations(r.stdout)
+    rows = iterations(r.stdout)
     assert len(rows) == 6
     skipped = [int(row["number of skipped iterations"]) for row in rows]
     assert sum(skipped) >= 1 and skipped[0] == 1
