@@ -8,11 +8,14 @@ without a traceback. Any other exception is a bug and keeps its traceback. Set
 
 from __future__ import annotations
 
+import argparse
+import difflib
 import os
+import re
 import sys
 from typing import Callable, Sequence
 
-__all__ = ["UserInputError", "run_cli"]
+__all__ = ["OneLineArgumentParser", "UserInputError", "run_cli"]
 
 
 class UserInputError(ValueError):
@@ -39,3 +42,23 @@ def run_cli(main: Callable[[Sequence[str] | None], None], argv: Sequence[str] | 
         print("error: interrupted", file=sys.stderr)
         return 130
     return 0
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose usage errors are one line, not the whole usage block:
+    ``error: <argparse's message> (did you mean --closest-flag?); <prog> --help lists every
+    flag``, exit status 2 (argparse's). The closest flag is offered for an unrecognized or
+    ambiguous option (underscores read as dashes, as Megatron-LM users type ``--hidden_size``);
+    an invalid choice keeps argparse's list of choices."""
+
+    def error(self, message: str):  # noqa: D102 (argparse's hook)
+        hint = ""
+        if message.startswith(("unrecognized arguments:", "ambiguous option:")):
+            words = re.findall(r"(--?[A-Za-z][\w-]*)", message.split(":", 1)[1])
+            known = [o for a in self._actions for o in a.option_strings
+                     if a.help is not argparse.SUPPRESS]
+            for word in words[:1]:
+                close = difflib.get_close_matches(word.replace("_", "-"), known, n=1, cutoff=0.75)
+                if close and close[0] != word:
+                    hint = f" (did you mean {close[0]}?)"
+        self.exit(2, f"error: {message}{hint}; {self.prog} --help lists every flag\n")

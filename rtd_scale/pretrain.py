@@ -27,7 +27,7 @@ if __name__ == "__main__" and __package__ in (None, ""):
 
 from rtd_scale import launch_env  # noqa: E402
 from rtd_scale.atomic import write_atomic  # noqa: E402
-from rtd_scale.cli_errors import UserInputError  # noqa: E402
+from rtd_scale.cli_errors import OneLineArgumentParser, UserInputError  # noqa: E402
 from rtd_scale.config import LRDecayStyle, WSDDecayStyle  # noqa: E402
 from rtd_scale.training.throughput import DEVICE_PEAK_TFLOPS  # noqa: E402
 from rtd_scale import megatron_args  # noqa: E402
@@ -36,7 +36,7 @@ from rtd_scale.config import (AttentionType, ConfigError, LayerNormPosition, Pre
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineArgumentParser(
         prog="rtd_scale/pretrain.py",
         description="Replaced-token-detection pretraining (ELECTRA / DeBERTaV3) on megatron-core "
                     "and DeepSpeed. Launch with `deepspeed rtd_scale/pretrain.py ...`.")
@@ -207,10 +207,13 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         # the warm-up given in another unit replaces the preset's (in iterations), as when
         # Megatron-LM is given only one of them
         cfg.optim.lr_warmup_iters = 0
+    flag_origins: dict[str, str] = {}  # config field → the flag that set it, for the errors
     for flag, (section, name) in _FLAG_FIELDS.items():
         value = getattr(args, flag)
         if value is not None:
             setattr(getattr(cfg, section), name, value)
+            flag_origins[f"{section}.{name}"] = ("--ds_config" if flag == "ds_config"
+                                                 else "--" + flag.replace("_", "-"))
     if args.bf16 and args.fp16:
         raise UserInputError("--bf16 and --fp16 contradict each other; pass one of them")
     if args.bf16:
@@ -230,7 +233,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         cfg.optim.override_opt_param_scheduler = True
     if args.use_checkpoint_opt_param_scheduler:
         cfg.optim.use_checkpoint_opt_param_scheduler = True
-    origins = megatron_args.apply_model_args(cfg, args)  # after the flags above, before --set
+    origins = {**flag_origins, **megatron_args.apply_model_args(cfg, args)}  # before --set
     for assignment in args.set:
         apply_override(cfg, assignment)
         origins.pop(assignment.split("=", 1)[0].strip(), None)  # --set has the last word

@@ -206,6 +206,38 @@ def test_a_bad_value_from_a_megatron_flag_names_the_flag(argv, message):
     assert str(e.value) == message
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--micro-batch-size", "0"], "--micro-batch-size (train.micro_batch_size) must be > 0, got 0"),
+    (["--lr", "-1"], "--lr (optim.lr) must be > 0, got -1.0"),
+    (["--mask-prob", "1.5"], "--mask-prob (rtd.mask_prob) must be in [0, 1], got 1.5"),
+    (["--rtd-lambda", "-1"], "--rtd-lambda (rtd.rtd_lambda) must be >= 0, got -1.0"),
+    (["--seq-length", "0"], "--seq-length (data.seq_length) must be > 0, got 0"),
+])
+def test_a_bad_value_from_any_flag_names_the_flag(argv, message):
+    with pytest.raises(ConfigError) as e:
+        from_flags(*argv)
+    assert str(e.value) == message
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--lr-decay-style", "cosinee"],
+     "error: argument --lr-decay-style: invalid choice: 'cosinee' (choose from 'constant', "
+     "'linear', 'cosine', 'inverse-square-root', 'WSD')"),
+    (["--hidden_size", "128"],
+     "error: unrecognized arguments: --hidden_size 128 (did you mean --hidden-size?)"),
+    (["--num-layer", "4"],
+     "error: ambiguous option: --num-layer could match --num-layers, "
+     "--num-layers-per-virtual-pipeline-stage (did you mean --num-layers?)"),
+    (["--use-flash-attn"], "error: unrecognized arguments: --use-flash-attn"),
+])
+def test_a_mistyped_flag_is_one_line_not_the_usage_block(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([*BASE, *argv])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err == f"{message}; rtd_scale/pretrain.py --help lists every flag\n"
+
+
 REFUSED_CASES = [[r.flags[0]] + (["4"] if r.nargs else []) for r in REFUSED]
 
 
