@@ -19,12 +19,12 @@ from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rtd_scale.cli_errors import run_cli  # noqa: E402
+from rtd_scale.cli_errors import OneLineArgumentParser, run_cli  # noqa: E402
 from rtd_scale.data.tokenizer import add_special_pieces  # noqa: E402
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", required=True, help="SentencePiece .model to extend")
     p.add_argument("--output", required=True, help="where to write the extended .model")
     p.add_argument("--pieces", nargs="+", metavar="PIECE",

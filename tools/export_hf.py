@@ -27,11 +27,11 @@ from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rtd_scale.cli_errors import run_cli  # noqa: E402
+from rtd_scale.cli_errors import OneLineArgumentParser, run_cli  # noqa: E402
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__,
+    p = OneLineArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--load", required=True, metavar="RUN",
                    help="the run directory (pretrain.py's --save)")

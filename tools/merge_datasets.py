@@ -23,11 +23,11 @@ from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rtd_scale.cli_errors import UserInputError, run_cli  # noqa: E402
+from rtd_scale.cli_errors import OneLineArgumentParser, UserInputError, run_cli  # noqa: E402
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", nargs="+", required=True, metavar="PREFIX",
                    help="shard or dataset prefixes (as passed to --data-path), merged in this order")
     p.add_argument("--output-prefix", required=True, help="writes OUTPUT.bin, OUTPUT.idx and OUTPUT.meta.json")

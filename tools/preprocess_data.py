@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from rtd_scale.cli_errors import UserInputError, run_cli  # noqa: E402
+from rtd_scale.cli_errors import OneLineArgumentParser, UserInputError, run_cli  # noqa: E402
 from rtd_scale.data.encode_workers import init_worker, work, work_in_worker  # noqa: E402
 from rtd_scale.data.text import (  # noqa: E402
     BadLineError, Position, ReadStats, check_inputs, input_bytes, input_fingerprint, is_compressed,
@@ -55,7 +55,7 @@ _SHARD_DIGITS = 5
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", nargs="+", required=True, metavar="FILE",
                    help="corpus files (.jsonl .json .txt, optionally .gz/.xz/.bz2; .parquet; .arrow; a "
                         "directory from datasets' save_to_disk), read in order")

@@ -29,14 +29,14 @@ from typing import IO, Optional, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rtd_scale.cli_errors import UserInputError, run_cli  # noqa: E402
+from rtd_scale.cli_errors import OneLineArgumentParser, UserInputError, run_cli  # noqa: E402
 from rtd_scale.data.text import (BadLineError, ReadStats, check_inputs, input_bytes, is_compressed,  # noqa: E402
                                  iter_records)
 from rtd_scale.data.tokenizer import DEFAULT_MAX_SENTENCE_BYTES, MODEL_TYPES, train_tokenizer  # noqa: E402
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", nargs="+", required=True, metavar="FILE", help="corpus files (.jsonl .json .parquet .txt)")
     p.add_argument("--json-keys", nargs="+", default=["text"], metavar="KEY", help="fields holding text (default: text)")
     p.add_argument("--output-prefix", required=True, help="writes PREFIX.model and PREFIX.vocab")
