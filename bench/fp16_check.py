@@ -165,8 +165,9 @@ def main() -> int:
     rc, stdout, _ = launch("fp16_zero3_offload", REPO / "ds_configs" / "zero3_offload.json", 8)
     rows = iterations(stdout)
     check("B_exit_0", rc == 0, f"rc={rc}")
-    check("B_finite_losses", len(rows) == 8 and all(math.isfinite(float(r["mlm loss"]))
-                                                   for r in rows), str(len(rows)))
+    check("B_finite_losses",
+          len(rows) == 8 and all(math.isfinite(float(r["mlm loss"])) for r in rows),
+          str(len(rows)))
 
     summary = {"checks": checks, "facts": facts}
     (out / "fp16_check.json").write_text(json.dumps(summary, indent=2) + "\n")

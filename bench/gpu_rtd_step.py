@@ -58,8 +58,8 @@ if str(REPO) not in sys.path:
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from rtd_scale.flops import (EncoderDims, RTDDims, mfu, rtd_flops_per_token,  # noqa: E402
-                         stack_flops_per_token)
+from rtd_scale.flops import (EncoderDims, RTDDims, dims_of, mfu,  # noqa: E402
+                             rtd_flops_per_token, stack_flops_per_token)
 
 # rtd_scale's fixed special ids (rtd_scale/data/tokenizer.py); the HF step uses the same ids.
 PAD_ID, CLS_ID, SEP_ID, UNK_ID, MASK_ID = 0, 1, 2, 3, 4
@@ -192,15 +192,9 @@ def rtd_config(wl: Workload, tiny: bool):
 
 
 def rtd_dims(cfg) -> RTDDims:
-    m = cfg.model
-
-    def enc(e):
-        return EncoderDims(num_layers=e.num_layers, hidden_size=e.hidden_size,
-                           ffn_hidden_size=e.ffn_hidden_size)
-
-    return RTDDims(generator=enc(m.generator), discriminator=enc(m.discriminator),
-                   embedding_size=m.embedding_size, vocab_size=m.vocab_size,
-                   seq_length=cfg.data.seq_length, mask_prob=cfg.rtd.mask_prob)
+    """The FLOP-count shapes of ``cfg`` (``rtd_scale.flops.dims_of``: with the relative rows of
+    disentangled attention for the debertav3 workloads)."""
+    return dims_of(cfg)
 
 
 def stack_shape(tiny: bool) -> dict:
@@ -836,7 +830,7 @@ def stack_step(impl: str, shape: dict, s: Settings) -> tuple[Stepper, str]:
     """A layer stack alone, bf16 weights, forward + backward of a fixed random input and output
     gradient (no optimizer): HF's ``ElectraEncoder`` (SDPA) or rtd_scale's megatron-core spec."""
     L, h, heads, f = (shape[k] for k in ("num_layers", "hidden_size", "num_attention_heads",
-                                          "ffn_hidden_size"))
+                                         "ffn_hidden_size"))
     seq, b, dev = shape["seq_length"], shape["micro_batch"], s.device
     g = torch.Generator(device=dev).manual_seed(0)
     if impl == "stack-hf":
@@ -1232,7 +1226,8 @@ def header(s: Settings) -> str:
         f"{'tiny CPU sizes (seq 64)' if s.tiny else 'issue 7 sizes (seq 512)'}; deadline "
         f"{s.deadline_s:.0f}s; warm-up {s.warmup_steps}, timed {s.min_steps}-{s.max_steps} steps "
         f"within {s.row_budget_s:.0f}s per row; masking {MASK_PROB:.0%}, lambda {RTD_LAMBDA:g}",
-        "FLOPs per token (rtd_scale/flops.py, bench/README.md): 3 x sum over layers (24h^2 + 4sh) "
+        "FLOPs per token (rtd_scale/flops.py, bench/README.md): 3 x sum over layers (24h^2 + 4sh "
+        "+ 4Rh, R = relative rows of disentangled attention, 0 for BERT attention) "
         "+ 3 x mask_prob x MLM head (2 h_g E + 2 E V) + projections + RTD head; MFU = FLOP/s over "
         "the measured bf16 matmul ceiling",
         "Setup of this machine (also --print-setup):",

@@ -79,6 +79,18 @@ def _positive(section: str, **values: float) -> None:
             raise ConfigError(f"{section}.{name} must be > 0, got {v!r}")
 
 
+def _divisors(*numbers: int) -> list[int]:
+    """The positive integers that divide every one of ``numbers`` (for "use one of" hints)."""
+    return [d for d in range(1, min(numbers) + 1) if all(n % d == 0 for n in numbers)]
+
+
+def _nearest(candidates: list[int], value: int) -> str:
+    """The candidates nearest ``value`` from below and above, as "4 or 6" (or one of them)."""
+    below = [c for c in candidates if c < value][-1:]
+    above = [c for c in candidates if c > value][:1]
+    return " or ".join(str(c) for c in below + above)
+
+
 def _probability(section: str, **values: float) -> None:
     for name, v in values.items():
         if not (0.0 <= v <= 1.0):
@@ -106,7 +118,9 @@ class EncoderConfig:
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(
                 f"{name}.hidden_size ({self.hidden_size}) must be divisible by "
-                f"{name}.num_attention_heads ({self.num_attention_heads})")
+                f"{name}.num_attention_heads ({self.num_attention_heads}); use "
+                f"{_nearest(_divisors(self.hidden_size), self.num_attention_heads)} heads (the "
+                f"nearest counts that divide {self.hidden_size})")
 
 
 @dataclass(kw_only=True)
@@ -196,8 +210,9 @@ class ModelConfig:
                   max_position_embeddings=self.max_position_embeddings,
                   init_method_std=self.init_method_std,
                   make_vocab_size_divisible_by=self.make_vocab_size_divisible_by)
-        self.generator.validate("model.generator")
+        # the discriminator first: Megatron's flags set it, and the generator follows it
         self.discriminator.validate("model.discriminator")
+        self.generator.validate("model.generator")
 
 
 class MaskStrategy(str, enum.Enum):
@@ -330,21 +345,28 @@ class ParallelConfig:
     def validate(self, model: ModelConfig) -> None:
         _positive("parallel", tensor_model_parallel_size=self.tensor_model_parallel_size,
                   pipeline_model_parallel_size=self.pipeline_model_parallel_size)
+        encoders = (("discriminator", model.discriminator), ("generator", model.generator))
         pp = self.pipeline_model_parallel_size
-        for name, enc in (("generator", model.generator), ("discriminator", model.discriminator)):
+        layers = [enc.num_layers for _, enc in encoders]
+        for name, enc in encoders:
             if enc.num_layers % pp:
+                fits = ", ".join(map(str, _divisors(*layers)))
                 raise ConfigError(
                     f"model.{name}.num_layers ({enc.num_layers}) cannot be divided evenly over "
                     f"--pipeline-model-parallel-size {pp} (both models are split over the same "
-                    f"stages); use a pipeline size that divides both layer counts")
+                    f"stages); use a pipeline size that divides both layer counts "
+                    f"({' and '.join(map(str, layers))}): {fits}")
         tp = self.tensor_model_parallel_size
-        for name, enc in (("generator", model.generator), ("discriminator", model.discriminator)):
+        split = [v for _, enc in encoders for v in (enc.num_attention_heads, enc.ffn_hidden_size)]
+        for name, enc in encoders:
             for what, v in (("num_attention_heads", enc.num_attention_heads),
                             ("ffn_hidden_size", enc.ffn_hidden_size)):
                 if v % tp:
                     raise ConfigError(
                         f"model.{name}.{what} ({v}) must be divisible by "
-                        f"--tensor-model-parallel-size ({tp})")
+                        f"--tensor-model-parallel-size ({tp}); the sizes that divide both "
+                        f"models' head counts and FFN sizes: "
+                        f"{', '.join(map(str, _divisors(*split)))}")
 
 
 class LRDecayStyle(str, enum.Enum):

@@ -17,7 +17,18 @@ FFN size f and sequence length s, the forward matmuls are:
     forward               8h² + 4hf + 4sh  = 24h² + 4sh when f = 4h
     forward + backward    3 · (24h² + 4sh)
 
-Attention is bidirectional, so the s² terms are not halved. An RTD step adds, per token,
+Attention is bidirectional, so the s² terms are not halved. DeBERTa's disentangled attention
+(arXiv 2006.03654 §3.1; ``model/disentangled.py``) adds two score terms per layer, each a dot
+product of every query (content→position) or key (position→content) with the R relative
+embeddings the sequence reads (R = ``model/relative_position.used_rows``: 511 of 512 at s 512
+with DeBERTaV3's 256 buckets, 255 at s 128):
+
+    content→position  q · Pkᵀ   2Rh
+    position→content  k · Pqᵀ   2Rh    → attention forward 4sh + 4Rh
+
+Projecting the R relative embeddings by each layer's query and key weights is done once per
+micro-batch, not per token (4Rh² per layer and micro-batch: about 0.5% of a debertav3-large
+step at 16 × 512 tokens) and is not counted. An RTD step adds, per token,
 forward + backward (× 3) of:
 
     the generator's and the discriminator's layers (above, each with its own h, f, layer count);
@@ -29,12 +40,11 @@ forward + backward (× 3) of:
 
 Not counted: embedding lookups (gathers, no multiply-adds), biases, LayerNorm, GELU, softmax,
 dropout, losses, the sampler and the optimizer — elementwise work, small next to the matmuls and
-not "model FLOPs". V is the real vocabulary (rtd_scale's padding to a multiple of 128 is not
+not "model FLOPs" — and disentangled attention's gathers of the c2p / p2c scores. V is the real vocabulary (rtd_scale's padding to a multiple of 128 is not
 model work). An implementation that computes MLM logits at every position (Hugging Face's
 ``labels=-100`` idiom) or recomputes attention in the backward pass (flash) does more hardware
 work than this; MFU deliberately does not credit it, so for one workload MFU ratios equal
-tokens/s ratios. DeBERTa's disentangled attention is likewise not credited (its row counts the
-same nominal FLOPs as the absolute-position encoder rtd_scale trains).
+tokens/s ratios.
 
 Check against issue 7's anchors: ELECTRA-large (disc 24×1024, gen 24×256, E 1024, V 30,522,
 s 512, mask 15%) is 2.150 GFLOP per token, so 96.4k tokens/s = 207 TFLOP/s = 27.5% of 754 TFLOP/s;
@@ -65,26 +75,30 @@ class RTDDims:
     vocab_size: int  # V, real ids (not padded)
     seq_length: int  # s
     mask_prob: float  # fraction of tokens that reach the MLM head
+    relative_rows: int = 0  # R of disentangled attention; 0 for BERT attention
 
 
-def layer_forward_flops_per_token(hidden_size: int, ffn_hidden_size: int, seq_length: int) -> int:
-    """Forward FLOPs of one encoder layer for one token: 8h² + 4hf + 4sh (24h² + 4sh at f = 4h)."""
-    h, f, s = hidden_size, ffn_hidden_size, seq_length
-    return 8 * h * h + 4 * h * f + 4 * s * h
+def layer_forward_flops_per_token(hidden_size: int, ffn_hidden_size: int, seq_length: int,
+                                  relative_rows: int = 0) -> int:
+    """Forward FLOPs of one encoder layer for one token: 8h² + 4hf + 4sh + 4Rh (24h² + 4sh at
+    f = 4h with BERT attention, R = 0)."""
+    h, f, s, r = hidden_size, ffn_hidden_size, seq_length, relative_rows
+    return 8 * h * h + 4 * h * f + 4 * s * h + 4 * r * h
 
 
-def layer_flops_per_token(hidden_size: int, ffn_hidden_size: int,
-                          seq_length: int) -> tuple[int, int]:
+def layer_flops_per_token(hidden_size: int, ffn_hidden_size: int, seq_length: int,
+                          relative_rows: int = 0) -> tuple[int, int]:
     """(matmul, attention) forward + backward FLOPs per token of one layer:
-    3·(8h² + 4hf) and 3·4sh."""
-    h, f, s = hidden_size, ffn_hidden_size, seq_length
-    return 3 * (8 * h * h + 4 * h * f), 3 * 4 * s * h
+    3·(8h² + 4hf) and 3·(4sh + 4Rh)."""
+    h, f, s, r = hidden_size, ffn_hidden_size, seq_length, relative_rows
+    return 3 * (8 * h * h + 4 * h * f), 3 * 4 * (s + r) * h
 
 
-def stack_flops_per_token(enc: EncoderDims, seq_length: int) -> int:
-    """Forward + backward FLOPs per token of a layer stack alone: 3 · L · (8h² + 4hf + 4sh)."""
+def stack_flops_per_token(enc: EncoderDims, seq_length: int, relative_rows: int = 0) -> int:
+    """Forward + backward FLOPs per token of a layer stack alone:
+    3 · L · (8h² + 4hf + 4sh + 4Rh)."""
     return 3 * enc.num_layers * layer_forward_flops_per_token(
-        enc.hidden_size, enc.ffn_hidden_size, seq_length)
+        enc.hidden_size, enc.ffn_hidden_size, seq_length, relative_rows)
 
 
 def rtd_flops_breakdown(d: RTDDims) -> dict[str, float]:
@@ -93,7 +107,8 @@ def rtd_flops_breakdown(d: RTDDims) -> dict[str, float]:
     g, disc, e, v = d.generator, d.discriminator, d.embedding_size, d.vocab_size
     out: dict[str, float] = {}
     for name, enc in (("generator", g), ("discriminator", disc)):
-        mm, att = layer_flops_per_token(enc.hidden_size, enc.ffn_hidden_size, d.seq_length)
+        mm, att = layer_flops_per_token(enc.hidden_size, enc.ffn_hidden_size, d.seq_length,
+                                        d.relative_rows)
         out[f"{name}_matmul"] = float(enc.num_layers * mm)
         out[f"{name}_attention"] = float(enc.num_layers * att)
     out["embedding_projection"] = float(
@@ -119,10 +134,24 @@ def dims_of(cfg, *, seq_length=None, vocab_size=None, mask_prob=None) -> RTDDims
         return EncoderDims(num_layers=e.num_layers, hidden_size=e.hidden_size,
                            ffn_hidden_size=e.ffn_hidden_size)
 
+    seq_length = seq_length or cfg.data.seq_length
     return RTDDims(generator=enc(m.generator), discriminator=enc(m.discriminator),
                    embedding_size=m.embedding_size, vocab_size=vocab_size or m.vocab_size,
-                   seq_length=seq_length or cfg.data.seq_length,
-                   mask_prob=cfg.rtd.mask_prob if mask_prob is None else mask_prob)
+                   seq_length=seq_length,
+                   mask_prob=cfg.rtd.mask_prob if mask_prob is None else mask_prob,
+                   relative_rows=relative_rows(m, seq_length))
+
+
+def relative_rows(model_cfg, seq_length: int) -> int:
+    """R: the relative embeddings a sequence of ``seq_length`` reads under the config's
+    disentangled attention (``model/relative_position.used_rows``); 0 for BERT attention."""
+    if getattr(model_cfg.attention_type, "value", model_cfg.attention_type) != "disentangled":
+        return 0
+    from rtd_scale.model.relative_position import used_rows  # torch, imported only here
+
+    lo, hi = used_rows(seq_length, model_cfg.relative_span(), model_cfg.position_buckets,
+                       model_cfg.resolved_max_relative_positions())
+    return hi - lo
 
 
 def mfu(flops_per_token: float, tokens_per_s: float, ceiling_flops_per_s: float) -> float:

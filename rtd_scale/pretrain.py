@@ -246,13 +246,13 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         cfg.train.tensorboard_dir = os.path.join(cfg.train.save, "tensorboard")
     try:
         cfg.validate()
-    except ConfigError as e:  # a field a Megatron flag set is named by that flag
+    except ConfigError as e:  # a field a flag set is named by that flag
         raise ConfigError(megatron_args.name_flags(str(e), origins)) from None
     if not cfg.data.data_path:
         raise UserInputError("--data-path is required: shard prefixes made by tools/preprocess_data.py")
     if not cfg.data.tokenizer_model:
-        raise UserInputError("--tokenizer-model is required: the SentencePiece model the shards were "
-                         "made with")
+        raise UserInputError("--tokenizer-model is required: the SentencePiece model the shards "
+                             "were made with")
     return cfg
 
 
@@ -433,7 +433,7 @@ def run(cfg: RunConfig, print_fn=print, stop=None) -> dict:
         if ctx.is_logging_rank and cfg.train.save:
             write_atomic(os.path.join(cfg.train.save, "config.json"), cfg.to_json() + "\n")
             write_atomic(os.path.join(cfg.train.save, "ds_config.json"),
-                          json.dumps(ds_config, indent=2, sort_keys=True) + "\n")
+                         json.dumps(ds_config, indent=2, sort_keys=True) + "\n")
         if ctx.is_logging_rank:
             n_params = sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel()
                            for p in {id(p): p for p in model.parameters()}.values())

@@ -15,7 +15,11 @@ inputs and to weights), so every matmul costs 6 × (its weight count) per token 
 
   per encoder layer (hidden h, FFN f, sequence length s, all s positions attend to all s):
       matmuls     6 · (4h² + 2hf)        Q, K, V and output projections (4h²), FFN in and out (2hf)
-      attention   12 · s · h             QKᵀ and attention × V: 2·s·h each forward, × 3
+      attention   12 · (s + R) · h       QKᵀ and attention × V: 2·s·h each forward, × 3; with
+                                         DeBERTa's disentangled attention also content→position
+                                         and position→content against the R relative embeddings
+                                         a sequence reads (2·R·h each; R = 511 at s 512 with 256
+                                         buckets; R = 0 for BERT attention)
   per model:      L · (matmuls + attention) [+ 6 · E · h when E ≠ h: the ELECTRA-style projection
                                              of the shared table's width E to the hidden size]
   MLM head        p · 6 · (h_G · E + E · V)  dense h_G → E, then logits against the tied table,
@@ -48,6 +52,7 @@ from typing import Optional, Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rtd_scale import flops  # noqa: E402
+from rtd_scale.cli_errors import OneLineArgumentParser  # noqa: E402
 from rtd_scale.config import PRESETS, RunConfig, preset  # noqa: E402
 
 
@@ -143,8 +148,8 @@ def _positive(kind):
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineArgumentParser(description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="debertav3-large", choices=list(PRESETS))
     p.add_argument("--seq-length", type=_positive(int), help="default: the preset's")
     p.add_argument("--vocab-size", type=_positive(int), help="default: the preset's")

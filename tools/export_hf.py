@@ -32,7 +32,7 @@ from rtd_scale.cli_errors import OneLineArgumentParser, run_cli  # noqa: E402
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = OneLineArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--load", required=True, metavar="RUN",
                    help="the run directory (pretrain.py's --save)")
     p.add_argument("--tag", help="checkpoint to export, e.g. global_step1000 (default: the newest complete one, as --load takes it)")

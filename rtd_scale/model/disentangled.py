@@ -34,7 +34,6 @@ key *or* its query is [PAD], so a [PAD] query's row is masked whole and averages
 """
 from __future__ import annotations
 
-import functools
 import math
 from typing import Optional
 
@@ -45,74 +44,48 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from rtd_scale.model.relative_position import (log_bucket_position,  # noqa: F401 (re-exported)
+                                               relative_position_index, used_rows)
+
 # Implementations of the attention core (benchmarked in bench/deberta_step_vs_hf.py):
-#   "explicit": scores [b, n, s, s] = c2c + gathered c2p + gathered p2c, softmax, dropout, @ V
-#   "sdpa": the same c2p + p2c gathered into one float bias, the rest in PyTorch's
+#   "explicit": scores [b, n, s, s] = c2c + c2p + p2c, softmax, dropout, @ V
+#   "sdpa": the same c2p + p2c as one float bias, the rest in PyTorch's
 #           scaled_dot_product_attention (its memory-efficient kernel takes a bias with grad on GPU)
 #   "flex": one FlexAttention kernel reading the c2p / p2c tables in a score modification
 #           (``disentangled_flex.py``; CUDA, no attention-probability dropout)
 IMPLEMENTATIONS = ("explicit", "sdpa", "flex")
+# How "explicit" and "sdpa" build c2p and p2c [b, n, s, s] (the same values):
+#   "gather": [b, n, s, r] matmuls against the r relative rows, gathered at δ(i, j); the
+#             backward pass of a gather is a scatter-add (atomics on GPU)
+#   "shift": [b, n, s, 2s − 1] matmuls against the row of each distance i − j, skewed into
+#            place by a view (``relative_shift``): twice the matmul work at s = 2k, no
+#            gather and no scatter-add. On CPU a whole step measured the same at seq 128 and
+#            7% slower at seq 512 (bench/README.md); on GPU it is unmeasured, so not the default.
+RELATIVE_TERMS = ("gather", "shift")
 
 
-def log_bucket_position(relative_pos: torch.Tensor, position_buckets: int,
-                        max_position: int) -> torch.Tensor:
-    """DeBERTa's log buckets of relative distances (Hugging Face ``make_log_bucket_position``).
-
-    Distances with |r| ≤ position_buckets / 2 stay as they are; longer ones map to
-    sign(r)·(⌈log(|r| / m) / log((max_position − 1) / m) · (m − 1)⌉ + m), m = position_buckets / 2,
-    so |bucket| reaches position_buckets − 1 at |r| = max_position − 1.
-
-    Args:
-        relative_pos: int64 tensor of any shape, distances i − j.
-        position_buckets: total buckets k (> 0).
-        max_position: the longest distance mapped (``max_relative_positions``).
-    Returns:
-        int64, same shape.
-    """
-    mid = position_buckets // 2
-    magnitude = relative_pos.abs()
-    near = magnitude <= mid
-    # the log is computed for near distances too (and discarded): keep its argument ≥ 1
-    safe = torch.where(near, torch.full_like(magnitude, mid), magnitude).float()
-    # log((max − 1) / m) rounded to float32 as Hugging Face computes it; a Python number, so
-    # no host tensor meets a device one
-    denom = torch.log(torch.tensor((max_position - 1) / mid, dtype=torch.float32)).item()
-    far = torch.ceil(torch.log(safe / mid) / denom * (mid - 1)) + mid
-    return torch.where(near, relative_pos, (far * relative_pos.sign()).long())
+def distance_rows(index: torch.Tensor) -> torch.Tensor:
+    """[2s − 1] int64: the row ``index`` [s, s] (a function of i − j, as δ is) gives each
+    distance i − j = −(s − 1), …, s − 1, in that order."""
+    return torch.cat((index[0, 1:].flip(0), index[:, 0]))
 
 
-def relative_position_index(seq_length: int, span: int, position_buckets: int,
-                            max_position: int, device=None) -> torch.Tensor:
-    """δ(i, j) [s, s] int64: the row of the 2·span relative embeddings that query i uses for
-    key j, clamp(bucket(i − j) + span, 0, 2·span − 1) (Hugging Face ``c2p_pos``).
-
-    Args:
-        position_buckets: buckets (> 0), or ≤ 0 for plain distances (no buckets).
-    """
-    pos = torch.arange(seq_length, device=device)
-    rel = pos[:, None] - pos[None, :]
-    if position_buckets > 0:
-        rel = log_bucket_position(rel, position_buckets, max_position)
-    return (rel + span).clamp(0, 2 * span - 1)
-
-
-@functools.lru_cache(maxsize=64)
-def used_rows(seq_length: int, span: int, position_buckets: int,
-              max_position: int) -> tuple[int, int]:
-    """[lo, hi): the rows of the 2·span relative embeddings that a sequence of ``seq_length``
-    reads (δ is monotone in i − j, so the longest distance bounds them). Only these rows are
-    projected: at seq 128 with 256 buckets, 255 of 512. Host arithmetic, no device sync."""
-    far = torch.tensor([seq_length - 1])
-    if position_buckets > 0:
-        far = log_bucket_position(far, position_buckets, max_position)
-    reach = int(far.item())
-    return max(span - reach, 0), min(span + reach, 2 * span - 1) + 1
+def relative_shift(x: torch.Tensor) -> torch.Tensor:
+    """[..., s, 2s − 1] → [..., s, s] with out[..., i, j] = x[..., i, j − i + s − 1]: a view
+    (Transformer-XL's "relative shift", arXiv 1901.02860 App. B, done by re-striding the
+    contiguous rows), whose backward pass is a strided copy, not a scatter."""
+    s = x.shape[-2]
+    if s == 1:
+        return x
+    flat = x.contiguous().flatten(-2)[..., s - 1:s - 1 + s * (2 * s - 2)]
+    return flat.unflatten(-1, (s, 2 * s - 2))[..., :s]
 
 
 def disentangled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            pos_q: torch.Tensor, pos_k: torch.Tensor, index: torch.Tensor,
                            key_pad: Optional[torch.Tensor], *, dropout_p: float = 0.0,
-                           impl: str = "explicit") -> torch.Tensor:
+                           impl: str = "explicit",
+                           relative_terms: str = "gather") -> torch.Tensor:
     """The attention core, heads batched.
 
     Args:
@@ -124,6 +97,8 @@ def disentangled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             its query is [PAD] (a fully masked row becomes uniform, as in Hugging Face).
         dropout_p: attention-probability dropout (the caller picks the RNG).
         impl: one of ``IMPLEMENTATIONS``.
+        relative_terms: one of ``RELATIVE_TERMS`` (explicit and sdpa; flex reads the tables
+            in its kernel).
     Returns:
         [b, n, s, d].
     """
@@ -138,12 +113,24 @@ def disentangled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
         return flex_disentangled_attention(q, k, v, pos_q, pos_k, index, key_pad, scale)
     qs = q * scale
-    # content→position: q_i · Pk[δ(i, j)]  — [b, n, s, 2k] gathered to [b, n, s, s]
-    idx = index.expand(b, n, s, s)
-    bias = torch.gather(torch.matmul(qs, pos_k.transpose(-1, -2)), -1, idx)
-    # position→content: k_j · Pq[δ(i, j)] — row j of (k · Pqᵀ) gathered at δ(i, j)ᵀ, transposed
-    bias = bias + torch.gather(torch.matmul(k * scale, pos_q.transpose(-1, -2)), -1,
-                               index.t().expand(b, n, s, s)).transpose(-1, -2)
+    if relative_terms == "shift":
+        # δ(i, j) depends on i − j only: one matmul per term against the row of each distance,
+        # skewed into place by a view — no gather of [b, n, s, s], no scatter-add backward
+        by_distance = distance_rows(index)  # [2s − 1]: the row of i − j = −(s − 1) … s − 1
+        # content→position q_i · Pk[δ(i, j)]: column c of [b, n, s, 2s − 1] is i − j = s − 1 − c
+        c2p = relative_shift(torch.matmul(qs, pos_k[:, by_distance.flip(0)].transpose(-1, -2)))
+        # position→content k_j · Pq[δ(i, j)]: row j, column c is i − j = c − (s − 1); transposed
+        p2c = relative_shift(torch.matmul(k * scale, pos_q[:, by_distance].transpose(-1, -2)))
+        bias = c2p + p2c.transpose(-1, -2)  # [b, n, s, s]
+    else:
+        assert relative_terms == "gather", relative_terms
+        # content→position: q_i · Pk[δ(i, j)]  — [b, n, s, r] gathered to [b, n, s, s]
+        idx = index.expand(b, n, s, s)
+        bias = torch.gather(torch.matmul(qs, pos_k.transpose(-1, -2)), -1, idx)
+        # position→content: k_j · Pq[δ(i, j)] — row j of (k · Pqᵀ) gathered at δ(i, j)ᵀ,
+        # transposed
+        bias = bias + torch.gather(torch.matmul(k * scale, pos_q.transpose(-1, -2)), -1,
+                                   index.t().expand(b, n, s, s)).transpose(-1, -2)
     masked = None if key_pad is None else key_pad | key_pad.transpose(-1, -2)  # [b, 1, s, s]
     if impl == "sdpa":
         if masked is not None:
@@ -188,6 +175,7 @@ class DisentangledCoreAttention(MegatronModule):
         self.span = position_buckets if position_buckets > 0 else max_relative_positions
         assert impl is None or impl in IMPLEMENTATIONS, impl
         self.impl = impl
+        self.relative_terms = "gather"  # RELATIVE_TERMS; bench/deberta_step_vs_hf.py times both
 
     def rows(self, seq_length: int) -> tuple[int, int]:
         """[lo, hi): the relative rows a sequence of this length reads (``used_rows``)."""
@@ -209,9 +197,11 @@ class DisentangledCoreAttention(MegatronModule):
         if dropout_p > 0:
             with tensor_parallel.get_cuda_rng_tracker().fork():
                 out = disentangled_attention(q, k, v, pq, pk, index, key_pad,
-                                             dropout_p=dropout_p, impl=impl)
+                                             dropout_p=dropout_p, impl=impl,
+                                             relative_terms=self.relative_terms)
         else:
-            out = disentangled_attention(q, k, v, pq, pk, index, key_pad, impl=impl)
+            out = disentangled_attention(q, k, v, pq, pk, index, key_pad, impl=impl,
+                                         relative_terms=self.relative_terms)
         return out.permute(2, 0, 1, 3).reshape(s, b, n * d)  # [s, b, n·d]
 
 

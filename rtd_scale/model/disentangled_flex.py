@@ -4,7 +4,8 @@ The c2p and p2c terms of DeBERTa's attention (arXiv 2006.03654 §3.1) read a [s,
 head at the relative row δ(i, j) — a gather. The explicit core (``disentangled.py``)
 materialises both gathers as [b, n, s, s] tensors, and autograd's backward of a gather is a
 scatter-add of the same size; on one H200 at DeBERTaV3-large dims those two account for about a
-fifth of the step. Here the two tables are computed as [b, n, s, r] matmuls and PyTorch's
+fifth of the step (its ``relative_terms="shift"`` avoids both with larger matmuls). Here the two
+tables are computed as [b, n, s, r] matmuls and PyTorch's
 FlexAttention (``torch.nn.attention.flex_attention``) reads them inside its kernel through a
 score modification::
 

@@ -62,8 +62,8 @@ def test_an_empty_latest_does_not_matter(matrix):
 def test_sigkill_during_the_save_resumes_from_the_previous_checkpoint(matrix):
     row = matrix[1]["kill-during-save"]
     assert row["note"].startswith("killed after step 2; global_step2 record: no"), row
-    assert (row["exit"], row["resumed_from"], row["steps_lost"], row["bitwise"]) == (0, 1, 1,
-                                                                                   "yes")
+    assert (row["exit"], row["resumed_from"], row["steps_lost"], row["bitwise"]) == \
+        (0, 1, 1, "yes")
     assert row["said"].startswith("note: --load") and "skipped global_step2 (" in row["said"]
 
 
@@ -76,8 +76,8 @@ def test_a_full_disk_is_one_line_and_keeps_the_previous_checkpoint(matrix):
     assert "no space left on the device of" in row["note"]
     assert "free at least" in row["note"] and "the partial global_step2 was removed" in row["note"]
     assert row["note"].endswith("takes global_step1")
-    assert (row["exit"], row["resumed_from"], row["steps_lost"], row["bitwise"]) == (0, 1, 1,
-                                                                                   "yes")
+    assert (row["exit"], row["resumed_from"], row["steps_lost"], row["bitwise"]) == \
+        (0, 1, 1, "yes")
 
 
 # ------------------------------------------------------------------- refused in one line ----

@@ -54,6 +54,9 @@ def test_the_bench_rows_use_the_presets_dimensions():
     deberta = bench.rtd_config(bench.WORKLOADS["debertav3-large"], tiny=False)
     assert deberta.model.discriminator == preset("debertav3-large").model.discriminator
     assert deberta.model.sharing.value == "gdes" and deberta.train.micro_batch_size == 16
+    # disentangled attention: 511 relative rows at seq 512 (256 buckets), credited as 4Rh per layer
+    assert bench.rtd_dims(deberta).relative_rows == 511
+    assert rtd_flops_per_token(bench.rtd_dims(deberta)) == pytest.approx(3_295_749_734.4)
     tiny = bench.rtd_config(bench.WORKLOADS["electra-large"], tiny=True)
     assert tiny.data.seq_length == 64
     assert tiny.model.generator.hidden_size < tiny.model.discriminator.hidden_size

@@ -142,8 +142,8 @@ def test_several_newer_damaged_checkpoints_are_named_in_one_line(run):
     make_checkpoint(run, 15, record=False)
     os.truncate(optim(run, 10, rank=0), 1)
     c = choose(str(run))
-    assert c.tag == "global_step5" and [t for t, _ in c.skipped] == ["global_step15",
-                                                                       "global_step10"]
+    assert c.tag == "global_step5"
+    assert [t for t, _ in c.skipped] == ["global_step15", "global_step10"]
     assert len(c.notes) == 1 and "global_step15 (no completion record" in c.notes[0]
 
 

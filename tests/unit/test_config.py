@@ -55,6 +55,30 @@ def test_validation_names_the_field(assignment, message):
         cfg.validate()
 
 
+@pytest.mark.parametrize("assignments, message", [
+    # tiny: discriminator 4 layers, generator 2; both 2 heads and FFN 384
+    (["parallel.tensor_model_parallel_size=3"],
+     "model.discriminator.num_attention_heads (2) must be divisible by "
+     "--tensor-model-parallel-size (3); the sizes that divide both models' head counts and FFN "
+     "sizes: 1, 2"),
+    (["parallel.pipeline_model_parallel_size=3"],
+     "model.discriminator.num_layers (4) cannot be divided evenly over "
+     "--pipeline-model-parallel-size 3 (both models are split over the same stages); use a "
+     "pipeline size that divides both layer counts (4 and 2): 1, 2"),
+    (["model.generator.num_layers=3", "parallel.pipeline_model_parallel_size=2"],
+     "model.generator.num_layers (3) cannot be divided evenly over "
+     "--pipeline-model-parallel-size 2 (both models are split over the same stages); use a "
+     "pipeline size that divides both layer counts (4 and 3): 1"),
+])
+def test_divisibility_errors_list_the_sizes_that_fit(assignments, message):
+    cfg = preset("tiny")
+    for a in assignments:
+        apply_override(cfg, a)
+    with pytest.raises(ConfigError) as e:
+        cfg.validate()
+    assert str(e.value) == message
+
+
 def test_overrides_convert_types_and_reject_unknown():
     cfg = preset("tiny")
     apply_override(cfg, "model.sharing=nes")

@@ -17,15 +17,16 @@ _spec.loader.exec_module(estimate_cost)
 
 
 def test_debertav3_large_per_token_by_hand():
-    # discriminator 24 × 1024, generator 12 × 1024, FFN 4096, s 512, V 128,100, E 1024, p 0.15
-    h, f, s, v, p = 1024, 4096, 512, 128_100, 0.15
+    # discriminator 24 × 1024, generator 12 × 1024, FFN 4096, s 512, V 128,100, E 1024, p 0.15;
+    # disentangled attention reads R = 511 of the 2 × 256 relative embeddings at s 512
+    h, f, s, v, p, r = 1024, 4096, 512, 128_100, 0.15, 511
     layer_matmul = 6 * (4 * h * h + 2 * h * f)  # 75,497,472
-    layer_attention = 12 * s * h  # 6,291,456
-    assert layer_matmul == 75_497_472 and layer_attention == 6_291_456
+    layer_attention = 12 * (s + r) * h  # QKᵀ, × V, c2p, p2c: 12,570,624
+    assert layer_matmul == 75_497_472 and layer_attention == 12_570_624
     mlm_head = p * 6 * (h * h + h * v)  # masked positions only
     rtd_head = 6 * (h * h + h)
     hand = 36 * (layer_matmul + layer_attention) + mlm_head + rtd_head
-    assert hand == pytest.approx(3_069_699_686.4)
+    assert hand == pytest.approx(3_295_749_734.4)
 
     got = estimate_cost.rtd_flops_per_token(preset("debertav3-large"))
     assert got.generator_matmul == 12 * layer_matmul
@@ -39,11 +40,22 @@ def test_debertav3_large_per_token_by_hand():
 
     # the regime: 8192 × 512 tokens per step, 500,000 steps
     total = got.total * 8192 * 512 * 500_000
-    assert total == pytest.approx(6.4376e21, rel=1e-4)
+    assert total == pytest.approx(6.9117e21, rel=1e-4)
     gpu_h, wall_h = estimate_cost.gpu_hours(total, 8192 * 512 * 500_000.0, mfu=0.4,
                                             peak_tflops=989, gpus=64)
     assert gpu_h == pytest.approx(total / (0.4 * 989e12) / 3600)
     assert wall_h == pytest.approx(gpu_h / 64)
+
+
+def test_relative_rows_follow_the_sequence_and_the_attention_type():
+    """R is what model/disentangled.py projects: 255 rows at s 128, none with BERT attention."""
+    cfg = preset("debertav3-large")
+    short = estimate_cost.rtd_flops_per_token(cfg, seq_length=128)
+    assert short.discriminator_attention == 24 * 12 * (128 + 255) * 1024
+    cfg.model.attention_type = "bert"
+    bert = estimate_cost.rtd_flops_per_token(cfg)
+    assert bert.discriminator_attention == 24 * 12 * 512 * 1024
+    assert bert.total == pytest.approx(3_069_699_686.4)
 
 
 def test_electra_projection_and_narrow_generator():
@@ -76,9 +88,23 @@ def test_cli():
                         "--peak-tflops", "989", "--gpus", "64"],
                        cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    assert "total                      3.0697e+09" in r.stdout
-    assert "6.4376e+21 FLOPs" in r.stdout
-    assert "4,520 GPU-hours = 70.6 h (2.9 days) on 64 GPUs" in r.stdout
+    assert "total                      3.2957e+09" in r.stdout
+    assert "6.9117e+21 FLOPs" in r.stdout
+    assert "4,853 GPU-hours = 75.8 h (3.2 days) on 64 GPUs" in r.stdout
     r = subprocess.run([sys.executable, "tools/estimate_cost.py", "--tokens-per-s", "1e6"],
                        cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "also pass --gpus" in r.stderr
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--gpu", "8", "--tokens-per-s", "1e6"], "error: ambiguous option: --gpu could match --gpus, "
+     "--gpus-per-node (did you mean --gpus?); estimate_cost.py --help lists every flag"),
+    (["--tokens_per_s", "1e6"], "error: unrecognized arguments: --tokens_per_s 1e6 (did you mean "
+     "--tokens-per-s?); estimate_cost.py --help lists every flag"),
+    (["--mfu", "0.4"], "error: --mfu and --peak-tflops go together; estimate_cost.py --help "
+     "lists every flag"),
+])
+def test_usage_errors_are_one_line(argv, message):
+    r = subprocess.run([sys.executable, "tools/estimate_cost.py", *argv], cwd=REPO,
+                       capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout, r.stderr.strip()) == (2, "", message)

@@ -176,7 +176,10 @@ def test_megatron_tokenizer_flags():
     (["--num-attention-heads", "0"], "--num-attention-heads must be >= 1, got 0"),
     (["--hidden-size", "100", "--num-attention-heads", "3"],
      r"--hidden-size \(model.discriminator.hidden_size\) \(100\) must be divisible by "
-     r"--num-attention-heads \(model.discriminator.num_attention_heads\) \(3\)"),
+     r"--num-attention-heads \(model.discriminator.num_attention_heads\) \(3\); use 2 or 4 "
+     r"heads \(the nearest counts that divide 100\)$"),
+    (["--hidden-size", "96", "--num-attention-heads", "200"],
+     r"\(200\); use 96 heads \(the nearest counts that divide 96\)$"),
     (["--generator-num-layers-ratio", "0.1"],
      r"model.generator.num_layers would be 0 \(round\(0.1 × 4\)\); pass --generator-num-layers"),
 ])
@@ -186,9 +189,9 @@ def test_bad_generator_flags_are_one_line_errors(argv, message):
 
 
 @pytest.mark.parametrize("argv, message", [
-    # --hidden-dropout sets both encoders; the generator's copy is checked first
+    # --hidden-dropout sets the discriminator (the generator follows it), which is checked first
     (["--hidden-dropout", "1.5"],
-     "--hidden-dropout (model.generator.hidden_dropout) must be in [0, 1], got 1.5"),
+     "--hidden-dropout (model.discriminator.hidden_dropout) must be in [0, 1], got 1.5"),
     (["--generator-attention-dropout", "2"],
      "--generator-attention-dropout (model.generator.attention_dropout) must be in [0, 1], "
      "got 2.0"),

@@ -88,7 +88,7 @@ def test_tokenizer_progress_on_a_terminal_is_one_redrawn_line(tmp_path):
 
 
 def test_sample_index_build_prints_progress_then_nothing_on_a_cache_hit(wiki_shards, tmp_path,
-                                                                         capsys, monkeypatch):
+                                                                        capsys, monkeypatch):
     _, prefix = wiki_shards
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setattr(packed, "PROGRESS_INTERVAL_S", 0.0)

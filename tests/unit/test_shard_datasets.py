@@ -385,8 +385,8 @@ def test_overwrite_then_failure_says_the_old_dataset_is_gone(tools, wiki_shards,
     assert "(nothing written; --overwrite had removed the previous dataset)" in err
 
 
-def test_resume_matches_the_file_not_its_spelling_and_notices_edits(tools, wiki_shards, tmp_path, capsys,
-                                                                     monkeypatch):
+def test_resume_matches_the_file_not_its_spelling_and_notices_edits(tools, wiki_shards, tmp_path,
+                                                                    capsys, monkeypatch):
     tok, _ = wiki_shards
     src = tmp_path / "in.jsonl"
     src.write_bytes(WIKI.read_bytes())
