@@ -5,8 +5,9 @@ process on the same batches.
 What is timed is the whole step — generator and discriminator forward, backward and AdamW — for:
 
 - **rtd_scale**: ``RTDModel`` with disentangled attention (``model/disentangled.py``), once per
-  attention core in ``--impls``: "explicit" (scores [b, n, s, s] = c2c + gathered c2p + p2c,
-  softmax, @ V) and "sdpa" (c2p + p2c gathered into one float bias given to PyTorch's
+  attention core in ``--impls``: "explicit" (scores [b, n, s, s] = c2c + c2p + p2c, the
+  position terms as matmuls against one relative row per distance, skewed into place; softmax,
+  @ V) and "sdpa" (the same c2p + p2c as one float bias given to PyTorch's
   ``scaled_dot_product_attention``; on GPU its memory-efficient kernel, which takes a bias with
   gradient), and "flex" (one FlexAttention kernel reading the c2p / p2c tables in a score
   modification, ``model/disentangled_flex.py``; CUDA only, timed without attention dropout,
@@ -19,8 +20,10 @@ What is timed is the whole step — generator and discriminator forward, backwar
   (``rtd_scale.hf.convert.hf_config``), so both sides have the same shapes and dropout.
 
 Timing is ``bench/step_vs_hf.py``'s: interleaved rounds, per-step wall and thread-CPU times,
-medians. CPU: fp32, one thread by default. CUDA: ``--bf16`` autocast on both sides. Prints one
-table (ms per step, tokens/s, ratio to HF); nothing here asserts a time.
+medians. CPU: fp32, one thread by default. ``--bf16`` (CUDA): the HF recipe under autocast;
+rtd_scale as ``pretrain.py --bf16`` trains it under DeepSpeed — bf16 parameters, fp32 master
+weights, no autocast (``step_vs_hf.BF16Master``) — or also under autocast (``--ours-bf16``).
+Prints one table (ms per step, tokens/s, ratio to HF); nothing here asserts a time.
 
     python bench/deberta_step_vs_hf.py                      # debertav3-xsmall dims, CPU
     python bench/deberta_step_vs_hf.py --dims large --device cuda --bf16 --batch 16 --seq 512
@@ -28,7 +31,6 @@ table (ms per step, tokens/s, ratio to HF); nothing here asserts a time.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib.util
 import json
@@ -70,15 +72,18 @@ def run_config(dims: str, *, batch: int, seq: int, tiny: bool):
     return cfg
 
 
-def ours(cfg, device: torch.device, impl: str):
-    """rtd_scale's step (``step_vs_hf.ours``) with attention core ``impl``."""
+def ours(cfg, device: torch.device, impl: str, bf16_params: bool = False,
+         relative_terms: str = "gather"):
+    """rtd_scale's step (``step_vs_hf.ours``) with attention core ``impl`` building c2p / p2c
+    by ``relative_terms``; ``bf16_params``: bf16 parameters and fp32 master weights, as
+    ``pretrain.py --bf16`` trains."""
     from rtd_scale.model.disentangled import DisentangledCoreAttention
 
-    step = SVH.ours(cfg, device)
+    step = SVH.ours(cfg, device, bf16_params=bf16_params)
     cores = [m for m in step.model.modules() if isinstance(m, DisentangledCoreAttention)]
     assert cores, "no disentangled attention in the model"
     for core in cores:
-        core.impl = impl
+        core.impl, core.relative_terms = impl, relative_terms
         if impl == "flex":  # FlexAttention has no attention-probability dropout
             core.dropout_p = 0.0
     return step
@@ -140,7 +145,15 @@ def hf(cfg, device: torch.device, bf16: bool):
 
 def measure(args, device: torch.device) -> dict:
     cfg = run_config(args.dims, batch=args.batch, seq=args.seq, tiny=args.tiny)
-    steps = {f"ours:{impl}": ours(cfg, device, impl) for impl in args.impls}
+    steps = {}
+    for impl in args.impls:
+        for terms in args.relative_terms if impl != "flex" else ["gather"]:
+            name = f"ours:{impl}" + ("/shift" if terms == "shift" else "")
+            if args.bf16 and args.ours_bf16 in ("params", "both"):
+                steps[name] = ours(cfg, device, impl, True, terms)
+            if not args.bf16 or args.ours_bf16 in ("autocast", "both"):
+                steps[name + ("+autocast" if args.bf16 else "")] = ours(cfg, device, impl,
+                                                                        False, terms)
     steps["hf"] = hf(cfg, device, args.bf16)
     times = SVH.interleaved_ms(steps, device, warmup=args.warmup, rounds=args.rounds,
                                steps_per_round=args.steps_per_round)
@@ -171,16 +184,29 @@ def table(res: dict) -> str:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from rtd_scale.cli_errors import OneLineArgumentParser
+
+    p = OneLineArgumentParser(prog="bench/deberta_step_vs_hf.py",
+                              description=__doc__.split("\n\n")[0])
     p.add_argument("--dims", default="xsmall", choices=("xsmall", "small", "base", "large"),
                    help="the debertav3-* preset whose dimensions both sides train")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--bf16", action="store_true", help="bf16 autocast on both sides (CUDA)")
+    p.add_argument("--bf16", action="store_true",
+                   help="bf16: HF under autocast (its recipe); ours as --ours-bf16 says")
+    p.add_argument("--ours-bf16", choices=("params", "autocast", "both"), default="params",
+                   help="with --bf16, how rtd_scale runs: 'params' = bf16 parameters and fp32 "
+                        "master weights, as pretrain.py --bf16 trains under DeepSpeed (rows "
+                        "ours:IMPL); 'autocast' = fp32 parameters under autocast, HF's way "
+                        "(rows ours:IMPL+autocast); 'both': a row of each (default: params)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--impls", default="explicit,sdpa",
                    help="rtd_scale attention cores to time, comma-separated")
+    p.add_argument("--relative-terms", default="gather",
+                   help="how the explicit and sdpa cores build c2p / p2c, comma-separated: "
+                        "gather (the default) and/or shift (rows ours:IMPL/shift); "
+                        "rtd_scale/model/disentangled.py RELATIVE_TERMS")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per implementation")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
     p.add_argument("--steps-per-round", type=int, default=2)
@@ -188,13 +214,24 @@ def parse_args(argv=None):
     p.add_argument("--json", help="write the results (per-step times included) here")
     args = p.parse_args(argv)
     args.impls = [x for x in args.impls.split(",") if x]
-    from rtd_scale.model.disentangled import IMPLEMENTATIONS
+    args.relative_terms = [x for x in args.relative_terms.split(",") if x]
+    from rtd_scale.model.disentangled import IMPLEMENTATIONS, RELATIVE_TERMS
 
     for impl in args.impls:
         if impl not in IMPLEMENTATIONS:
             p.error(f"--impls: {impl!r} is not one of {', '.join(IMPLEMENTATIONS)}")
-    if args.bf16 and args.device != "cuda":
-        p.error("--bf16 is for --device cuda (on CPU both sides run fp32)")
+    for terms in args.relative_terms:
+        if terms not in RELATIVE_TERMS:
+            p.error(f"--relative-terms: {terms!r} is not one of {', '.join(RELATIVE_TERMS)}")
+    if "flex" in args.impls and args.device != "cuda":
+        p.error("--impls flex needs --device cuda (FlexAttention has no backward on CPU); "
+                "time explicit,sdpa on CPU")
+    if args.bf16 and args.device != "cuda" and not args.tiny:
+        p.error("--bf16 is for --device cuda (on CPU both sides run fp32; --tiny allows it, "
+                "to test the path)")
+    if args.bf16 and args.device != "cuda" and args.ours_bf16 != "params":
+        p.error(f"--ours-bf16 {args.ours_bf16} needs --device cuda (megatron-core's linear "
+                "layers run their backward under autocast on CUDA only); use params on CPU")
     return args
 
 
@@ -207,6 +244,8 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     if not args.bf16:  # step_vs_hf's step autocasts to bf16 on CUDA; fp32 unless --bf16
         SVH._autocast = lambda _device: contextlib.nullcontext()
+    else:  # on CUDA as step_vs_hf has it; on CPU (--tiny) too, so the path is tested
+        SVH._autocast = lambda d: torch.autocast(d.type, dtype=torch.bfloat16)
     SVH._parallel_state()
     res = measure(args, device)
     print(table(res))

@@ -21,8 +21,9 @@
 #                      then rtd_scale with compiled layers (ELECTRA-large) while time is left
 #   step_vs_hf.*       bench/step_vs_hf.py on CUDA (electra-small, debertav3-xsmall dims)
 #   deberta_step_vs_hf.*  bench/deberta_step_vs_hf.py: our DeBERTaV3 step (disentangled
-#                      attention, each core) vs the HF DebertaV2 recipe, debertav3-large dims,
-#                      bf16, batch 16 × seq 512 (~2 minutes)
+#                      attention, sdpa core, c2p / p2c gathered and shifted, bf16 parameters
+#                      and autocast) vs the HF DebertaV2 recipe, debertav3-large dims, bf16,
+#                      batch 16 × seq 512 (~2 minutes)
 #
 # TINY=1 runs the same steps at test size on CPU (no install when the packages import): a check
 # of this script's plumbing, not of the GPU.
@@ -64,10 +65,13 @@ elapsed "tests"
 if [ "$TINY" = 1 ]; then
   deberta_args=(--tiny --device cpu --batch 4 --seq 48 --rounds 1 --steps-per-round 1 --warmup 1)
 else
-  deberta_args=(--dims large --device cuda --bf16 --batch 16 --seq 512 --rounds 2
+  # ours with bf16 parameters (as pretrain.py --bf16 trains) and under autocast (as HF's),
+  # c2p / p2c gathered and shifted (rtd_scale/model/disentangled.py RELATIVE_TERMS)
+  deberta_args=(--dims large --device cuda --bf16 --ours-bf16 both --impls sdpa
+                --relative-terms gather,shift --batch 16 --seq 512 --rounds 2
                 --steps-per-round 2 --warmup 2)
 fi
-timeout 170 $PY bench/deberta_step_vs_hf.py "${deberta_args[@]}" \
+timeout 220 $PY bench/deberta_step_vs_hf.py "${deberta_args[@]}" \
   --json "$OUT/deberta_step_vs_hf.json" 2>&1 | grep -v -i "warn" \
   | tee "$OUT/deberta_step_vs_hf.txt" | tail -8
 elapsed "deberta_step_vs_hf"

@@ -152,8 +152,37 @@ def _autocast(device: torch.device):
     return contextlib.nullcontext()
 
 
-def ours(cfg, device: torch.device) -> Step:
-    """rtd_scale's step: ``RTDModel(ids, sample_index, step).loss.backward()``, AdamW."""
+class BF16Master:
+    """DeepSpeed's bf16 training in miniature (``deepspeed/runtime/bf16_optimizer.py``, what
+    ``pretrain.py --bf16`` runs): the model holds bf16 parameters and computes without
+    autocast; ``optimizer`` (built over the fp32 parameters, which become the master copies)
+    steps on the bf16 gradients cast to fp32, and the result is copied back into the model."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
+        masters = {id(p): p.detach().clone() for g in optimizer.param_groups for p in g["params"]}
+        self.pairs = [(p, masters[id(p)]) for p in model.parameters() if id(p) in masters]
+        for g in optimizer.param_groups:  # no step has run: nothing is keyed by the old tensors
+            g["params"] = [masters[id(p)] for p in g["params"]]
+        model.to(torch.bfloat16)
+        self.optimizer = optimizer
+        self.param_groups = optimizer.param_groups
+
+    @torch.no_grad()
+    def step(self) -> None:  # noqa: D102
+        for p, master in self.pairs:
+            master.grad = None if p.grad is None else p.grad.float()
+        self.optimizer.step()
+        for p, master in self.pairs:
+            p.copy_(master)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: D102
+        for p, master in self.pairs:
+            p.grad = master.grad = None
+
+
+def ours(cfg, device: torch.device, *, bf16_params: bool = False) -> Step:
+    """rtd_scale's step: ``RTDModel(ids, sample_index, step).loss.backward()``, AdamW.
+    ``bf16_params``: as ``pretrain.py --bf16`` trains (``BF16Master``), not under autocast."""
     from rtd_scale.model.rtd import RTDModel
     from rtd_scale.training.engine import build_optimizer
 
@@ -165,11 +194,14 @@ def ours(cfg, device: torch.device) -> Step:
     distributed.seed_after_build(ctx, SEED)  # dropout's model-parallel RNG
     model.train()
     opt = build_optimizer(model, cfg.optim)
+    if bf16_params:
+        opt = BF16Master(model, opt)
+    precision = contextlib.nullcontext if bf16_params else lambda: _autocast(device)
     batches = host_batches(cfg)
 
     def run(i: int) -> None:  # as training/loop.py: has_padding decided on the host
         ids, idx = batches[i % len(batches)]
-        with _autocast(device):
+        with precision():
             loss = model(ids.to(device, non_blocking=True), idx.to(device, non_blocking=True),
                          i, has_padding=bool((ids == PAD_ID).any())).loss
         loss.backward()

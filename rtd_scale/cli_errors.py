@@ -13,6 +13,7 @@ import difflib
 import os
 import re
 import sys
+import warnings
 from typing import Callable, Sequence
 
 __all__ = ["OneLineArgumentParser", "UserInputError", "run_cli"]
@@ -42,6 +43,23 @@ def run_cli(main: Callable[[Sequence[str] | None], None], argv: Sequence[str] | 
         print("error: interrupted", file=sys.stderr)
         return 130
     return 0
+
+
+def one_line_warnings() -> None:
+    """Show rtd_scale's own warnings (``warnings.warn`` in a file of this package) as one line,
+    ``warning: <message>`` (``note: …`` as is), instead of Python's two lines with the file,
+    line number and source line; every other warning keeps Python's format."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if not os.path.abspath(filename).startswith(package + os.sep):
+            return shown(message, category, filename, lineno, file, line)
+        text = " ".join(str(message).split())
+        stream = sys.stderr if file is None else file
+        print(text if text.startswith("note:") else f"warning: {text}", file=stream)
+
+    warnings.showwarning = show
 
 
 class OneLineArgumentParser(argparse.ArgumentParser):

@@ -27,7 +27,8 @@ if __name__ == "__main__" and __package__ in (None, ""):
 
 from rtd_scale import launch_env  # noqa: E402
 from rtd_scale.atomic import write_atomic  # noqa: E402
-from rtd_scale.cli_errors import OneLineArgumentParser, UserInputError  # noqa: E402
+from rtd_scale.cli_errors import (OneLineArgumentParser, UserInputError,  # noqa: E402
+                                 one_line_warnings)
 from rtd_scale.config import LRDecayStyle, WSDDecayStyle  # noqa: E402
 from rtd_scale.training.throughput import DEVICE_PEAK_TFLOPS  # noqa: E402
 from rtd_scale import megatron_args  # noqa: E402
@@ -438,6 +439,8 @@ def run(cfg: RunConfig, print_fn=print, stop=None) -> dict:
             n_params = sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel()
                            for p in {id(p): p for p in model.parameters()}.values())
             print_fn(f"rtd_scale: preset {cfg.preset}, sharing {cfg.model.sharing.value}, "
+                     f"{cfg.model.attention_type.value} attention, "
+                     f"{cfg.model.layernorm_position.value}-LN layers, "
                      f"{n_params / 1e6:.2f}M parameters on this rank's model-parallel shard, vocab "
                      f"{cfg.model.vocab_size} (padded {model.padded_vocab_size}), world "
                      f"{ctx.world_size} = TP {ctx.tp_size} × PP {ctx.pp_size} × DP {ctx.dp_size}, micro-batch "
@@ -593,6 +596,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     warnings.filterwarnings("ignore", message=".*full scope is deprecated.*")
     warnings.filterwarnings("ignore", message=".*CUDA_DEVICE_MAX_CONNECTIONS.*")
     warnings.filterwarnings("ignore", category=DeprecationWarning, module="megatron")
+    one_line_warnings()
     args = build_parser().parse_args(argv)
     stop = None
     if args.exit_signal_handler:  # installed first: a signal during start-up or load counts too

@@ -147,6 +147,21 @@ def _positive(kind):
     return parse
 
 
+def _fraction(text: str) -> float:
+    """--mfu: a fraction in (0, 1]; a percentage (40, 40%) is refused with its fraction."""
+    try:
+        value = float(text.rstrip("%"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction such as 0.4, got {text!r}") \
+            from None
+    if text.endswith("%") or value > 1:
+        raise argparse.ArgumentTypeError(f"a fraction in (0, 1], got {text} (for {value:g}% "
+                                         f"pass {value / 100:g})")
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p = OneLineArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -171,7 +186,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                    help="sequences per step (RTD_GLOBAL_BATCH); default: the preset's")
     p.add_argument("--micro-batch-size", type=_positive(int),
                    help="sequences per rank per forward (RTD_MICRO_BATCH); default: the preset's")
-    p.add_argument("--mfu", type=_positive(float), help="assumed model FLOPs utilisation, e.g. 0.4")
+    p.add_argument("--mfu", type=_fraction,
+                   help="assumed model FLOPs utilisation, a fraction, e.g. 0.4")
     p.add_argument("--peak-tflops", type=_positive(float),
                    help="peak dense TFLOPs per GPU at the training precision, e.g. 989 (H100 "
                         "SXM bf16) or 312 (A100 bf16)")

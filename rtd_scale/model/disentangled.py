@@ -59,8 +59,9 @@ IMPLEMENTATIONS = ("explicit", "sdpa", "flex")
 #             backward pass of a gather is a scatter-add (atomics on GPU)
 #   "shift": [b, n, s, 2s − 1] matmuls against the row of each distance i − j, skewed into
 #            place by a view (``relative_shift``): twice the matmul work at s = 2k, no
-#            gather and no scatter-add. On CPU a whole step measured the same at seq 128 and
-#            7% slower at seq 512 (bench/README.md); on GPU it is unmeasured, so not the default.
+#            gather and no scatter-add. On CPU a whole step measured 3–4% faster at seq 128
+#            and 5–12% slower at seq 512 (bench/README.md); on GPU it is unmeasured, so it is
+#            not the default.
 RELATIVE_TERMS = ("gather", "shift")
 
 

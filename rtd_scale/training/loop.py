@@ -262,6 +262,20 @@ def format_valid_line(step: int, samples: int, scalars: dict[str, float]) -> str
             f"rtd auc: {scalars.get(VALID_AUC, float('nan')):.4f} |")
 
 
+def short_validation_note(t, start_step: int, available: int) -> Optional[str]:
+    """The note that one validation (``eval_iters`` global batches) reads more samples than the
+    validation split holds, or None — also when no validation falls in iterations
+    (start_step, train_iters] (a short run or a late resume never validates)."""
+    wanted = t.eval_iters * t.global_batch_size
+    if not t.evaluates or t.train_iters // t.eval_interval <= start_step // t.eval_interval:
+        return None
+    if available >= wanted:
+        return None
+    return (f"note: one validation reads {wanted} samples but the validation split holds "
+            f"{available}: samples repeat (masked afresh); lower --eval-iters or raise the "
+            "validation share of --split")
+
+
 def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedDataset], *,
           start_step: int, consumed_samples: int, tb: TensorBoardLogger, print_fn=print,
           stop: Optional["ExitSignal"] = None, layout: Optional[dict] = None,
@@ -300,11 +314,9 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
     if "valid" in data and t.evaluates:
         valid_loader = make_loader(cfg, ctx, data["valid"], consumed=0,
                                    total=t.eval_iters * t.global_batch_size)
-        available = sum(len(ds) for ds in data["valid"].datasets)
-        if ctx.is_logging_rank and available < t.eval_iters * t.global_batch_size:
-            print_fn(f"note: one validation reads {t.eval_iters * t.global_batch_size} samples "
-                     f"but the validation split holds {available}: samples repeat (masked "
-                     "afresh); lower --eval-iters or raise the validation share of --split")
+        note = short_validation_note(t, start_step, sum(len(ds) for ds in data["valid"].datasets))
+        if ctx.is_logging_rank and note:
+            print_fn(note)
     digest = DataDigest(t.data_digest, ctx)
     guard = NonFiniteGuard(engine, ctx.device, t.max_consecutive_nonfinite_iters)
     last_good = resumed_from

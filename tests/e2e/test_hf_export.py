@@ -96,6 +96,7 @@ def test_export_from_tp2_and_pp2_and_import_at_another_layout(single_process_gro
         "--export-hf", str(a / "hf")]))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert "world 2 = TP 2 × PP 1 × DP 1" in r.stdout and "exported to Hugging Face" in r.stdout
+    assert "sharing gdes, disentangled attention, post-LN layers, " in r.stdout
     _check_parity("TP=2 ZeRO-3 disentangled gdes E!=H", a / "hf", a / "w.pt", tok, "deberta")
     assert (a / "hf" / convert.RTD_HEAD_FILE).is_file()
     _export_tool(a, tmp_path / "tp2_tool")

@@ -27,6 +27,7 @@ def test_blended_data_path_with_validation_and_a_cache_directory(wiki_shards, tm
                      "--data-cache-path", str(cache), "--data-digest",
                      str(tmp_path / "digest.jsonl")), ranks=1)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "rtd_scale: preset tiny, sharing gdes, bert attention, pre-LN layers, " in r.stdout
     assert "data train: 0.8 × wiki_text_document (" in r.stdout
     assert " + 0.2 × wiki_text_document_00000 (" in r.stdout
     assert "data valid: 0.8 × wiki_text_document" in r.stdout

@@ -39,3 +39,36 @@ def test_step_vs_hf_tiny_run(tmp_path):
         assert split["encoders"] > split["masking"]
     # the presets' shapes: ELECTRA narrow generator with ES, DeBERTaV3 GDES
     assert results[0]["shape"].endswith("ES") and results[1]["shape"].endswith("GDES")
+
+
+def test_bf16_master_steps_fp32_copies_and_writes_them_back():
+    """step_vs_hf.BF16Master (what the DeBERTa bench times as pretrain.py --bf16 trains): the
+    model computes in bf16; AdamW steps fp32 masters on the bf16 gradients, exactly as an fp32
+    AdamW on the same gradients, and the model gets the masters rounded to bf16."""
+    import copy
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("step_vs_hf", REPO / "bench" / "step_vs_hf.py")
+    svh = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = svh
+    spec.loader.exec_module(svh)
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 3)
+    ref = copy.deepcopy(lin)
+    opt = svh.BF16Master(lin, torch.optim.AdamW(lin.parameters(), lr=0.1))
+    assert lin.weight.dtype == torch.bfloat16 and lin.bias.dtype == torch.bfloat16
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=0.1)
+    for _ in range(2):
+        lin(torch.randn(5, 4).bfloat16()).float().pow(2).sum().backward()
+        for p, r in zip(lin.parameters(), ref.parameters()):
+            r.grad = p.grad.float()
+        opt.step()
+        ref_opt.step()
+        for (p, master), r in zip(opt.pairs, ref.parameters()):
+            assert master.dtype == torch.float32 and torch.equal(master, r.detach())
+            assert torch.equal(p.detach(), r.detach().bfloat16())
+        opt.zero_grad()
+        assert all(p.grad is None and m.grad is None for p, m in opt.pairs)
+    assert not torch.equal(ref.weight, copy.deepcopy(lin).float().weight)  # bf16 rounding shows

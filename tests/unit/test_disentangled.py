@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from rtd_scale.config import AttentionType, ConfigError, LayerNormPosition, Sharing, preset
-from rtd_scale.model.disentangled import (disentangled_attention, log_bucket_position,
-                                          relative_position_index, used_rows)
+from rtd_scale.model.disentangled import (disentangled_attention, distance_rows,
+                                          log_bucket_position, relative_position_index,
+                                          relative_shift, used_rows)
 from rtd_scale.model.rtd import RTDModel
 
 hf_deberta = pytest.importorskip("transformers.models.deberta_v2.modeling_deberta_v2")
@@ -84,6 +85,50 @@ def test_relative_index_equals_hugging_face_c2p_positions(s, buckets, max_pos):
     assert (ours.min().item(), ours.max().item() + 1) == (lo, hi)
 
 
+@pytest.mark.parametrize("s", [1, 2, 20])
+def test_shifted_relative_terms_equal_the_gathered_ones(s):
+    """relative_terms="shift" (a matmul per distance, skewed by a view) gives the gathered
+    c2p / p2c: the same output and gradients in fp64, for both cores, with padding."""
+    g = torch.Generator().manual_seed(s)
+    b, n, d, k = 2, 3, 8, 6
+    leaves = [torch.randn(b, n, s, d, generator=g, dtype=torch.float64, requires_grad=True)
+              for _ in range(3)]
+    leaves += [torch.randn(n, 2 * k, d, generator=g, dtype=torch.float64, requires_grad=True)
+               for _ in range(2)]
+    index = relative_position_index(s, k, k, 16)
+    pad = torch.zeros(b, 1, 1, s, dtype=torch.bool)
+    pad[1, ..., s - 1:] = s > 1
+    weights = torch.randn(b, n, s, d, generator=g, dtype=torch.float64)
+    weights[1, :, s - 1:] *= s == 1  # a [PAD] query's output is read by no loss (the cores'
+    # gradients differ there: sdpa lets the masked scores' gradient through, explicit does not)
+    results = {}
+    for impl in ("explicit", "sdpa"):
+        for terms in ("gather", "shift"):
+            out = disentangled_attention(*leaves[:3], leaves[4], leaves[3], index, pad,
+                                         impl=impl, relative_terms=terms)
+            grads = torch.autograd.grad((out * weights).sum(), leaves)
+            results[impl, terms] = (out, grads)
+    ref_out, ref_grads = results["explicit", "gather"]
+    # every input gets a gradient (at s 1 only v: one key, so the scores do not matter)
+    assert all(gr.abs().sum() > 0 for gr in (ref_grads[2:3] if s == 1 else ref_grads))
+    for key, (out, grads) in results.items():
+        assert (out - ref_out).abs().max().item() < 1e-12, key
+        for a, r in zip(grads, ref_grads):
+            assert (a - r).abs().max().item() < 1e-12, key
+
+
+def test_relative_shift_puts_each_distance_under_its_pair():
+    s = 4
+    x = torch.arange(s * (2 * s - 1)).view(s, 2 * s - 1)  # x[i, c] = i·(2s − 1) + c
+    out = relative_shift(x)
+    i, j = torch.meshgrid(torch.arange(s), torch.arange(s), indexing="ij")
+    assert torch.equal(out, x[i, j - i + s - 1])
+    assert out.data_ptr() >= x.data_ptr() and out._base is not None  # a view, not a copy
+    assert torch.equal(distance_rows(relative_position_index(3, 2, -1, 8)),
+                       torch.tensor([0, 1, 2, 3, 3]))  # distances −2 … 2 at span 2: δ = r + 2
+    # clamped to the 2·span rows
+
+
 def test_sdpa_and_explicit_cores_agree():
     g = torch.Generator().manual_seed(0)
     b, n, s, d, k = 2, 3, 20, 8, 6
@@ -151,7 +196,7 @@ def _hf_config(transformers, cfg, enc_cfg):
                          [(Sharing.GDES, 48, 8, -1), (Sharing.ES, 16, 16, 32),
                           (Sharing.NES, 48, -1, 24)])
 def test_both_encoders_equal_hf_deberta_v2_model(single_process_group, sharing, embedding_size,
-                                                  buckets, max_rel):
+                                                 buckets, max_rel):
     """Both encoders, weights copied into Hugging Face ``DebertaV2Model`` (every parameter
     perturbed first, so norms and biases are not at their initial 1 / 0): zero missing and
     unexpected keys, the same hidden states at every position of a padded batch (fp32, within
@@ -333,16 +378,17 @@ def test_cuda_disentangled_cores_agree_and_never_make_the_host_wait(single_proce
     if not has_padding:
         ids[ids == 0] = 7
     results = {}
-    for device, impl in (("cuda", "explicit"), ("cuda", "sdpa")):
+    for device, impl, terms in (("cuda", "explicit", "gather"), ("cuda", "sdpa", "gather"),
+                                ("cuda", "sdpa", "shift")):
         m = _model(cfg).to(device)
         for core in m.modules():
             if isinstance(core, DisentangledCoreAttention):
-                core.impl = impl
+                core.impl, core.relative_terms = impl, terms
         out = m(ids.to(device), torch.arange(3, device=device), step=1, has_padding=has_padding)
         out.loss.backward()
-        results[device, impl] = (out.loss.item(), {n: p.grad.cpu() for n, p in
-                                                   m.named_parameters() if p.grad is not None})
-    ref_loss, ref = results["cuda", "explicit"]
+        results[device, impl, terms] = (out.loss.item(), {
+            n: p.grad.cpu() for n, p in m.named_parameters() if p.grad is not None})
+    ref_loss, ref = results["cuda", "explicit", "gather"]
     for key, (loss, grads) in results.items():
         assert loss == pytest.approx(ref_loss, abs=1e-4), key
         for n, g in ref.items():
@@ -364,7 +410,14 @@ def test_cuda_disentangled_cores_agree_and_never_make_the_host_wait(single_proce
 
 # --- the benchmark --------------------------------------------------------------------------
 
-def test_deberta_bench_tiny_run(tmp_path):
+@pytest.mark.parametrize("precision, rows", [
+    ([], {"ours:explicit", "ours:sdpa", "hf"}),
+    # the GPU command's path: ours with bf16 parameters, as pretrain.py --bf16 trains (its
+    # autocast rows need CUDA: megatron-core's linear layers autocast their backward there only)
+    (["--bf16", "--relative-terms", "gather,shift"],
+     {"ours:explicit", "ours:explicit/shift", "ours:sdpa", "ours:sdpa/shift", "hf"}),
+])
+def test_deberta_bench_tiny_run(tmp_path, precision, rows):
     """bench/deberta_step_vs_hf.py at test size on CPU keeps working (no time is asserted)."""
     import json
     import subprocess
@@ -378,15 +431,38 @@ def test_deberta_bench_tiny_run(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(repo / "bench" / "deberta_step_vs_hf.py"), "--tiny", "--batch", "2",
          "--seq", "24", "--rounds", "1", "--steps-per-round", "1", "--warmup", "1",
-         "--json", str(out)],
+         "--json", str(out), *precision],
         cwd=repo, capture_output=True, text=True, timeout=900, env=standalone_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "| ours:explicit |" in proc.stdout and "| hf |" in proc.stdout
     res = json.loads(out.read_text())
-    assert set(res["rows"]) == {"ours:explicit", "ours:sdpa", "hf"}
+    assert set(res["rows"]) == rows and res["bf16"] == bool(precision)
     for row in res["rows"].values():
         assert row["ms"] > 0 and row["tokens_per_s"] == pytest.approx(48 / row["ms"] * 1e3)
     assert res["rows"]["hf"]["ratio"] == 1.0
+
+
+def test_deberta_bench_refuses_what_cpu_cannot_run_in_one_line(capsys):
+    """FlexAttention has no CPU backward, megatron-core's linear layers no CPU autocast: the
+    bench says so before building anything."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "deberta_step_vs_hf.py"
+    spec = importlib.util.spec_from_file_location("deberta_step_vs_hf", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    for argv, message in [
+            (["--impls", "explicit,flex"], "--impls flex needs --device cuda (FlexAttention has "
+             "no backward on CPU); time explicit,sdpa on CPU"),
+            (["--tiny", "--bf16", "--ours-bf16", "both"], "--ours-bf16 both needs --device "
+             "cuda (megatron-core's linear layers run their backward under autocast on CUDA "
+             "only); use params on CPU")]:
+        with pytest.raises(SystemExit) as e:
+            bench.parse_args(argv)
+        assert e.value.code == 2
+        assert capsys.readouterr().err.splitlines() == [
+            f"error: {message}; bench/deberta_step_vs_hf.py --help lists every flag"]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -103,6 +103,14 @@ def test_cli():
      "--tokens-per-s?); estimate_cost.py --help lists every flag"),
     (["--mfu", "0.4"], "error: --mfu and --peak-tflops go together; estimate_cost.py --help "
      "lists every flag"),
+    (["--mfu", "40", "--peak-tflops", "989"], "error: argument --mfu: a fraction in (0, 1], got 40 "
+     "(for 40% pass 0.4); estimate_cost.py --help lists every flag"),
+    (["--mfu", "40%", "--peak-tflops", "989"], "error: argument --mfu: a fraction in (0, 1], got "
+     "40% (for 40% pass 0.4); estimate_cost.py --help lists every flag"),
+    (["--mfu", "0", "--peak-tflops", "989"], "error: argument --mfu: must be > 0, got 0; "
+     "estimate_cost.py --help lists every flag"),
+    (["--mfu", "high", "--peak-tflops", "989"], "error: argument --mfu: expected a fraction such "
+     "as 0.4, got 'high'; estimate_cost.py --help lists every flag"),
 ])
 def test_usage_errors_are_one_line(argv, message):
     r = subprocess.run([sys.executable, "tools/estimate_cost.py", *argv], cwd=REPO,

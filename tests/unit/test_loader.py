@@ -170,3 +170,24 @@ def test_plain_data_path_is_one_concatenated_dataset(two_datasets):
     whole = PackedDataset([a, b], seq_length=16, cache=False)
     assert len(data.datasets) == 1 and len(data.datasets[0]) == len(whole)
     assert data.datasets[0].total_documents == 260
+
+
+@pytest.mark.parametrize("train_iters, eval_interval, start_step, available, says", [
+    (3, 1000, 0, 284, False),  # the run ends before its first validation (newcomer's report)
+    (3, 2, 0, 284, True),  # validates at 2: 2 × 200 samples against 284
+    (3, 2, 2, 284, False),  # resumed after the last validation of the run
+    (4, 2, 2, 284, True),  # resumed, validates again at 4
+    (3, 2, 0, 400, False),  # the split holds one validation's samples
+])
+def test_short_validation_note_only_when_a_validation_runs(train_iters, eval_interval,
+                                                           start_step, available, says):
+    from rtd_scale.training.loop import short_validation_note
+
+    cfg = preset("tiny")
+    t = cfg.train
+    t.train_iters, t.eval_interval, t.eval_iters, t.global_batch_size = (
+        train_iters, eval_interval, 2, 200)
+    note = short_validation_note(t, start_step, available)
+    assert note == ("note: one validation reads 400 samples but the validation split holds 284: "
+                    "samples repeat (masked afresh); lower --eval-iters or raise the validation "
+                    "share of --split" if says else None)

@@ -330,3 +330,28 @@ def test_warmup_in_another_unit_replaces_the_presets_iterations(flag, value, fie
 
     with pytest.raises(UserInputError, match="both give the same length"):
         from_flags(flag, value, "--lr-warmup-iters", "5")
+
+
+def test_own_warnings_are_one_line_and_others_keep_pythons_format(capsys):
+    import warnings
+    from pathlib import Path
+
+    import rtd_scale.config
+    from rtd_scale.cli_errors import one_line_warnings
+
+    ours = rtd_scale.config.__file__
+    passed_on = []
+    with warnings.catch_warnings():  # restores warnings.showwarning
+        warnings.simplefilter("always")
+        warnings.showwarning = lambda message, category, filename, lineno, *rest: \
+            passed_on.append((str(message), category, filename, lineno))
+        one_line_warnings()
+        warnings.warn_explicit("the learning-rate warm-up (960 samples) is not shorter\n   than "
+                               "the run", UserWarning, ours, 582)
+        warnings.warn_explicit("note: rebuilding the cache", UserWarning, ours, 1)
+        warnings.warn_explicit("a library's", UserWarning, str(Path("/elsewhere/lib.py")), 7)
+    assert capsys.readouterr().err.splitlines() == [
+        "warning: the learning-rate warm-up (960 samples) is not shorter than the run",
+        "note: rebuilding the cache"]
+    # another package's warning goes to the hook that was there before, untouched
+    assert passed_on == [("a library's", UserWarning, str(Path("/elsewhere/lib.py")), 7)]

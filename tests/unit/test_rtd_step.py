@@ -47,8 +47,11 @@ class SyncRecorder(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _model(disallow_correct=False, compile_layers=False, dropout=0.0):
+def _model(disallow_correct=False, compile_layers=False, dropout=0.0, attention="bert"):
     cfg = preset("tiny")
+    if attention == "disentangled":  # DeBERTa's layout: relative positions, post-LN
+        cfg.model.attention_type, cfg.model.layernorm_position = "disentangled", "post"
+        cfg.model.position_buckets, cfg.model.max_relative_positions = 16, 64
     cfg.model.vocab_size = 300
     cfg.model.generator = dataclasses.replace(cfg.model.generator, hidden_size=32,
                                               ffn_hidden_size=64, hidden_dropout=dropout,
@@ -112,11 +115,13 @@ def test_no_padding_flag_gives_the_masked_result(single_process_group):
     assert abs(a.rtd_loss.item() - b.rtd_loss.item()) < 1e-5
 
 
-def test_compiled_layers_compute_the_same_step(single_process_group):
+@pytest.mark.parametrize("attention", ["bert", "disentangled"])
+def test_compiled_layers_compute_the_same_step(single_process_group, attention):
     """model.compile_layers compiles each encoder layer in place: same parameter names, the
-    same losses and samples (to float tolerance), gradients reach every layer."""
-    plain = _model()
-    compiled = _model(compile_layers=True)
+    same losses and samples (to float tolerance), gradients reach every layer (with
+    disentangled attention, the relative table too)."""
+    plain = _model(attention=attention)
+    compiled = _model(compile_layers=True, attention=attention)
     assert [n for n, _ in plain.named_parameters()] == [n for n, _ in compiled.named_parameters()]
     ids = _ids()
     a = plain(ids, torch.arange(4), step=1)
@@ -127,6 +132,14 @@ def test_compiled_layers_compute_the_same_step(single_process_group):
     b.loss.backward()
     layer = compiled.discriminator.block.layers[0]
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in layer.parameters())
+    b_grads = {n: p.grad for n, p in compiled.named_parameters() if p.grad is not None}
+    a.loss.backward()
+    for n, p in plain.named_parameters():
+        if p.grad is not None:
+            assert torch.allclose(p.grad, b_grads[n], atol=1e-4, rtol=1e-3), n
+    assert len(b_grads) == sum(p.grad is not None for p in plain.parameters())
+    if attention == "disentangled":
+        assert {"generator.rel_embeddings.weight", "discriminator.rel_embeddings.weight"} <= set(b_grads)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
