@@ -40,8 +40,8 @@ forward + backward (× 3) of:
 
 Not counted: embedding lookups (gathers, no multiply-adds), biases, LayerNorm, GELU, softmax,
 dropout, losses, the sampler and the optimizer — elementwise work, small next to the matmuls and
-not "model FLOPs" — and disentangled attention's gathers of the c2p / p2c scores. V is the real vocabulary (rtd_scale's padding to a multiple of 128 is not
-model work). An implementation that computes MLM logits at every position (Hugging Face's
+not "model FLOPs" — and disentangled attention's gathers of the c2p / p2c scores. V is the real
+vocabulary (rtd_scale's padding to a multiple of 128 is not model work). An implementation that computes MLM logits at every position (Hugging Face's
 ``labels=-100`` idiom) or recomputes attention in the backward pass (flash) does more hardware
 work than this; MFU deliberately does not credit it, so for one workload MFU ratios equal
 tokens/s ratios.

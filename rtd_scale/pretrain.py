@@ -596,7 +596,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     warnings.filterwarnings("ignore", message=".*full scope is deprecated.*")
     warnings.filterwarnings("ignore", message=".*CUDA_DEVICE_MAX_CONNECTIONS.*")
     warnings.filterwarnings("ignore", category=DeprecationWarning, module="megatron")
-    one_line_warnings()
     args = build_parser().parse_args(argv)
     stop = None
     if args.exit_signal_handler:  # installed first: a signal during start-up or load counts too
@@ -622,4 +621,5 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
+    one_line_warnings()  # as a program only: a caller of main() keeps its own warning display
     sys.exit(main())

@@ -74,6 +74,9 @@ def test_launcher_reports_a_user_error_without_traceback(wiki_shards, tmp_path):
     assert r.returncode != 0
     assert "Traceback" not in r.stderr + r.stdout
     assert f"error: --load {tmp_path / 'missing'}: no such directory" in r.stderr + r.stdout
+    # rtd_scale's own warnings are one line each (2 steps × 8 samples end inside the warm-up)
+    assert "warning: the learning-rate warm-up (" in r.stderr
+    assert "UserWarning: the learning-rate" not in r.stderr and "warnings.warn(" not in r.stderr
 
 
 def _fake_checkpoint(root, step=4, layout=None, model=None):
