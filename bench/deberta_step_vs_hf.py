@@ -5,9 +5,9 @@ process on the same batches.
 What is timed is the whole step — generator and discriminator forward, backward and AdamW — for:
 
 - **rtd_scale**: ``RTDModel`` with disentangled attention (``model/disentangled.py``), once per
-  attention core in ``--impls``: "explicit" (scores [b, n, s, s] = c2c + c2p + p2c, the
-  position terms as matmuls against one relative row per distance, skewed into place; softmax,
-  @ V) and "sdpa" (the same c2p + p2c as one float bias given to PyTorch's
+  attention core in ``--impls``: "explicit" (scores [b, n, s, s] = c2c + c2p + p2c, softmax,
+  @ V; c2p and p2c gathered, or with ``--relative-terms shift`` skewed into place from one
+  matmul per distance) and "sdpa" (the same c2p + p2c as one float bias given to PyTorch's
   ``scaled_dot_product_attention``; on GPU its memory-efficient kernel, which takes a bias with
   gradient), and "flex" (one FlexAttention kernel reading the c2p / p2c tables in a score
   modification, ``model/disentangled_flex.py``; CUDA only, timed without attention dropout,
