@@ -5,7 +5,7 @@ megatron-core's parallel state (tensor × data parallel groups), seeds the gener
 RNG policy below, and returns a ``ParallelContext``; ``teardown`` undoes it. ``DeepSpeedMpu``
 hands DeepSpeed the groups it needs (``deepspeed.initialize(mpu=...)``).
 
-RNG policy (tested in tests/dist):
+RNG policy (tested in tests/multiproc):
 - model initialisation: ``torch.manual_seed(seed)`` on every rank before the model is built;
   megatron-core's CPU initialisation draws the full weight and keeps this rank's slice, so the
   initial weights are the same at any TP and DP size;

@@ -4,4 +4,4 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # shellcheck disable=SC1091
 source tools/setup_env.sh
-python -m pytest -q tests "$@"
+python -m pytest -q --durations=30 tests "$@"

@@ -18,7 +18,7 @@ micro-batches, then one optimizer step:
 
 The schedule is handed the raw modules (``engine.module``'s encoders), so DeepSpeed's
 per-micro-batch hooks never run and gradients accumulate in ``param.grad`` (measured to match
-PP = 1; see tests/dist/test_pipeline_parallel.py).
+PP = 1; see tests/multiproc/test_pipeline_parallel.py).
 
 Validation (``pipeline_forward``) runs the same two passes with ``forward_only=True`` under
 ``torch.no_grad()``: no backward, no gradients, no optimizer step.

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, free_port
+from tests.helpers.env import REPO, free_port
 
 pytestmark = pytest.mark.e2e
 

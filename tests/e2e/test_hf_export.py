@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from rtd_scale.hf import convert
-from tests.conftest import REPO
+from tests.helpers.env import REPO
 from tests.e2e.test_pretrain_launcher import launch
 from tests.unit.test_hf_export import TOL, hf_outputs, max_diffs, ours, real_batch
 

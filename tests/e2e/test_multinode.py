@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers.env import REPO
 from tests.e2e.test_pretrain_launcher import scalars
 from tests.e2e.test_slurm import _wait
 

@@ -23,8 +23,8 @@ import torch
 
 from rtd_scale.training.engine import NonFiniteSkippingAdamW
 from rtd_scale.training.loop import NonFiniteGuard
-from tests.conftest import REPO, free_port
-from tests.dist import harness
+from tests.helpers.env import REPO, free_port
+from tests.helpers import dist as harness
 from tests.e2e.test_pretrain_launcher import launch, scalars
 
 # ---------------------------------------------------------------------------------------------
@@ -44,7 +44,7 @@ def _skip_worker(ctx, cases):
     from rtd_scale import distributed
     from rtd_scale.config import Precision, Sharing
     from rtd_scale.training import engine as engine_mod
-    from tests.dist.workers import build, fixed_batch, tiny_config
+    from tests.helpers.dist_workers import build, fixed_batch, tiny_config
 
     def run(stage: int, bf16: bool, with_bad_step: bool):
         cfg = tiny_config(Sharing.GDES)
@@ -298,7 +298,7 @@ def _damaged_checkpoint_worker(ctx, save_dir):
     from rtd_scale.config import Sharing
     from rtd_scale.training import checkpoint
     from rtd_scale.training import engine as engine_mod
-    from tests.dist.workers import build, fixed_batch, tiny_config
+    from tests.helpers.dist_workers import build, fixed_batch, tiny_config
 
     cfg = tiny_config(Sharing.GDES)
     cfg.train.micro_batch_size = cfg.train.global_batch_size = 4

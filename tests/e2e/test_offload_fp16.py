@@ -15,8 +15,8 @@ import torch
 from bench.fp16_check import iterations
 from rtd_scale import pretrain
 from rtd_scale.training.ds_config import fp16_supported
-from tests.conftest import REPO
-from tests.dist import harness
+from tests.helpers.env import REPO
+from tests.helpers import dist as harness
 from tests.e2e.test_pretrain_launcher import launch
 
 pytestmark = pytest.mark.e2e
@@ -29,7 +29,7 @@ def _offload_worker(ctx, stages):
     from rtd_scale import distributed
     from rtd_scale.training import engine as engine_mod
     from rtd_scale.config import Sharing
-    from tests.dist.workers import build, fixed_batch, tiny_config
+    from tests.helpers.dist_workers import build, fixed_batch, tiny_config
 
     def run(stage: int, extra: dict):
         cfg = tiny_config(Sharing.GDES)

@@ -7,7 +7,7 @@ import sys
 
 
 from rtd_scale import pretrain
-from tests.conftest import REPO, TEST_DATA
+from tests.helpers.env import REPO, TEST_DATA
 from tests.e2e.test_pretrain_launcher import launch
 
 

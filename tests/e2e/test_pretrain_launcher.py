@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rtd_scale.training import digest
-from tests.conftest import REPO, free_port
+from tests.helpers.env import REPO, free_port
 
 pytestmark = pytest.mark.e2e
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, TEST_DATA
+from tests.helpers.env import REPO, TEST_DATA
 
 pytestmark = pytest.mark.e2e
 

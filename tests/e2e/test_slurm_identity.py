@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 from rtd_scale.launch_env import slurm_port
-from tests.conftest import CASES, REPO
+from tests.helpers.env import CASES, REPO
 from tests.e2e.test_pretrain_launcher import common
 
 pytestmark = pytest.mark.e2e

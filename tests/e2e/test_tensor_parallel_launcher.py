@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.dist import harness, workers
+from tests.helpers import dist as harness, dist_workers as workers
 from tests.e2e.test_pretrain_launcher import assert_resume_continues, launch, scalars
 
 pytestmark = pytest.mark.e2e

@@ -18,7 +18,7 @@ from rtd_scale.cli_errors import UserInputError, run_cli
 from rtd_scale.data.shards import read_manifest, read_shard_meta
 from rtd_scale.data.text import (Position, ReadStats, check_inputs, input_bytes, input_fingerprint,
                                  iter_positioned_records, iter_records)
-from tests.conftest import REPO, TEST_DATA
+from tests.helpers.env import REPO, TEST_DATA
 
 WIKI = TEST_DATA / "wiki_sample.jsonl"
 TEXTS = [json.loads(line)["text"] for line in WIKI.read_text(encoding="utf-8").splitlines()]

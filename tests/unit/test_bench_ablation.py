@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, standalone_env
+from tests.helpers.env import REPO, standalone_env
 
 sys.path.insert(0, str(REPO / "bench"))
 import pos_probe  # noqa: E402

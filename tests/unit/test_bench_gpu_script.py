@@ -17,7 +17,7 @@ from bench import gpu_rtd_step as bench
 from rtd_scale.flops import EncoderDims, RTDDims, mfu, rtd_flops_per_token, stack_flops_per_token
 
 REPO = Path(__file__).resolve().parents[2]
-from tests.conftest import standalone_env  # noqa: E402
+from tests.helpers.env import standalone_env  # noqa: E402
 SCRIPT = REPO / "bench" / "gpu_rtd_step.py"
 
 ELECTRA_LARGE = RTDDims(

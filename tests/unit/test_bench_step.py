@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-from tests.conftest import standalone_env  # noqa: E402
+from tests.helpers.env import standalone_env  # noqa: E402
 
 pytest.importorskip("transformers")
 

@@ -64,7 +64,7 @@ def test_roc_auc_equals_pair_counting_with_ties():
 
 
 def _model(sharing: Sharing, tp_size: int):
-    from tests.dist.workers import build, tiny_config
+    from tests.helpers.dist_workers import build, tiny_config
 
     model = build(tiny_config(sharing, vocab_size=300), tp_size)
     table = model.discriminator_table
@@ -125,7 +125,7 @@ def cosines_worker(ctx):
 
 @pytest.mark.dist
 def test_table_cosines_tp2_equal_tp1():
-    from tests.dist import harness
+    from tests.helpers import dist as harness
 
     ref = harness.run(cosines_worker, world_size=1)[0]
     for res in harness.run(cosines_worker, world_size=2, tp=2):
@@ -143,7 +143,7 @@ def evaluate_worker(ctx, zero_stage: int):
     from rtd_scale.data.packed import MicroBatch
     from rtd_scale.training import engine as engine_mod
     from rtd_scale.training.loop import evaluate
-    from tests.dist.workers import build, fixed_batch, tiny_config
+    from tests.helpers.dist_workers import build, fixed_batch, tiny_config
 
     cfg = tiny_config(Sharing.GDES, vocab_size=300)
     cfg.train.micro_batch_size, cfg.train.global_batch_size, cfg.train.eval_iters = 2, 8, 2
@@ -175,7 +175,7 @@ def evaluate_worker(ctx, zero_stage: int):
 
 @pytest.mark.dist
 def test_evaluate_auc_dp2_zero3_equals_dp1_and_pair_counting():
-    from tests.dist import harness
+    from tests.helpers import dist as harness
 
     one = harness.run(evaluate_worker, 0, world_size=1)[0]
     scores, labels = one["reference"]

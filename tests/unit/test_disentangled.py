@@ -424,7 +424,7 @@ def test_deberta_bench_tiny_run(tmp_path, precision, rows):
     import sys
     from pathlib import Path
 
-    from tests.conftest import standalone_env
+    from tests.helpers.env import standalone_env
 
     repo = Path(__file__).resolve().parents[2]
     out = tmp_path / "deberta.json"

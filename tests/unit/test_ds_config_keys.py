@@ -13,7 +13,7 @@ from rtd_scale.cli_errors import UserInputError
 from rtd_scale.config import Precision, preset
 from rtd_scale.pretrain import build_parser, config_from_args
 from rtd_scale.training import ds_config as dsc
-from tests.conftest import REPO
+from tests.helpers.env import REPO
 
 
 def cfg_of(precision: Precision = Precision.FP32, pp: int = 1):

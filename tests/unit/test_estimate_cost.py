@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from rtd_scale.config import preset
-from tests.conftest import REPO
+from tests.helpers.env import REPO
 
 _spec = importlib.util.spec_from_file_location("estimate_cost", REPO / "tools" / "estimate_cost.py")
 estimate_cost = importlib.util.module_from_spec(_spec)

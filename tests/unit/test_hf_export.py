@@ -18,7 +18,7 @@ from rtd_scale.config import Sharing, preset
 from rtd_scale.hf import convert
 from rtd_scale.hf.export import write_export
 from rtd_scale.model import weights
-from tests.conftest import TEST_DATA
+from tests.helpers.env import TEST_DATA
 
 TOL = 1e-4
 
@@ -248,7 +248,7 @@ def test_export_tool_errors_are_one_line(tmp_path, capsys):
     import importlib.util
 
     from rtd_scale.cli_errors import run_cli
-    from tests.conftest import REPO
+    from tests.helpers.env import REPO
 
     spec = importlib.util.spec_from_file_location("export_hf", REPO / "tools" / "export_hf.py")
     tool = importlib.util.module_from_spec(spec)

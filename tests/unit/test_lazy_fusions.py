@@ -7,7 +7,7 @@ import sys
 import torch
 
 from rtd_scale._lazy_fusions import lazy_compile
-from tests.conftest import REPO
+from tests.helpers.env import REPO
 
 
 def test_compiles_once_on_first_call_with_the_decorators_arguments():

@@ -17,7 +17,7 @@ from rtd_scale.data.blend import BlendedDataset
 from rtd_scale.data.loader import DataParallelSampler, build_loader, micro_batches
 from rtd_scale.data.packed import PackedDataset, sample_order, split_boundaries
 from rtd_scale.data.shards import ShardWriter, _indexed_dataset_module, open_shard, resolve_data_path
-from tests.conftest import CASES, REPO
+from tests.helpers.env import CASES, REPO
 
 
 def _stream(prefix: str) -> np.ndarray:

@@ -35,7 +35,7 @@ from rtd_scale.data.text import BadLineError, ReadStats, iter_records
 from rtd_scale.data.tokenizer import Tokenizer, normalize_text, train_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
-from tests.conftest import CASES  # noqa: E402
+from tests.helpers.env import CASES  # noqa: E402
 TOOL = REPO / "tools" / "preprocess_data.py"
 CASE_FILES = ["c05_empty_docs.jsonl", "c06_single_sentence_docs.jsonl", "c10_all_lines_too_long.jsonl",
               "c11_no_space_70k.jsonl", "c12_control_chars.jsonl"]

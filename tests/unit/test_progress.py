@@ -12,7 +12,7 @@ import sys
 from rtd_scale.data import packed
 from rtd_scale.data.packed import PackedDataset
 from rtd_scale.data.tokenizer import train_tokenizer
-from tests.conftest import CASES, REPO
+from tests.helpers.env import CASES, REPO
 
 CORPUS = CASES / "n15_a.jsonl"  # 10 documents, 35 training sentences
 

@@ -25,7 +25,7 @@ import pytest
 from rtd_scale.cli_errors import UserInputError, run_cli
 from rtd_scale.data.shards import ShardWriter, open_shard, read_manifest, read_shard_meta, resolve_data_path
 from rtd_scale.data.text import Position, ReadStats, iter_positioned_records
-from tests.conftest import REPO, TEST_DATA
+from tests.helpers.env import REPO, TEST_DATA
 
 TOOL = REPO / "tools" / "preprocess_data.py"
 MERGE = REPO / "tools" / "merge_datasets.py"

@@ -15,7 +15,7 @@ from rtd_scale.config import preset
 from rtd_scale.training.metrics import format_log_line
 from rtd_scale.training.throughput import (DEVICE_PEAK_TFLOPS, ThroughputMeter, format_eta,
                                            memory_gib, peak_tflops, step_model_flops)
-from tests.conftest import REPO, free_port, standalone_env
+from tests.helpers.env import REPO, free_port, standalone_env
 
 BASE = {"optim/lr": 1e-3, "loss/mlm": 6.9, "loss/rtd": 0.69, "loss/total": 41.4,
         "mlm/accuracy": 0.01, "rtd/replaced_fraction": 0.14, "optim/grad_norm": 1.5,

@@ -38,7 +38,7 @@ from rtd_scale.data.tokenizer import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-from tests.conftest import CASES  # noqa: E402
+from tests.helpers.env import CASES  # noqa: E402
 TRAIN_TOOL = REPO / "tools" / "train_tokenizer.py"
 
 

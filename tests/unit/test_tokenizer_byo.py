@@ -20,7 +20,7 @@ from rtd_scale.data.tokenizer import (
     train_tokenizer,
 )
 from tests import byo_tokenizers as byo
-from tests.conftest import REPO
+from tests.helpers.env import REPO
 
 LAYOUTS = ("ours", "deberta_v3", "default_layout_extended", "roberta_names", "wordpiece_vocab", "wordpiece_json")
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from rtd_scale.data.tokenizer import normalize_text
-from tests.conftest import CASES, REPO
+from tests.helpers.env import CASES, REPO
 
 CORPUS = CASES / "n15_a.jsonl"
 FLOOR = re.compile(r"^error: --vocab-size (\d+) is too small for this corpus: .* need (\d+); "

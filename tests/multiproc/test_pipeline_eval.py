@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.dist import eval_workers, harness
+from tests.helpers import dist as harness, eval_workers
 
 pytestmark = pytest.mark.dist
 

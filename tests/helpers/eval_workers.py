@@ -1,10 +1,10 @@
-"""Worker functions for tests/dist/test_pipeline_eval.py (run by tests/dist/harness.py)."""
+"""Worker functions for tests/multiproc/test_pipeline_eval.py (run by tests/helpers/dist.py)."""
 from __future__ import annotations
 
 import torch
 
 from rtd_scale.config import Sharing
-from tests.dist.workers import _build_stage, _pp_config, _pp_micro_batches
+from tests.helpers.dist_workers import _build_stage, _pp_config, _pp_micro_batches
 
 
 def pipeline_eval(ctx):

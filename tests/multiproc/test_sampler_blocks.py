@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from tests.dist import harness
+from tests.helpers import dist as harness
 
 V_PADDED, V_REAL = 512, 500
 

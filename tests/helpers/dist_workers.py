@@ -1,4 +1,4 @@
-"""Functions run inside the spawned ranks of tests/dist (importable, module level)."""
+"""Functions run inside the spawned ranks of the multi-process tests (importable, module level)."""
 from __future__ import annotations
 
 import dataclasses

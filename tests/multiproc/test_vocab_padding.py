@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.dist import harness, workers
+from tests.helpers import dist as harness, dist_workers as workers
 
 pytestmark = pytest.mark.dist
 

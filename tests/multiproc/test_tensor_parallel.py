@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from rtd_scale.config import Sharing
-from tests.dist import harness, workers
+from tests.helpers import dist as harness, dist_workers as workers
 
 pytestmark = pytest.mark.dist
 

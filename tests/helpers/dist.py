@@ -10,7 +10,7 @@ import warnings
 import torch
 import torch.multiprocessing as mp
 
-from tests.conftest import free_port
+from tests.helpers.env import free_port
 
 
 def _worker(rank: int, world_size: int, tp: int, pp: int, port: int, out_dir: str, fn,

@@ -1,0 +1,37 @@
+"""The README's test command collects every ``tests/**/test_*.py`` (STYLE rule 11): pytest's default
+``norecursedirs`` skips folders named ``dist``, ``build``, ``venv`` and dot-folders silently, which
+once kept the whole multi-process tier out of CI."""
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+
+from tests.helpers.env import REPO
+
+
+def readme_test_command() -> list[str]:
+    """The pytest arguments of README command 2: README.md names ``tools/run_tests.sh``, whose
+    ``python -m pytest …`` line is what a user and CI run."""
+    readme = (REPO / "README.md").read_text()
+    assert "bash tools/run_tests.sh" in readme.split("\n## ")[0], "README's first screen lost command 2"
+    script = (REPO / "tools" / "run_tests.sh").read_text()
+    line = next(ln for ln in script.splitlines() if re.match(r"\s*python -m pytest\b", ln))
+    return [a for a in shlex.split(line)[3:] if a != '"$@"' and a != "$@"]
+
+
+def test_readme_test_command_collects_every_test_file():
+    args = readme_test_command()
+    assert "tests" in args, args
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                          *args], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    # -q prints node ids (``file::test``), -qq one ``file: count`` line per file
+    collected = {re.split(r"::|: \d+$", ln)[0] for ln in out.stdout.splitlines()
+                 if "::" in ln or re.search(r"\.py: \d+$", ln)}
+    on_disk = {str(p.relative_to(REPO)) for p in (REPO / "tests").rglob("test_*.py")}
+    assert on_disk, "no test files found"
+    missing = sorted(on_disk - collected)
+    assert not missing, f"test files the README's test command never collects: {missing}"
+    assert any(f.startswith("tests/multiproc/") for f in collected)
