@@ -15,7 +15,7 @@ import pytest
 from rtd_scale.data.tokenizer import Tokenizer
 from tests import byo_tokenizers as byo
 from tests.helpers.env import REPO, TEST_DATA
-from tests.e2e.test_pretrain_launcher import launch, scalars
+from tests.helpers.launcher import launch, scalars
 
 pytestmark = pytest.mark.e2e
 

@@ -18,7 +18,7 @@ import torch
 
 from rtd_scale.hf import convert
 from tests.helpers.env import REPO
-from tests.e2e.test_pretrain_launcher import launch
+from tests.helpers.launcher import launch
 from tests.unit.test_hf_export import TOL, hf_outputs, max_diffs, ours, real_batch
 
 pytestmark = pytest.mark.e2e

@@ -12,7 +12,7 @@ import torch
 from rtd_scale.data.packed import PackedDataset
 from rtd_scale.data.tokenizer import Tokenizer
 from rtd_scale.objectives.masking import mask_tokens
-from tests.e2e.test_pretrain_launcher import launch
+from tests.helpers.launcher import launch
 
 pytestmark = pytest.mark.e2e
 

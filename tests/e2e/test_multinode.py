@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.env import REPO
-from tests.e2e.test_pretrain_launcher import scalars
+from tests.helpers.launcher import scalars
 from tests.e2e.test_slurm import _wait
 
 pytestmark = pytest.mark.e2e

@@ -25,7 +25,7 @@ from rtd_scale.training.engine import NonFiniteSkippingAdamW
 from rtd_scale.training.loop import NonFiniteGuard
 from tests.helpers.env import REPO, free_port
 from tests.helpers import dist as harness
-from tests.e2e.test_pretrain_launcher import launch, scalars
+from tests.helpers.launcher import launch, scalars
 
 # ---------------------------------------------------------------------------------------------
 # Exact skip semantics, every ZeRO stage (one process, the real DeepSpeed engine)

@@ -17,7 +17,7 @@ from rtd_scale import pretrain
 from rtd_scale.training.ds_config import fp16_supported
 from tests.helpers.env import REPO
 from tests.helpers import dist as harness
-from tests.e2e.test_pretrain_launcher import launch
+from tests.helpers.launcher import launch
 
 pytestmark = pytest.mark.e2e
 

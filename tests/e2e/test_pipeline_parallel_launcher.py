@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.test_pretrain_launcher import assert_resume_continues, launch, scalars
-from tests.e2e.test_tensor_parallel_launcher import NO_DROPOUT
+from tests.helpers.launcher import assert_resume_continues, launch, scalars
+from tests.helpers.launcher import NO_DROPOUT
 
 pytestmark = pytest.mark.e2e
 

@@ -6,8 +6,8 @@ import pytest
 
 from rtd_scale.data.shards import resolve_data_path
 from rtd_scale.training import digest
-from tests.e2e.test_pretrain_errors import _error as pretrain_error
-from tests.e2e.test_pretrain_launcher import launch, scalars
+from tests.helpers.launcher import pretrain_error
+from tests.helpers.launcher import launch, scalars
 
 pytestmark = pytest.mark.e2e
 

@@ -8,7 +8,7 @@ import sys
 
 from rtd_scale import pretrain
 from tests.helpers.env import REPO, TEST_DATA
-from tests.e2e.test_pretrain_launcher import launch
+from tests.helpers.launcher import launch, pretrain_error as _error
 
 
 def _args(wiki_shards, save, *extra):
@@ -16,16 +16,6 @@ def _args(wiki_shards, save, *extra):
     return ["--ds_config", "ds_configs/zero3.json", "--data-path", prefix, "--tokenizer-model",
             tok, "--save", str(save), "--train-iters", "2", "--micro-batch-size", "4",
             "--global-batch-size", "8", *extra]
-
-
-def _error(capsys, argv, monkeypatch, world_size: int = 2) -> str:
-    """pretrain.main's one-line error for ``argv`` (run in-process as one rank of ``world_size``)."""
-    monkeypatch.chdir(REPO)
-    monkeypatch.setenv("WORLD_SIZE", str(world_size))
-    assert pretrain.main(argv) == 1
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: "), err
-    return err[0]
 
 
 def test_ds_config_contradicting_the_flags(wiki_shards, tmp_path, capsys, monkeypatch):

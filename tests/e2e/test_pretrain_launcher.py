@@ -2,71 +2,13 @@
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from rtd_scale.training import digest
-from tests.helpers.env import REPO, free_port
+from tests.helpers.launcher import TAGS, common, launch, scalars
 
 pytestmark = pytest.mark.e2e
-
-
-def _deepspeed_bin() -> str:
-    return str(Path(sys.executable).with_name("deepspeed"))
-
-
-def launch(args: list[str], ranks: int = 2, timeout: int = 300) -> subprocess.CompletedProcess:
-    cmd = [_deepspeed_bin(), "--num_gpus", str(ranks), "--master_port", str(free_port()),
-           "rtd_scale/pretrain.py", *args]
-    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
-
-
-def scalars(tb_dir: str) -> dict[str, dict[int, float]]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(tb_dir)
-    acc.Reload()
-    return {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
-
-
-def assert_resume_continues(args, straight: dict, ranks: int, save_dir, straight_dir) -> None:
-    """``args(iters, extra)`` gives the launch arguments. The uninterrupted run in
-    ``straight_dir`` saved at step 5 on its way (``--save-interval 5``): a copy of its directory
-    cut back to that checkpoint is resumed with ``--load`` to step 10, and steps 6–10 must repeat
-    ``straight``'s losses (its TensorBoard scalars) bitwise (C20; TensorBoard stores float32)."""
-    shutil.copytree(straight_dir, save_dir)
-    for later in save_dir.glob("global_step*"):
-        if int(later.name[len("global_step"):]) > 5:
-            shutil.rmtree(later)
-    (save_dir / "latest").write_text("global_step5")
-    shutil.rmtree(save_dir / "tensorboard")
-    r = launch(args(10, ["--load", str(save_dir)]), ranks=ranks)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert f"resumed from {save_dir} at iteration 5" in r.stdout, r.stdout[-3000:]
-    resumed = scalars(str(save_dir / "tensorboard"))
-    assert sorted(resumed["loss/mlm"]) == [6, 7, 8, 9, 10]
-    for step in range(6, 11):
-        for tag in ("loss/mlm", "loss/rtd"):
-            assert resumed[tag][step] == straight[tag][step], (tag, step)
-
-
-def common(wiki_shards, save: Path, iters: int, extra=()) -> list[str]:
-    tok, prefix = wiki_shards
-    return ["--ds_config", "ds_configs/zero3.json", "--preset", "tiny", "--data-path", prefix,
-            "--tokenizer-model", tok, "--save", str(save), "--train-iters", str(iters),
-            "--seq-length", "64", "--micro-batch-size", "4", "--global-batch-size", "16",
-            "--lr", "1e-3", "--lr-warmup-iters", "4", "--log-interval", "1",
-            "--save-interval", "3", "--seed", "11", *extra]
-
-
-TAGS = {"loss/mlm", "loss/rtd", "loss/total", "mlm/accuracy", "rtd/replaced_fraction",
-        "rtd/accuracy_replaced", "rtd/accuracy_original", "optim/lr", "optim/grad_norm",
-        "throughput/tokens_per_s", "embedding/avg_cosine_generator",
-        "embedding/avg_cosine_discriminator", "embedding/rowwise_cosine_generator_discriminator"}
 
 
 def test_zero3_two_ranks_train_checkpoint_and_resume_exactly(wiki_shards, tmp_path):

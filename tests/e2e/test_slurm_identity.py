@@ -28,7 +28,7 @@ import pytest
 
 from rtd_scale.launch_env import slurm_port
 from tests.helpers.env import CASES, REPO
-from tests.e2e.test_pretrain_launcher import common
+from tests.helpers.launcher import common
 
 pytestmark = pytest.mark.e2e
 

@@ -6,13 +6,9 @@ import pytest
 import torch
 
 from tests.helpers import dist as harness, dist_workers as workers
-from tests.e2e.test_pretrain_launcher import assert_resume_continues, launch, scalars
+from tests.helpers.launcher import NO_DROPOUT, assert_resume_continues, launch, scalars
 
 pytestmark = pytest.mark.e2e
-
-NO_DROPOUT = [f"--set=model.{m}.{d}=0.0" for m in ("generator", "discriminator")
-              for d in ("hidden_dropout", "attention_dropout")]
-
 
 def _args(wiki_shards, save, ds_config, iters, tp, extra=()):
     tok, prefix = wiki_shards
