@@ -481,7 +481,8 @@ def run(cfg: RunConfig, print_fn=print, stop=None) -> dict:
         summary = {"history": result.history, "valid_history": result.valid_history,
                    "checkpoint_dir": result.checkpoint_dir,
                    "interrupted": result.interrupted, "last_step": result.last_step,
-                   "tensorboard_dir": cfg.train.tensorboard_dir, "start_step": start_step}
+                   "tensorboard_dir": cfg.train.tensorboard_dir, "start_step": start_step,
+                   "export_hint": export_hint(cfg)}
         if ctx.is_logging_rank and result.history:
             print_fn(summary_text(summary))
         torch.distributed.barrier()
@@ -504,6 +505,21 @@ def export_consolidated(engine, model, cfg: RunConfig, ctx, path: str) -> None:
         torch.save({"config": cfg.to_dict(), "model": state}, tmp)
         os.replace(tmp, path)
     torch.distributed.barrier()
+
+
+def export_hint(cfg: RunConfig) -> Optional[str]:
+    """The summary's line that exports this run to Hugging Face, and what the export loads as
+    (``rtd_scale.hf.convert.class_names``); None without ``--save``."""
+    from rtd_scale.hf.convert import ELECTRA_DISCRIMINATOR, RTD_HEAD_FILE, class_names
+
+    if not cfg.train.save:
+        return None
+    out = os.path.join("hf", os.path.basename(os.path.normpath(cfg.train.save)))
+    disc, _ = class_names(cfg.model)
+    head = ("RTD head included" if disc == ELECTRA_DISCRIMINATOR
+            else f"its RTD head in {out}/{RTD_HEAD_FILE}")
+    return (f"python tools/export_hf.py --load {cfg.train.save} --output {out}   "
+            f"(loads as {disc}, {head}; the generator in {out}/generator)")
 
 
 def summary_text(summary: dict) -> str:
@@ -585,6 +601,8 @@ def summary_text(summary: dict) -> str:
         lines.append(f"  TensorBoard: tensorboard --logdir {summary['tensorboard_dir']}")
     if summary.get("checkpoint_dir"):
         lines.append(f"  checkpoint:  {summary['checkpoint_dir']}")
+    if summary.get("export_hint"):
+        lines.append(f"  export:      {summary['export_hint']}")
     return "\n".join(lines)
 
 

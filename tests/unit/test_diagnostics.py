@@ -222,3 +222,26 @@ def test_summary_verdict_reads_the_last_auc_against_chance():
     assert "verdict: below chance" in summary_text(_summary([0.46]))
     no_valid = _summary([])
     assert "verdict: no held-out RTD AUC" in summary_text(no_valid)
+
+
+@pytest.mark.parametrize("preset,flags,cls,head", [
+    ("electra-small", {}, "ElectraForPreTraining", "RTD head included"),
+    ("tiny", {"layernorm_position": "pre"}, "RobertaPreLayerNormModel",
+     "its RTD head in hf/my-run/rtd_head.safetensors"),
+    ("debertav3-xsmall", {}, "DebertaV2Model", "its RTD head in hf/my-run/rtd_head.safetensors"),
+])
+def test_summary_names_the_export_command_of_its_own_run(preset, flags, cls, head):
+    from rtd_scale import config
+    from rtd_scale.pretrain import export_hint, summary_text
+
+    cfg = config.preset(preset)
+    for k, v in flags.items():
+        setattr(cfg.model, k, config.LayerNormPosition(v))
+    cfg.train.save = "runs/my-run/"
+    hint = export_hint(cfg)
+    assert hint == (f"python tools/export_hf.py --load runs/my-run/ --output hf/my-run   "
+                    f"(loads as {cls}, {head}; the generator in hf/my-run/generator)")
+    text = summary_text({**_summary([0.6]), "export_hint": hint})
+    assert text.splitlines()[-1] == f"  export:      {hint}"
+    cfg.train.save = None
+    assert export_hint(cfg) is None

@@ -1,0 +1,70 @@
+"""The import rules of DESIGN.md §2, read from the source (every import, at module level or inside a
+function): ``objectives/``, ``data/`` and ``config.py`` never import ``model/`` or ``training/``;
+``model/`` never imports ``training/`` or ``hf/``; ``training/`` never imports ``hf/``;
+``objectives/``, ``data/`` and ``config.py`` never import deepspeed, and only ``data/shards.py``
+of them knows megatron-core (its ``.bin/.idx`` indexed dataset is the shard format)."""
+from __future__ import annotations
+
+import ast
+
+import pytest
+
+from tests.helpers.env import REPO
+
+PKG = REPO / "rtd_scale"
+
+# (files, packages they must never import)
+RULES = [
+    ("objectives", ("rtd_scale.model", "rtd_scale.training", "rtd_scale.hf", "deepspeed",
+                    "megatron")),
+    ("data", ("rtd_scale.model", "rtd_scale.training", "rtd_scale.hf", "deepspeed",
+              "megatron.core.models", "megatron.core.transformer", "megatron.core.parallel_state",
+              "megatron.core.tensor_parallel")),
+    ("config.py", ("rtd_scale.model", "rtd_scale.training", "rtd_scale.hf", "deepspeed",
+                   "megatron")),
+    ("model", ("rtd_scale.training", "rtd_scale.hf")),
+    ("training", ("rtd_scale.hf",)),
+]
+
+
+def imports_of(path, package: str | None = None) -> set[str]:
+    """Every module ``path`` imports, relative imports resolved against its package (by default
+    the one its place in the repository gives)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    if package is None:
+        package = ".".join(path.relative_to(REPO).with_suffix("").parts[:-1])
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            found.add(mod)
+            found.update(f"{mod}.{a.name}" for a in node.names)
+    return found
+
+
+def files_of(where: str):
+    p = PKG / where
+    return [p] if p.suffix == ".py" else sorted(p.rglob("*.py"))
+
+
+@pytest.mark.parametrize("where,forbidden", RULES, ids=[r[0] for r in RULES])
+def test_imports_flow_one_way(where, forbidden):
+    files = files_of(where)
+    assert files, where
+    bad = [f"{f.relative_to(REPO)} imports {m}" for f in files for m in sorted(imports_of(f))
+           if any(m == b or m.startswith(b + ".") for b in forbidden)]
+    assert not bad, bad
+
+
+def test_the_rule_reader_sees_a_forbidden_import(tmp_path):
+    """Negative control: the reader finds a function-level and a relative import."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f():\n    from ..training import loop\n    import deepspeed\n")
+    found = imports_of(probe, package="rtd_scale.model")
+    assert {"rtd_scale.training", "rtd_scale.training.loop", "deepspeed"} <= found, found
