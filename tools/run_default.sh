@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # README command 1: the main job on the embedded default, from a fresh machine.
 #   set-up → sample corpus (Wikipedia vital-article leads) → SentencePiece → shards →
-#   `deepspeed rtd_scale/pretrain.py` (tiny preset, 2 ranks, ZeRO-3, 300 steps) → summary.
+#   `deepspeed rtd_scale/pretrain.py` (debertav3-tiny preset, 2 ranks, ZeRO-3, 600 steps) → summary.
 # Validation reads 8 global batches (256 of the split's 284 samples) instead of the preset's 2, so
 # the held-out RTD AUC's chance standard deviation is ~0.0045 rather than ~0.009.
-# Knobs (environment): RTD_STEPS (300), RTD_RANKS (2), RTD_DS_CONFIG (ds_configs/zero3.json),
-# RTD_RUN_DIR (runs/tiny-<time>).
+# Knobs (environment): RTD_STEPS (600), RTD_RANKS (2), RTD_DS_CONFIG (ds_configs/zero3.json),
+# RTD_RUN_DIR (runs/debertav3-tiny-<time>).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 start=$(date +%s)
@@ -25,14 +25,14 @@ if [ ! -f "$manifest" ] || [ "$data/spm.model" -nt "$manifest" ]; then
     --tokenizer-model "$data/spm.model" --output-prefix "$data/wiki" --workers 2 --overwrite
 fi
 
-run_dir="${RTD_RUN_DIR:-runs/tiny-$(date +%Y%m%d-%H%M%S)}"
+run_dir="${RTD_RUN_DIR:-runs/debertav3-tiny-$(date +%Y%m%d-%H%M%S)}"
 deepspeed --num_gpus "${RTD_RANKS:-2}" rtd_scale/pretrain.py \
   --ds_config "${RTD_DS_CONFIG:-ds_configs/zero3.json}" \
-  --preset tiny \
+  --preset debertav3-tiny \
   --data-path "$data/wiki_text_document" \
   --tokenizer-model "$data/spm.model" \
   --save "$run_dir" \
-  --train-iters "${RTD_STEPS:-300}" \
+  --train-iters "${RTD_STEPS:-600}" \
   --log-interval 25 --save-interval 100 --eval-iters 8 2>&1 \
   | grep --line-buffered -vE '^\[[0-9-]+ [0-9:,]+\] \[(INFO|WARNING)\]|^ *warnings.warn\(|^  return func'
 echo "main job done in $(( $(date +%s) - start )) s (set-up included)"
