@@ -34,7 +34,7 @@ import pytest
 
 from tests.helpers.env import REPO
 from tests.helpers.launcher import scalars
-from tests.e2e.test_slurm import _wait
+from tests.helpers.slurm import shellcheck, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -139,12 +139,11 @@ def test_skip_path_when_the_cluster_cannot_be_made(tmp_path):
     assert _leftovers(run_id) == [] and not Path(f"/var/tmp/rtd_mn_{run_id}").exists()
 
 
-def test_scripts_parse_and_pass_shellcheck():
-    from tests.e2e.test_slurm import _shellcheck
+def test_scripts_parse_and_passshellcheck():
     for script in (START, STOP):
         r = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, timeout=30)
         assert r.returncode == 0, f"{script}: {r.stderr}"
-    r = subprocess.run([_shellcheck(), "-x", str(START), str(STOP)], capture_output=True,
+    r = subprocess.run([shellcheck(), "-x", str(START), str(STOP)], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
 
@@ -320,16 +319,16 @@ def preempted_job(cluster, job_env, tmp_path_factory) -> Preempted:
     job = _sbatch(cluster, env, work, *TWO_NODES, BASE)
     log = work / f"slurm-rtd-debertav3-base-{job}.out"
     try:
-        _wait("iteration 2", lambda: log.exists() and
+        wait_for("iteration 2", lambda: log.exists() and
               any(int(m[1]) >= 2 for m in ITERATION.finditer(log.read_text())), 400, log)
         cluster.client("scancel", "--signal=USR1", "--batch", str(job))
-        _wait("the job to be requeued",
+        wait_for("the job to be requeued",
               lambda: _queued(cluster, job) in ("PENDING BeginTime", ""), 300, log)
         assert _queued(cluster, job) == "PENDING BeginTime", \
             f"the job ended instead of requeueing: {_job(cluster, job)}\n{log.read_text()[-3000:]}"
         time.sleep(2.5)  # see test_slurm.py: a start in the same second as the revocation fails
         cluster.client("scontrol", "update", f"JobId={job}", "StartTime=now")
-        _wait("the requeued job to end", lambda: not _queued(cluster, job), 480, log)
+        wait_for("the requeued job to end", lambda: not _queued(cluster, job), 480, log)
     finally:
         cluster.client("scancel", str(job), check=False)
     print(f"[multinode] preempted, requeued and resumed 2-node job: {time.monotonic() - t0:.1f} s")
@@ -433,7 +432,7 @@ def test_torchrun_once_per_node_matches(cluster, job_env, single_node_losses, tm
     job = _sbatch(cluster, env, tmp_path, *TWO_NODES, BASE)
     log = tmp_path / f"slurm-rtd-debertav3-base-{job}.out"
     try:
-        _wait("the torchrun job to end", lambda: not _queued(cluster, job), 480, log)
+        wait_for("the torchrun job to end", lambda: not _queued(cluster, job), 480, log)
     finally:
         cluster.client("scancel", str(job), check=False)
     print(f"[multinode] torchrun 2-node job: {time.monotonic() - t0:.1f} s")
@@ -458,7 +457,7 @@ def test_tp_spanning_nodes_is_refused(cluster, job_env, tmp_path):
     env = {**job_env, "RTD_SAVE": str(tmp_path / "run")}
     job = _sbatch(cluster, env, tmp_path, "--nodes=2", "--ntasks-per-node=1",
                   "--gpus-per-node=0", BASE)
-    _wait("the job to end", lambda: not _queued(cluster, job), 120)
+    wait_for("the job to end", lambda: not _queued(cluster, job), 120)
     state = _job(cluster, job)
     out = (tmp_path / f"slurm-rtd-debertav3-base-{job}.out").read_text()
     assert state["JobState"] == "FAILED" and state["ExitCode"] == "1:0", (state, out)

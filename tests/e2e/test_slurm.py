@@ -16,7 +16,6 @@ import hashlib
 import math
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.env import REPO, TEST_DATA
+from tests.helpers.slurm import shellcheck, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -43,22 +43,8 @@ def test_scripts_parse():
         assert r.returncode == 0, f"{script}: {r.stderr}"
 
 
-def _shellcheck() -> str:
-    found = shutil.which("shellcheck")
-    if found is None and os.geteuid() == 0 and shutil.which("apt-get"):
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        cmd = ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "shellcheck"]
-        if subprocess.run(cmd, capture_output=True, env=env, timeout=300).returncode != 0:
-            subprocess.run(["apt-get", "update", "-qq"], capture_output=True, env=env, timeout=300)
-            subprocess.run(cmd, capture_output=True, env=env, timeout=300)
-        found = shutil.which("shellcheck")
-    if found is None:
-        pytest.skip("shellcheck is not installed and cannot be installed here (apt-get as root)")
-    return found
-
-
-def test_scripts_pass_shellcheck():
-    r = subprocess.run([_shellcheck(), "-x", *map(str, SCRIPTS)], capture_output=True, text=True,
+def test_scripts_passshellcheck():
+    r = subprocess.run([shellcheck(), "-x", *map(str, SCRIPTS)], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
 
@@ -155,17 +141,6 @@ def _queued(env, job_id: int) -> str:
     return _run(env, "squeue", "-h", "-j", str(job_id), "-o", "%T %r").strip()
 
 
-def _wait(what: str, predicate, timeout: float, log: Path | None = None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    tail = log.read_text()[-4000:] if log is not None and log.exists() else ""
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{tail}")
-
-
 def _venv() -> str:
     venv = Path(sys.executable).parent.parent
     return str(venv if (venv / "bin" / "activate").is_file() else REPO / ".venv")
@@ -189,7 +164,7 @@ def slurm_shards(slurm, wiki_shards, tmp_path_factory):
     job = _sbatch(env, work, "--array=0-1", "--cpus-per-task=1",
                   str(REPO / "slurm" / "preprocess.sh"), "inputs.txt")
     try:
-        _wait("the preprocessing array job", lambda: not _queued(env, job), 300)
+        wait_for("the preprocessing array job", lambda: not _queued(env, job), 300)
     finally:
         subprocess.run(["scancel", str(job)], env=env, capture_output=True, timeout=30)
     print(f"[slurm] preprocess array job: {time.monotonic() - t0:.1f} s")
@@ -233,7 +208,7 @@ def test_impossible_batch_arithmetic_stops_the_job(slurm_shards, tmp_path):
     env, _ = slurm_shards
     env = {**env, "RTD_GLOBAL_BATCH": "15", "RTD_TRAIN_ITERS": "2", "RTD_SAVE": str(tmp_path / "r")}
     job = _sbatch(env, tmp_path, *SMALL_TEST, LARGE)
-    _wait("the job to end", lambda: not _queued(env, job), 120)
+    wait_for("the job to end", lambda: not _queued(env, job), 120)
     state = _job(env, job)
     assert state["JobState"] == "FAILED" and state["ExitCode"] == "1:0", state
     out = (tmp_path / f"slurm-rtd-debertav3-large-{job}.out").read_text()
@@ -250,7 +225,7 @@ def test_pretrain_large_small_overrides_two_ranks(slurm_shards, tmp_path):
     job = _sbatch(env, tmp_path, *SMALL_TEST, LARGE)  # submitted from outside the repository
     log = tmp_path / f"slurm-rtd-debertav3-large-{job}.out"
     try:
-        _wait("the training job to end", lambda: not _queued(env, job), 480, log)
+        wait_for("the training job to end", lambda: not _queued(env, job), 480, log)
     finally:
         subprocess.run(["scancel", str(job)], env=env, capture_output=True, timeout=30)
     print(f"[slurm] 20-step training job: {time.monotonic() - t0:.1f} s")
@@ -275,7 +250,7 @@ def test_pretrain_large_small_overrides_two_ranks(slurm_shards, tmp_path):
 
     # the same submission again finds the final checkpoint and stops at once
     again = _sbatch(env, tmp_path, *SMALL_TEST, LARGE)
-    _wait("the second submission to end", lambda: not _queued(env, again), 120)
+    wait_for("the second submission to end", lambda: not _queued(env, again), 120)
     assert _job(env, again)["JobState"] == "COMPLETED"
     out = (tmp_path / f"slurm-rtd-debertav3-large-{again}.out").read_text()
     assert "already holds the final checkpoint (global_step20): nothing to do" in out, out
@@ -292,20 +267,20 @@ def test_preemption_saves_requeues_and_resumes(slurm_shards, tmp_path):
     try:
         # once training runs, preempt it the way --signal=B:USR1@600 does: SIGUSR1 to the batch
         # shell, which forwards it to the tasks
-        _wait("iteration 2", lambda: log.exists() and
+        wait_for("iteration 2", lambda: log.exists() and
               any(int(m[1]) >= 2 for m in ITERATION.finditer(log.read_text())), 300, log)
         _run(env, "scancel", "--signal=USR1", "--batch", str(job))
         # requeued: Slurm holds it for AuthInfo cred_expire (120 s; EligibleTime = requeue +
         # 121 s) because slurmd refuses a credential issued no later (in whole seconds) than its
         # revocation of the killed run's: StartTime=now 0.2 s after the requeue made the job
         # FAILED ("Job credential revoked"). Two seconds later it is safe; skip the rest.
-        _wait("the job to be requeued", lambda: _queued(env, job) in ("PENDING BeginTime", ""),
+        wait_for("the job to be requeued", lambda: _queued(env, job) in ("PENDING BeginTime", ""),
               300, log)
         assert _queued(env, job) == "PENDING BeginTime", \
             f"the job ended instead of requeueing: {_job(env, job)}\n{log.read_text()[-3000:]}"
         time.sleep(2.5)
         _run(env, "scontrol", "update", f"JobId={job}", "StartTime=now")
-        _wait("the requeued job to end", lambda: not _queued(env, job), 480, log)
+        wait_for("the requeued job to end", lambda: not _queued(env, job), 480, log)
     finally:
         subprocess.run(["scancel", str(job)], env=env, capture_output=True, timeout=30)
     print(f"[slurm] preempted, requeued and resumed job: {time.monotonic() - t0:.1f} s")
