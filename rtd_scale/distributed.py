@@ -56,6 +56,9 @@ class ParallelContext:
     pp_group: dist.ProcessGroup
     embedding_group: Optional[dist.ProcessGroup]  # first + last stage; None elsewhere or at PP=1
     last_stage_global_rank: int  # this pipeline's last stage (same TP and DP position)
+    # every rank over gloo, for values decided on the host (training/signals.py); None: the
+    # default group is already gloo (CPU)
+    host_group: Optional[dist.ProcessGroup] = None
 
     @property
     def is_first_stage(self) -> bool:
@@ -188,6 +191,7 @@ def initialize(parallel: ParallelConfig, *, seed: int, timeout_minutes: int = 30
         embedding_group=(ps.get_embedding_group() if pp > 1 and ps.is_rank_in_embedding_group()
                          else None),
         last_stage_global_rank=ps.get_pipeline_model_parallel_last_rank(),
+        host_group=dist.new_group(backend="gloo") if backend == "nccl" else None,
     )
     torch.manual_seed(seed)  # model initialisation: identical on every rank
     return ctx

@@ -143,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int)
     p.add_argument("--exit-signal-handler", action="store_true",
                    help="on --exit-signal, save a checkpoint after the current step and exit 0 "
-                        "(for preemption: Slurm's --signal)")
+                        "(for preemption: Slurm's --signal); SIGTERM, SIGINT and the deepspeed "
+                        "launcher's exit always do so")
     p.add_argument("--exit-signal", default="SIGTERM",
                    choices=["SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT"])
     p.add_argument("--max-consecutive-nonfinite-iters", type=int, metavar="N",
@@ -159,6 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
                    dest="use_checkpoint_opt_param_scheduler", action="store_true",
                    help="with --load: keep the checkpoint's learning-rate schedule, whatever "
                         "the schedule flags say")
+    p.add_argument("--override-data-order", action="store_true", default=None,
+                   help="with --load: accept a --seed other than the checkpoint's; the sample "
+                        "order, masks and sampling noise follow the new seed from the resumed "
+                        "sample on")
     megatron_args.add_model_args(p)
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="override any config field, e.g. --set model.generator.num_layers=2")
@@ -193,6 +198,7 @@ _FLAG_FIELDS = {
         "lr_warmup_init", "lr_wsd_decay_style", "lr_wsd_decay_iters", "lr_wsd_decay_samples")},
     "peak_tflops_per_device": ("train", "peak_tflops_per_device"),
     "max_consecutive_nonfinite_iters": ("train", "max_consecutive_nonfinite_iters"),
+    "override_data_order": ("train", "override_data_order"),
 }
 
 
@@ -430,6 +436,10 @@ def run(cfg: RunConfig, print_fn=print, stop=None) -> dict:
                              "new value from this step on")
                 if schedule_note:
                     print_fn(schedule_note)
+                saved_seed = (client.get("config") or {}).get("train", {}).get("seed")
+                if saved_seed is not None and saved_seed != cfg.train.seed:  # allowed: prepare
+                    print_fn(checkpoint.data_order_note(saved_seed, cfg.train.seed, consumed,
+                                                        dataset["train"]))
                 print_fn(f"learning rate of iteration {start_step + 1}: {eng.get_lr()[0]!r}")
         if ctx.is_logging_rank and cfg.train.save:
             write_atomic(os.path.join(cfg.train.save, "config.json"), cfg.to_json() + "\n")
@@ -615,20 +625,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     warnings.filterwarnings("ignore", message=".*CUDA_DEVICE_MAX_CONNECTIONS.*")
     warnings.filterwarnings("ignore", category=DeprecationWarning, module="megatron")
     args = build_parser().parse_args(argv)
-    stop = None
-    if args.exit_signal_handler:  # installed first: a signal during start-up or load counts too
-        import signal
+    import signal
 
-        from rtd_scale.training.loop import ExitSignal
+    from rtd_scale.training.signals import DEFAULT_SIGNALS, StopRequest
 
-        stop = ExitSignal(getattr(signal, args.exit_signal))
+    # entered first: a signal during start-up or load counts too (training/signals.py)
+    signums = [*DEFAULT_SIGNALS, *([getattr(signal, args.exit_signal)]
+                                   if args.exit_signal_handler else [])]
     rank = 0
     try:
         rank = launch_env.read().rank
         if rank != 0:  # every rank would repeat the same configuration warnings
             warnings.simplefilter("ignore", UserWarning)
         cfg = config_from_args(args)
-        run(cfg, stop=stop)
+        with StopRequest(signums) as stop:
+            run(cfg, stop=stop)
     except (UserInputError, OSError) as e:  # user errors; bugs keep their traceback
         if os.environ.get("RTD_SCALE_TRACEBACK") == "1":
             raise

@@ -19,6 +19,7 @@ diverge).
 """
 from __future__ import annotations
 
+import signal
 from typing import Iterator, Optional
 
 import numpy as np
@@ -116,6 +117,15 @@ class MicroBatchLoader:
             yield batch if isinstance(batch, MicroBatch) else batch.to_torch()
 
 
+def _ignore_stop_signals(worker_id: int) -> None:
+    """A worker leaves SIGINT and SIGTERM to its rank, which saves after the current step
+    (training/signals.py): Ctrl-C reaches the whole process group and the deepspeed launcher
+    SIGTERMs each rank's process tree, and a worker dying of either would make torch's SIGCHLD
+    handler raise in the rank mid-step. A worker still ends with its rank (torch's watchdog)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def build_loader(dataset, sampler: DataParallelSampler, *, num_workers: int,
                  pin_memory: bool, prefetch_factor: Optional[int] = 2,
                  seed: int = 0) -> MicroBatchLoader:
@@ -132,7 +142,8 @@ def build_loader(dataset, sampler: DataParallelSampler, *, num_workers: int,
     """
     kw = {}
     if num_workers > 0:
-        kw = dict(prefetch_factor=prefetch_factor, persistent_workers=True)
+        kw = dict(prefetch_factor=prefetch_factor, persistent_workers=True,
+                  worker_init_fn=_ignore_stop_signals)
     return MicroBatchLoader(torch.utils.data.DataLoader(
         _HostBatches(dataset), sampler=sampler, batch_size=None, collate_fn=_as_is,
         num_workers=num_workers, pin_memory=pin_memory,

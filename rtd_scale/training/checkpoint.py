@@ -310,7 +310,32 @@ def check_compatible(load_dir: str, tag: str, config: dict[str, Any],
         raise UserInputError(
             f"--load {load_dir}: {tag} holds another model ({', '.join(diffs)}); use the "
             f"preset and overrides it was trained with (see {load_dir}/config.json)")
+    old_seed, seed = meta["config"].get("train", {}).get("seed"), config["train"]["seed"]
+    if old_seed is not None and old_seed != seed and not config["train"].get("override_data_order"):
+        # the order is a function of (seed, epoch) (data/blend.py): another seed reshuffles
+        # the epoch the run is in, so its remaining samples are not the ones still unread
+        raise UserInputError(
+            f"--load {load_dir}: {tag} was trained with --seed {old_seed}, this run has --seed "
+            f"{seed}, which would reshuffle the data mid-epoch (some samples read twice, others "
+            f"never); pass --seed {old_seed}, or --override-data-order to start the new seed's "
+            "order where the run resumes")
     return meta
+
+
+def data_order_note(saved_seed: int, seed: int, consumed: int, data) -> str:
+    """The note a resumed run prints when ``--override-data-order`` lets ``seed`` replace the
+    checkpoint's ``saved_seed``: where the new order starts (``data``: the training split's
+    ``BlendedDataset``; its global sample ``consumed`` is the first one read)."""
+    import numpy as np
+
+    d, j = data.schedule.locate(np.array([consumed], np.int64))
+    ds = data.datasets[int(d[0])]
+    epoch, position = divmod(int(j[0]), len(ds))
+    return (f"note: --override-data-order: the data order follows --seed {seed} (the "
+            f"checkpoint's was {saved_seed}) from sample {consumed} on: {ds.name} resumes in "
+            f"epoch {epoch} at position {position} of its {len(ds)} (counted from 0) of the new "
+            "order, so this epoch skips some unread samples and repeats some read ones; masks "
+            "and sampling noise follow the new seed too")
 
 
 # ------------------------------------------------------------------------- safe loading ----

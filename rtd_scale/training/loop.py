@@ -12,7 +12,6 @@ through the validation set from one evaluation to the next instead.)
 from __future__ import annotations
 
 import json
-import signal
 import time
 from dataclasses import dataclass, field
 from typing import Optional
@@ -30,6 +29,7 @@ from rtd_scale.training.digest import DataDigest
 from rtd_scale.training.diagnostics import (VALID_AUC, VALID_AUC_CHANCE_SD, auc_chance_sd,
                                             gather_scores, roc_auc, table_cosines)
 from rtd_scale.training.engine import NonFiniteSkippingAdamW
+from rtd_scale.training.signals import StopRequest
 from rtd_scale.training.pipeline import pipeline_forward, pipeline_train_step
 from rtd_scale.training.throughput import ThroughputMeter, loss_scale, memory_gib
 from rtd_scale.training.metrics import (MetricAccumulator, TensorBoardLogger, format_log_line,
@@ -45,29 +45,7 @@ class TrainResult:
     history: list[tuple[int, dict[str, float]]] = field(default_factory=list)
     valid_history: list[tuple[int, dict[str, float]]] = field(default_factory=list)
     checkpoint_dir: Optional[str] = None
-    interrupted: bool = False  # stopped early by the exit signal, after saving
-
-
-class ExitSignal:
-    """Megatron-LM's ``--exit-signal-handler``: remember that ``signum`` arrived; the loop then
-    saves a checkpoint after the current step and returns. All ranks agree through one MAX
-    all-reduce per step (only while the handler is installed)."""
-
-    def __init__(self, signum: Optional[int]):
-        self.signum, self.received = signum, False
-        if signum is not None:
-            signal.signal(signum, self._handle)
-
-    def _handle(self, signum, frame) -> None:
-        self.received = True
-
-    def any_rank_received(self, device) -> bool:
-        if self.signum is None:
-            return False
-        flag = torch.tensor([1.0 if self.received else 0.0], device=device)
-        if dist.is_initialized():
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+    interrupted: bool = False  # stopped early (a signal, the launcher's exit), after saving
 
 
 class NonFiniteIterationsError(UserInputError):
@@ -276,16 +254,29 @@ def short_validation_note(t, start_step: int, available: int) -> Optional[str]:
             "validation share of --split")
 
 
+def stop_line(reason: str, done: int, save: Optional[str], saved: Optional[str],
+              last_good: Optional[str]) -> str:
+    """The one line an interrupted run ends with: why, where, and the ``--load`` to resume."""
+    head = f"{reason}: stopped after iteration {done}"
+    if saved:
+        return f"{head}; saved {saved}; resume with --load {save}"
+    if last_good:
+        return (f"{head}; not saved at this iteration; resume from {last_good} with --load "
+                f"{last_good}")
+    return head + (" (no --save: nothing saved)" if not save else "; nothing saved")
+
+
 def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedDataset], *,
           start_step: int, consumed_samples: int, tb: TensorBoardLogger, print_fn=print,
-          stop: Optional["ExitSignal"] = None, layout: Optional[dict] = None,
+          stop: Optional[StopRequest] = None, layout: Optional[dict] = None,
           resumed_from: Optional[str] = None) -> TrainResult:
     """Run optimizer steps start_step … train_iters − 1 (0-based; logs count them from 1).
 
     ``data["train"]`` is read from ``consumed_samples`` on; ``data["valid"]``, when present, is
-    evaluated every ``eval_interval`` steps. With ``stop`` (an installed ``ExitSignal``), its
-    signal — received at any time since it was installed — makes the loop save a checkpoint
-    after the current step and return with ``interrupted=True``.
+    evaluated every ``eval_interval`` steps. With ``stop`` (an entered ``signals.StopRequest``),
+    a stop request on any rank — at any time since it was entered — makes every rank save a
+    checkpoint after the current step and return with ``interrupted=True``; the logging rank
+    prints one line naming the checkpoint and the ``--load`` that resumes it.
 
     Non-finite iterations (``NonFiniteGuard``) are skipped and counted (``optim/skipped_iters``
     per log interval); no checkpoint is saved while the last iteration was skipped.
@@ -297,7 +288,7 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
             were skipped (checked at the log interval and before each save).
     """
     t = cfg.train
-    stop = stop or ExitSignal(None)
+    stop = stop or StopRequest((), watch_launcher=False)  # never entered: never stops
     model = engine.module
     acc = MetricAccumulator(ctx.device)
     result = TrainResult(first_step=start_step + 1, last_step=t.train_iters)
@@ -391,7 +382,7 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
                 print_fn(format_valid_line(done, t.eval_iters * t.global_batch_size, scalars))
                 result.valid_history.append((done, scalars))
             last_log = time.perf_counter()  # validation time is not training throughput
-        stopping = stop.any_rank_received(ctx.device)
+        stopping = stop.agreed(ctx.host_group)  # one int64 all-reduced on the host
         save_due = t.save and ((t.save_interval and done % t.save_interval == 0)
                                or done == t.train_iters or stopping)
         if save_due and guard.check(done, last_good, t.load or t.save):
@@ -411,8 +402,8 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
                 print_fn(f"saved checkpoint at iteration {done:8d} to {result.checkpoint_dir}")
         if stopping:
             if ctx.is_logging_rank:
-                print_fn(f"exit signal {signal.Signals(stop.signum).name} received: stopped after "
-                         f"iteration {done}" + ("" if t.save else " (no --save: nothing saved)"))
+                print_fn(stop_line(stop.reason(stopping), done, t.save,
+                                   result.checkpoint_dir if save_due else None, last_good))
             result.interrupted, result.last_step = True, done
             break
     return result
