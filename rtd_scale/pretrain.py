@@ -383,6 +383,9 @@ def run(cfg: RunConfig, print_fn=print, stop=None) -> dict:
         return {"history": [], "valid_history": [], "checkpoint_dir": None, "interrupted": False,
                 "last_step": meta["step"], "tensorboard_dir": cfg.train.tensorboard_dir,
                 "start_step": meta["step"]}
+    if launch.rank == 0:  # whole words or spans that overflow the MLM slots: one line, at start
+        from rtd_scale.objectives.unit_fit import warn_if_units_overflow
+        warn_if_units_overflow(cfg.rtd, dataset["train"], tok, seed=cfg.train.seed)
     schedule_note = None
     if meta is not None:  # before anything is built: the schedule flags against the checkpoint's
         schedule_note = engine_mod.resolve_resume_schedule(

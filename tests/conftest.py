@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 
-from tests.helpers.env import REPO, TEST_DATA, free_port
+from tests.helpers.env import CASES, REPO, TEST_DATA, free_port
 
 warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
 warnings.filterwarnings("ignore", message=".*Apex is not installed.*")
@@ -42,3 +42,22 @@ def wiki_shards(tmp_path_factory):
                     "--tokenizer-model", str(out / "spm.model"), "--output-prefix",
                     str(out / "wiki"), "--workers", "1"], check=True, capture_output=True)
     return str(out / "spm.model"), str(out / "wiki_text_document")
+
+
+@pytest.fixture(scope="session")
+def cjk_shards(tmp_path_factory):
+    """A SentencePiece model (vocab 800) and shards of tests/data/cases/cjk_no_spaces.jsonl
+    (synthetic CJK text without spaces), made with the real tools. Returns (tokenizer_model,
+    shard_prefix)."""
+    import subprocess
+    import sys
+
+    out = tmp_path_factory.mktemp("cjk")
+    corpus = str(CASES / "cjk_no_spaces.jsonl")
+    subprocess.run([sys.executable, str(REPO / "tools" / "train_tokenizer.py"), "--input", corpus,
+                    "--vocab-size", "800", "--output-prefix", str(out / "spm")],
+                   check=True, capture_output=True)
+    subprocess.run([sys.executable, str(REPO / "tools" / "preprocess_data.py"), "--input", corpus,
+                    "--tokenizer-model", str(out / "spm.model"), "--output-prefix",
+                    str(out / "cjk"), "--workers", "1"], check=True, capture_output=True)
+    return str(out / "spm.model"), str(out / "cjk_text_document")

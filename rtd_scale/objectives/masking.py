@@ -40,9 +40,11 @@ others select *units* of several tokens instead of single tokens:
   instead fill a token budget, which favours short units or cuts the last span).
 - Static budget: a sample never masks more than ``prediction_budget(mask_prob, s, strategy)``
   = round(mask_prob · s) + ``UNIT_SLACK_TOKENS`` tokens (8 for whole words, 24 for spans);
-  units past it are dropped, which only a unit longer than the slack can cause (a rare long
-  word or span; ``tests/unit/test_masking_strategies.py`` measures the fraction). The MLM head
-  works on that many rows per sample: the slack's cost.
+  units past it are dropped, which only a unit longer than the slack can cause: a rare long word
+  or span on space-separated text, but nearly every unit on text without spaces, where a
+  SentencePiece "word" is a clause (``unit_fit.py`` measures this at start and warns;
+  ``tests/unit/test_unit_fit.py`` pins both). The MLM head works on that many rows per sample:
+  the slack's cost.
 """
 from __future__ import annotations
 
@@ -264,6 +266,7 @@ def mask_tokens(
     word_start_table: torch.Tensor | None = None,
     span_geometric_p: float = 0.2,
     span_max_words: int = 10,
+    unit_budget: int | None = None,
 ) -> MaskedBatch:
     """Select masked positions and build the generator's input.
 
@@ -281,6 +284,9 @@ def mask_tokens(
         word_start_table: [V] bool on ``input_ids``' device, whether each id begins a word
             (``Tokenizer.word_start_table``); needed by ``whole_word`` and ``span``.
         span_geometric_p, span_max_words: the span length distribution (``span``).
+        unit_budget: most tokens per sample for ``whole_word`` and ``span`` (default
+            ``prediction_budget``; ``unit_fit.measure_unit_fit`` passes s to count what the
+            slots drop).
     Returns:
         MaskedBatch with ``generator_input`` [b, s] and ``masked`` [b, s].
     Raises:
@@ -306,7 +312,8 @@ def mask_tokens(
                                 max_words=span_max_words)
         masked = select_units(maskable, units, rng.hash_keys(seed, STREAM_UNIT_ORDER, sample, pos),
                               rng.uniform(seed, STREAM_UNIT_OFFSET, sample), mask_prob,
-                              prediction_budget(mask_prob, s, strategy))
+                              prediction_budget(mask_prob, s, strategy) if unit_budget is None
+                              else unit_budget)
 
     action = rng.uniform(seed, rng.STREAM_MASK_ACTION, sample, pos)
     to_mask = masked & (action < mask_token_prob)

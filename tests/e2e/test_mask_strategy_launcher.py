@@ -28,6 +28,7 @@ def test_span_masks_at_tp2_equal_the_single_process_masks(wiki_shards, tmp_path)
                 "--data-digest", str(save / "digest.jsonl")])
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "world 2 = TP 2 × PP 1 × DP 1" in r.stdout
+    assert "MLM slots" not in r.stderr  # English spans fit: no start-up warning (unit_fit.py)
     config = json.loads((save / "config.json").read_text())
     assert config["rtd"]["mask_strategy"] == "span" and config["rtd"]["span_max_words"] == 6
 
