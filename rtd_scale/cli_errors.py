@@ -16,7 +16,7 @@ import sys
 import warnings
 from typing import Callable, Sequence
 
-__all__ = ["OneLineArgumentParser", "UserInputError", "run_cli"]
+__all__ = ["HeldWarnings", "OneLineArgumentParser", "UserInputError", "run_cli"]
 
 
 class UserInputError(ValueError):
@@ -67,7 +67,16 @@ class OneLineArgumentParser(argparse.ArgumentParser):
     ``error: <argparse's message> (did you mean --closest-flag?); <prog> --help lists every
     flag``, exit status 2 (argparse's). The closest flag is offered for an unrecognized or
     ambiguous option (underscores read as dashes, as Megatron-LM users type ``--hidden_size``);
-    an invalid choice keeps argparse's list of choices."""
+    an invalid choice keeps argparse's list of choices.
+
+    Abbreviations are off (``allow_abbrev=False``, as in Megatron-LM's
+    ``megatron/training/arguments.py``): ``--train-iter 2`` is an unrecognized argument with
+    the hint ``(did you mean --train-iters?)``, not a silent ``--train-iters 2``; a flag added
+    later can then never change what an old command line means."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # noqa: D102 (argparse's hook)
         hint = ""
@@ -80,3 +89,38 @@ class OneLineArgumentParser(argparse.ArgumentParser):
                 if close and close[0] != word:
                     hint = f" (did you mean {close[0]}?)"
         self.exit(2, f"error: {message}{hint}; {self.prog} --help lists every flag\n")
+
+
+class HeldWarnings:
+    """Hold the warnings raised inside ``with HeldWarnings() as held:`` until ``held.release()``,
+    which shows them (once, through the ``warnings.showwarning`` in force outside) and lets
+    later warnings through; leaving the block without ``release()`` drops them.
+
+    ``pretrain.main`` validates a run (config, ds_config, tokenizer, data, ``--load``) inside
+    one, and releases it once everything is validated: a run that is refused prints its one
+    error line, not also warnings about a run that never starts
+    (tests/e2e/test_pretrain_errors.py::test_refused_run_prints_no_config_warning).
+    """
+
+    def __init__(self) -> None:
+        self._cm = None
+        self._caught: list = []
+
+    def __enter__(self) -> "HeldWarnings":
+        self._cm = warnings.catch_warnings(record=True)
+        self._caught = self._cm.__enter__()
+        return self
+
+    def release(self) -> None:
+        if self._cm is None:
+            return
+        cm, self._cm = self._cm, None
+        cm.__exit__(None, None, None)
+        for w in self._caught:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno, w.file, w.line)
+
+    def __exit__(self, *exc) -> bool:
+        if self._cm is not None:
+            cm, self._cm = self._cm, None
+            cm.__exit__(*exc)  # the held warnings are dropped
+        return False

@@ -14,7 +14,7 @@ import math
 import typing
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from rtd_scale.cli_errors import UserInputError
 
@@ -269,6 +269,36 @@ class RTDConfig:
                 f"{self.mask_token_prob} + {self.random_token_prob}")
 
 
+def parse_blend(tokens: Sequence[str], flag: str) -> list[tuple[float, list[str]]]:
+    """A data-path flag's values as (normalised weight, [entries]) pairs: plain prefixes are
+    one dataset of weight 1; ``W1 P1 W2 P2 …`` is a blend (Megatron-LM's syntax).
+
+    Raises:
+        ConfigError: naming ``flag``, for a mix of weights and prefixes or a weight <= 0.
+    """
+    tokens = list(tokens)
+    if not tokens:
+        return []
+
+    def weight(t: str) -> Optional[float]:
+        try:
+            w = float(t)
+        except ValueError:
+            return None
+        return w if math.isfinite(w) else -1.0  # inf / nan: not a valid weight
+
+    if weight(tokens[0]) is None:
+        return [(1.0, tokens)]
+    pairs = list(zip(tokens[0::2], tokens[1::2]))
+    bad = (len(tokens) % 2 or any(weight(w) is None or not weight(w) > 0 for w, _ in pairs)
+           or any(weight(p) is not None for _, p in pairs))
+    if bad:
+        raise ConfigError(f"{flag} {' '.join(tokens)}: expected either prefixes only, or "
+                          f"positive WEIGHT PREFIX pairs (e.g. {flag} 0.7 A 0.3 B)")
+    total = sum(float(w) for w, _ in pairs)
+    return [(float(w) / total, [p]) for w, p in pairs]
+
+
 @dataclass(kw_only=True)
 class DataConfig:
     """Data, packing and loading (Megatron-LM's flag names; rtd_scale/data/*.py)."""
@@ -276,6 +306,10 @@ class DataConfig:
     # --data-path as typed: shard or dataset prefixes (one dataset, concatenated), or
     # WEIGHT PREFIX pairs (a blend, weights normalised), e.g. ["0.7", "A", "0.3", "B"]
     data_path: list[str] = field(default_factory=list)
+    # --valid-data-path / --test-data-path (Megatron-LM's): held-out corpora in --data-path's
+    # syntax, each read whole as the validation / test split (none: that split of data_path)
+    valid_data_path: list[str] = field(default_factory=list)
+    test_data_path: list[str] = field(default_factory=list)
     tokenizer_model: Optional[str] = None
     seq_length: int = 512
     split: str = "969,30,1"  # train,valid,test document shares of each dataset (Megatron-LM)
@@ -297,27 +331,24 @@ class DataConfig:
     def sources(self) -> list[tuple[float, list[str]]]:
         """The datasets of ``data_path``: (normalised weight, [entries]) pairs. Plain prefixes
         are one dataset of weight 1; ``W1 P1 W2 P2 …`` is a blend (Megatron-LM's syntax)."""
-        tokens = list(self.data_path)
-        if not tokens:
-            return []
+        return parse_blend(self.data_path, "--data-path")
 
-        def weight(t: str) -> Optional[float]:
-            try:
-                w = float(t)
-            except ValueError:
-                return None
-            return w if math.isfinite(w) else -1.0  # inf / nan: not a valid weight
+    def valid_sources(self) -> list[tuple[float, list[str]]]:
+        """``valid_data_path`` (``--valid-data-path``, the same syntax) as :meth:`sources`."""
+        return parse_blend(self.valid_data_path, "--valid-data-path")
 
-        if weight(tokens[0]) is None:
-            return [(1.0, tokens)]
-        pairs = list(zip(tokens[0::2], tokens[1::2]))
-        bad = (len(tokens) % 2 or any(weight(w) is None or not weight(w) > 0 for w, _ in pairs)
-               or any(weight(p) is not None for _, p in pairs))
-        if bad:
-            raise ConfigError(f"--data-path {' '.join(tokens)}: expected either prefixes only, or "
-                              "positive WEIGHT PREFIX pairs (e.g. --data-path 0.7 A 0.3 B)")
-        total = sum(float(w) for w, _ in pairs)
-        return [(float(w) / total, [p]) for w, p in pairs]
+    def test_sources(self) -> list[tuple[float, list[str]]]:
+        """``test_data_path`` (``--test-data-path``, the same syntax) as :meth:`sources`."""
+        return parse_blend(self.test_data_path, "--test-data-path")
+
+    def train_split_weights(self) -> tuple[float, float, float]:
+        """The train,valid,test shares of ``data_path``'s documents: ``split``, with the share of
+        a split that a corpus of its own holds (``valid_data_path`` / ``test_data_path``) set to
+        0, so those documents are trained on instead of left unread. (Megatron-LM reads a
+        --valid-data-path / --test-data-path corpus whole, as here.)"""
+        train, valid, test = self.split_weights()
+        return (train, 0.0 if self.valid_data_path else valid,
+                0.0 if self.test_data_path else test)
 
     def validate(self, model: ModelConfig) -> None:
         _positive("data", seq_length=self.seq_length)
@@ -330,6 +361,8 @@ class DataConfig:
                 "model.max_position_embeddings")
         self.split_weights()
         self.sources()
+        self.valid_sources()
+        self.test_sources()
         if self.num_workers < 0:
             raise ConfigError(f"--num-workers must be >= 0 (0: load in the training process), "
                               f"got {self.num_workers}")
@@ -341,10 +374,14 @@ class DataConfig:
 class ParallelConfig:
     tensor_model_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
+    # --distributed-timeout-minutes: torch.distributed's and megatron-core's process-group
+    # timeout (Megatron-LM's flag and default, megatron/training/arguments.py)
+    distributed_timeout_minutes: int = 10
 
     def validate(self, model: ModelConfig) -> None:
         _positive("parallel", tensor_model_parallel_size=self.tensor_model_parallel_size,
-                  pipeline_model_parallel_size=self.pipeline_model_parallel_size)
+                  pipeline_model_parallel_size=self.pipeline_model_parallel_size,
+                  distributed_timeout_minutes=self.distributed_timeout_minutes)
         encoders = (("discriminator", model.discriminator), ("generator", model.generator))
         pp = self.pipeline_model_parallel_size
         layers = [enc.num_layers for _, enc in encoders]
@@ -574,10 +611,11 @@ class RunConfig:
         self.parallel.validate(self.model)
         self.optim.validate()
         self.train.validate()
-        if self.train.evaluates and self.data.split_weights()[1] == 0:
+        if (self.train.evaluates and not self.data.valid_data_path
+                and self.data.split_weights()[1] == 0):
             warnings.warn(f"--split {self.data.split} gives validation no documents: "
                           "--eval-interval has no effect (give the second share a weight, "
-                          "e.g. --split 969,30,1)")
+                          "e.g. --split 969,30,1, or pass --valid-data-path)")
         warmup, decay, wsd = self.optim.schedule_samples(self.train.train_iters,
                                                          self.train.global_batch_size)
         if warmup >= self.train.train_iters * self.train.global_batch_size:

@@ -26,6 +26,7 @@ from __future__ import annotations
 from rtd_scale.cli_errors import UserInputError
 
 import datetime
+import socket
 from dataclasses import dataclass
 from typing import Optional
 
@@ -127,22 +128,50 @@ def _disable_deepspeed_shm_op() -> None:
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
-def initialize(parallel: ParallelConfig, *, seed: int, timeout_minutes: int = 30) -> ParallelContext:
+def check_master_addr(launch: launch_env.LaunchEnv) -> None:
+    """Refuse a MASTER_ADDR that does not resolve, before the rendezvous: torch's TCPStore
+    would retry it (c10d "gai error" warnings) until the process-group timeout.
+
+    Raises:
+        UserInputError: naming MASTER_ADDR, the host and the fix
+            (tests/e2e/test_pretrain_errors.py::test_unresolvable_master_addr).
+    """
+    try:
+        socket.getaddrinfo(launch.master_addr, launch.master_port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as e:
+        how = ("the launcher's --master_addr (deepspeed, torchrun) or MASTER_ADDR"
+               if launch.source == "launcher" else "MASTER_ADDR")
+        raise UserInputError(
+            f"MASTER_ADDR={launch.master_addr}: the host name does not resolve "
+            f"({getattr(e, 'strerror', None) or e}); set {how} to the first node's host name or "
+            "IP address, as this node resolves it (e.g. `getent hosts NAME`)") from None
+
+
+def initialize(parallel: ParallelConfig, *, seed: int,
+               timeout_minutes: Optional[int] = None) -> ParallelContext:
     """Start torch.distributed and megatron-core's parallel state; seed per the RNG policy.
 
     The rank, world and rendezvous come from ``launch_env.read``: the launcher's RANK,
     WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT (``deepspeed``, torchrun, our Slurm
     scripts), else a Slurm job step's SLURM_* variables (``srun python rtd_scale/pretrain.py``),
     else a single process on a free port. They are exported for torch.distributed's env://.
+    ``timeout_minutes`` (default ``parallel.distributed_timeout_minutes``,
+    ``--distributed-timeout-minutes``) is the timeout of the default process group and of
+    megatron-core's groups.
 
     Raises:
         UserInputError: when the world size does not divide by tensor × pipeline parallel size,
-            a launch variable is malformed, or rank 0 cannot listen on MASTER_PORT (in use).
+            a launch variable is malformed, MASTER_ADDR does not resolve, or rank 0 cannot
+            listen on MASTER_PORT (in use).
     """
     import deepspeed
     from megatron.core import parallel_state as ps
 
+    if timeout_minutes is None:
+        timeout_minutes = parallel.distributed_timeout_minutes
     launch = launch_env.export(launch_env.read())
+    if not dist.is_initialized():
+        check_master_addr(launch)
     local_rank = launch.local_rank
     use_cuda = torch.cuda.is_available()
     if use_cuda:

@@ -6,9 +6,11 @@
 
 Flags follow Megatron-LM's names where one exists. Order of work: parse → config (preset, flags,
 ``--set`` overrides) → every check that can fail on user input (config, ds_config, tokenizer vs
-shards, ``--load``) → distributed start → model → DeepSpeed engine → resolved config and ds_config
-written into the run directory → train → summary. A user error prints one line
-``error: <what> — <fix>`` and exits 1 before anything is written.
+shards, ``--load``, the output paths) → the configuration's warnings (held until then, so a
+refused run prints only its error) → distributed start (MASTER_ADDR resolved first) → model →
+DeepSpeed engine → resolved config and ds_config written into the run directory → train → test
+split (``--test-data-path``) → summary. A user error prints one line ``error: <what> — <fix>``
+and exits 1 before anything is written.
 """
 from __future__ import annotations
 
@@ -27,8 +29,8 @@ if __name__ == "__main__" and __package__ in (None, ""):
 
 from rtd_scale import launch_env  # noqa: E402
 from rtd_scale.atomic import write_atomic  # noqa: E402
-from rtd_scale.cli_errors import (OneLineArgumentParser, UserInputError,  # noqa: E402
-                                 one_line_warnings)
+from rtd_scale.cli_errors import (HeldWarnings, OneLineArgumentParser,  # noqa: E402
+                                 UserInputError, one_line_warnings)
 from rtd_scale.config import LRDecayStyle, WSDDecayStyle  # noqa: E402
 from rtd_scale.training.throughput import DEVICE_PEAK_TFLOPS  # noqa: E402
 from rtd_scale import megatron_args  # noqa: E402
@@ -49,6 +51,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="shard or dataset prefixes printed by tools/preprocess_data.py, read as "
                         "one dataset; or WEIGHT PREFIX pairs to blend datasets by weight "
                         "(e.g. 0.7 A 0.3 B)")
+    p.add_argument("--train-data-path", nargs="+", metavar="[WEIGHT] PREFIX",
+                   help="Megatron-LM's name for the training corpus when the held-out ones "
+                        "are given: the same as --data-path")
+    p.add_argument("--valid-data-path", nargs="+", metavar="[WEIGHT] PREFIX",
+                   help="a held-out validation corpus, --data-path's syntax, read whole: "
+                        "validation (--eval-interval, --eval-iters; the held-out RTD AUC) reads "
+                        "it instead of --split's validation share, which then trains")
+    p.add_argument("--test-data-path", nargs="+", metavar="[WEIGHT] PREFIX",
+                   help="a held-out test corpus, --data-path's syntax, read whole and "
+                        "evaluated (--eval-iters global batches) after the last step, as "
+                        "Megatron-LM does; --split's test share then trains")
     p.add_argument("--split", help="train,valid,test shares of each dataset's documents "
                    "(default 969,30,1)")
     p.add_argument("--data-cache-path", help="directory for the cached sample index "
@@ -73,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--micro-batch-size", type=int)
     p.add_argument("--global-batch-size", type=int)
     p.add_argument("--tensor-model-parallel-size", type=int)
+    p.add_argument("--distributed-timeout-minutes", type=int, metavar="MINUTES",
+                   help="timeout of torch.distributed's and megatron-core's process groups "
+                        "(a rank that waits longer on the others fails; Megatron-LM's flag, "
+                        "default 10)")
     p.add_argument("--pipeline-model-parallel-size", type=int)
     p.add_argument("--sharing", choices=[s.value for s in Sharing])
     p.add_argument("--layernorm-position", choices=[x.value for x in LayerNormPosition],
@@ -174,6 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 _FLAG_FIELDS = {
     "data_path": ("data", "data_path"), "tokenizer_model": ("data", "tokenizer_model"),
+    "valid_data_path": ("data", "valid_data_path"), "test_data_path": ("data", "test_data_path"),
+    "distributed_timeout_minutes": ("parallel", "distributed_timeout_minutes"),
     "seq_length": ("data", "seq_length"), "split": ("data", "split"),
     "data_cache_path": ("data", "data_cache_path"), "num_workers": ("data", "num_workers"),
     "eval_interval": ("train", "eval_interval"), "eval_iters": ("train", "eval_iters"),
@@ -209,6 +228,11 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         ValueError: naming the flag or field and the fix.
     """
     cfg = preset(args.preset)
+    if args.train_data_path is not None:
+        if args.data_path is not None and args.data_path != args.train_data_path:
+            raise UserInputError("--data-path and --train-data-path name two training corpora; "
+                                 "pass one of them")
+        args.data_path = args.train_data_path
     if args.lr_warmup_iters is None and (args.lr_warmup_fraction is not None
                                          or args.lr_warmup_samples is not None):
         # the warm-up given in another unit replaces the preset's (in iterations), as when
@@ -267,7 +291,9 @@ def prepare(cfg: RunConfig, world_size: int, print_fn=None):
     """Every check on user input that needs no process group. Returns
     (tokenizer, data, resolved ds_config, data_parallel_size, gradient_accumulation_steps,
     layout, checkpoint metadata or None), with ``data`` the training split's ``BlendedDataset``
-    and, when the run validates, the validation split's (``{"train": …, "valid": …}``).
+    and, when the run validates, the validation split's (``{"train": …, "valid": …}``): the
+    ``--valid-data-path`` corpus when given, else --split's validation share of ``--data-path``;
+    and the ``--test-data-path`` corpus as ``"test"`` when given (with ``--eval-iters`` > 0).
 
     Builds (or loads from its cache) every dataset's sample index; every rank runs this at once,
     and the cache tolerates concurrent identical builds.
@@ -286,10 +312,12 @@ def prepare(cfg: RunConfig, world_size: int, print_fn=None):
         gradient_accumulation_steps=gas, source=f"--ds_config {cfg.train.ds_config}")
     tok = Tokenizer(cfg.data.tokenizer_model)
     sources = cfg.data.sources()
+    held_out = {"valid": cfg.data.valid_sources(), "test": cfg.data.test_sources()}
     unverified = []  # notes on shards without a sidecar: only their id range could be checked
-    for _, entries in sources:
-        for entry in entries:
-            for prefix in shards.resolve_data_path(entry):
+    for flag, blend in (("--data-path", sources), ("--valid-data-path", held_out["valid"]),
+                        ("--test-data-path", held_out["test"])):
+        for entry in (e for _, entries in blend for e in entries):
+            for prefix in shards.resolve_data_path(entry, flag):
                 note = shards.check_tokenizer_matches(prefix, cfg.data.tokenizer_model,
                                                       tok.vocab_size)
                 if note:
@@ -299,12 +327,19 @@ def prepare(cfg: RunConfig, world_size: int, print_fn=None):
         print(unverified[0] + (f" (and {more} more shard(s) without a sidecar)" if more else ""))
     if cfg.model.vocab_size != tok.vocab_size:
         cfg.model.vocab_size = tok.vocab_size  # the tokenizer is the truth
-    split = dict(sources=sources, seq_length=cfg.data.seq_length,
-                 split=cfg.data.split_weights(), seed=cfg.train.seed,
-                 cache_path=cfg.data.data_cache_path, specials=tok.specials)
+    common = dict(seq_length=cfg.data.seq_length, seed=cfg.train.seed,
+                  cache_path=cfg.data.data_cache_path, specials=tok.specials)
+    split = dict(sources=sources, split=cfg.data.train_split_weights(), **common)
     dataset = {"train": build_split(part=0, **split)}
-    if cfg.train.evaluates and cfg.data.split_weights()[1] > 0:
+    # a held-out corpus is read whole as its split: weights (0, 1, 0) for part 1, (0, 0, 1) for 2
+    if cfg.train.evaluates and held_out["valid"]:
+        dataset["valid"] = build_split(part=1, sources=held_out["valid"], split=(0, 1, 0),
+                                       flag="--valid-data-path", **common)
+    elif cfg.train.evaluates and cfg.data.split_weights()[1] > 0:
         dataset["valid"] = build_split(part=1, **split)
+    if cfg.train.eval_iters > 0 and held_out["test"]:
+        dataset["test"] = build_split(part=2, sources=held_out["test"], split=(0, 0, 1),
+                                      flag="--test-data-path", **common)
     zero = ds_config.get("zero_optimization", {}).get("stage", 0)
     if zero not in (0, 1, 2, 3):
         raise UserInputError(f"--ds_config {cfg.train.ds_config}: zero_optimization.stage is "
@@ -340,6 +375,14 @@ def prepare(cfg: RunConfig, world_size: int, print_fn=None):
             raise UserInputError(
                 f"--save {save}: already holds a run ({previous}); pass --load {save} to "
                 "continue it, or choose another --save directory")
+    # an explicit --tensorboard-dir is checked before --save is made (a refused run writes
+    # nothing); the default, <save>/tensorboard, is writable once --save is
+    tb = cfg.train.tensorboard_dir
+    if tb and not (cfg.train.save and os.path.abspath(tb) == os.path.abspath(
+            os.path.join(cfg.train.save, "tensorboard"))):
+        check_writable_dir(tb, "--tensorboard-dir")
+    if cfg.train.save:
+        save = cfg.train.save
         try:
             os.makedirs(save, exist_ok=True)
         except OSError as e:
@@ -348,6 +391,37 @@ def prepare(cfg: RunConfig, world_size: int, print_fn=None):
         if not os.access(save, os.W_OK):
             raise UserInputError(f"--save {save}: not writable; pass a writable directory")
     return tok, dataset, ds_config, dp, gas, layout, meta
+
+
+def check_writable_dir(path: str, flag: str) -> None:
+    """Refuse, without creating anything, a directory that cannot be created or written:
+    ``path`` itself, or its nearest existing ancestor, must be a directory this process may
+    write into. Probed with ``os.access`` and by creating (and removing) a temporary directory
+    there, since root passes ``os.access`` on a directory whose mode forbids writing but not
+    one under /proc or on a read-only file system
+    (tests/e2e/test_pretrain_errors.py::test_unwritable_tensorboard_dir).
+
+    Raises:
+        UserInputError: naming ``flag``, the path and the fix.
+    """
+    import tempfile
+
+    fix = f"pass a writable directory to {flag}"
+    here = os.path.abspath(path)
+    while not os.path.exists(here):  # the nearest existing ancestor
+        here = os.path.dirname(here)
+    if not os.path.isdir(here):
+        what = "exists and is not a directory" if here == os.path.abspath(path) else (
+            f"cannot be created: {here} is a file, not a directory")
+        raise UserInputError(f"{flag} {path}: {what}; {fix}")
+    try:
+        if not os.access(here, os.W_OK | os.X_OK):
+            raise PermissionError(13, "Permission denied")
+        os.rmdir(tempfile.mkdtemp(prefix=".rtd_scale_probe", dir=here))
+    except OSError as e:
+        where = "" if here == os.path.abspath(path) else f" (in {here})"
+        raise UserInputError(f"{flag} {path}: not writable{where}: "
+                             f"{e.strerror or type(e).__name__}; {fix}") from None
 
 
 def pretrained_weights(cfg: RunConfig) -> tuple[Optional[str], Optional[str]]:
@@ -363,8 +437,12 @@ def pretrained_weights(cfg: RunConfig) -> tuple[Optional[str], Optional[str]]:
     return path, None
 
 
-def run(cfg: RunConfig, print_fn=print, stop=None) -> dict:
-    """Train; returns a summary dict (on every rank; history only on the logging rank)."""
+def run(cfg: RunConfig, print_fn=print, stop=None, validated=None) -> dict:
+    """Train; returns a summary dict (on every rank; history only on the logging rank).
+
+    ``validated``: called once every check on user input has passed (``prepare`` and the
+    schedule against ``--load``), before the process group starts; ``main`` shows the held
+    configuration warnings then."""
     import torch
 
     from rtd_scale import distributed
@@ -377,6 +455,8 @@ def run(cfg: RunConfig, print_fn=print, stop=None) -> dict:
     tok, dataset, ds_config, dp, gas, layout, meta = prepare(
         cfg, launch.world_size, print_fn if launch.rank == 0 else None)
     if meta is not None and meta["step"] >= cfg.train.train_iters:
+        if validated:
+            validated()
         if launch.rank == 0:
             print_fn(f"nothing to do: {cfg.train.load} is at iteration {meta['step']}, and "
                      f"--train-iters is {cfg.train.train_iters}; raise --train-iters to continue")
@@ -391,6 +471,8 @@ def run(cfg: RunConfig, print_fn=print, stop=None) -> dict:
         schedule_note = engine_mod.resolve_resume_schedule(
             cfg.optim, meta["config"].get("optim", {}), source=cfg.train.load,
             saved_train_iters=meta["config"].get("train", {}).get("train_iters"))
+    if validated:
+        validated()
     ctx = distributed.initialize(cfg.parallel, seed=cfg.train.seed)
     try:
         model = RTDModel(cfg.model, cfg.rtd,
@@ -492,6 +574,7 @@ def run(cfg: RunConfig, print_fn=print, stop=None) -> dict:
             del state
             torch.distributed.barrier()
         summary = {"history": result.history, "valid_history": result.valid_history,
+                   "test": result.test,
                    "checkpoint_dir": result.checkpoint_dir,
                    "interrupted": result.interrupted, "last_step": result.last_step,
                    "tensorboard_dir": cfg.train.tensorboard_dir, "start_step": start_step,
@@ -579,7 +662,8 @@ def summary_text(summary: dict) -> str:
     auc = [(k, v[VALID_AUC]) for k, v in valid if not math.isnan(v.get(VALID_AUC, math.nan))]
     if not auc:
         lines.append("  verdict: no held-out RTD AUC (no validation ran; set --eval-interval "
-                     "and --eval-iters above 0 with a validation share in --split)")
+                     "and --eval-iters above 0 with a validation share in --split or a "
+                     "--valid-data-path)")
     else:
         (a0, auc0), (a1, auc1) = auc[0], auc[-1]
         sd = dict(valid)[a1].get(VALID_AUC_CHANCE_SD, math.nan)
@@ -610,6 +694,11 @@ def summary_text(summary: dict) -> str:
                        "0.5); train longer (see the README, \"What 300 CPU steps can and "
                        "cannot show\")")
         lines.append(f"  verdict: {verdict}")
+    test = summary.get("test")
+    if test:
+        lines.append(f"  test (--test-data-path) L_MLM {test['test/loss/mlm']:.4f}, L_RTD "
+                     f"{test['test/loss/rtd']:.4f}, RTD AUC "
+                     f"{test.get('test/rtd/auc', math.nan):.4f}")
     if summary.get("tensorboard_dir"):
         lines.append(f"  TensorBoard: tensorboard --logdir {summary['tensorboard_dir']}")
     if summary.get("checkpoint_dir"):
@@ -640,9 +729,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         rank = launch_env.read().rank
         if rank != 0:  # every rank would repeat the same configuration warnings
             warnings.simplefilter("ignore", UserWarning)
-        cfg = config_from_args(args)
-        with StopRequest(signums) as stop:
-            run(cfg, stop=stop)
+        # config warnings wait until the whole run is validated: a refused run prints only its
+        # error line (tests/e2e/test_pretrain_errors.py::test_refused_run_prints_no_config_warning)
+        with HeldWarnings() as held, StopRequest(signums) as stop:
+            cfg = config_from_args(args)
+            run(cfg, stop=stop, validated=held.release)
     except (UserInputError, OSError) as e:  # user errors; bugs keep their traceback
         if os.environ.get("RTD_SCALE_TRACEBACK") == "1":
             raise

@@ -44,11 +44,13 @@ class BlendSchedule:
     Args:
         weights: one positive weight per dataset (normalised here).
         names: the datasets' names, for errors.
+        flag: the flag that named the datasets, for errors.
     Raises:
-        UserInputError: a weight rounds to zero samples per period (naming --data-path).
+        UserInputError: a weight rounds to zero samples per period (naming ``flag``).
     """
 
-    def __init__(self, weights: Sequence[float], names: Optional[Sequence[str]] = None):
+    def __init__(self, weights: Sequence[float], names: Optional[Sequence[str]] = None,
+                 flag: str = "--data-path"):
         w = np.asarray(weights, np.float64)
         assert w.ndim == 1 and len(w) and (w > 0).all(), weights
         w = w / w.sum()
@@ -62,7 +64,7 @@ class BlendSchedule:
         if (quota == 0).any():
             d = int(np.argmin(quota))
             name = names[d] if names else f"#{d}"
-            raise UserInputError(f"--data-path: the weight of {name} ({w[d]:.2e} of the total) is "
+            raise UserInputError(f"{flag}: the weight of {name} ({w[d]:.2e} of the total) is "
                                  f"below 1/{MAX_PERIOD}; raise it or leave the dataset out")
         self.quota = quota
         picked = np.zeros(len(w), np.int64)
@@ -92,23 +94,29 @@ class BlendedDataset:
         datasets: the split of each dataset (``PackedDataset``, same seq_length).
         weights: blend weights, one per dataset.
         seed: the run's seed (the order).
+        flag: the flag that named the datasets (``--data-path``, or ``--valid-data-path`` /
+            ``--test-data-path`` for a held-out corpus read whole), for errors.
     Raises:
         UserInputError: a dataset's split is empty (naming it, --split and the fix).
     """
 
-    def __init__(self, datasets: Sequence[PackedDataset], weights: Sequence[float], *, seed: int):
+    def __init__(self, datasets: Sequence[PackedDataset], weights: Sequence[float], *, seed: int,
+                 flag: str = "--data-path"):
         assert datasets and len(datasets) == len(weights)
         self.datasets, self.seed = list(datasets), seed
         self.part = datasets[0].part
         self.seq_length = datasets[0].seq_length
         for ds in self.datasets:
+            if ds.num_documents == 0 and flag != "--data-path":
+                raise UserInputError(f"{flag} {ds.name}: holds no documents; pass a dataset "
+                                     "made by tools/preprocess_data.py from some text")
             if ds.num_documents == 0:
                 raise UserInputError(
                     f"--split {','.join(f'{x:g}' for x in ds.split)} leaves no "
                     f"{SPLIT_NAMES[self.part]} documents in --data-path {ds.name} "
                     f"({ds.total_documents} documents); raise its {SPLIT_NAMES[self.part]} share"
                     + (" or pass --eval-iters 0" if self.part else ""))
-        self.schedule = BlendSchedule(weights, [ds.name for ds in self.datasets])
+        self.schedule = BlendSchedule(weights, [ds.name for ds in self.datasets], flag)
         self.index_base = self.part * SPLIT_INDEX_BASE
 
     def _stream(self, d: int) -> tuple[int, ...]:
@@ -151,18 +159,19 @@ class BlendedDataset:
 def build_split(sources: Sequence[tuple[float, Sequence[str]]], *, seq_length: int,
                 split: Sequence[float], part: int, seed: int,
                 cache_path: Optional[str] = None,
-                specials: Optional[SpecialIds] = None) -> BlendedDataset:
+                specials: Optional[SpecialIds] = None,
+                flag: str = "--data-path") -> BlendedDataset:
     """Split ``part`` of the blend of ``sources`` — (weight, data-path entries) pairs, each
     entry a shard prefix or a dataset prefix (``shards.resolve_data_path``).
 
     ``cache_path`` is ``--data-cache-path`` (default: ``index-cache/`` next to each dataset's
     first shard). ``specials``: the tokenizer's special ids (``Tokenizer.specials``; default
-    the layout tools/train_tokenizer.py writes). Raises UserInputError for a missing or empty
-    dataset or split."""
+    the layout tools/train_tokenizer.py writes). ``flag`` names the sources in errors.
+    Raises UserInputError for a missing or empty dataset or split."""
     datasets = []
     for _, entries in sources:
         datasets.append(PackedDataset(entries, seq_length, split=split, part=part,
                                       cache_dir=cache_path,
                                       name=os.path.basename(os.fspath(entries[0])),
                                       specials=specials or TRAINED_SPECIAL_IDS))
-    return BlendedDataset(datasets, [w for w, _ in sources], seed=seed)
+    return BlendedDataset(datasets, [w for w, _ in sources], seed=seed, flag=flag)

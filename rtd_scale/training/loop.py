@@ -7,7 +7,9 @@ Validation every ``eval_interval`` steps reads the same first ``eval_iters`` glo
 validation split each time (masks keyed by the validation index, sampling noise by step 0), so
 its losses are comparable across steps; it runs forward only, with dropout off, and touches
 neither gradients nor the optimizer nor any RNG state. (Megatron-LM's validation continues
-through the validation set from one evaluation to the next instead.)
+through the validation set from one evaluation to the next instead.) A test split
+(``--test-data-path``) is evaluated the same way once, after the last step (Megatron-LM's
+``evaluate_and_print_results`` on the test set at the end of ``pretrain``), tags ``test/``.
 """
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ class TrainResult:
     last_step: int
     history: list[tuple[int, dict[str, float]]] = field(default_factory=list)
     valid_history: list[tuple[int, dict[str, float]]] = field(default_factory=list)
+    test: Optional[dict[str, float]] = None  # the test split's scalars after the last step
     checkpoint_dir: Optional[str] = None
     interrupted: bool = False  # stopped early (a signal, the launcher's exit), after saving
 
@@ -176,9 +179,11 @@ def _to(mb, device, pad_id: int) -> dict:
                 has_padding=bool((mb.input_ids == pad_id).any()))
 
 
-def evaluate(cfg: RunConfig, ctx: ParallelContext, engine, loader) -> dict[str, float]:
+def evaluate(cfg: RunConfig, ctx: ParallelContext, engine, loader,
+             split: str = "valid") -> dict[str, float]:
     """Validation losses and accuracies over ``eval_iters`` global batches of ``loader``
-    (forward only, dropout off). Collective over every rank; tags prefixed ``valid/``.
+    (forward only, dropout off). Collective over every rank; tags prefixed ``{split}/``
+    (``valid`` or ``test``; below with ``valid``).
 
     ``valid/rtd/auc``: the exact ROC AUC (``diagnostics.roc_auc``, ties ½) of the
     discriminator's logits, replaced (label 1) vs original (0), over every non-pad token of the
@@ -220,24 +225,29 @@ def evaluate(cfg: RunConfig, ctx: ParallelContext, engine, loader) -> dict[str, 
     finally:
         engine.train()
     scalars = acc.reduce(ctx.dp_group)
-    out = {f"valid/{k}": v for k, v in scalars.items() if not k.startswith("_")}
-    out[VALID_AUC], out[VALID_AUC_CHANCE_SD] = float("nan"), float("nan")
+    out = {f"{split}/{k}": v for k, v in scalars.items() if not k.startswith("_")}
+    auc, auc_sd = (VALID_AUC.replace("valid/", f"{split}/", 1),
+                   VALID_AUC_CHANCE_SD.replace("valid/", f"{split}/", 1))
+    out[auc], out[auc_sd] = float("nan"), float("nan")
     if scores:
         labels = torch.cat(labels)
-        out[VALID_AUC] = roc_auc(torch.cat(scores), labels)
-        out[VALID_AUC_CHANCE_SD] = auc_chance_sd(labels)
+        out[auc] = roc_auc(torch.cat(scores), labels)
+        out[auc_sd] = auc_chance_sd(labels)
     return out
 
 
-def format_valid_line(step: int, samples: int, scalars: dict[str, float]) -> str:
-    """Megatron-LM-style validation line."""
-    return (f" validation at iteration {step:8d} | samples: {samples} | "
-            f"mlm loss: {scalars['valid/loss/mlm']:.6E} | rtd loss: {scalars['valid/loss/rtd']:.6E} | "
-            f"total loss: {scalars['valid/loss/total']:.6E} | "
-            f"mlm acc: {scalars['valid/mlm/accuracy']:.4f} | "
-            f"rtd acc replaced: {scalars['valid/rtd/accuracy_replaced']:.4f} | "
-            f"rtd acc original: {scalars['valid/rtd/accuracy_original']:.4f} | "
-            f"rtd auc: {scalars.get(VALID_AUC, float('nan')):.4f} |")
+def format_valid_line(step: int, samples: int, scalars: dict[str, float],
+                      split: str = "valid") -> str:
+    """Megatron-LM-style validation (or, with ``split="test"``, test) line."""
+    v = {k.split("/", 1)[1]: x for k, x in scalars.items() if k.startswith(f"{split}/")}
+    return (f" {'validation' if split == 'valid' else split} at iteration {step:8d} | "
+            f"samples: {samples} | "
+            f"mlm loss: {v['loss/mlm']:.6E} | rtd loss: {v['loss/rtd']:.6E} | "
+            f"total loss: {v['loss/total']:.6E} | "
+            f"mlm acc: {v['mlm/accuracy']:.4f} | "
+            f"rtd acc replaced: {v['rtd/accuracy_replaced']:.4f} | "
+            f"rtd acc original: {v['rtd/accuracy_original']:.4f} | "
+            f"rtd auc: {v.get('rtd/auc', float('nan')):.4f} |")
 
 
 def short_validation_note(t, start_step: int, available: int) -> Optional[str]:
@@ -406,4 +416,13 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
                                    result.checkpoint_dir if save_due else None, last_good))
             result.interrupted, result.last_step = True, done
             break
+    if "test" in data and t.eval_iters > 0 and not result.interrupted:
+        test_loader = make_loader(cfg, ctx, data["test"], consumed=0,
+                                  total=t.eval_iters * t.global_batch_size)
+        scalars = evaluate(cfg, ctx, engine, test_loader, split="test")
+        if ctx.is_logging_rank:
+            tb.write(t.train_iters, scalars)
+            print_fn(format_valid_line(t.train_iters, t.eval_iters * t.global_batch_size,
+                                       scalars, split="test"))
+            result.test = scalars
     return result

@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 
 from rtd_scale import pretrain
 from tests.helpers.env import REPO, TEST_DATA
@@ -64,9 +65,81 @@ def test_launcher_reports_a_user_error_without_traceback(wiki_shards, tmp_path):
     assert r.returncode != 0
     assert "Traceback" not in r.stderr + r.stdout
     assert f"error: --load {tmp_path / 'missing'}: no such directory" in r.stderr + r.stdout
-    # rtd_scale's own warnings are one line each (2 steps × 8 samples end inside the warm-up)
-    assert "warning: the learning-rate warm-up (" in r.stderr
-    assert "UserWarning: the learning-rate" not in r.stderr and "warnings.warn(" not in r.stderr
+    # the config warns (2 steps × 8 samples end inside the warm-up), but the run is refused:
+    # no warning about a run that never starts (test_refused_run_prints_no_config_warning)
+    assert "warm-up" not in r.stderr + r.stdout
+
+
+def test_unresolvable_master_addr(wiki_shards, tmp_path):
+    """MASTER_ADDR as the `deepspeed` launcher passes it to the ranks of one node of a
+    multi-node run (`--hostfile H --no_ssh --node_rank 0 --master_addr HOST`; on one host
+    without a hostfile the launcher forces 127.0.0.1): a host that does not resolve is one line
+    within seconds, not c10d's "gai error" retries until the process-group timeout. The run
+    itself validates, so its configuration warning comes first, as one line, once."""
+    import time
+
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=2\n")
+    t0 = time.monotonic()
+    r = launch(_args(wiki_shards, tmp_path / "run"), timeout=540, launcher_args=(
+        "--hostfile", str(hostfile), "--no_ssh", "--node_rank", "0",
+        "--master_addr", "no-such-host.invalid"))
+    elapsed = time.monotonic() - t0
+    out = r.stderr + r.stdout
+    assert r.returncode != 0
+    line = ("error: MASTER_ADDR=no-such-host.invalid: the host name does not resolve (")
+    assert out.count(line) == 1, out[-3000:]
+    assert ("); set the launcher's --master_addr (deepspeed, torchrun) or MASTER_ADDR to the "
+            "first node's host name or IP address") in out
+    assert "gai error" not in out and "Traceback" not in out
+    # c10d would retry the name until the process-group timeout (10 minutes by default);
+    # the rest is the start-up of two ranks, minutes on a loaded 2-core CI machine
+    assert elapsed < 300, elapsed
+    # rtd_scale's own warnings are one line each, from rank 0 only
+    assert out.count("warning: the learning-rate warm-up (") == 1, out[-3000:]
+    assert "UserWarning: the learning-rate" not in out and "warnings.warn(" not in out
+
+
+def test_refused_run_prints_no_config_warning(wiki_shards, tmp_path, capsys, monkeypatch,
+                                              recwarn):
+    """A config that warns (2 steps × 8 samples end inside the warm-up) and is then refused
+    (--load of a directory that does not exist): one stderr line, the error, and no warning."""
+    argv = _args(wiki_shards, tmp_path / "run", "--load", str(tmp_path / "missing"))
+    with pytest.warns(UserWarning, match="the learning-rate warm-up"):  # the config does warn
+        pretrain.config_from_args(pretrain.build_parser().parse_args(argv))
+    recwarn.clear()
+    msg = _error(capsys, argv, monkeypatch)
+    assert msg.startswith(f"error: --load {tmp_path / 'missing'}: no such directory"), msg
+    assert [str(w.message) for w in recwarn] == []
+    assert not (tmp_path / "run").exists()
+
+
+def test_unwritable_tensorboard_dir(wiki_shards, tmp_path, capsys, monkeypatch):
+    """Refused at start with the other paths, naming the flag; --save stays unwritten. Tests run
+    as root, which may write a directory whose mode forbids it, so the unwritable places are a
+    path under a regular file and one under /proc."""
+    f = tmp_path / "a_file"
+    f.write_text("x")
+    save = tmp_path / "run"
+    msg = _error(capsys, _args(wiki_shards, save, "--tensorboard-dir", str(f / "tb")),
+                 monkeypatch)
+    assert msg == (f"error: --tensorboard-dir {f / 'tb'}: cannot be created: {f} is a file, not "
+                   "a directory; pass a writable directory to --tensorboard-dir")
+    assert not save.exists()
+    msg = _error(capsys, _args(wiki_shards, save, "--tensorboard-dir", str(f)), monkeypatch)
+    assert msg == (f"error: --tensorboard-dir {f}: exists and is not a directory; pass a "
+                   "writable directory to --tensorboard-dir")
+    msg = _error(capsys, _args(wiki_shards, save, "--tensorboard-dir", "/proc/rtd_scale_tb/x"),
+                 monkeypatch)
+    assert msg.startswith("error: --tensorboard-dir /proc/rtd_scale_tb/x: not writable (in "
+                          "/proc): "), msg
+    assert msg.endswith("; pass a writable directory to --tensorboard-dir")
+    assert not save.exists()
+    # a writable one passes this check, and the probe leaves nothing behind
+    ok = tmp_path / "tb_parent"
+    ok.mkdir()
+    pretrain.check_writable_dir(str(ok / "tb"), "--tensorboard-dir")
+    assert list(ok.iterdir()) == []
 
 
 def _fake_checkpoint(root, step=4, layout=None, model=None):

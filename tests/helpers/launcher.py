@@ -22,9 +22,12 @@ def _deepspeed_bin() -> str:
     return str(Path(sys.executable).with_name("deepspeed"))
 
 
-def launch(args: list[str], ranks: int = 2, timeout: int = 300) -> subprocess.CompletedProcess:
+def launch(args: list[str], ranks: int = 2, timeout: int = 300,
+           launcher_args: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """``deepspeed --num_gpus RANKS --master_port FREE [launcher_args] rtd_scale/pretrain.py
+    ARGS`` from the repository root."""
     cmd = [_deepspeed_bin(), "--num_gpus", str(ranks), "--master_port", str(free_port()),
-           "rtd_scale/pretrain.py", *args]
+           *launcher_args, "rtd_scale/pretrain.py", *args]
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 

@@ -97,8 +97,9 @@ def test_cli():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--gpu", "8", "--tokens-per-s", "1e6"], "error: ambiguous option: --gpu could match --gpus, "
-     "--gpus-per-node (did you mean --gpus?); estimate_cost.py --help lists every flag"),
+    # no abbreviations (OneLineArgumentParser's allow_abbrev=False, as Megatron-LM)
+    (["--gpu", "8", "--tokens-per-s", "1e6"], "error: unrecognized arguments: --gpu 8 (did you "
+     "mean --gpus?); estimate_cost.py --help lists every flag"),
     (["--tokens_per_s", "1e6"], "error: unrecognized arguments: --tokens_per_s 1e6 (did you mean "
      "--tokens-per-s?); estimate_cost.py --help lists every flag"),
     (["--mfu", "0.4"], "error: --mfu and --peak-tflops go together; estimate_cost.py --help "

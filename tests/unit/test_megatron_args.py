@@ -228,9 +228,9 @@ def test_a_bad_value_from_any_flag_names_the_flag(argv, message):
      "'linear', 'cosine', 'inverse-square-root', 'WSD')"),
     (["--hidden_size", "128"],
      "error: unrecognized arguments: --hidden_size 128 (did you mean --hidden-size?)"),
+    # no abbreviations (allow_abbrev=False, as Megatron-LM): a prefix is not a flag
     (["--num-layer", "4"],
-     "error: ambiguous option: --num-layer could match --num-layers, "
-     "--num-layers-per-virtual-pipeline-stage (did you mean --num-layers?)"),
+     "error: unrecognized arguments: --num-layer 4 (did you mean --num-layers?)"),
     (["--use-flash-attn"], "error: unrecognized arguments: --use-flash-attn"),
 ])
 def test_a_mistyped_flag_is_one_line_not_the_usage_block(argv, message, capsys):

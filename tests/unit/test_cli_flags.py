@@ -1,0 +1,124 @@
+"""Entry-point flags: no abbreviations, --distributed-timeout-minutes reaching both process-group
+layers, and the held-out corpora's blend syntax (--valid-data-path, --test-data-path)."""
+from __future__ import annotations
+
+import datetime
+import importlib
+
+import pytest
+
+from rtd_scale import pretrain
+from rtd_scale.cli_errors import OneLineArgumentParser
+from rtd_scale.config import ConfigError, DataConfig, ParallelConfig
+from tests.helpers.env import REPO
+
+BASE = ["--ds_config", "ds_configs/zero3.json", "--data-path", "D", "--tokenizer-model", "t.model"]
+
+
+def test_pretrain_refuses_an_abbreviated_flag(capsys):
+    with pytest.raises(SystemExit) as e:
+        pretrain.build_parser().parse_args([*BASE, "--train-iter", "2"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == (
+        "error: unrecognized arguments: --train-iter 2 (did you mean --train-iters?); "
+        "rtd_scale/pretrain.py --help lists every flag\n")
+    assert pretrain.build_parser().parse_args([*BASE, "--train-iters", "2"]).train_iters == 2
+
+
+@pytest.mark.parametrize("tool, argv, flag", [
+    ("preprocess_data", ["--input", "x.jsonl", "--tokenizer-model", "t.model",
+                         "--output-prefix", "o", "--worker", "2"], "--workers"),
+    ("train_tokenizer", ["--input", "x.jsonl", "--output-prefix", "o", "--vocab-siz", "600"],
+     "--vocab-size"),
+])
+def test_tools_refuse_abbreviated_flags(tool, argv, flag, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "tools"))
+    module = importlib.import_module(tool)
+    with pytest.raises(SystemExit) as e:
+        module.parse_args(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith(f"error: unrecognized arguments: {argv[-2]} "
+                                                f"{argv[-1]} (did you mean {flag}?)"), err
+
+
+def test_one_line_parser_has_no_abbreviations_unless_asked():
+    p = OneLineArgumentParser(prog="x")
+    p.add_argument("--train-iters", type=int)
+    assert p.parse_known_args(["--train-iter", "2"])[1] == ["--train-iter", "2"]
+    q = OneLineArgumentParser(prog="x", allow_abbrev=True)
+    q.add_argument("--train-iters", type=int)
+    assert q.parse_args(["--train-iter", "2"]).train_iters == 2
+
+
+def test_distributed_timeout_minutes_flag():
+    assert ParallelConfig().distributed_timeout_minutes == 10  # Megatron-LM's default
+    args = pretrain.build_parser().parse_args([*BASE, "--distributed-timeout-minutes", "3"])
+    assert pretrain.config_from_args(args).parallel.distributed_timeout_minutes == 3
+    args = pretrain.build_parser().parse_args([*BASE, "--distributed-timeout-minutes", "0"])
+    with pytest.raises(ConfigError, match=r"--distributed-timeout-minutes "
+                                          r"\(parallel.distributed_timeout_minutes\) must be > 0"):
+        pretrain.config_from_args(args)
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_distributed_timeout_reaches_torch_and_megatron(monkeypatch):
+    """distributed.initialize hands the timeout to DeepSpeed's init_distributed (the default
+    process group) and to megatron-core's initialize_model_parallel (its groups)."""
+    import deepspeed
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    from rtd_scale import distributed
+
+    for name, value in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                            MASTER_PORT="29999").items():
+        monkeypatch.setenv(name, value)
+    seen = {}
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "get_world_size", lambda *a: 1)
+    monkeypatch.setattr(deepspeed, "init_distributed",
+                        lambda **kw: seen.__setitem__("torch", kw["timeout"]))
+
+    def megatron(**kw):
+        seen["megatron"] = kw["distributed_timeout_minutes"]
+        raise _Stop
+
+    monkeypatch.setattr(ps, "initialize_model_parallel", megatron)
+    with pytest.raises(_Stop):
+        distributed.initialize(ParallelConfig(distributed_timeout_minutes=3), seed=1)
+    assert seen == {"torch": datetime.timedelta(minutes=3), "megatron": 3}
+    with pytest.raises(_Stop):
+        distributed.initialize(ParallelConfig(), seed=1)
+    assert seen == {"torch": datetime.timedelta(minutes=10), "megatron": 10}
+
+
+def test_held_out_corpora_take_the_blend_syntax():
+    args = pretrain.build_parser().parse_args(
+        [*BASE, "--valid-data-path", "3", "V1", "1", "V2", "--test-data-path", "T"])
+    data = pretrain.config_from_args(args).data
+    assert data.valid_sources() == [(0.75, ["V1"]), (0.25, ["V2"])]
+    assert data.test_sources() == [(1.0, ["T"])]
+    # their shares of --split go back to training: the held-out text is elsewhere
+    assert data.train_split_weights() == (969.0, 0.0, 0.0)
+    assert DataConfig(data_path=["D"], valid_data_path=["V"]).train_split_weights() == (
+        969.0, 0.0, 1.0)
+    assert DataConfig(data_path=["D"]).train_split_weights() == (969.0, 30.0, 1.0)
+    with pytest.raises(ConfigError, match=r"^--valid-data-path 0.5 V W: expected either prefixes "
+                                          r"only, or positive WEIGHT PREFIX pairs \(e.g. "
+                                          r"--valid-data-path 0.7 A 0.3 B\)$"):
+        pretrain.config_from_args(pretrain.build_parser().parse_args(
+            [*BASE, "--valid-data-path", "0.5", "V", "W"]))
+
+
+def test_train_data_path_is_data_path():
+    args = pretrain.build_parser().parse_args(
+        ["--ds_config", "x.json", "--tokenizer-model", "t.model", "--train-data-path", "0.6", "A",
+         "0.4", "B"])
+    assert pretrain.config_from_args(args).data.sources() == [(0.6, ["A"]), (0.4, ["B"])]
+    args = pretrain.build_parser().parse_args([*BASE, "--train-data-path", "E"])
+    with pytest.raises(ValueError, match="--data-path and --train-data-path name two training "
+                                         "corpora; pass one of them"):
+        pretrain.config_from_args(args)
