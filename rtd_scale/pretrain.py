@@ -155,6 +155,22 @@ def build_parser() -> argparse.ArgumentParser:
                    "directory (the generator in PATH/generator, or fresh) or an --export .pt "
                    "file; not with --load")
     p.add_argument("--tensorboard-dir", help="default: <save>/tensorboard")
+    # Weights & Biases and the step profiler, with Megatron-LM's flags (config.MonitorConfig)
+    p.add_argument("--wandb-project", help="also log the TensorBoard scalars and the resolved "
+                   "config to this W&B project (needs `pip install 'rtd_scale[wandb]'`; offline: "
+                   "WANDB_MODE=offline, then `wandb sync`)")
+    p.add_argument("--wandb-exp-name", help="the W&B run's name (default: W&B picks one)")
+    p.add_argument("--wandb-entity", help="the W&B team or user (default: W&B's default)")
+    p.add_argument("--wandb-save-dir", help="W&B's local files (default: <save>/wandb)")
+    p.add_argument("--profile", action="store_true", default=None,
+                   help="write a torch.profiler trace of iterations --profile-step-start … "
+                        "--profile-step-end − 1 to <tensorboard-dir>/profile (TensorBoard's "
+                        "profiler plugin, https://ui.perfetto.dev)")
+    p.add_argument("--profile-step-start", type=int, help="first traced iteration (default 10)")
+    p.add_argument("--profile-step-end", type=int, help="the iteration after the last traced "
+                   "one (default 12)")
+    p.add_argument("--profile-ranks", type=int, nargs="+", metavar="RANK",
+                   help="global ranks to trace (default 0)")
     p.add_argument("--log-interval", type=int)
     p.add_argument("--save-interval", type=int)
     p.add_argument("--seed", type=int)
@@ -218,6 +234,9 @@ _FLAG_FIELDS = {
     "peak_tflops_per_device": ("train", "peak_tflops_per_device"),
     "max_consecutive_nonfinite_iters": ("train", "max_consecutive_nonfinite_iters"),
     "override_data_order": ("train", "override_data_order"),
+    **{name: ("monitor", name) for name in (
+        "wandb_project", "wandb_exp_name", "wandb_entity", "wandb_save_dir", "profile",
+        "profile_step_start", "profile_step_end", "profile_ranks")},
 }
 
 
@@ -275,6 +294,15 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         cfg.train.load = os.path.join(cfg.train.load, f"global_step{args.ckpt_step}")
     if cfg.train.tensorboard_dir is None and cfg.train.save:
         cfg.train.tensorboard_dir = os.path.join(cfg.train.save, "tensorboard")
+    monitor = cfg.monitor
+    if monitor.uses_wandb and monitor.wandb_save_dir is None:
+        if not cfg.train.save:
+            raise UserInputError(f"--wandb-project {monitor.wandb_project}: W&B needs a "
+                                 "directory for its files; pass --wandb-save-dir DIR or --save")
+        monitor.wandb_save_dir = os.path.join(cfg.train.save, "wandb")  # Megatron-LM's default
+    if monitor.profile and not cfg.train.tensorboard_dir:
+        raise UserInputError("--profile writes its trace to <tensorboard-dir>/profile; pass "
+                             "--tensorboard-dir DIR or --save")
     try:
         cfg.validate()
     except ConfigError as e:  # a field a flag set is named by that flag
@@ -304,8 +332,14 @@ def prepare(cfg: RunConfig, world_size: int, print_fn=None):
     from rtd_scale.data import shards
     from rtd_scale.data.blend import build_split
     from rtd_scale.data.tokenizer import Tokenizer
-    from rtd_scale.training import checkpoint, engine
+    from rtd_scale.training import checkpoint, engine, wandb_logger
 
+    wandb_logger.check_available(cfg.monitor)
+    beyond = [r for r in cfg.monitor.profile_ranks if r >= world_size]
+    if cfg.monitor.profile and beyond:
+        raise UserInputError(f"--profile-ranks {' '.join(map(str, beyond))}: no such rank (the "
+                             f"world has ranks 0 … {world_size - 1}); pass global ranks below "
+                             f"{world_size}")
     dp, gas = cfg.batch_arithmetic(world_size)
     ds_config = engine.resolve_ds_config(
         engine.load_ds_config(cfg.train.ds_config), cfg, data_parallel_size=dp,
@@ -449,7 +483,8 @@ def run(cfg: RunConfig, print_fn=print, stop=None, validated=None) -> dict:
     from rtd_scale.model.rtd import RTDModel
     from rtd_scale.training import checkpoint, engine as engine_mod
     from rtd_scale.training.loop import train
-    from rtd_scale.training.metrics import TensorBoardLogger
+    from rtd_scale.training.metrics import MetricsLogger, TensorBoardLogger
+    from rtd_scale.training.profiler import StepProfiler
 
     launch = launch_env.read()  # the launcher's variables, a Slurm step's, or one process
     tok, dataset, ds_config, dp, gas, layout, meta = prepare(
@@ -547,13 +582,30 @@ def run(cfg: RunConfig, print_fn=print, stop=None, validated=None) -> dict:
             for split in dataset.values():
                 print_fn(f"  data {split.describe()}")
         # a crashed run's events after its last checkpoint are hidden: one value per step
-        tb = TensorBoardLogger(cfg.train.tensorboard_dir if ctx.is_logging_rank else None,
-                               purge_step=start_step + 1)
+        tb = MetricsLogger(TensorBoardLogger(
+            cfg.train.tensorboard_dir if ctx.is_logging_rank else None, purge_step=start_step + 1))
+        profiler = None
         try:
+            if ctx.is_logging_rank and cfg.monitor.uses_wandb:  # the same scalars as TensorBoard
+                from rtd_scale.training.wandb_logger import WandbLogger
+
+                ds_resolved = eng.config if isinstance(getattr(eng, "config", None), dict) else \
+                    ds_config
+                tb.sinks.append(WandbLogger(
+                    cfg.monitor, config={**cfg.to_dict(), "ds_config": ds_resolved},
+                    save=cfg.train.save,
+                    resume_dir=checkpoint.split_load(cfg.train.load)[0] if cfg.train.load
+                    else None))
+            profiler = StepProfiler(cfg.monitor, rank=ctx.rank, device=ctx.device,
+                                    tensorboard_dir=cfg.train.tensorboard_dir,
+                                    first_step=start_step + 1, print_fn=print_fn)
             result = train(cfg, ctx, eng, dataset, start_step=start_step,
                            consumed_samples=consumed, tb=tb, print_fn=print_fn,
-                           stop=stop, layout=layout, resumed_from=resumed_from)
+                           stop=stop, layout=layout, resumed_from=resumed_from,
+                           profiler=profiler)
         finally:
+            if profiler is not None:
+                profiler.close()
             tb.close()
         if cfg.train.export and not result.interrupted:
             export_consolidated(eng, model, cfg, ctx, cfg.train.export)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import NamedTuple, Optional, Sequence
 
 import torch
+from torch.profiler import record_function
 
 from rtd_scale.config import AttentionType, LayerNormPosition, ModelConfig, RTDConfig
 from megatron.core import parallel_state
@@ -22,6 +23,7 @@ from rtd_scale.model.heads import MLMHead, RTDHead, mlm_loss, vocab_parallel_top
 from rtd_scale.objectives.losses import replaced_labels, rtd_loss, total_loss
 from rtd_scale.objectives.masking import mask_tokens, masked_positions, prediction_budget
 from rtd_scale.objectives.sampling import sample_from_logits
+from rtd_scale import phases
 
 # Keys of RTDOutput.counts, summed over tokens (reduced and divided only at log time).
 COUNT_KEYS = ("masked", "mlm_correct", "tokens", "replaced", "rtd_correct_replaced",
@@ -281,8 +283,13 @@ class RTDModel(torch.nn.Module):
         """
         pad = input_ids == self.pad_id  # [b, s]
         attn_pad = pad if has_padding else None
-        m = self.mask(input_ids, sample_index)  # 1. mask
-        gen_hidden = self.generator(m.generator_input, attn_pad)  # 2. generator  [s, b, Hg]
-        gen = self.generator_head(gen_hidden, input_ids, sample_index, m.masked, step)  # 3–4
-        disc_hidden = self.discriminator(gen.corrupted_ids, attn_pad)  # 5. discriminator
-        return self.discriminator_head(disc_hidden, gen, pad)  # 6. L_MLM + λ·L_RTD
+        # profiler ranges named after the step's phases (rtd_scale/phases.py)
+        with record_function(phases.MASK):
+            m = self.mask(input_ids, sample_index)  # 1. mask
+        with record_function(phases.GENERATOR_FORWARD):
+            gen_hidden = self.generator(m.generator_input, attn_pad)  # 2. generator  [s, b, Hg]
+        with record_function(phases.SAMPLE):
+            gen = self.generator_head(gen_hidden, input_ids, sample_index, m.masked, step)  # 3–4
+        with record_function(phases.DISCRIMINATOR_FORWARD):
+            disc_hidden = self.discriminator(gen.corrupted_ids, attn_pad)  # 5. discriminator
+            return self.discriminator_head(disc_hidden, gen, pad)  # 6. L_MLM + λ·L_RTD

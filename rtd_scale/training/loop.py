@@ -20,21 +20,23 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
+from torch.profiler import record_function
 
 from rtd_scale.cli_errors import UserInputError
 from rtd_scale.config import RunConfig
 from rtd_scale.data.blend import BlendedDataset
 from rtd_scale.data.loader import DataParallelSampler, build_loader
 from rtd_scale.distributed import DeepSpeedMpu, ParallelContext
-from rtd_scale.training import checkpoint
+from rtd_scale.training import checkpoint, phases
 from rtd_scale.training.digest import DataDigest
 from rtd_scale.training.diagnostics import (VALID_AUC, VALID_AUC_CHANCE_SD, auc_chance_sd,
                                             gather_scores, roc_auc, table_cosines)
 from rtd_scale.training.engine import NonFiniteSkippingAdamW
+from rtd_scale.training.profiler import StepProfiler
 from rtd_scale.training.signals import StopRequest
 from rtd_scale.training.pipeline import pipeline_forward, pipeline_train_step
 from rtd_scale.training.throughput import ThroughputMeter, loss_scale, memory_gib
-from rtd_scale.training.metrics import (MetricAccumulator, TensorBoardLogger, format_log_line,
+from rtd_scale.training.metrics import (MetricAccumulator, MetricsLogger, format_log_line,
                                         grad_norm)
 
 
@@ -277,9 +279,10 @@ def stop_line(reason: str, done: int, save: Optional[str], saved: Optional[str],
 
 
 def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedDataset], *,
-          start_step: int, consumed_samples: int, tb: TensorBoardLogger, print_fn=print,
+          start_step: int, consumed_samples: int, tb: MetricsLogger, print_fn=print,
           stop: Optional[StopRequest] = None, layout: Optional[dict] = None,
-          resumed_from: Optional[str] = None) -> TrainResult:
+          resumed_from: Optional[str] = None,
+          profiler: Optional[StepProfiler] = None) -> TrainResult:
     """Run optimizer steps start_step … train_iters − 1 (0-based; logs count them from 1).
 
     ``data["train"]`` is read from ``consumed_samples`` on; ``data["valid"]``, when present, is
@@ -291,7 +294,7 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
     Non-finite iterations (``NonFiniteGuard``) are skipped and counted (``optim/skipped_iters``
     per log interval); no checkpoint is saved while the last iteration was skipped.
     ``resumed_from`` (the checkpoint directory ``--load`` took) is named as the last good one
-    until this run saves.
+    until this run saves. ``profiler`` (``training/profiler.py``) is told each finished step.
 
     Raises:
         NonFiniteIterationsError: ``train.max_consecutive_nonfinite_iters`` iterations in a row
@@ -344,10 +347,12 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
             outs = []
             for j, mb in enumerate(batches):
                 out = engine(**_to(mb, ctx.device, engine.module.pad_id), step=step)
-                engine.backward(guard.gate(out.loss))
+                with record_function(phases.BACKWARD):
+                    engine.backward(guard.gate(out.loss))
                 if own_norm and j == len(batches) - 1 and will_log(step + 1):
                     norm = grad_norm(model, ctx.tp_rank, mp_group)
-                engine.step()
+                with record_function(phases.OPTIMIZER_STEP):
+                    engine.step()
                 acc.add(out, cfg.rtd.rtd_lambda)
                 outs.append(out)
         guard.after_step()
@@ -410,6 +415,8 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
             last_good = result.checkpoint_dir
             if ctx.is_logging_rank:
                 print_fn(f"saved checkpoint at iteration {done:8d} to {result.checkpoint_dir}")
+        if profiler is not None:
+            profiler.step(done)
         if stopping:
             if ctx.is_logging_rank:
                 print_fn(stop_line(stop.reason(stopping), done, t.save,

@@ -1,6 +1,7 @@
 """Metrics: summed on the device every micro-batch, reduced and written once per log interval.
 
-One TensorBoard writer, on the logging rank (``ParallelContext.is_logging_rank``). Tags:
+One TensorBoard writer, on the logging rank (``ParallelContext.is_logging_rank``), and with
+``--wandb-project`` one W&B run there that gets the same scalars (``MetricsLogger``). Tags:
 loss/mlm, loss/rtd, loss/total, mlm/accuracy, rtd/replaced_fraction, rtd/accuracy_replaced,
 rtd/accuracy_original, optim/lr, optim/grad_norm, optim/skipped_iters (iterations skipped for a
 non-finite loss or gradient norm since the previous log line), throughput/tokens_per_s, and
@@ -122,6 +123,27 @@ class TensorBoardLogger:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+
+
+class MetricsLogger:
+    """The loop's one writer: hands every scalar dict and text to each sink — TensorBoard
+    (``TensorBoardLogger``) and, with ``--wandb-project``, W&B (``wandb_logger.WandbLogger``) —
+    so both get the same values at the same steps."""
+
+    def __init__(self, *sinks):
+        self.sinks = [s for s in sinks if s is not None]
+
+    def write(self, step: int, scalars: dict[str, float]) -> None:
+        for sink in self.sinks:
+            sink.write(step, scalars)
+
+    def write_text(self, tag: str, text: str, step: int) -> None:
+        for sink in self.sinks:
+            sink.write_text(tag, text, step)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
 
 
 def format_log_line(step: int, train_iters: int, consumed: int, ms_per_step: float,
