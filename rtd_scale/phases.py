@@ -1,5 +1,5 @@
-"""Names of the RTD step's phases, shared by the step profiler's ranges and the phase timers (torch-free, so
-``model/`` and ``training/`` both read them without importing each other)."""
+"""Names of the RTD step's phases, shared by the step profiler's ranges and the phase timers.
+Torch-free, so ``model/`` and ``training/`` both read them without importing each other."""
 from __future__ import annotations
 
 # In step order (STYLE rule 5). What each covers, in the single-stage step:
