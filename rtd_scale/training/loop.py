@@ -22,12 +22,13 @@ import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
+from rtd_scale import phases
 from rtd_scale.cli_errors import UserInputError
 from rtd_scale.config import RunConfig
 from rtd_scale.data.blend import BlendedDataset
 from rtd_scale.data.loader import DataParallelSampler, build_loader
 from rtd_scale.distributed import DeepSpeedMpu, ParallelContext
-from rtd_scale.training import checkpoint, phases
+from rtd_scale.training import checkpoint
 from rtd_scale.training.digest import DataDigest
 from rtd_scale.training.diagnostics import (VALID_AUC, VALID_AUC_CHANCE_SD, auc_chance_sd,
                                             gather_scores, roc_auc, table_cosines)
