@@ -547,6 +547,10 @@ class TrainConfig:
     load: Optional[str] = None
     save_interval: int = 0  # steps; 0: only at the end
     log_interval: int = 10
+    # per-phase timers in the log line and TensorBoard (training/timers.py), Megatron-LM's
+    # --timing-log-level: 0 none, 1 coarse (data, forward, backward, step), 2 fine (+ the
+    # forward's mask, generator forward, sample, discriminator forward)
+    timing_log_level: int = 0
     tensorboard_dir: Optional[str] = None
     ds_config: Optional[str] = None
     export: Optional[str] = None  # consolidated TP-agnostic weights written after the last step
@@ -576,6 +580,10 @@ class TrainConfig:
         self.precision = Precision(self.precision)
         _positive("train", train_iters=self.train_iters, micro_batch_size=self.micro_batch_size,
                   global_batch_size=self.global_batch_size, log_interval=self.log_interval)
+        if self.timing_log_level not in (0, 1, 2):
+            raise ConfigError("--timing-log-level must be 0 (no timers), 1 (data wait, forward, "
+                              "backward, optimizer step) or 2 (also the forward's phases), got "
+                              f"{self.timing_log_level!r}")
         if self.save_interval < 0:
             raise ConfigError(f"--save-interval must be >= 0, got {self.save_interval}")
         if self.max_consecutive_nonfinite_iters < 0:

@@ -1,15 +1,35 @@
-"""Names of the RTD step's phases, shared by the step profiler's ranges and the phase timers.
-Torch-free, so ``model/`` and ``training/`` both read them without importing each other."""
+"""Names of the RTD step's phases, shared by the per-phase timers (``training/timers.py``,
+``--timing-log-level``) and the step profiler's ranges (``training/profiler.py``). Torch-free, so
+``model/`` and ``training/`` both read them without importing each other.
+
+The one-stage step (STYLE rule 5): data wait → mask → generator forward → sample → discriminator
+forward → backward → optimizer step. Under pipeline parallelism (``training/pipeline.py``) the
+step is instead the generator pass, the hand-over of the corrupted ids, the discriminator pass
+and the all-reduce of the tied gradients, then the optimizer step.
+"""
 from __future__ import annotations
 
-# In step order (STYLE rule 5). What each covers, in the single-stage step:
-MASK = "rtd/mask"  # masking and the generator's input (RTDModel.mask)
-GENERATOR_FORWARD = "rtd/generator_forward"  # the generator encoder, embeddings to final norm
-# the MLM head at masked positions, L_MLM and the sampled replacements (RTDModel.generator_head)
-SAMPLE = "rtd/sample"
-# the discriminator encoder, the RTD head, L_RTD and the weighted total (discriminator_head)
-DISCRIMINATOR_FORWARD = "rtd/discriminator_forward"
-BACKWARD = "rtd/backward"  # engine.backward of the micro-batch's loss
-OPTIMIZER_STEP = "rtd/optimizer_step"  # engine.step (an optimizer update at the last micro-batch)
+PHASE_DATA_WAIT = "rtd/data_wait"
+PHASE_MASK = "rtd/mask"
+PHASE_GENERATOR_FORWARD = "rtd/generator_forward"
+PHASE_SAMPLE = "rtd/sample"
+PHASE_DISCRIMINATOR_FORWARD = "rtd/discriminator_forward"
+PHASE_BACKWARD = "rtd/backward"
+PHASE_OPTIMIZER_STEP = "rtd/optimizer_step"
 
-ALL = (MASK, GENERATOR_FORWARD, SAMPLE, DISCRIMINATOR_FORWARD, BACKWARD, OPTIMIZER_STEP)
+ALL = (PHASE_DATA_WAIT, PHASE_MASK, PHASE_GENERATOR_FORWARD, PHASE_SAMPLE,
+       PHASE_DISCRIMINATOR_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER_STEP)
+
+# The whole forward (mask, generator forward, sample, discriminator forward and the losses):
+# the coarse timers' one forward phase.
+PHASE_FORWARD = "rtd/forward"
+
+# Pipeline parallelism (training/pipeline.py, its steps 1–4): each pass is megatron-core's 1F1B
+# schedule, forward and backward of one encoder over all micro-batches.
+PHASE_PIPELINE_GENERATOR_PASS = "rtd/pipeline_generator_pass"
+PHASE_PIPELINE_ID_HANDOVER = "rtd/pipeline_id_handover"
+PHASE_PIPELINE_DISCRIMINATOR_PASS = "rtd/pipeline_discriminator_pass"
+PHASE_PIPELINE_TIED_GRADIENTS = "rtd/pipeline_tied_gradients"
+
+PIPELINE = (PHASE_PIPELINE_GENERATOR_PASS, PHASE_PIPELINE_ID_HANDOVER,
+            PHASE_PIPELINE_DISCRIMINATOR_PASS, PHASE_PIPELINE_TIED_GRADIENTS)

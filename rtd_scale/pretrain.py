@@ -172,6 +172,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile-ranks", type=int, nargs="+", metavar="RANK",
                    help="global ranks to trace (default 0)")
     p.add_argument("--log-interval", type=int)
+    p.add_argument("--timing-log-level", type=int, choices=[0, 1, 2],
+                   help="per-phase times in the log line and TensorBoard (timers/*_ms): 0 none "
+                        "(default), 1 data wait, forward, backward, optimizer step; 2 also the "
+                        "forward's mask, generator forward, sample, discriminator forward "
+                        "(CUDA events read at the log interval: no sync per step)")
     p.add_argument("--save-interval", type=int)
     p.add_argument("--seed", type=int)
     p.add_argument("--exit-signal-handler", action="store_true",
@@ -217,6 +222,7 @@ _FLAG_FIELDS = {
     "micro_batch_size": ("train", "micro_batch_size"),
     "global_batch_size": ("train", "global_batch_size"),
     "tensorboard_dir": ("train", "tensorboard_dir"), "log_interval": ("train", "log_interval"),
+    "timing_log_level": ("train", "timing_log_level"),
     "save_interval": ("train", "save_interval"), "seed": ("train", "seed"),
     "ds_config": ("train", "ds_config"), "export": ("train", "export"),
     "export_hf": ("train", "export_hf"), "pretrained_checkpoint": ("train", "pretrained_checkpoint"),

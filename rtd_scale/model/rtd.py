@@ -23,11 +23,19 @@ from rtd_scale.model.heads import MLMHead, RTDHead, mlm_loss, vocab_parallel_top
 from rtd_scale.objectives.losses import replaced_labels, rtd_loss, total_loss
 from rtd_scale.objectives.masking import mask_tokens, masked_positions, prediction_budget
 from rtd_scale.objectives.sampling import sample_from_logits
-from rtd_scale import phases
+from rtd_scale.phases import (PHASE_DISCRIMINATOR_FORWARD, PHASE_GENERATOR_FORWARD,
+                                       PHASE_MASK, PHASE_SAMPLE)
 
 # Keys of RTDOutput.counts, summed over tokens (reduced and divided only at log time).
 COUNT_KEYS = ("masked", "mlm_correct", "tokens", "replaced", "rtd_correct_replaced",
               "original", "rtd_correct_original")
+
+
+def untimed(phase: str):
+    """The step's default ``timers``: times nothing, and marks ``phase`` as a ``torch.profiler``
+    range (``--profile``). ``training/timers.py``'s ``PhaseTimers`` (``--timing-log-level``) is
+    the one that times; the phase names are ``rtd_scale/phases.py``'s."""
+    return record_function(phase)
 
 
 class RTDOutput(NamedTuple):
@@ -206,7 +214,7 @@ class RTDModel(torch.nn.Module):
 
     def generator_head(self, gen_hidden: torch.Tensor, input_ids: torch.Tensor,
                        sample_index: torch.Tensor, masked: torch.Tensor,
-                       step: int) -> GeneratorResult:
+                       step: int, timers=untimed) -> GeneratorResult:
         """Steps 2–4 on the last stage: MLM logits at masked positions only, L_MLM, replacements
         sampled from softmax(logits / T) (never argmax, no gradient), the discriminator's input
         and its labels (a correct sample counts as original, C01).
@@ -214,31 +222,35 @@ class RTDModel(torch.nn.Module):
         Args:
             gen_hidden: [s, b, Hg] the generator's final hidden states.
             input_ids: [b, s]; sample_index: [b]; masked: [b, s] bool.
+            timers: ``timers(phase)`` context managers (``RTDModel.forward``).
         """
         rtd = self.rtd_cfg
         table = self.mlm_head.table
         b, s = input_ids.shape
-        # static shapes, no host sync: every sample's masked positions in k slots (k = the
-        # masking's per-sample maximum), unused slots marked invalid and given no weight
-        k = prediction_budget(rtd.mask_prob, s, rtd.mask_strategy)
-        positions, valid = masked_positions(masked, k)  # [b, k] each
-        rows = torch.arange(b, device=input_ids.device).view(b, 1).expand(b, k).reshape(-1)
-        cols, valid = positions.view(-1), valid.view(-1)  # [n = b·k]
-        logits = self.mlm_head(gen_hidden[cols, rows])  # [n, V_local]
-        targets = input_ids[rows, cols]  # [n]
-        sampled = sample_from_logits(
-            logits.detach(), seed=self.seed, step=step, sample_index=sample_index[rows],
-            position=cols, vocab_start=table.vocab_start_index, sampleable=self.sampleable,
-            temperature=rtd.temperature, disallow_ids=targets if rtd.disallow_correct else None,
-            tp_group=table.tp_group)
-        mlm_correct = vocab_parallel_top1_correct(logits, targets, table.vocab_start_index,
-                                                  table.tp_group) & valid
-        l_mlm = mlm_loss(logits, targets, valid)  # consumes logits
-        filled = torch.zeros_like(input_ids).scatter_add_(
-            1, positions, torch.where(valid, sampled, 0).view(b, k))
-        corrupted = torch.where(masked, filled, input_ids)
-        return GeneratorResult(l_mlm, corrupted, replaced_labels(corrupted, input_ids),
-                               mlm_correct, masked)
+        with timers(PHASE_GENERATOR_FORWARD):
+            # static shapes, no host sync: every sample's masked positions in k slots (k = the
+            # masking's per-sample maximum), unused slots marked invalid and given no weight
+            k = prediction_budget(rtd.mask_prob, s, rtd.mask_strategy)
+            positions, valid = masked_positions(masked, k)  # [b, k] each
+            rows = torch.arange(b, device=input_ids.device).view(b, 1).expand(b, k).reshape(-1)
+            cols, valid = positions.view(-1), valid.view(-1)  # [n = b·k]
+            logits = self.mlm_head(gen_hidden[cols, rows])  # [n, V_local]
+            targets = input_ids[rows, cols]  # [n]
+        with timers(PHASE_SAMPLE):
+            sampled = sample_from_logits(
+                logits.detach(), seed=self.seed, step=step, sample_index=sample_index[rows],
+                position=cols, vocab_start=table.vocab_start_index, sampleable=self.sampleable,
+                temperature=rtd.temperature,
+                disallow_ids=targets if rtd.disallow_correct else None, tp_group=table.tp_group)
+            filled = torch.zeros_like(input_ids).scatter_add_(
+                1, positions, torch.where(valid, sampled, 0).view(b, k))
+            corrupted = torch.where(masked, filled, input_ids)
+            labels = replaced_labels(corrupted, input_ids)
+        with timers(PHASE_GENERATOR_FORWARD):  # after sampling: the loss consumes the logits
+            mlm_correct = vocab_parallel_top1_correct(logits, targets, table.vocab_start_index,
+                                                      table.tp_group) & valid
+            l_mlm = mlm_loss(logits, targets, valid)  # consumes logits
+        return GeneratorResult(l_mlm, corrupted, labels, mlm_correct, masked)
 
     def discriminator_head(self, disc_hidden: torch.Tensor, gen: GeneratorResult,
                            pad: torch.Tensor) -> RTDOutput:
@@ -269,7 +281,7 @@ class RTDModel(torch.nn.Module):
                          rtd_logits=disc_logits.detach())
 
     def forward(self, input_ids: torch.Tensor, sample_index: torch.Tensor,
-                step: int = 0, has_padding: bool = True) -> RTDOutput:
+                step: int = 0, has_padding: bool = True, timers=untimed) -> RTDOutput:
         """One RTD forward on a micro-batch (single pipeline stage; see
         ``training/pipeline.py`` for the pipelined step).
 
@@ -280,16 +292,17 @@ class RTDModel(torch.nn.Module):
             has_padding: False when the caller knows that ``input_ids`` holds no [PAD] (packed
                 samples; decided on the host, no device sync): attention then runs without a
                 mask, which lets SDPA pick its flash kernels. True is always correct.
+            timers: ``timers(phase)`` gives a context manager around each phase
+                (``training/timers.py``, ``--timing-log-level 2``); by default none times.
         """
         pad = input_ids == self.pad_id  # [b, s]
         attn_pad = pad if has_padding else None
-        # profiler ranges named after the step's phases (rtd_scale/phases.py)
-        with record_function(phases.MASK):
+        with timers(PHASE_MASK):
             m = self.mask(input_ids, sample_index)  # 1. mask
-        with record_function(phases.GENERATOR_FORWARD):
+        with timers(PHASE_GENERATOR_FORWARD):
             gen_hidden = self.generator(m.generator_input, attn_pad)  # 2. generator  [s, b, Hg]
-        with record_function(phases.SAMPLE):
-            gen = self.generator_head(gen_hidden, input_ids, sample_index, m.masked, step)  # 3–4
-        with record_function(phases.DISCRIMINATOR_FORWARD):
+        gen = self.generator_head(gen_hidden, input_ids, sample_index, m.masked, step,
+                                  timers)  # 3–4. MLM head and L_MLM, sample (no grad)
+        with timers(PHASE_DISCRIMINATOR_FORWARD):
             disc_hidden = self.discriminator(gen.corrupted_ids, attn_pad)  # 5. discriminator
             return self.discriminator_head(disc_hidden, gen, pad)  # 6. L_MLM + λ·L_RTD

@@ -19,26 +19,25 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
-import torch.distributed as dist
-from torch.profiler import record_function
 
-from rtd_scale import phases
 from rtd_scale.cli_errors import UserInputError
 from rtd_scale.config import RunConfig
 from rtd_scale.data.blend import BlendedDataset
 from rtd_scale.data.loader import DataParallelSampler, build_loader
 from rtd_scale.distributed import DeepSpeedMpu, ParallelContext
+from rtd_scale.phases import PHASE_BACKWARD, PHASE_DATA_WAIT, PHASE_FORWARD, PHASE_OPTIMIZER_STEP
 from rtd_scale.training import checkpoint
 from rtd_scale.training.digest import DataDigest
 from rtd_scale.training.diagnostics import (VALID_AUC, VALID_AUC_CHANCE_SD, auc_chance_sd,
                                             gather_scores, roc_auc, table_cosines)
 from rtd_scale.training.engine import NonFiniteSkippingAdamW
-from rtd_scale.training.profiler import StepProfiler
-from rtd_scale.training.signals import StopRequest
-from rtd_scale.training.pipeline import pipeline_forward, pipeline_train_step
-from rtd_scale.training.throughput import ThroughputMeter, loss_scale, memory_gib
 from rtd_scale.training.metrics import (MetricAccumulator, MetricsLogger, format_log_line,
                                         grad_norm)
+from rtd_scale.training.pipeline import pipeline_forward, pipeline_train_step
+from rtd_scale.training.profiler import StepProfiler
+from rtd_scale.training.signals import StopRequest
+from rtd_scale.training.throughput import ThroughputMeter, loss_scale, memory_gib
+from rtd_scale.training.timers import PhaseTimers, timer_scalars
 
 
 @dataclass
@@ -326,6 +325,7 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
     guard = NonFiniteGuard(engine, ctx.device, t.max_consecutive_nonfinite_iters)
     last_good = resumed_from
     meter = ThroughputMeter(cfg, world_size=ctx.world_size, device=ctx.device)
+    timers = PhaseTimers(t.timing_log_level, ctx.device)  # --timing-log-level (training/timers.py)
     if ctx.is_logging_rank:  # the resolved configs, next to the scalars they produce
         tb.write_text("config/run", cfg.to_json(), start_step)
         if isinstance(getattr(engine, "config", None), dict):  # the resolved ds_config
@@ -339,20 +339,24 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
     for step in range(start_step, t.train_iters):
         if will_log(step + 1):  # the schedule's value for this update (before it steps)
             lr_used = engine.lr_scheduler.lr()  # settles a skip the device decided: a host read
-        batches = [next(train_batches) for _ in range(gas)]
+        with timers(PHASE_DATA_WAIT):
+            batches = [next(train_batches) for _ in range(gas)]
         if ctx.pp_size > 1:
-            outs = pipeline_train_step(engine, batches, step=step, ctx=ctx)
+            outs = pipeline_train_step(engine, batches, step=step, ctx=ctx, timers=timers)
             for out in outs:
                 acc.add(out, cfg.rtd.rtd_lambda)
         else:
             outs = []
             for j, mb in enumerate(batches):
-                out = engine(**_to(mb, ctx.device, engine.module.pad_id), step=step)
-                with record_function(phases.BACKWARD):
+                with timers(PHASE_DATA_WAIT):
+                    micro_batch = _to(mb, ctx.device, engine.module.pad_id)
+                with timers(PHASE_FORWARD):
+                    out = engine(**micro_batch, step=step, timers=timers)
+                with timers(PHASE_BACKWARD):
                     engine.backward(guard.gate(out.loss))
-                if own_norm and j == len(batches) - 1 and will_log(step + 1):
-                    norm = grad_norm(model, ctx.tp_rank, mp_group)
-                with record_function(phases.OPTIMIZER_STEP):
+                with timers(PHASE_OPTIMIZER_STEP):
+                    if own_norm and j == len(batches) - 1 and will_log(step + 1):
+                        norm = grad_norm(model, ctx.tp_rank, mp_group)
                     engine.step()
                 acc.add(out, cfg.rtd.rtd_lambda)
                 outs.append(out)
@@ -376,6 +380,7 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
             # non-pad tokens over all data-parallel ranks (reduce() summed them)
             scalars["throughput/tokens_per_s"] = scalars.pop("_tokens") / elapsed
             scalars.update(meter.scalars(steps=steps_since_log, seconds=elapsed, done=done))
+            scalars.update(timer_scalars(timers.read(steps_since_log)))  # CUDA: one synchronize
             scalars.update(memory_gib(ctx.device) or {})  # an all-reduce on CUDA
             scale = loss_scale(engine)
             if scale is not None:

@@ -13,8 +13,9 @@ validation split under valid/ (valid/loss/mlm, valid/loss/rtd, valid/loss/total,
 valid/mlm/accuracy, valid/rtd/...) and valid/rtd/auc (the discriminator's held-out ROC AUC).
 From training/throughput.py: throughput/tflops_per_device, throughput/mfu (a fraction; with a
 known peak), memory/allocated_gib, memory/reserved_gib, memory/peak_allocated_gib (CUDA; max over
-ranks), time/eta_s, and optim/loss_scale under fp16. Text: config/run and config/ds_config (the
-resolved configs, at the run's first step).
+ranks), time/eta_s, and optim/loss_scale under fp16. From training/timers.py, with
+--timing-log-level 1 or 2: timers/<phase>_ms (milliseconds per iteration of each phase). Text:
+config/run and config/ds_config (the resolved configs, at the run's first step).
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from rtd_scale.model.rtd import COUNT_KEYS, RTDOutput
+from rtd_scale.training.timers import format_timer_fields
 
 
 class MetricAccumulator:
@@ -159,7 +161,7 @@ def format_log_line(step: int, train_iters: int, consumed: int, ms_per_step: flo
         f"grad norm: {scalars['optim/grad_norm']:.3f} | "
         f"tokens/s: {scalars['throughput/tokens_per_s']:.0f} | "
         f"number of skipped iterations: {int(scalars.get('optim/skipped_iters', 0)):3d} |"
-        + _throughput_fields(scalars)
+        + _throughput_fields(scalars) + format_timer_fields(scalars)
     )
 
 

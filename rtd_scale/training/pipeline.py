@@ -36,7 +36,12 @@ from megatron.core.pipeline_parallel.schedules import (
 
 from rtd_scale.data.packed import MicroBatch
 from rtd_scale.distributed import ParallelContext
-from rtd_scale.model.rtd import GeneratorResult, RTDModel, RTDOutput
+from rtd_scale.model.rtd import GeneratorResult, RTDModel, RTDOutput, untimed
+from rtd_scale.phases import (PHASE_DISCRIMINATOR_FORWARD, PHASE_GENERATOR_FORWARD,
+                                       PHASE_MASK, PHASE_OPTIMIZER_STEP,
+                                       PHASE_PIPELINE_DISCRIMINATOR_PASS,
+                                       PHASE_PIPELINE_GENERATOR_PASS, PHASE_PIPELINE_ID_HANDOVER,
+                                       PHASE_PIPELINE_TIED_GRADIENTS)
 
 
 def _attention_pad(mb: MicroBatch, pad: torch.Tensor, pad_id: int) -> Optional[torch.Tensor]:
@@ -56,9 +61,9 @@ def _schedule(encoder, forward_step, micro_batches: Sequence[MicroBatch], seq_le
 
 def pipeline_forward_backward(model: RTDModel, micro_batches: Sequence[MicroBatch], *,
                               step: int, ctx: ParallelContext,
-                              forward_only: bool = False) -> list[RTDOutput]:
+                              forward_only: bool = False, timers=untimed) -> list[RTDOutput]:
     """Steps 1–3 above: both passes, forward and (unless ``forward_only``) backward, over
-    ``micro_batches``.
+    ``micro_batches``. ``timers``: as ``RTDModel.forward``'s, and each pass and the hand-over.
 
     Returns one RTDOutput per micro-batch on the last stage (losses detached), [] elsewhere.
     """
@@ -71,24 +76,29 @@ def pipeline_forward_backward(model: RTDModel, micro_batches: Sequence[MicroBatc
         j, mb = next(data_iterator)
         ids, idx = mb.input_ids.to(dev), mb.sample_index.to(dev)
         pad = ids == model.pad_id
-        m = model.mask(ids, idx)
-        hidden = encoder(m.generator_input, _attention_pad(mb, pad, model.pad_id))
+        with timers(PHASE_MASK):
+            m = model.mask(ids, idx)
+        with timers(PHASE_GENERATOR_FORWARD):
+            hidden = encoder(m.generator_input, _attention_pad(mb, pad, model.pad_id))
 
         def loss_func(output):
-            gen = model.generator_head(output, ids, idx, m.masked, step)
+            gen = model.generator_head(output, ids, idx, m.masked, step, timers)
             gen_results[j] = gen
             return gen.mlm_loss.clone(), {}  # the schedule divides it in place
 
         return hidden, loss_func
 
-    _schedule(model.generator, generator_step, micro_batches, seq_length, forward_only)
+    with timers(PHASE_PIPELINE_GENERATOR_PASS):
+        _schedule(model.generator, generator_step, micro_batches, seq_length, forward_only)
 
     # 2. corrupted ids: last stage -> every stage of this pipeline (stage 0 needs them)
-    corrupted = torch.empty(n, *micro_batches[0].input_ids.shape, dtype=torch.int64, device=dev)
-    if ctx.is_last_stage:
-        corrupted.copy_(torch.stack([g.corrupted_ids for g in gen_results]))
-    if ctx.pp_size > 1:
-        dist.broadcast(corrupted, src=ctx.last_stage_global_rank, group=ctx.pp_group)
+    with timers(PHASE_PIPELINE_ID_HANDOVER):
+        corrupted = torch.empty(n, *micro_batches[0].input_ids.shape, dtype=torch.int64,
+                                device=dev)
+        if ctx.is_last_stage:
+            corrupted.copy_(torch.stack([g.corrupted_ids for g in gen_results]))
+        if ctx.pp_size > 1:
+            dist.broadcast(corrupted, src=ctx.last_stage_global_rank, group=ctx.pp_group)
 
     outputs: list[RTDOutput | None] = [None] * n
 
@@ -96,17 +106,21 @@ def pipeline_forward_backward(model: RTDModel, micro_batches: Sequence[MicroBatc
         j, mb = next(data_iterator)
         ids = mb.input_ids.to(dev)
         pad = ids == model.pad_id
-        hidden = encoder(corrupted[j], _attention_pad(mb, pad, model.pad_id))
+        with timers(PHASE_DISCRIMINATOR_FORWARD):
+            hidden = encoder(corrupted[j], _attention_pad(mb, pad, model.pad_id))
 
         def loss_func(output):
-            out = model.discriminator_head(output, gen_results[j], pad)
+            with timers(PHASE_DISCRIMINATOR_FORWARD):
+                out = model.discriminator_head(output, gen_results[j], pad)
             outputs[j] = out._replace(loss=out.loss.detach(), mlm_loss=out.mlm_loss.detach(),
                                       rtd_loss=out.rtd_loss.detach())
             return model.rtd_cfg.rtd_lambda * out.rtd_loss, {}
 
         return hidden, loss_func
 
-    _schedule(model.discriminator, discriminator_step, micro_batches, seq_length, forward_only)
+    with timers(PHASE_PIPELINE_DISCRIMINATOR_PASS):
+        _schedule(model.discriminator, discriminator_step, micro_batches, seq_length,
+                  forward_only)
     return [o for o in outputs if o is not None]
 
 
@@ -138,16 +152,18 @@ def all_reduce_tied_gradients(model: RTDModel, ctx: ParallelContext) -> None:
 
 
 def pipeline_train_step(engine, micro_batches: Sequence[MicroBatch], *, step: int,
-                        ctx: ParallelContext) -> list[RTDOutput]:
+                        ctx: ParallelContext, timers=untimed) -> list[RTDOutput]:
     """One optimizer step at pipeline_model_parallel_size > 1 (steps 1–4 above)."""
     model: RTDModel = engine.module
-    outputs = pipeline_forward_backward(model, micro_batches, step=step, ctx=ctx)
-    all_reduce_tied_gradients(model, ctx)
-    if isinstance(engine.optimizer, BF16_Optimizer):
-        # DeepSpeed's bf16 optimizer (its ZeRO-1 under --bf16) takes the gradients into its fp32
-        # buffers and reduces them over the data-parallel group in the backward epilogue that
-        # engine.backward() would have run; its step() does neither.
-        engine.optimizer.update_hp_grads(clear_lp_grads=True)
-        engine.allreduce_gradients()
-    engine.step()
+    outputs = pipeline_forward_backward(model, micro_batches, step=step, ctx=ctx, timers=timers)
+    with timers(PHASE_PIPELINE_TIED_GRADIENTS):
+        all_reduce_tied_gradients(model, ctx)
+    with timers(PHASE_OPTIMIZER_STEP):
+        if isinstance(engine.optimizer, BF16_Optimizer):
+            # DeepSpeed's bf16 optimizer (its ZeRO-1 under --bf16) takes the gradients into its
+            # fp32 buffers and reduces them over the data-parallel group in the backward
+            # epilogue that engine.backward() would have run; its step() does neither.
+            engine.optimizer.update_hp_grads(clear_lp_grads=True)
+            engine.allreduce_gradients()
+        engine.step()
     return outputs

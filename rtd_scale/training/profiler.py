@@ -5,7 +5,7 @@ On each rank of ``profile_ranks``, a ``torch.profiler`` trace of iterations N �
 as in the log; Megatron-LM's PyTorch-profiler schedule traces the same M − N steps), with one
 warm-up iteration before them when there is one (the profiler's start-up cost stays out of the
 trace), CPU and (on GPU) CUDA activity and shapes. The step's phases are ranges named in
-``rtd_scale/phases.py`` (``record_function`` in ``model/rtd.py`` and ``training/loop.py``), so the
+``rtd_scale/phases.py`` (the phase timers' ``record_function``, ``training/timers.py``), so the
 generator's and the discriminator's work each sit under their own range. Python stacks and
 module names (``nn.Module: Encoder_0``, …; torch.profiler's ``with_stack``, which they need) come
 with ``--set monitor.profile_with_stack=true``: off by default, as they make the trace some 100×

@@ -181,7 +181,7 @@ def test_token_strategy_is_unchanged_bitwise():
 
 
 def test_unit_strategies_need_the_table_and_wait_for_no_device(wiki):
-    from tests.unit.test_rtd_step import SyncRecorder
+    from tests.helpers.sync import SyncRecorder
 
     tok, table, ids = wiki
     with pytest.raises(ValueError, match="needs the tokenizer's word-start table"):

@@ -102,9 +102,9 @@ class _Pair(torch.nn.Module):
         self.generator, self.discriminator = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
 
     def forward(self, x):
-        with torch.profiler.record_function(phases.GENERATOR_FORWARD):
+        with torch.profiler.record_function(phases.PHASE_GENERATOR_FORWARD):
             h = self.generator(x)
-        with torch.profiler.record_function(phases.DISCRIMINATOR_FORWARD):
+        with torch.profiler.record_function(phases.PHASE_DISCRIMINATOR_FORWARD):
             return self.discriminator(h).sum()
 
 
@@ -121,9 +121,9 @@ def test_profiler_traces_the_asked_iterations(tmp_path, first_step):
     for done in range(first_step, 7):
         with torch.profiler.record_function(f"iteration_{done}"):
             loss = model(torch.randn(2, 4))
-            with torch.profiler.record_function(phases.BACKWARD):
+            with torch.profiler.record_function(phases.PHASE_BACKWARD):
                 loss.backward()
-            with torch.profiler.record_function(phases.OPTIMIZER_STEP):
+            with torch.profiler.record_function(phases.PHASE_OPTIMIZER_STEP):
                 opt.step()
         prof.step(done)
     prof.close()
@@ -134,8 +134,8 @@ def test_profiler_traces_the_asked_iterations(tmp_path, first_step):
     names = {e.get("name") for e in json.loads(traces[0].read_text())["traceEvents"]}
     assert {"iteration_3", "iteration_4"} <= names
     assert not names & {f"iteration_{i}" for i in (1, 2, 5, 6)}
-    assert {phases.GENERATOR_FORWARD, phases.DISCRIMINATOR_FORWARD, phases.BACKWARD,
-            phases.OPTIMIZER_STEP} <= names
+    assert {phases.PHASE_GENERATOR_FORWARD, phases.PHASE_DISCRIMINATOR_FORWARD, phases.PHASE_BACKWARD,
+            phases.PHASE_OPTIMIZER_STEP} <= names
 
 
 def test_profiler_with_stack_names_the_modules(tmp_path):
