@@ -11,7 +11,8 @@ import torch
 
 from rtd_scale.config import ConfigError, preset
 from rtd_scale.model.rtd import RTDModel
-from rtd_scale.training import phases, timers as timers_mod
+from rtd_scale import phases
+from rtd_scale.training import timers as timers_mod
 from rtd_scale.phases import (PHASE_BACKWARD, PHASE_DATA_WAIT,
                                        PHASE_DISCRIMINATOR_FORWARD, PHASE_FORWARD,
                                        PHASE_GENERATOR_FORWARD, PHASE_MASK, PHASE_OPTIMIZER_STEP,
