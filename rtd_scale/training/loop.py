@@ -15,7 +15,7 @@ import json
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -30,6 +30,7 @@ from rtd_scale.training.digest import DataDigest
 from rtd_scale.training.diagnostics import (VALID_AUC, VALID_AUC_CHANCE_SD, auc_chance_sd,
                                             gather_scores, roc_auc, table_cosines)
 from rtd_scale.training.engine import NonFiniteSkippingAdamW
+from rtd_scale.training.normalise import global_counts
 from rtd_scale.training.pipeline import pipeline_forward, pipeline_train_step
 from rtd_scale.training.throughput import ThroughputMeter, loss_scale, memory_gib
 from rtd_scale.training.metrics import (MetricAccumulator, TensorBoardLogger, format_log_line,
@@ -198,9 +199,42 @@ def _to(mb, device, pad_id: int) -> dict:
                 has_padding=bool((mb.input_ids == pad_id).any()))
 
 
+def train_step(engine, batches, *, step: int, ctx: ParallelContext,
+               gate: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+               before_update: Optional[Callable[[], None]] = None) -> list:
+    """One optimizer step at pipeline_model_parallel_size 1 over this rank's ``batches`` (its
+    gradient-accumulation micro-batches): forward, ``engine.backward``, ``engine.step`` each.
+
+    The losses are normalised over the global batch (``training/normalise.py``): the counts of
+    every micro-batch of the step on every data-parallel rank come first (one all-reduce), so
+    that the update does not depend on micro-batch size × accumulation × DP.
+    ``gate``: applied to each loss before backward (``NonFiniteGuard.gate``).
+    ``before_update``: called after the last backward, before the step that updates (reads the
+    gradients). Returns one RTDOutput per micro-batch.
+    """
+    model = engine.module
+    # DeepSpeed divides each loss by its accumulation steps: the normaliser counts on it
+    assert engine.gradient_accumulation_steps() == len(batches), \
+        (engine.gradient_accumulation_steps(), len(batches))
+    kwargs = [_to(mb, ctx.device, model.pad_id) for mb in batches]
+    counts = global_counts(model, [(k["input_ids"], k["sample_index"]) for k in kwargs], ctx)
+    outs = []
+    for j, kw in enumerate(kwargs):
+        out = engine(**kw, step=step, global_counts=counts,
+                     num_micro_batches=len(kwargs) * ctx.dp_size)
+        engine.backward(out.loss if gate is None else gate(out.loss))
+        if before_update is not None and j == len(kwargs) - 1:
+            before_update()
+        engine.step()
+        outs.append(out)
+    return outs
+
+
 def evaluate(cfg: RunConfig, ctx: ParallelContext, engine, loader) -> dict[str, float]:
     """Validation losses and accuracies over ``eval_iters`` global batches of ``loader``
-    (forward only, dropout off). Collective over every rank; tags prefixed ``valid/``.
+    (forward only, dropout off). Collective over every rank; tags prefixed ``valid/``. The
+    losses are normalised over each validation global batch, as in training
+    (``training/normalise.py``).
 
     ``valid/rtd/auc``: the exact ROC AUC (``diagnostics.roc_auc``, ties ½) of the
     discriminator's logits, replaced (label 1) vs original (0), over every non-pad token of the
@@ -227,7 +261,11 @@ def evaluate(cfg: RunConfig, ctx: ParallelContext, engine, loader) -> dict[str, 
                 if ctx.pp_size > 1:
                     outs = pipeline_forward(engine.module, batches, step=0, ctx=ctx)
                 else:
-                    outs = [engine(**_to(mb, ctx.device, pad_id), step=0) for mb in batches]
+                    kwargs = [_to(mb, ctx.device, pad_id) for mb in batches]
+                    counts = global_counts(engine.module, [(k["input_ids"], k["sample_index"])
+                                                           for k in kwargs], ctx)
+                    outs = [engine(**k, step=0, global_counts=counts,
+                                   num_micro_batches=gas * ctx.dp_size) for k in kwargs]
                 for out in outs:
                     acc.add(out, cfg.rtd.rtd_lambda)
                 if auc_here:
@@ -340,15 +378,15 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
             for out in outs:
                 acc.add(out, cfg.rtd.rtd_lambda)
         else:
-            outs = []
-            for j, mb in enumerate(batches):
-                out = engine(**_to(mb, ctx.device, engine.module.pad_id), step=step)
-                engine.backward(guard.gate(out.loss))
-                if own_norm and j == len(batches) - 1 and will_log(step + 1):
-                    norm = grad_norm(model, ctx.tp_rank, mp_group)
-                engine.step()
+            def read_norm():
+                nonlocal norm
+                norm = grad_norm(model, ctx.tp_rank, mp_group)
+
+            outs = train_step(engine, batches, step=step, ctx=ctx, gate=guard.gate,
+                              before_update=read_norm if own_norm and will_log(step + 1)
+                              else None)
+            for out in outs:
                 acc.add(out, cfg.rtd.rtd_lambda)
-                outs.append(out)
         guard.after_step()
         if digest.enabled:
             digest.add(batches, outs)
