@@ -48,25 +48,34 @@ class MLMHead(torch.nn.Module):
 
 
 def mlm_loss(logits: torch.Tensor, targets: torch.Tensor,
-             valid: torch.Tensor | None = None) -> torch.Tensor:
-    """Mean cross-entropy over the masked positions, vocab-parallel (megatron-core).
+             valid: torch.Tensor | None = None,
+             normaliser: torch.Tensor | None = None) -> torch.Tensor:
+    """Cross-entropy summed over the masked positions, vocab-parallel (megatron-core), divided
+    by ``normaliser``. Every tensor-parallel rank gets the full per-position loss (the kernel
+    all-reduces the log-sum-exp and the target logit), so the same normaliser applies on each.
 
     Args:
         logits: [n, V_local] (consumed: megatron-core's kernel works in place on fp32 input).
         targets: [n] int64 original ids.
         valid: optional [n] bool, False at rows that are not masked positions (the unused slots
             of a static selection); they contribute exactly nothing.
+        normaliser: scalar fp32, ``micro_batch_normaliser(...)[MLM_COUNT]`` (the global batch's
+            masked positions / its micro-batches; ``objectives/losses.py``); None: this
+            micro-batch's valid rows.
     Returns:
-        scalar fp32 — sum of per-position losses over valid rows / their number (0 when none).
+        scalar fp32 — sum of per-position losses over valid rows / normaliser (without one:
+        their mean, 0 when none).
     """
     if logits.shape[0] == 0:
         return logits.float().sum() * 0.0
     per_position = vocab_parallel_cross_entropy(logits.float().unsqueeze(1),
                                                 targets.unsqueeze(1)).view(-1)
-    if valid is None:
-        return per_position.mean()
-    per_position = torch.where(valid, per_position, torch.zeros((), device=logits.device))
-    return per_position.sum() / valid.sum().clamp(min=1)
+    if valid is not None:
+        per_position = torch.where(valid, per_position, torch.zeros((), device=logits.device))
+    if normaliser is None:
+        return per_position.mean() if valid is None else \
+            per_position.sum() / valid.sum().clamp(min=1)
+    return per_position.sum() / normaliser
 
 
 @torch.no_grad()

@@ -20,7 +20,8 @@ from rtd_scale.model.embeddings import (EncoderEmbeddings, TiedOutputTable, Toke
 from rtd_scale.model import weights
 from rtd_scale.model.encoder import Encoder, transformer_config
 from rtd_scale.model.heads import MLMHead, RTDHead, mlm_loss, vocab_parallel_top1_correct
-from rtd_scale.objectives.losses import replaced_labels, rtd_loss, total_loss
+from rtd_scale.objectives.losses import (MLM_COUNT, RTD_COUNT, micro_batch_normaliser,
+                                         replaced_labels, rtd_loss, total_loss)
 from rtd_scale.objectives.masking import mask_tokens, masked_positions, prediction_budget
 from rtd_scale.objectives.sampling import sample_from_logits
 from rtd_scale.phases import (PHASE_DISCRIMINATOR_FORWARD, PHASE_GENERATOR_FORWARD,
@@ -42,8 +43,10 @@ class RTDOutput(NamedTuple):
     """What one RTD forward returns (a NamedTuple, so DeepSpeed ZeRO-3 sees its tensors).
 
     loss: scalar, L_MLM + rtd_lambda · L_RTD (differentiable).
-    mlm_loss: scalar, mean CE over masked positions (part of ``loss``'s graph).
-    rtd_loss: scalar, mean BCE over non-pad tokens (part of ``loss``'s graph).
+    mlm_loss: scalar, this micro-batch's summed CE over masked positions / its normaliser
+        (``objectives/losses.py``: the global batch's masked positions / its micro-batches;
+        without one, the micro-batch's mean); part of ``loss``'s graph.
+    rtd_loss: scalar, likewise the summed BCE over non-pad tokens / its normaliser.
     counts: dict of scalar float tensors (see COUNT_KEYS), kept on the device.
     corrupted_ids: [b, s] the discriminator's input.
     masked: [b, s] bool, the masked positions.
@@ -212,9 +215,19 @@ class RTDModel(torch.nn.Module):
                            span_geometric_p=rtd.span_geometric_p,
                            span_max_words=rtd.span_max_words)
 
+    def loss_counts(self, input_ids: torch.Tensor, sample_index: torch.Tensor) -> torch.Tensor:
+        """What the losses of micro-batch (``input_ids`` [b, s], ``sample_index`` [b]) are
+        summed over: [2] int64 (masked positions, non-pad tokens), indexed by
+        ``objectives.losses.MLM_COUNT`` / ``RTD_COUNT``. The masks are a function of (seed,
+        sample index), so the step knows its global batch's counts before any forward
+        (``training/normalise.py``); computed on the ids' device, no host sync."""
+        masked = self.mask(input_ids, sample_index).masked
+        return torch.stack([masked.sum(), (input_ids != self.pad_id).sum()]).to(torch.int64)
+
     def generator_head(self, gen_hidden: torch.Tensor, input_ids: torch.Tensor,
                        sample_index: torch.Tensor, masked: torch.Tensor,
-                       step: int, timers=untimed) -> GeneratorResult:
+                       step: int, normaliser: Optional[torch.Tensor] = None,
+                       timers=untimed) -> GeneratorResult:
         """Steps 2–4 on the last stage: MLM logits at masked positions only, L_MLM, replacements
         sampled from softmax(logits / T) (never argmax, no gradient), the discriminator's input
         and its labels (a correct sample counts as original, C01).
@@ -222,6 +235,7 @@ class RTDModel(torch.nn.Module):
         Args:
             gen_hidden: [s, b, Hg] the generator's final hidden states.
             input_ids: [b, s]; sample_index: [b]; masked: [b, s] bool.
+            normaliser: [2] fp32 (``micro_batch_normaliser``) or None (this micro-batch alone).
             timers: ``timers(phase)`` context managers (``RTDModel.forward``).
         """
         rtd = self.rtd_cfg
@@ -249,19 +263,23 @@ class RTDModel(torch.nn.Module):
         with timers(PHASE_GENERATOR_FORWARD):  # after sampling: the loss consumes the logits
             mlm_correct = vocab_parallel_top1_correct(logits, targets, table.vocab_start_index,
                                                       table.tp_group) & valid
-            l_mlm = mlm_loss(logits, targets, valid)  # consumes logits
+            l_mlm = mlm_loss(logits, targets, valid,  # consumes logits
+                             None if normaliser is None else normaliser[MLM_COUNT])
         return GeneratorResult(l_mlm, corrupted, labels, mlm_correct, masked)
 
     def discriminator_head(self, disc_hidden: torch.Tensor, gen: GeneratorResult,
-                           pad: torch.Tensor) -> RTDOutput:
+                           pad: torch.Tensor,
+                           normaliser: Optional[torch.Tensor] = None) -> RTDOutput:
         """Step 5 on the last stage: BCE over every non-pad token, the weighted total, counts.
 
         Args:
             disc_hidden: [s, b, Hd] the discriminator's final hidden states; pad: [b, s] bool.
+            normaliser: [2] fp32 (``micro_batch_normaliser``) or None (this micro-batch alone).
         """
         valid = ~pad
         disc_logits = self.rtd_head(disc_hidden)  # [b, s]
-        l_rtd = rtd_loss(disc_logits, gen.labels, valid)
+        l_rtd = rtd_loss(disc_logits, gen.labels, valid,
+                         None if normaliser is None else normaliser[RTD_COUNT])
         loss = total_loss(gen.mlm_loss, l_rtd, self.rtd_cfg.rtd_lambda)
         with torch.no_grad():
             predicted = disc_logits.float() > 0
@@ -281,7 +299,9 @@ class RTDModel(torch.nn.Module):
                          rtd_logits=disc_logits.detach())
 
     def forward(self, input_ids: torch.Tensor, sample_index: torch.Tensor,
-                step: int = 0, has_padding: bool = True, timers=untimed) -> RTDOutput:
+                step: int = 0, has_padding: bool = True,
+                global_counts: Optional[torch.Tensor] = None,
+                num_micro_batches: int = 1, timers=untimed) -> RTDOutput:
         """One RTD forward on a micro-batch (single pipeline stage; see
         ``training/pipeline.py`` for the pipelined step).
 
@@ -292,17 +312,24 @@ class RTDModel(torch.nn.Module):
             has_padding: False when the caller knows that ``input_ids`` holds no [PAD] (packed
                 samples; decided on the host, no device sync): attention then runs without a
                 mask, which lets SDPA pick its flash kernels. True is always correct.
+            global_counts: [2] int64, the global batch's (masked positions, non-pad tokens)
+                summed over all its micro-batches and data-parallel ranks
+                (``training/normalise.py``), or None: this micro-batch is the global batch.
+                Integer, so that DeepSpeed's fp16 input cast leaves it exact.
+            num_micro_batches: micro-batches in the global batch (accumulation × DP size).
             timers: ``timers(phase)`` gives a context manager around each phase
                 (``training/timers.py``, ``--timing-log-level 2``); by default none times.
         """
+        norm = (None if global_counts is None
+                else micro_batch_normaliser(global_counts, num_micro_batches))
         pad = input_ids == self.pad_id  # [b, s]
         attn_pad = pad if has_padding else None
         with timers(PHASE_MASK):
             m = self.mask(input_ids, sample_index)  # 1. mask
         with timers(PHASE_GENERATOR_FORWARD):
             gen_hidden = self.generator(m.generator_input, attn_pad)  # 2. generator  [s, b, Hg]
-        gen = self.generator_head(gen_hidden, input_ids, sample_index, m.masked, step,
-                                  timers)  # 3–4. MLM head and L_MLM, sample (no grad)
+        gen = self.generator_head(gen_hidden, input_ids, sample_index, m.masked, step, norm,
+                                  timers=timers)  # 3–4. MLM head and L_MLM, sample (no grad)
         with timers(PHASE_DISCRIMINATOR_FORWARD):
             disc_hidden = self.discriminator(gen.corrupted_ids, attn_pad)  # 5. discriminator
-            return self.discriminator_head(disc_hidden, gen, pad)  # 6. L_MLM + λ·L_RTD
+            return self.discriminator_head(disc_hidden, gen, pad, norm)  # 6. L_MLM + λ·L_RTD

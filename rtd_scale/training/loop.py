@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -33,11 +33,12 @@ from rtd_scale.training.diagnostics import (VALID_AUC, VALID_AUC_CHANCE_SD, auc_
 from rtd_scale.training.engine import NonFiniteSkippingAdamW
 from rtd_scale.training.metrics import (MetricAccumulator, MetricsLogger, format_log_line,
                                         grad_norm)
+from rtd_scale.training.normalise import global_counts
 from rtd_scale.training.pipeline import pipeline_forward, pipeline_train_step
 from rtd_scale.training.profiler import StepProfiler
 from rtd_scale.training.signals import StopRequest
 from rtd_scale.training.throughput import ThroughputMeter, loss_scale, memory_gib
-from rtd_scale.training.timers import PhaseTimers, timer_scalars
+from rtd_scale.training.timers import NO_TIMERS, PhaseTimers, timer_scalars
 
 
 @dataclass
@@ -181,11 +182,50 @@ def _to(mb, device, pad_id: int) -> dict:
                 has_padding=bool((mb.input_ids == pad_id).any()))
 
 
+def train_step(engine, batches, *, step: int, ctx: ParallelContext,
+               gate: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+               before_update: Optional[Callable[[], None]] = None,
+               timers=NO_TIMERS) -> list:
+    """One optimizer step at pipeline_model_parallel_size 1 over this rank's ``batches`` (its
+    gradient-accumulation micro-batches): forward, ``engine.backward``, ``engine.step`` each.
+
+    The losses are normalised over the global batch (``training/normalise.py``): the counts of
+    every micro-batch of the step on every data-parallel rank come first (one all-reduce), so
+    that the update does not depend on micro-batch size × accumulation × DP.
+    ``gate``: applied to each loss before backward (``NonFiniteGuard.gate``).
+    ``before_update``: called after the last backward, before the step that updates (reads the
+    gradients). ``timers``: the step's phases (``training/timers.py``). Returns one RTDOutput
+    per micro-batch.
+    """
+    model = engine.module
+    # DeepSpeed divides each loss by its accumulation steps: the normaliser counts on it
+    assert engine.gradient_accumulation_steps() == len(batches), \
+        (engine.gradient_accumulation_steps(), len(batches))
+    with timers(PHASE_DATA_WAIT):
+        kwargs = [_to(mb, ctx.device, model.pad_id) for mb in batches]
+    with timers(PHASE_FORWARD):
+        counts = global_counts(model, [(k["input_ids"], k["sample_index"]) for k in kwargs], ctx)
+    outs = []
+    for j, kw in enumerate(kwargs):
+        with timers(PHASE_FORWARD):
+            out = engine(**kw, step=step, global_counts=counts,
+                         num_micro_batches=len(kwargs) * ctx.dp_size, timers=timers)
+        with timers(PHASE_BACKWARD):
+            engine.backward(out.loss if gate is None else gate(out.loss))
+        with timers(PHASE_OPTIMIZER_STEP):
+            if before_update is not None and j == len(kwargs) - 1:
+                before_update()
+            engine.step()
+        outs.append(out)
+    return outs
+
+
 def evaluate(cfg: RunConfig, ctx: ParallelContext, engine, loader,
              split: str = "valid") -> dict[str, float]:
     """Validation losses and accuracies over ``eval_iters`` global batches of ``loader``
     (forward only, dropout off). Collective over every rank; tags prefixed ``{split}/``
-    (``valid`` or ``test``; below with ``valid``).
+    (``valid`` or ``test``; below with ``valid``). The losses are normalised over each
+    validation global batch, as in training (``training/normalise.py``).
 
     ``valid/rtd/auc``: the exact ROC AUC (``diagnostics.roc_auc``, ties ½) of the
     discriminator's logits, replaced (label 1) vs original (0), over every non-pad token of the
@@ -212,7 +252,11 @@ def evaluate(cfg: RunConfig, ctx: ParallelContext, engine, loader,
                 if ctx.pp_size > 1:
                     outs = pipeline_forward(engine.module, batches, step=0, ctx=ctx)
                 else:
-                    outs = [engine(**_to(mb, ctx.device, pad_id), step=0) for mb in batches]
+                    kwargs = [_to(mb, ctx.device, pad_id) for mb in batches]
+                    counts = global_counts(engine.module, [(k["input_ids"], k["sample_index"])
+                                                           for k in kwargs], ctx)
+                    outs = [engine(**k, step=0, global_counts=counts,
+                                   num_micro_batches=gas * ctx.dp_size) for k in kwargs]
                 for out in outs:
                     acc.add(out, cfg.rtd.rtd_lambda)
                 if auc_here:
@@ -346,20 +390,15 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
             for out in outs:
                 acc.add(out, cfg.rtd.rtd_lambda)
         else:
-            outs = []
-            for j, mb in enumerate(batches):
-                with timers(PHASE_DATA_WAIT):
-                    micro_batch = _to(mb, ctx.device, engine.module.pad_id)
-                with timers(PHASE_FORWARD):
-                    out = engine(**micro_batch, step=step, timers=timers)
-                with timers(PHASE_BACKWARD):
-                    engine.backward(guard.gate(out.loss))
-                with timers(PHASE_OPTIMIZER_STEP):
-                    if own_norm and j == len(batches) - 1 and will_log(step + 1):
-                        norm = grad_norm(model, ctx.tp_rank, mp_group)
-                    engine.step()
+            def read_norm():
+                nonlocal norm
+                norm = grad_norm(model, ctx.tp_rank, mp_group)
+
+            outs = train_step(engine, batches, step=step, ctx=ctx, gate=guard.gate,
+                              before_update=read_norm if own_norm and will_log(step + 1)
+                              else None, timers=timers)
+            for out in outs:
                 acc.add(out, cfg.rtd.rtd_lambda)
-                outs.append(out)
         guard.after_step()
         if digest.enabled:
             digest.add(batches, outs)

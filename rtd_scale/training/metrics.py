@@ -50,7 +50,10 @@ class MetricAccumulator:
 
     def reduce(self, group: Optional[dist.ProcessGroup]) -> dict[str, float]:
         """Means of the losses over micro-batches and data-parallel ranks, ratios of the summed
-        counts; one all-reduce and one host sync."""
+        counts; one all-reduce and one host sync. Each micro-batch's loss is its sum / (the
+        global batch's count / its micro-batches) (``objectives/losses.py``), so the mean over
+        a step's micro-batches is that step's L_MLM (L_RTD): the summed loss over the global
+        batch / its count, whatever the split; over a log interval, the mean of the steps'."""
         s = self.sums.clone()
         n = torch.tensor([float(self.micro_batches)], dtype=torch.float64, device=self.device)
         s = torch.cat([s, n])

@@ -3,9 +3,15 @@
 One optimizer step is two passes of megatron-core's non-interleaved 1F1B schedule over the same
 micro-batches, then one optimizer step:
 
+0. the last stage counts the masked positions and non-pad tokens of the global batch
+   (``training/normalise.py``: its micro-batches' counts, one all-reduce over the data-parallel
+   group), so each micro-batch's losses are its sums / (count / (num_microbatches × DP)) —
+   the global-batch normalisation of ``objectives/losses.py``;
 1. generator pass — stage 0 masks and embeds, every stage runs its generator layers, the last
    stage computes L_MLM at the masked positions and samples the replacements (no gradient);
-   the schedule back-propagates L_MLM / num_microbatches;
+   the schedule back-propagates L_MLM / num_microbatches (megatron-core's two-value
+   ``loss_func`` rule), and the data-parallel average divides by DP: together the gradient of
+   the summed CE / the global batch's masked positions;
 2. the corrupted ids of every micro-batch go from the last stage to stage 0 (one broadcast over
    the pipeline group, [num_microbatches, b, s] int64);
 3. discriminator pass — stage 0 embeds the corrupted ids, the last stage computes
@@ -37,11 +43,12 @@ from megatron.core.pipeline_parallel.schedules import (
 from rtd_scale.data.packed import MicroBatch
 from rtd_scale.distributed import ParallelContext
 from rtd_scale.model.rtd import GeneratorResult, RTDModel, RTDOutput, untimed
-from rtd_scale.phases import (PHASE_DISCRIMINATOR_FORWARD, PHASE_GENERATOR_FORWARD,
-                                       PHASE_MASK, PHASE_OPTIMIZER_STEP,
-                                       PHASE_PIPELINE_DISCRIMINATOR_PASS,
-                                       PHASE_PIPELINE_GENERATOR_PASS, PHASE_PIPELINE_ID_HANDOVER,
-                                       PHASE_PIPELINE_TIED_GRADIENTS)
+from rtd_scale.objectives.losses import micro_batch_normaliser
+from rtd_scale.phases import (PHASE_DISCRIMINATOR_FORWARD, PHASE_GENERATOR_FORWARD, PHASE_MASK,
+                              PHASE_OPTIMIZER_STEP, PHASE_PIPELINE_DISCRIMINATOR_PASS,
+                              PHASE_PIPELINE_GENERATOR_PASS, PHASE_PIPELINE_ID_HANDOVER,
+                              PHASE_PIPELINE_TIED_GRADIENTS)
+from rtd_scale.training.normalise import global_counts
 
 
 def _attention_pad(mb: MicroBatch, pad: torch.Tensor, pad_id: int) -> Optional[torch.Tensor]:
@@ -62,8 +69,10 @@ def _schedule(encoder, forward_step, micro_batches: Sequence[MicroBatch], seq_le
 def pipeline_forward_backward(model: RTDModel, micro_batches: Sequence[MicroBatch], *,
                               step: int, ctx: ParallelContext,
                               forward_only: bool = False, timers=untimed) -> list[RTDOutput]:
-    """Steps 1–3 above: both passes, forward and (unless ``forward_only``) backward, over
-    ``micro_batches``. ``timers``: as ``RTDModel.forward``'s, and each pass and the hand-over.
+    """Steps 0–3 above: the global batch's counts, both passes, forward and (unless
+    ``forward_only``) backward, over ``micro_batches`` (this rank's micro-batches of the step;
+    collective over the last stage's data-parallel group). ``timers``: as
+    ``RTDModel.forward``'s, and each pass and the hand-over.
 
     Returns one RTDOutput per micro-batch on the last stage (losses detached), [] elsewhere.
     """
@@ -71,6 +80,11 @@ def pipeline_forward_backward(model: RTDModel, micro_batches: Sequence[MicroBatc
     seq_length = micro_batches[0].input_ids.shape[1]
     dev = ctx.device
     gen_results: list[GeneratorResult | None] = [None] * n
+    normaliser = None
+    if ctx.is_last_stage:  # 0. its data-parallel group is the last stage's ranks
+        counts = global_counts(model, [(mb.input_ids.to(dev), mb.sample_index.to(dev))
+                                       for mb in micro_batches], ctx)
+        normaliser = micro_batch_normaliser(counts, n * ctx.dp_size)
 
     def generator_step(data_iterator, encoder):
         j, mb = next(data_iterator)
@@ -82,7 +96,8 @@ def pipeline_forward_backward(model: RTDModel, micro_batches: Sequence[MicroBatc
             hidden = encoder(m.generator_input, _attention_pad(mb, pad, model.pad_id))
 
         def loss_func(output):
-            gen = model.generator_head(output, ids, idx, m.masked, step, timers)
+            gen = model.generator_head(output, ids, idx, m.masked, step, normaliser,
+                                       timers=timers)
             gen_results[j] = gen
             return gen.mlm_loss.clone(), {}  # the schedule divides it in place
 
@@ -111,7 +126,7 @@ def pipeline_forward_backward(model: RTDModel, micro_batches: Sequence[MicroBatc
 
         def loss_func(output):
             with timers(PHASE_DISCRIMINATOR_FORWARD):
-                out = model.discriminator_head(output, gen_results[j], pad)
+                out = model.discriminator_head(output, gen_results[j], pad, normaliser)
             outputs[j] = out._replace(loss=out.loss.detach(), mlm_loss=out.mlm_loss.detach(),
                                       rtd_loss=out.rtd_loss.detach())
             return model.rtd_cfg.rtd_lambda * out.rtd_loss, {}

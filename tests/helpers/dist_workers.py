@@ -244,10 +244,14 @@ def pipeline_parity(ctx, cases):
         cfg = _pp_config(sharing, layout, *attention)
         model = _build_stage(ctx, cfg)
         mbs = _pp_micro_batches()
-        if ctx.pp_size == 1:
+        if ctx.pp_size == 1:  # the global batch's normaliser, as loop.train_step
+            from rtd_scale.training.normalise import global_counts
+
+            counts = global_counts(model, [(mb.input_ids, mb.sample_index) for mb in mbs], ctx)
             outs = []
             for mb in mbs:
-                res = model(mb.input_ids, mb.sample_index, step=2)
+                res = model(mb.input_ids, mb.sample_index, step=2, global_counts=counts,
+                            num_micro_batches=len(mbs) * ctx.dp_size)
                 (res.loss / len(mbs)).backward()
                 outs.append(res)
         else:
@@ -321,4 +325,90 @@ def post_ln_zero_steps(ctx, stages, steps: int, attention: str = "bert"):
             eng.step()
             losses.append(res.loss.item())
         out[stage] = losses
+    return out
+
+
+def split_batches(b: int = 8, s: int = 40, vocab_size: int = 300):
+    """Two global batches of 4 samples (``b`` = 8) with padding of different lengths, for the
+    split-invariance test: [b, s] ids, [b] sample indices, and a word-start table over the
+    vocabulary (every even id starts a word) for the whole_word and span strategies."""
+    ids, _ = fixed_batch(b=b, s=s, vocab_size=vocab_size)
+    for row, length in ((1, 20), (2, 31), (5, 12), (6, 27)):
+        ids[row, length:] = 0
+        ids[row, length - 1] = 2
+    return ids, torch.arange(2000, 2000 + b), torch.arange(vocab_size) % 2 == 0
+
+
+def _split_model(ctx, strategy: str, table):
+    from rtd_scale.model.rtd import RTDModel
+
+    cfg = _pp_config(Sharing.GDES)  # layer counts that PP = 2 divides
+    cfg.rtd.mask_strategy = strategy
+    model = RTDModel(cfg.model, cfg.rtd, tensor_model_parallel_size=ctx.tp_size,
+                     pipeline_model_parallel_size=ctx.pp_size, pre_process=ctx.is_first_stage,
+                     post_process=ctx.is_last_stage, special_ids=SPECIAL, pad_id=0, mask_id=4,
+                     seed=7, word_start_table=table)
+    return cfg, model
+
+
+def split_invariance(ctx, layouts, strategies, steps: int = 2):
+    """For each mask strategy and each (micro_batch_size, ZeRO stage) in ``layouts``: ``steps``
+    AdamW steps (lr 1e-3, no warm-up, dropout 0) through the product's step
+    (``loop.train_step``, or ``pipeline.pipeline_train_step`` at PP > 1) on the global batches
+    of ``split_batches`` (4 samples each), each data-parallel rank on its share. Returns per
+    (strategy, micro_batch_size, stage): the gathered weights, the logged (L_MLM, L_RTD) of
+    every step (``MetricAccumulator`` over micro-batches and DP ranks; last stage) and the
+    masked count of every micro-batch of this rank; and at world size 1, per strategy under
+    "reference", the losses of one plain forward of the first global batch as one micro-batch
+    without a normaliser (its own mean: what step 1 must log)."""
+    from rtd_scale import distributed
+    from rtd_scale.data.packed import MicroBatch
+    from rtd_scale.hf.consolidate import gather_full_state
+    from rtd_scale.training import engine as engine_mod
+    from rtd_scale.training.loop import train_step
+    from rtd_scale.training.metrics import MetricAccumulator
+    from rtd_scale.training.pipeline import pipeline_train_step
+
+    ids, index, table = split_batches()
+    global_batch = 4
+    out = {}
+    if ctx.world_size == 1:
+        out["reference"] = {}
+        for strategy in strategies:
+            _, model = _split_model(ctx, strategy, table)
+            with torch.no_grad():
+                res = model(ids[:global_batch], index[:global_batch], step=0)
+            out["reference"][strategy] = (res.mlm_loss.item(), res.rtd_loss.item())
+    for strategy in strategies:
+        for mbs, stage in layouts:
+            cfg, model = _split_model(ctx, strategy, table)
+            cfg.train.micro_batch_size, cfg.train.global_batch_size = mbs, global_batch
+            cfg.optim.lr, cfg.optim.lr_warmup_iters = 1e-3, 0
+            cfg.parallel.pipeline_model_parallel_size = ctx.pp_size
+            gas = global_batch // (mbs * ctx.dp_size)
+            distributed.seed_after_build(ctx, 7)
+            ds = engine_mod.resolve_ds_config({"zero_optimization": {"stage": stage}}, cfg,
+                                              data_parallel_size=ctx.dp_size,
+                                              gradient_accumulation_steps=gas)
+            eng = engine_mod.build_engine(model, cfg, ds, distributed.DeepSpeedMpu())
+            logged, masked = [], []
+            for step in range(steps):
+                share = global_batch // ctx.dp_size
+                first = step * global_batch + ctx.dp_rank * share
+                batches = [MicroBatch(ids[j:j + mbs], index[j:j + mbs])
+                           for j in range(first, first + share, mbs)]
+                masked += [int(model.mask(mb.input_ids, mb.sample_index).masked.sum())
+                           for mb in batches]
+                if ctx.pp_size > 1:
+                    outs = pipeline_train_step(eng, batches, step=step, ctx=ctx)
+                else:
+                    outs = train_step(eng, batches, step=step, ctx=ctx)
+                if ctx.is_last_stage:
+                    acc = MetricAccumulator(ctx.device)
+                    for o in outs:
+                        acc.add(o, cfg.rtd.rtd_lambda)
+                    scalars = acc.reduce(ctx.dp_group)
+                    logged.append((scalars["loss/mlm"], scalars["loss/rtd"]))
+            state = gather_full_state(eng, model, ctx, cfg.model.vocab_size)
+            out[(strategy, mbs, stage)] = {"weights": state, "logged": logged, "masked": masked}
     return out

@@ -396,3 +396,61 @@ def test_checkpoint_with_another_vocab_multiple_is_refused(tmp_path):
     other.model.make_vocab_size_divisible_by = 64
     with pytest.raises(UserInputError, match="model.make_vocab_size_divisible_by 128 → 64"):
         check_compatible(str(tmp_path), "global_step5", other.to_dict(), layout)
+
+
+def test_mlm_loss_normaliser_by_hand(single_process_group):
+    """Uniform logits over 4 ids cost ln 4 per masked row; the unused slot costs nothing; the
+    sum 2 ln 4 is divided by the normaliser given (0.5 → 4 ln 4), else by the 2 valid rows."""
+    import math
+
+    from rtd_scale.model.heads import mlm_loss
+
+    targets, valid = torch.tensor([1, 3, 0]), torch.tensor([True, True, False])
+    got = mlm_loss(torch.zeros(3, 4), targets, valid, torch.tensor(0.5))
+    assert got.item() == pytest.approx(4 * math.log(4), rel=1e-6)
+    assert mlm_loss(torch.zeros(3, 4), targets, valid).item() == pytest.approx(math.log(4),
+                                                                               rel=1e-6)
+
+
+@pytest.mark.parametrize("strategy", ["span", "whole_word"])
+def test_micro_batches_with_global_counts_give_the_whole_batch_step(single_process_group,
+                                                                   strategy):
+    """A padded batch of 4 under whole-word / span masking (unequal masked counts per sample),
+    as 4 micro-batches given the global counts: the mean of their losses and the accumulated
+    gradient of loss / 4 are the whole batch's (its own means) within 1e-6 (gradients: 1e-6
+    relative to max(1, |g|); float32 summation order); the micro-batches'
+    own means (no counts) would not be."""
+    from rtd_scale.objectives.losses import MLM_COUNT, RTD_COUNT
+    from rtd_scale.training.normalise import global_counts
+
+    cfg = _cfg()
+    cfg.rtd.mask_strategy = strategy
+    table = torch.arange(300) % 2 == 0  # a word every 2 tokens on average
+    torch.manual_seed(5)
+    model = RTDModel(cfg.model, cfg.rtd, tensor_model_parallel_size=1, special_ids=SPECIAL,
+                     pad_id=0, mask_id=4, seed=5, word_start_table=table)
+    ids, index = _ids(s=64), torch.arange(10, 14)
+    ids[1, 22:], ids[1, 21] = 0, 2
+    ids[3, 9:], ids[3, 8] = 0, 2
+    whole = model(ids, index, step=1)
+    whole.loss.backward()
+    want = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+
+    parts = [(ids[j:j + 1], index[j:j + 1]) for j in range(4)]
+    counts = global_counts(model, parts, single_process_group)
+    assert counts.tolist() == [whole.masked.sum().item(), (ids != 0).sum().item()]
+    per_sample = [model.loss_counts(i, x)[MLM_COUNT].item() for i, x in parts]
+    assert len(set(per_sample)) > 1  # what per-micro-batch means would weigh wrongly
+    outs = [model(i, x, step=1, global_counts=counts, num_micro_batches=4) for i, x in parts]
+    for out in outs:
+        (out.loss / 4).backward()  # what DeepSpeed's accumulation does
+    for key in ("mlm_loss", "rtd_loss"):
+        mean = sum(getattr(o, key).item() for o in outs) / 4
+        assert mean == pytest.approx(getattr(whole, key).item(), abs=1e-6), key
+    worst = max(((p.grad - want[n]).abs() / want[n].abs().clamp(min=1)).max().item()
+                for n, p in model.named_parameters() if n in want)
+    assert worst <= 1e-6, worst  # measured 2.4e-7 (span), 1.5e-7 (whole_word)
+    own = [model(i, x, step=1) for i, x in parts]  # each micro-batch its own global batch
+    assert abs(sum(o.mlm_loss.item() for o in own) / 4 - whole.mlm_loss.item()) > 1e-3
+    assert RTD_COUNT == 1

@@ -6,7 +6,12 @@ import math
 import pytest
 import torch
 
-from rtd_scale.objectives.losses import replaced_labels, rtd_loss, total_loss
+from rtd_scale.objectives.losses import (
+    micro_batch_normaliser,
+    replaced_labels,
+    rtd_loss,
+    total_loss,
+)
 from rtd_scale.objectives.masking import mask_tokens, random_non_special_ids
 from rtd_scale.objectives.sampling import sample_from_logits
 
@@ -105,6 +110,31 @@ def test_rtd_loss_ignores_padding_exactly():
     assert torch.isfinite(logits.grad).all()
     assert logits.grad[0, 3:].abs().sum().item() == 0.0
     assert rtd_loss(logits, labels, torch.zeros_like(valid)).item() == 0.0
+
+
+def test_micro_batch_normaliser_by_hand():
+    """count / (accumulation × DP) per loss; a global count of 0 divides as 1."""
+    got = micro_batch_normaliser(torch.tensor([6, 30]), 4)
+    assert got.dtype == torch.float32 and got.tolist() == [1.5, 7.5]
+    assert micro_batch_normaliser(torch.tensor([0, 3]), 2).tolist() == [0.5, 1.5]
+
+
+def test_rtd_loss_over_the_global_batch_by_hand():
+    """Two micro-batches of one global batch, 1 and 3 non-pad tokens, label 0: logit 0 costs
+    ln 2, logit ln(e − 1) costs softplus = 1. With the global normaliser 4 tokens / 2
+    micro-batches = 2, the mean of the two micro-batch losses (what accumulation averages) is
+    the global mean (ln 2 + 3) / 4, not the mean of the micro-batch means (ln 2 + 1) / 2."""
+    one = math.log(math.e - 1)
+    a_logits, a_valid = torch.tensor([[0.0, 5.0]]), torch.tensor([[True, False]])
+    b_logits, b_valid = torch.tensor([[one, one, one]]), torch.ones(1, 3, dtype=torch.bool)
+    norm = micro_batch_normaliser(torch.tensor([0, 4]), 2)[1]
+    a = rtd_loss(a_logits, torch.zeros(1, 2), a_valid, norm)
+    b = rtd_loss(b_logits, torch.zeros(1, 3), b_valid, norm)
+    assert a.item() == pytest.approx(math.log(2) / 2, rel=1e-6)
+    assert b.item() == pytest.approx(1.5, rel=1e-6)
+    assert ((a + b) / 2).item() == pytest.approx((math.log(2) + 3) / 4, rel=1e-6)
+    # without a normaliser each micro-batch is its own global batch (its mean)
+    assert rtd_loss(b_logits, torch.zeros(1, 3), b_valid).item() == pytest.approx(1.0, rel=1e-6)
 
 
 def test_total_loss_weights_rtd_by_lambda():
