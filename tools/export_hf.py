@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Export a pretraining run to Hugging Face transformers.
 
-    python tools/export_hf.py --load runs/base --output hf/base [--tag global_step500000]
+    python tools/export_hf.py --load runs/base --output hf/base [--tag global_step500000] [--overwrite]
 
 Reads the checkpoint (default: the newest complete one, as --load takes it) whatever its tensor-parallel,
 pipeline-parallel and ZeRO layout: the run's recorded world is started again as local gloo
@@ -16,7 +16,9 @@ processes on CPU, each loads its own DeepSpeed files, and they gather one consol
                      DebertaV2ForMaskedLM
 
 Both load offline with ``AutoTokenizer.from_pretrained(DIR)`` and
-``AutoModel….from_pretrained(DIR)``. See rtd_scale/hf/convert.py for the exact mapping.
+``AutoModel….from_pretrained(DIR)``, under transformers 4.x and 5.x. See rtd_scale/hf/convert.py
+for the exact mapping. An existing export at DIR is refused unless --overwrite, which replaces
+it only once the new one is complete (a failure on the way leaves the old one as it was).
 """
 from __future__ import annotations
 
@@ -37,6 +39,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="the run directory (pretrain.py's --save)")
     p.add_argument("--tag", help="checkpoint to export, e.g. global_step1000 (default: the newest complete one, as --load takes it)")
     p.add_argument("--output", required=True, metavar="DIR", help="export directory")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an earlier export at --output (atomically, once the new one "
+                   "is complete)")
     p.add_argument("--tokenizer-model", help="the run's tokenizer, when it is no longer where "
                    "the run's config.json says")
     return p.parse_args(argv)
@@ -52,13 +57,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     from rtd_scale.hf.consolidate import consolidate_checkpoint, read_run
     from rtd_scale.hf.export import check_output_dir, write_export
 
-    check_output_dir(args.output, "--output")
-    cfg, _, _, tag = read_run(args.load, args.tag)
+    overwrite_flag = None if args.overwrite else "--overwrite"
+    check_output_dir(args.output, "--output", overwrite_flag=overwrite_flag)
+    notes: list[str] = []
+    cfg, _, _, tag = read_run(args.load, args.tag, note=notes.append)
     convert.check_exportable(cfg.model)  # before the ranks start: a shape HF cannot hold
+    print(f"exporting {tag} from {args.load}")
+    for line in notes:
+        print(line)
     state, cfg, tag = consolidate_checkpoint(args.load, tag, args.tokenizer_model)
     tok = Tokenizer(cfg.data.tokenizer_model)
     write_export(state, cfg.model, args.output, pad_id=tok.pad_id, cls_id=tok.cls_id,
-                 sep_id=tok.sep_id, tokenizer_model=cfg.data.tokenizer_model)
+                 sep_id=tok.sep_id, tokenizer_model=cfg.data.tokenizer_model,
+                 overwrite_flag=overwrite_flag)
     disc, gen = convert.class_names(cfg.model)
     print(f"exported {args.load}/{tag}: {args.output} ({disc}), "
           f"{args.output}/{convert.GENERATOR_DIR} ({gen})")

@@ -23,7 +23,7 @@ import os
 import tempfile
 import time
 import traceback
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -101,10 +101,12 @@ def run_config_from_dict(d: dict[str, Any]):
     return cfg
 
 
-def read_run(run_dir: str, tag: Optional[str]) -> tuple[Any, dict[str, Any], dict[str, Any], str]:
+def read_run(run_dir: str, tag: Optional[str], note: Optional[Callable[[str], None]] = None
+             ) -> tuple[Any, dict[str, Any], dict[str, Any], str]:
     """(config, layout, resolved ds_config, tag) of a run directory's checkpoint: ``tag``, or
     the one ``--load run_dir`` would resume from (``training.checkpoint.choose``: the newest
-    complete checkpoint).
+    complete checkpoint). ``note``: told, in export words, which checkpoint is exported when
+    that is not simply the newest one (``choose``'s own notes speak of resuming training).
 
     Raises:
         UserInputError: no such run or checkpoint, or a checkpoint without its metadata.
@@ -119,8 +121,9 @@ def read_run(run_dir: str, tag: Optional[str]) -> tuple[Any, dict[str, Any], dic
                              "pass the --save directory of a run that saved one")
     # the checkpoint --load would take: the newest complete one, or exactly the named tag
     choice = checkpoint.choose(os.path.join(run_dir, tag) if tag else run_dir)
-    for line in choice.notes:
-        print(line)
+    if note is not None:
+        for line in _export_notes(run_dir, choice):
+            note(line)
     tag = choice.tag
     checkpoint.check_safe_to_load(choice.path)  # refuse a crafted pickle before any rank reads it
     meta = checkpoint.read_meta(run_dir, tag)
@@ -134,6 +137,25 @@ def read_run(run_dir: str, tag: Optional[str]) -> tuple[Any, dict[str, Any], dic
     with open(ds_path, encoding="utf-8") as f:
         ds_config = json.load(f)
     return run_config_from_dict(meta["config"]), meta["layout"], ds_config, tag
+
+
+def _export_notes(run_dir: str, choice) -> list[str]:
+    """What ``choice`` (``checkpoint.choose``) means for an export: newer checkpoints left out
+    (named by --tag, or skipped as incomplete) and a checkpoint without completion record."""
+    from rtd_scale.training import checkpoint
+
+    notes = []
+    if choice.skipped:
+        notes.append("note: skipped the incomplete " + "; ".join(
+            f"{t} ({why})" for t, why in choice.skipped) + f"; exporting {choice.tag}")
+    newest = checkpoint.newest_complete(run_dir)
+    if newest is not None and newest != choice.tag and not choice.skipped:
+        notes.append(f"note: {run_dir} has a newer complete checkpoint, {newest}; exporting "
+                     f"{choice.tag} as --tag names")
+    if choice.unverified:
+        notes.append(f"warning: {choice.path} has no completion record (saved before rtd_scale "
+                     "wrote them): its files' sizes could not be checked")
+    return notes
 
 
 def _worker(rank: int, world_size: int, port: int, run_dir: str, tag: str, cfg_dict: dict,

@@ -3,14 +3,25 @@
 Each is what ``save_pretrained`` of its transformers class writes (``config.json`` +
 ``model.safetensors``, fp32) plus the tokenizer files (``Tokenizer.save_pretrained``:
 ``tokenizer.json`` / ``tokenizer_config.json``…), so ``AutoTokenizer.from_pretrained(DIR)`` and
-``AutoModel….from_pretrained(DIR)`` work offline. Pre-LayerNorm layout and disentangled
+``AutoModel….from_pretrained(DIR)`` work offline, under transformers 4.x and 5.x alike
+(``pyproject.toml``: ``transformers>=4.46,<6``; tests/e2e/test_hf_export_transformers4.py loads
+every layout under 4.57.3). ``tokenizer_config.json`` names ``PreTrainedTokenizerFast`` for
+every layout, the one class both majors build from ``tokenizer.json`` as written: transformers 5
+saves ``TokenizersBackend``, a name 4.x does not have, and its model classes rebuild the
+pipeline from the vocabulary instead (``BertTokenizer``/``ElectraTokenizerFast`` a WordPiece,
+``RobertaTokenizer`` a byte BPE, ``DebertaV2Tokenizer`` its own normaliser and token type 1 for
+a pair's second text), which no longer encodes like the pipeline. A SentencePiece tokenizer of
+the disentangled-attention layout is also copied as ``spm.model``, the file transformers'
+slow ``DebertaV2Tokenizer`` reads. Every file gets the mode a plain write gives under the
+umask (safetensors writes 0600), so other users of a shared file system can read the export. Pre-LayerNorm layout and disentangled
 attention: ``DIR/rtd_head.safetensors`` holds the RTD head under ELECTRA's names
 (``discriminator_predictions.{dense,dense_prediction}.{weight,bias}``), because
 ``RobertaPreLayerNormModel`` and ``DebertaV2Model`` have no such head. ``DIR/rtd_scale.json``
 records the rtd_scale model config the export came from.
 
 The directory is written under a temporary name beside ``DIR`` and renamed into place; an existing
-``DIR`` is replaced only when it is itself an export (it has ``config.json``).
+``DIR`` is replaced only when it is itself an export (it has ``config.json``), and only after the
+new one is complete: a failure on the way leaves the old export as it was.
 """
 from __future__ import annotations
 
@@ -28,8 +39,12 @@ from rtd_scale.hf import convert
 MANIFEST = "rtd_scale.json"
 
 
-def check_output_dir(path: str, flag: str) -> None:
+def check_output_dir(path: str, flag: str, *, overwrite_flag: Optional[str] = None) -> None:
     """Refuse, before any work, an output that exists and is not an earlier export.
+
+    ``overwrite_flag``: refuse an earlier export too, naming this flag as the way to replace it
+    (``tools/export_hf.py`` without ``--overwrite``); None replaces an earlier export
+    (``--export-hf`` at the end of training).
 
     Raises:
         UserInputError: naming ``flag`` and the fix.
@@ -41,6 +56,9 @@ def check_output_dir(path: str, flag: str) -> None:
             os.path.join(path, "config.json")):
         raise UserInputError(f"{flag} {path}: a non-empty directory that is not an export; "
                              "pass a new directory")
+    if overwrite_flag and os.path.isfile(os.path.join(path, "config.json")):
+        raise UserInputError(f"{flag} {path}: already holds an export; pass {overwrite_flag} to "
+                             "replace it, or a new directory")
     parent = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(parent) and not os.access(parent, os.W_OK):
         raise UserInputError(f"{flag} {path}: {parent} is not writable; pass a writable place")
@@ -59,31 +77,57 @@ def build_hf_model(m: convert.HFModel) -> torch.nn.Module:
     return model.eval()
 
 
+TOKENIZER_CLASS = "PreTrainedTokenizerFast"  # loads tokenizer.json as written, in 4.x and 5.x
+SLOW_DEBERTA_VOCAB = "spm.model"  # DebertaV2Tokenizer.vocab_files_names["vocab_file"]
+
+
 def _save_tokenizer(tokenizer_model: Optional[str], directory: str, max_length: int,
-                    note: Callable) -> None:
+                    class_name: str, note: Callable) -> None:
     if not tokenizer_model:
         return
     from rtd_scale.data.tokenizer import Tokenizer
 
     tok = Tokenizer(tokenizer_model)
-    if hasattr(tok, "save_pretrained"):
-        tok.save_pretrained(directory, model_max_length=max_length)
-    else:  # older tokenizer module: keep the SentencePiece model itself
+    if not hasattr(tok, "save_pretrained"):  # older tokenizer module: keep the model itself
         shutil.copyfile(tokenizer_model, os.path.join(directory, os.path.basename(tokenizer_model)))
         note("tokenizer: copied the SentencePiece model only (no Tokenizer.save_pretrained)")
+        return
+    tok.save_pretrained(directory, model_max_length=max_length)
+    config_path = os.path.join(directory, "tokenizer_config.json")
+    with open(config_path, encoding="utf-8") as f:
+        tok_config = json.load(f)
+    tok_config["tokenizer_class"] = TOKENIZER_CLASS
+    with open(config_path, "w", encoding="utf-8") as f:
+        json.dump(tok_config, f, indent=2, sort_keys=True)
+        f.write("\n")
+    if class_name.startswith("DebertaV2") and tok.kind == "sentencepiece":
+        shutil.copyfile(tokenizer_model, os.path.join(directory, SLOW_DEBERTA_VOCAB))
+
+
+def _plain_file_modes(root: str) -> None:
+    """Give every file under ``root`` the mode ``open(path, "w")`` gives (0666 less the umask),
+    every directory 0777 less the umask: safetensors' ``save_file`` writes 0600."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for where, _, files in os.walk(root):
+        os.chmod(where, 0o777 & ~umask)
+        for name in files:
+            os.chmod(os.path.join(where, name), 0o666 & ~umask)
 
 
 def write_export(state: dict[str, torch.Tensor], model: ModelConfig, output_dir: str, *,
                  pad_id: int, cls_id: Optional[int] = None, sep_id: Optional[int] = None,
                  tokenizer_model: Optional[str] = None, flag: str = "--output",
+                 overwrite_flag: Optional[str] = None,
                  note: Callable[[str], None] = print) -> None:
     """Write the export of canonical ``state`` (a whole model) to ``output_dir``. Under
     torch.distributed, call it on global rank 0: transformers' ``save_pretrained`` writes there
-    only.
+    only. ``overwrite_flag``: as :func:`check_output_dir`.
 
     Raises:
         convert.ExportError: a shape the target class cannot hold (nothing is written).
-        UserInputError: ``output_dir`` exists and is not an export.
+        UserInputError: ``output_dir`` exists and is not an export (or is one, under
+            ``overwrite_flag``).
     """
     from safetensors.torch import save_file
 
@@ -91,7 +135,7 @@ def write_export(state: dict[str, torch.Tensor], model: ModelConfig, output_dir:
 
     assert not dist.is_initialized() or dist.get_rank() == 0, "write_export runs on rank 0"
     disc, gen = convert.to_hf(state, model, pad_id=pad_id, cls_id=cls_id, sep_id=sep_id)
-    check_output_dir(output_dir, flag)
+    check_output_dir(output_dir, flag, overwrite_flag=overwrite_flag)
     out = os.path.abspath(output_dir)
     tmp = f"{out}.tmp{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -103,7 +147,8 @@ def write_export(state: dict[str, torch.Tensor], model: ModelConfig, output_dir:
             for name, tensors in m.extra_files.items():
                 save_file({k: v.contiguous() for k, v in tensors.items()},
                           os.path.join(where, name), metadata={"format": "pt"})
-            _save_tokenizer(tokenizer_model, where, model.max_position_embeddings, note)
+            _save_tokenizer(tokenizer_model, where, model.max_position_embeddings,
+                            m.class_name, note)
             del hf_model
         manifest = {"format": "rtd_scale hf export 1", "discriminator": disc.class_name,
                     "generator": gen.class_name, "generator_dir": convert.GENERATOR_DIR,
@@ -112,11 +157,17 @@ def write_export(state: dict[str, torch.Tensor], model: ModelConfig, output_dir:
         with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:
             json.dump(manifest, f, indent=2, sort_keys=True)
             f.write("\n")
+        _plain_file_modes(tmp)
         old = None
         if os.path.isdir(out):
             old = f"{out}.old{os.getpid()}"
             os.replace(out, old)
-        os.replace(tmp, out)
+        try:
+            os.replace(tmp, out)
+        except BaseException:
+            if old:
+                os.replace(old, out)
+            raise
         if old:
             shutil.rmtree(old, ignore_errors=True)
     finally:

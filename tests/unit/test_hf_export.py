@@ -8,72 +8,19 @@ with ours (1e-4 absolute). The fused-QKV head order is covered by using 4 heads.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
 import torch
 
-from rtd_scale.config import Sharing, preset
+from rtd_scale.config import Sharing
 from rtd_scale.hf import convert
 from rtd_scale.hf.export import write_export
-from rtd_scale.model import weights
 from tests.helpers.env import TEST_DATA
+from tests.helpers.hf_models import (build_model, canonical_state, layout_config,  # noqa: F401
+                                     perturb, real_batch, tiny_config)
 
 TOL = 1e-4
-
-
-def tiny_config(layout: str, sharing: Sharing, projected: bool, vocab_size: int):
-    """4 heads of 8, discriminator 2 layers, generator 1 (narrower under E ≠ H, as ELECTRA)."""
-    cfg = preset("tiny")
-    cfg.model.vocab_size = vocab_size
-    cfg.model.sharing = sharing
-    cfg.model.max_position_embeddings = 64
-    cfg.data.seq_length = 64
-    if hasattr(cfg.model, "layernorm_position"):
-        cfg.model.layernorm_position = layout
-    enc = dict(hidden_dropout=0.0, attention_dropout=0.0, num_attention_heads=4)
-    cfg.model.discriminator = dataclasses.replace(cfg.model.discriminator, num_layers=2,
-                                                  hidden_size=32, ffn_hidden_size=64, **enc)
-    gen_h = 16 if projected else 32
-    cfg.model.generator = dataclasses.replace(cfg.model.generator, num_layers=1,
-                                              hidden_size=gen_h, ffn_hidden_size=2 * gen_h,
-                                              **enc)
-    cfg.model.embedding_size = 24 if projected else 32
-    cfg.validate()
-    return cfg
-
-
-def build_model(cfg, tok, seed=3):
-    from rtd_scale.model.rtd import RTDModel
-
-    torch.manual_seed(seed)
-    return RTDModel(cfg.model, cfg.rtd, tensor_model_parallel_size=1,
-                    special_ids=tok.special_ids, pad_id=tok.pad_id, mask_id=tok.mask_id,
-                    seed=seed).eval()
-
-
-@torch.no_grad()
-def perturb(model, seed=0):
-    """Move every parameter off its initial value (LayerNorm 1/0, zero biases, E_Δ = 0 would hide
-    a swapped or dropped tensor)."""
-    g = torch.Generator().manual_seed(seed)
-    for p in {id(p): p for p in model.parameters()}.values():
-        p.add_(torch.randn(p.shape, generator=g) * 0.05)
-
-
-def real_batch(tok, b=4, max_len=40):
-    """[b, s] ids of real text, [CLS] … [SEP], padded at the end to different lengths."""
-    with open(TEST_DATA / "wiki_sample.jsonl", encoding="utf-8") as f:
-        texts = [json.loads(line)["text"] for _, line in zip(range(b), f)]
-    rows = []
-    for i, t in enumerate(texts):
-        n = max_len - 2 - 7 * i  # lengths 40, 33, 26, 19
-        rows.append([tok.cls_id] + tok.encode(t)[:n] + [tok.sep_id])
-    ids = torch.full((b, max_len), tok.pad_id, dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, :len(r)] = torch.tensor(r)
-    return ids
 
 
 @torch.no_grad()
@@ -97,10 +44,6 @@ def load_checked(cls_name, path, **kwargs):
     assert {k: list(v) for k, v in info.items()} == {
         "missing_keys": [], "unexpected_keys": [], "mismatched_keys": [], "error_msgs": []}, info
     return model.eval()
-
-
-def canonical_state(model, ctx):
-    return weights.full_state_dict(model, tp_group=ctx.tp_group, vocab_size=model.cfg.vocab_size)
 
 
 @torch.no_grad()
@@ -268,3 +211,82 @@ def test_export_tool_errors_are_one_line(tmp_path, capsys):
     assert capsys.readouterr().err == (f"error: --output {tmp_path / 'busy'}: a non-empty "
                                        "directory that is not an export; pass a new directory\n")
     assert not (tmp_path / "hf").exists()
+
+
+def _write(ctx, tok, spm_model, layout, out, **kwargs):
+    cfg = layout_config(layout, tok.vocab_size)
+    model = build_model(cfg, tok)
+    perturb(model)
+    write_export(canonical_state(model, ctx), cfg.model, str(out), pad_id=tok.pad_id,
+                 cls_id=tok.cls_id, sep_id=tok.sep_id, tokenizer_model=spm_model,
+                 note=lambda m: None, **kwargs)
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_export_files_take_the_umask_and_a_tokenizer_class_both_majors_load(
+        single_process_group, tok, wiki_shards, tmp_path, umask):
+    """Every file as a plain write leaves it (safetensors writes 0600: other users of a shared
+    file system could not read the weights); ``tokenizer_config.json`` names
+    PreTrainedTokenizerFast (5.x saves TokenizersBackend, unknown to 4.x; loading under 4.57.3:
+    tests/e2e/test_hf_export_transformers4.py); ``spm.model`` for the slow DebertaV2Tokenizer,
+    in the DebertaV2 export only."""
+    import os
+
+    old = os.umask(umask)
+    try:
+        for layout in (convert.POST, convert.DISENTANGLED):
+            _write(single_process_group, tok, wiki_shards[0], layout, tmp_path / layout)
+    finally:
+        os.umask(old)
+    for layout in (convert.POST, convert.DISENTANGLED):
+        out = tmp_path / layout
+        paths = [out, *out.rglob("*")]
+        assert {p.name for p in paths} >= {"model.safetensors", "tokenizer.json", "generator"}
+        modes = {str(p.relative_to(tmp_path)): p.stat().st_mode & 0o777 for p in paths}
+        assert modes == {str(p.relative_to(tmp_path)): (0o777 if p.is_dir() else 0o666) & ~umask
+                         for p in paths}
+        for where in (out, out / convert.GENERATOR_DIR):
+            config = json.loads((where / "tokenizer_config.json").read_text(encoding="utf-8"))
+            assert config["tokenizer_class"] == "PreTrainedTokenizerFast"
+            spm = where / "spm.model"
+            if layout == convert.DISENTANGLED:
+                assert spm.read_bytes() == open(wiki_shards[0], "rb").read()
+            else:
+                assert not spm.exists()
+
+
+def test_replacing_an_export_is_refused_or_atomic(single_process_group, tok, wiki_shards,
+                                                  tmp_path, monkeypatch):
+    """Under ``overwrite_flag`` an earlier export is refused in one line naming the directory
+    and the flag; without it the export is replaced only once the new one is complete: a
+    failure while writing the generator leaves the old export byte for byte, and no sibling."""
+    from rtd_scale.cli_errors import UserInputError
+    from rtd_scale.hf import export
+
+    out = tmp_path / "hf"
+    _write(single_process_group, tok, wiki_shards[0], convert.POST, out)
+    before = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(UserInputError) as e:
+        _write(single_process_group, tok, wiki_shards[0], convert.POST, out,
+               overwrite_flag="--overwrite")
+    assert str(e.value) == (f"--output {out}: already holds an export; pass --overwrite to "
+                            "replace it, or a new directory")
+
+    real = export.build_hf_model
+
+    def fail_on_generator(m):
+        if m.class_name.endswith("ForMaskedLM"):
+            raise OSError("disk full")
+        return real(m)
+
+    monkeypatch.setattr(export, "build_hf_model", fail_on_generator)
+    with pytest.raises(OSError, match="disk full"):
+        _write(single_process_group, tok, wiki_shards[0], convert.POST, out)
+    after = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert after == before and sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+
+    monkeypatch.setattr(export, "build_hf_model", real)
+    _write(single_process_group, tok, wiki_shards[0], convert.PRE, out)  # replaced
+    assert (out / convert.RTD_HEAD_FILE).is_file()
+    assert (out / "model.safetensors").read_bytes() != before["model.safetensors"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]

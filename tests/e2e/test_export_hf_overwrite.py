@@ -1,0 +1,58 @@
+"""``tools/export_hf.py --output`` onto an earlier export, on a real 2-rank run.
+
+A tiny run saves global_step1 … global_step3; the tool exports the newest (global_step3), then
+``--tag global_step1`` onto the same directory is refused in one line naming the directory and
+``--overwrite`` (the export untouched); with ``--overwrite`` it replaces it (other weights, no
+temporary sibling left) and says, once, that it exports global_step1 and that a newer
+checkpoint exists — in export words, none of ``--load``'s words about resuming training.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers.env import REPO
+from tests.helpers.launcher import launch
+
+pytestmark = pytest.mark.e2e
+
+
+def _tool(*args):
+    return subprocess.run([sys.executable, "tools/export_hf.py", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_export_onto_an_earlier_export_needs_overwrite(wiki_shards, tmp_path):
+    tok, prefix = wiki_shards
+    run = tmp_path / "run"
+    r = launch(["--ds_config", "ds_configs/zero1.json", "--preset", "tiny", "--data-path", prefix,
+                "--tokenizer-model", tok, "--save", str(run), "--train-iters", "3",
+                "--save-interval", "1", "--seq-length", "64", "--micro-batch-size", "2",
+                "--global-batch-size", "4", "--lr", "1e-3", "--lr-warmup-iters", "1",
+                "--log-interval", "1", "--seed", "7", "--eval-iters", "0"])
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    out = tmp_path / "hf"
+    r = _tool("--load", str(run), "--output", str(out))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert r.stdout.count(f"exporting global_step3 from {run}\n") == 1
+    step3 = (out / "model.safetensors").read_bytes()
+
+    r = _tool("--load", str(run), "--tag", "global_step1", "--output", str(out))
+    assert r.returncode == 1
+    assert r.stderr == (f"error: --output {out}: already holds an export; pass --overwrite to "
+                        "replace it, or a new directory\n")
+    assert (out / "model.safetensors").read_bytes() == step3
+
+    r = _tool("--load", str(run), "--tag", "global_step1", "--output", str(out), "--overwrite")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    lines = [ln for ln in r.stdout.splitlines() if not ln.startswith("[")]  # DeepSpeed's log
+    assert lines[:2] == [f"exporting global_step1 from {run}",
+                         f"note: {run} has a newer complete checkpoint, global_step3; exporting "
+                         "global_step1 as --tag names"], lines
+    assert lines[2].startswith(f"exported {run}/global_step1: {out} "), lines
+    assert len(lines) == 3, lines
+    assert "resum" not in r.stdout + r.stderr and "--load" not in r.stdout
+    assert (out / "model.safetensors").read_bytes() != step3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "run"]

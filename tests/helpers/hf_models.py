@@ -1,0 +1,85 @@
+"""Tiny models for the Hugging Face export tests: a config per layout, a model with every weight
+moved off its initial value, its canonical state, and a padded batch of real text."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import torch
+
+from rtd_scale.config import Sharing, preset
+from rtd_scale.model import weights
+from tests.helpers.env import TEST_DATA
+
+
+def tiny_config(layout: str, sharing: Sharing, projected: bool, vocab_size: int):
+    """4 heads of 8, discriminator 2 layers, generator 1 (narrower under E ≠ H, as ELECTRA)."""
+    cfg = preset("tiny")
+    cfg.model.vocab_size = vocab_size
+    cfg.model.sharing = sharing
+    cfg.model.max_position_embeddings = 64
+    cfg.data.seq_length = 64
+    if hasattr(cfg.model, "layernorm_position"):
+        cfg.model.layernorm_position = layout
+    enc = dict(hidden_dropout=0.0, attention_dropout=0.0, num_attention_heads=4)
+    cfg.model.discriminator = dataclasses.replace(cfg.model.discriminator, num_layers=2,
+                                                  hidden_size=32, ffn_hidden_size=64, **enc)
+    gen_h = 16 if projected else 32
+    cfg.model.generator = dataclasses.replace(cfg.model.generator, num_layers=1,
+                                              hidden_size=gen_h, ffn_hidden_size=2 * gen_h,
+                                              **enc)
+    cfg.model.embedding_size = 24 if projected else 32
+    cfg.validate()
+    return cfg
+
+
+def build_model(cfg, tok, seed=3):
+    from rtd_scale.model.rtd import RTDModel
+
+    torch.manual_seed(seed)
+    return RTDModel(cfg.model, cfg.rtd, tensor_model_parallel_size=1,
+                    special_ids=tok.special_ids, pad_id=tok.pad_id, mask_id=tok.mask_id,
+                    seed=seed).eval()
+
+
+@torch.no_grad()
+def perturb(model, seed=0):
+    """Move every parameter off its initial value (LayerNorm 1/0, zero biases, E_Δ = 0 would hide
+    a swapped or dropped tensor)."""
+    g = torch.Generator().manual_seed(seed)
+    for p in {id(p): p for p in model.parameters()}.values():
+        p.add_(torch.randn(p.shape, generator=g) * 0.05)
+
+
+def real_batch(tok, b=4, max_len=40):
+    """[b, s] ids of real text, [CLS] … [SEP], padded at the end to different lengths."""
+    with open(TEST_DATA / "wiki_sample.jsonl", encoding="utf-8") as f:
+        texts = [json.loads(line)["text"] for _, line in zip(range(b), f)]
+    rows = []
+    for i, t in enumerate(texts):
+        n = max_len - 2 - 7 * i  # lengths 40, 33, 26, 19
+        rows.append([tok.cls_id] + tok.encode(t)[:n] + [tok.sep_id])
+    ids = torch.full((b, max_len), tok.pad_id, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)] = torch.tensor(r)
+    return ids
+
+
+def canonical_state(model, ctx):
+    return weights.full_state_dict(model, tp_group=ctx.tp_group, vocab_size=model.cfg.vocab_size)
+
+
+def layout_config(layout: str, vocab_size: int):
+    """``tiny_config`` (GDES, E = H) of one export layout: ``convert.POST``, ``convert.PRE`` or
+    ``convert.DISENTANGLED`` (post-LayerNorm, 8 log buckets: most distances up to 40 go through
+    them)."""
+    from rtd_scale.hf import convert
+
+    if layout != convert.DISENTANGLED:
+        return tiny_config(layout, Sharing.GDES, False, vocab_size)
+    cfg = tiny_config(convert.POST, Sharing.GDES, False, vocab_size)
+    cfg.model.attention_type = convert.DISENTANGLED
+    cfg.model.position_buckets = 8
+    cfg.model.max_relative_positions = 64
+    cfg.validate()
+    return cfg
