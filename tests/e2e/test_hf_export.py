@@ -18,8 +18,8 @@ import torch
 
 from rtd_scale.hf import convert
 from tests.helpers.env import REPO
+from tests.helpers.hf_models import TOL, hf_outputs, max_diffs, ours, real_batch
 from tests.helpers.launcher import launch
-from tests.unit.test_hf_export import TOL, hf_outputs, max_diffs, ours, real_batch
 
 pytestmark = pytest.mark.e2e
 
@@ -66,12 +66,12 @@ def _model_from_export_pt(path, tok):
 
 def _check_parity(run_name, export_dir, pt, tok, layout):
     """``layout`` "deberta": DebertaV2 classes, compared at real tokens (see test_hf_deberta)."""
-    from tests.unit import test_hf_deberta
+    from tests.helpers import hf_deberta
 
     model, _ = _model_from_export_pt(pt, tok)
     ids = real_batch(tok)
     if layout == "deberta":
-        diffs = test_hf_deberta._diffs(ours(model, ids, tok.pad_id), test_hf_deberta.hf_outputs(
+        diffs = hf_deberta._diffs(ours(model, ids, tok.pad_id), hf_deberta.hf_outputs(
             export_dir, ids, tok.pad_id), ids != tok.pad_id)
     else:
         diffs = max_diffs(ours(model, ids, tok.pad_id), hf_outputs(export_dir, layout, ids,

@@ -35,3 +35,21 @@ def test_readme_test_command_collects_every_test_file():
     missing = sorted(on_disk - collected)
     assert not missing, f"test files the README's test command never collects: {missing}"
     assert any(f.startswith("tests/multiproc/") for f in collected)
+
+
+def test_no_test_module_imports_another():
+    """Shared test code lives in ``tests/helpers/`` (STYLE rule 11): a test module imported by
+    another runs its module-level set-up twice and ties the two files' fixtures together."""
+    import ast
+
+    bad = []
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            names += ([f"{node.module}.{a.name}" for a in node.names]
+                      if isinstance(node, ast.ImportFrom) and node.module else [])
+            bad += [f"{path.relative_to(REPO)}: {n}" for n in names
+                    if re.match(r"tests\.(?!helpers\b|conftest\b)[\w.]*\.test_\w+", n + ".")
+                    or re.fullmatch(r"tests\.\w+\.test_\w+", n)]
+    assert not bad, bad

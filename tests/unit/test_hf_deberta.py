@@ -27,8 +27,17 @@ from rtd_scale.config import Sharing
 from rtd_scale.hf import convert
 from rtd_scale.hf.export import write_export
 from rtd_scale.hf.pretrained import load_pretrained
-from tests.unit.test_hf_export import (TOL, build_model, canonical_state, load_checked, ours,
-                                       perturb, real_batch, tiny_config)
+from tests.helpers.hf_deberta import _assert_bitwise, _diffs, _tensors, hf_outputs
+from tests.helpers.hf_models import (
+    TOL,
+    build_model,
+    canonical_state,
+    load_checked,
+    ours,
+    perturb,
+    real_batch,
+    tiny_config,
+)
 
 BUCKETS, SPAN = 8, 64  # position_buckets, max_relative_positions (= max positions)
 
@@ -61,52 +70,6 @@ def _export(model, cfg, ctx, tok, path, tokenizer_model=None):
 def _load(model, cfg, ctx, tok, path, lines=None):
     load_pretrained(model, str(path), cfg.model, pad_id=tok.pad_id, tp_group=ctx.tp_group,
                     tp_rank=0, print_fn=None if lines is None else lines.append)
-
-
-def _rtd_logits(hidden, head):
-    """ELECTRA's discriminator_predictions (dense, GELU, dense → 1) from rtd_head.safetensors."""
-    p = convert.RTD_HEAD_PREFIX
-    x = torch.nn.functional.gelu(torch.nn.functional.linear(
-        hidden, head[p + "dense.weight"], head[p + "dense.bias"]))
-    return torch.nn.functional.linear(x, head[p + "dense_prediction.weight"],
-                                      head[p + "dense_prediction.bias"]).squeeze(-1)
-
-
-@torch.no_grad()
-def hf_outputs(directory, ids, pad_id, head=None):
-    """transformers' discriminator hidden [b, s, H], RTD logits [b, s] (``head``: the RTD head's
-    tensors, default ``directory/rtd_head.safetensors``), generator hidden and MLM logits
-    [b, s, V]; computed on ``ids``' device."""
-    from safetensors.torch import load_file
-
-    attention = (ids != pad_id).long()
-    disc = load_checked(convert.DEBERTA_DISCRIMINATOR, directory).to(ids.device)
-    d_hidden = disc(ids, attention_mask=attention).last_hidden_state
-    head = load_file(directory / convert.RTD_HEAD_FILE) if head is None else head
-    head = {k: v.to(ids.device) for k, v in head.items()}
-    gen = load_checked(convert.DEBERTA_GENERATOR, directory / convert.GENERATOR_DIR).to(ids.device)
-    g_hidden = gen.deberta(ids, attention_mask=attention).last_hidden_state
-    mlm = gen(ids, attention_mask=attention).logits
-    return d_hidden, _rtd_logits(d_hidden, head), g_hidden, mlm
-
-
-def _diffs(mine, theirs, keep):
-    return [(a[keep] - b[keep]).abs().max().item() for a, b in zip(mine, theirs)]
-
-
-def _tensors(directory, pattern="*.safetensors"):
-    from safetensors.torch import load_file
-
-    out = {}
-    for f in sorted(directory.rglob(pattern)):
-        out.update({f"{f.relative_to(directory)}:{k}": v for k, v in load_file(f).items()})
-    return out
-
-
-def _assert_bitwise(a, b):
-    assert sorted(a) == sorted(b)
-    for k in a:
-        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
 
 
 CASES = [(s, False) for s in Sharing] + [(Sharing.GDES, True)]

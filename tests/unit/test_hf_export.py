@@ -17,75 +17,19 @@ from rtd_scale.config import Sharing
 from rtd_scale.hf import convert
 from rtd_scale.hf.export import write_export
 from tests.helpers.env import TEST_DATA
-from tests.helpers.hf_models import (build_model, canonical_state, layout_config,  # noqa: F401
-                                     perturb, real_batch, tiny_config)
-
-TOL = 1e-4
-
-
-@torch.no_grad()
-def ours(model, ids, pad_id):
-    """Our discriminator hidden [b, s, H], RTD logits [b, s], generator hidden [b, s, Hg] and
-    MLM logits over the real vocabulary [b, s, V]."""
-    pad = ids == pad_id
-    d = model.discriminator(ids, pad)  # [s, b, H]
-    g = model.generator(ids, pad)
-    b, s = ids.shape
-    v = model.cfg.vocab_size
-    mlm = model.mlm_head(g.transpose(0, 1).reshape(b * s, -1))[:, :v].reshape(b, s, v)
-    return d.transpose(0, 1), model.rtd_head(d), g.transpose(0, 1), mlm
-
-
-def load_checked(cls_name, path, **kwargs):
-    import transformers
-
-    model, info = getattr(transformers, cls_name).from_pretrained(
-        path, output_loading_info=True, **kwargs)
-    assert {k: list(v) for k, v in info.items()} == {
-        "missing_keys": [], "unexpected_keys": [], "mismatched_keys": [], "error_msgs": []}, info
-    return model.eval()
-
-
-@torch.no_grad()
-def hf_outputs(out_dir, layout, ids, pad_id, with_positions=True, with_generator=True):
-    """The export's discriminator hidden + RTD logits, generator hidden + MLM logits."""
-    from safetensors.torch import load_file
-
-    attention = (ids != pad_id).long()
-    kw = {}
-    if layout == convert.PRE and with_positions:  # RoBERTa's offset positions, at pads too
-        kw["position_ids"] = (pad_id + 1 + torch.arange(ids.shape[1])).expand_as(ids)
-    if layout == convert.POST:
-        disc = load_checked("ElectraForPreTraining", out_dir)
-        d_hidden = disc.electra(ids, attention_mask=attention, **kw).last_hidden_state
-        rtd = disc(ids, attention_mask=attention, **kw).logits
-        if not with_generator:
-            return d_hidden, rtd, None, None
-        gen = load_checked("ElectraForMaskedLM", out_dir / "generator")
-        base = gen.electra
-    else:
-        disc = load_checked("RobertaPreLayerNormModel", out_dir, add_pooling_layer=False)
-        d_hidden = disc(ids, attention_mask=attention, **kw).last_hidden_state
-        head = load_file(out_dir / convert.RTD_HEAD_FILE)
-        p = convert.RTD_HEAD_PREFIX
-        x = torch.nn.functional.gelu(torch.nn.functional.linear(
-            d_hidden, head[p + "dense.weight"], head[p + "dense.bias"]))
-        rtd = torch.nn.functional.linear(x, head[p + "dense_prediction.weight"],
-                                         head[p + "dense_prediction.bias"]).squeeze(-1)
-        gen = load_checked("RobertaPreLayerNormForMaskedLM", out_dir / "generator")
-        base = gen.roberta_prelayernorm
-    g_hidden = base(ids, attention_mask=attention, **kw).last_hidden_state
-    return d_hidden, rtd, g_hidden, gen(ids, attention_mask=attention, **kw).logits
-
-
-def max_diffs(a, b, mask=None):
-    out = []
-    for x, y in zip(a, b):
-        if mask is not None:
-            x, y = x[mask], y[mask]
-        out.append((x - y).abs().max().item())
-    return out
-
+from tests.helpers.hf_models import (  # noqa: F401
+    TOL,
+    build_model,
+    canonical_state,
+    hf_outputs,
+    layout_config,
+    load_checked,
+    max_diffs,
+    ours,
+    perturb,
+    real_batch,
+    tiny_config,
+)
 
 CASES = [(convert.POST, s, proj) for s in Sharing for proj in (False, True)] + \
         [(convert.PRE, s, False) for s in Sharing]

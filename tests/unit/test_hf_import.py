@@ -12,8 +12,15 @@ from rtd_scale.config import Sharing
 from rtd_scale.hf import convert
 from rtd_scale.hf.export import write_export
 from rtd_scale.hf.pretrained import load_pretrained
-from tests.unit.test_hf_export import (build_model, canonical_state, hf_outputs, ours, perturb,
-                                       real_batch, tiny_config)
+from tests.helpers.hf_models import (
+    build_model,
+    canonical_state,
+    hf_outputs,
+    ours,
+    perturb,
+    real_batch,
+    tiny_config,
+)
 
 
 @pytest.fixture(scope="module")
