@@ -639,6 +639,11 @@ def run(cfg: RunConfig, print_fn=print, stop=None, validated=None) -> dict:
                    "export_hint": export_hint(cfg)}
         if ctx.is_logging_rank and result.history:
             print_fn(summary_text(summary))
+            if cfg.train.save:  # draws --save/curves.png; a failure warns, never fails the run
+                from rtd_scale.training.curves import write_after_run
+
+                print_fn(write_after_run(cfg.train.save, cfg.train.tensorboard_dir,
+                                         result.valid_history))
         torch.distributed.barrier()
         return summary
     finally:
@@ -690,12 +695,12 @@ def summary_text(summary: dict) -> str:
     import math
 
     from rtd_scale.training.diagnostics import (AVG_COSINE_DISCRIMINATOR, AVG_COSINE_GENERATOR,
-                                                VALID_AUC, VALID_AUC_CHANCE_SD)
+                                                VALID_AUC, VALID_AUC_CHANCE_SD, prior_bce)
 
     hist = summary["history"]
     (s0, first), (s1, last) = hist[0], hist[-1]
     p = last["rtd/replaced_fraction"]
-    prior = -(p * math.log(p) + (1 - p) * math.log(1 - p)) if 0 < p < 1 else float("nan")
+    prior = prior_bce(p)
     lines = [
         "",
         "RTD pretraining summary",

@@ -22,13 +22,15 @@ replaced-fraction prior).
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Optional
 
 import torch
 import torch.distributed as dist
 
 __all__ = ["avg_pairwise_cosine", "cosine_parts", "cosine_from_parts", "table_cosines",
-           "roc_auc", "auc_chance_sd", "gather_scores"]
+           "roc_auc", "auc_chance_sd", "auc_chance_sd_of_counts", "prior_bce",
+           "gather_scores"]
 
 AVG_COSINE_GENERATOR = "embedding/avg_cosine_generator"
 AVG_COSINE_DISCRIMINATOR = "embedding/avg_cosine_discriminator"
@@ -154,8 +156,21 @@ def auc_chance_sd(labels: torch.Tensor) -> float:
     ignored): sqrt((n₁ + n₀ + 1) / (12·n₁·n₀)), the Mann–Whitney U statistic's null variance
     over (n₁·n₀)² (no ties). An AUC more than ~3 of these above 0.5 is not chance. NaN when a
     class is empty."""
-    n1, n0 = int((labels == 1).sum()), int((labels == 0).sum())
-    if n1 == 0 or n0 == 0:
+    return auc_chance_sd_of_counts(int((labels == 1).sum()), int((labels == 0).sum()))
+
+
+def prior_bce(p: float) -> float:
+    """L_RTD (nats per token) of a discriminator that knows only the replaced fraction ``p`` and
+    predicts it for every token: −(p ln p + (1 − p) ln(1 − p)), the binary entropy; 0.4227 at
+    p = 0.15 (ELECTRA's mask rate, arXiv 2003.10555 §3.1). NaN outside 0 < p < 1."""
+    if not 0.0 < p < 1.0:
+        return float("nan")
+    return -(p * math.log(p) + (1.0 - p) * math.log(1.0 - p))
+
+
+def auc_chance_sd_of_counts(n1: int, n0: int) -> float:
+    """``auc_chance_sd`` for n₁ positives and n₀ negatives; NaN when either is 0."""
+    if n1 <= 0 or n0 <= 0:
         return float("nan")
     return ((n1 + n0 + 1) / (12.0 * n1 * n0)) ** 0.5
 

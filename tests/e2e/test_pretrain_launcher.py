@@ -6,6 +6,7 @@ import json
 import pytest
 
 from rtd_scale.training import digest
+from tests.helpers.images import png_size
 from tests.helpers.launcher import TAGS, common, launch, scalars
 
 pytestmark = pytest.mark.e2e
@@ -53,6 +54,9 @@ def test_zero3_two_ranks_train_checkpoint_and_resume_exactly(wiki_shards, tmp_pa
     assert cfg["preset"] == "tiny" and cfg["model"]["vocab_size"] == 1000
     assert ds["gradient_accumulation_steps"] == 2 and ds["zero_optimization"]["stage"] == 3
     assert (straight / "latest").read_text().strip() == "global_step6"
+    # the summary draws the run's curves into --save (rtd_scale.training.curves)
+    assert f"\n  curves:      {straight}/curves.png\n" in r.stdout
+    assert png_size(straight / "curves.png") == (1500, 860)
     assert (straight / "global_step3").is_dir()
     a = digest.read(str(straight / "digest.jsonl"))
     assert sorted(a) == [1, 2, 3, 4, 5, 6]
