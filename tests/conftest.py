@@ -26,22 +26,26 @@ def single_process_group():
     distributed.teardown()
 
 
+def _tokenizer_and_shards(out, corpus, vocab_size: int, name: str) -> tuple[str, str]:
+    """A SentencePiece model and megatron-core shards of ``corpus``, made with the real tools."""
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, str(REPO / "tools" / "train_tokenizer.py"), "--input", corpus,
+                    "--vocab-size", str(vocab_size), "--output-prefix", str(out / "spm")],
+                   check=True, capture_output=True)
+    subprocess.run([sys.executable, str(REPO / "tools" / "preprocess_data.py"), "--input", corpus,
+                    "--tokenizer-model", str(out / "spm.model"), "--output-prefix",
+                    str(out / name), "--workers", "1"], check=True, capture_output=True)
+    return str(out / "spm.model"), str(out / f"{name}_text_document")
+
+
 @pytest.fixture(scope="session")
 def wiki_shards(tmp_path_factory):
     """A SentencePiece model (vocab 1000) and shards of tests/data/wiki_sample.jsonl (real
     English text), made with the real tools. Returns (tokenizer_model, shard_prefix)."""
-    import subprocess
-    import sys
-
-    out = tmp_path_factory.mktemp("wiki")
-    corpus = str(TEST_DATA / "wiki_sample.jsonl")
-    subprocess.run([sys.executable, str(REPO / "tools" / "train_tokenizer.py"), "--input", corpus,
-                    "--vocab-size", "1000", "--output-prefix", str(out / "spm")],
-                   check=True, capture_output=True)
-    subprocess.run([sys.executable, str(REPO / "tools" / "preprocess_data.py"), "--input", corpus,
-                    "--tokenizer-model", str(out / "spm.model"), "--output-prefix",
-                    str(out / "wiki"), "--workers", "1"], check=True, capture_output=True)
-    return str(out / "spm.model"), str(out / "wiki_text_document")
+    return _tokenizer_and_shards(tmp_path_factory.mktemp("wiki"),
+                                 str(TEST_DATA / "wiki_sample.jsonl"), 1000, "wiki")
 
 
 @pytest.fixture(scope="session")
@@ -49,15 +53,5 @@ def cjk_shards(tmp_path_factory):
     """A SentencePiece model (vocab 800) and shards of tests/data/cases/cjk_no_spaces.jsonl
     (synthetic CJK text without spaces), made with the real tools. Returns (tokenizer_model,
     shard_prefix)."""
-    import subprocess
-    import sys
-
-    out = tmp_path_factory.mktemp("cjk")
-    corpus = str(CASES / "cjk_no_spaces.jsonl")
-    subprocess.run([sys.executable, str(REPO / "tools" / "train_tokenizer.py"), "--input", corpus,
-                    "--vocab-size", "800", "--output-prefix", str(out / "spm")],
-                   check=True, capture_output=True)
-    subprocess.run([sys.executable, str(REPO / "tools" / "preprocess_data.py"), "--input", corpus,
-                    "--tokenizer-model", str(out / "spm.model"), "--output-prefix",
-                    str(out / "cjk"), "--workers", "1"], check=True, capture_output=True)
-    return str(out / "spm.model"), str(out / "cjk_text_document")
+    return _tokenizer_and_shards(tmp_path_factory.mktemp("cjk"),
+                                 str(CASES / "cjk_no_spaces.jsonl"), 800, "cjk")

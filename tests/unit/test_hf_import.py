@@ -12,6 +12,7 @@ from rtd_scale.config import Sharing
 from rtd_scale.hf import convert
 from rtd_scale.hf.export import write_export
 from rtd_scale.hf.pretrained import load_pretrained
+from tests.helpers.hf_deberta import _assert_bitwise, _tensors
 from tests.helpers.hf_models import (
     build_model,
     canonical_state,
@@ -38,22 +39,6 @@ def _export(model, cfg, ctx, tok, path):
 def _load(model, cfg, ctx, tok, path):
     load_pretrained(model, str(path), cfg.model, pad_id=tok.pad_id, tp_group=ctx.tp_group,
                     tp_rank=0)
-
-
-def _tensors(directory):
-    """Every tensor of an export: discriminator, generator and the RTD-head file."""
-    from safetensors.torch import load_file
-
-    out = {}
-    for f in sorted(directory.rglob("*.safetensors")):
-        out.update({f"{f.relative_to(directory)}:{k}": v for k, v in load_file(f).items()})
-    return out
-
-
-def _assert_bitwise(a, b):
-    assert sorted(a) == sorted(b)
-    for k in a:
-        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
 
 
 CASES = [(convert.POST, Sharing.ES, True), (convert.POST, Sharing.NES, False),
