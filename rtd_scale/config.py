@@ -239,6 +239,10 @@ class RTDConfig:
     random_token_prob: float = 0.1
     temperature: float = 1.0
     disallow_correct: bool = False  # ELECTRA option: never sample the original token
+    # negative control: each sample's RTD labels permuted over its non-pad tokens (keyed by
+    # seed, step, sample index), so the discriminator sees the replaced fraction but not where
+    # the replacements are; a learning test's control must then fail its thresholds
+    shuffle_labels: bool = False
     mask_strategy: MaskStrategy = MaskStrategy.TOKEN
     # span lengths in words: P(l) ∝ p·(1-p)^(l-1) for l = 1..span_max_words (SpanBERT §3.1)
     span_geometric_p: float = 0.2
@@ -562,6 +566,9 @@ class TrainConfig:
     eval_interval: int = 1000  # steps between validations (Megatron-LM's default); 0: never
     eval_iters: int = 100  # global batches per validation; 0: never validate
     data_digest: Optional[str] = None  # audit: per-step jsonl of sample ids, mask and loss hashes
+    # analysis: each validation's original ids, masks, corrupted ids and discriminator logits,
+    # one torch.save file per evaluation and data-parallel rank (training/loop.py evaluate)
+    eval_dump_dir: Optional[str] = None
     # stop after this many iterations in a row with a non-finite loss or gradient norm (each
     # is skipped); checked at the log interval and before a save; 0: never stop
     max_consecutive_nonfinite_iters: int = 5

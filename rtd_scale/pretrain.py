@@ -73,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-digest", metavar="FILE", help="audit: append one JSON line per step "
                    "with the step's global sample ids and hashes of its masks and losses "
                    "(gathered over data-parallel ranks; costs one gather per step)")
+    p.add_argument("--eval-dump-dir", metavar="DIR", help="analysis: write each validation's "
+                   "original ids, masks, corrupted ids and discriminator logits to "
+                   "DIR/valid_iter{N}_dp{R}.pt (torch.save), one file per data-parallel rank; "
+                   "e.g. to score an oracle discriminator on the run's own replacements")
     p.add_argument("--tokenizer-model", help="the tokenizer the shards were made with: a SentencePiece "
                    ".model, a tokenizer.json or a WordPiece vocab.txt")
     p.add_argument("--save", help="run directory: checkpoints, config.json, ds_config.json")
@@ -217,7 +221,7 @@ _FLAG_FIELDS = {
     "seq_length": ("data", "seq_length"), "split": ("data", "split"),
     "data_cache_path": ("data", "data_cache_path"), "num_workers": ("data", "num_workers"),
     "eval_interval": ("train", "eval_interval"), "eval_iters": ("train", "eval_iters"),
-    "data_digest": ("train", "data_digest"),
+    "data_digest": ("train", "data_digest"), "eval_dump_dir": ("train", "eval_dump_dir"),
     "save": ("train", "save"), "load": ("train", "load"), "train_iters": ("train", "train_iters"),
     "micro_batch_size": ("train", "micro_batch_size"),
     "global_batch_size": ("train", "global_batch_size"),

@@ -21,7 +21,8 @@ from rtd_scale.model import weights
 from rtd_scale.model.encoder import Encoder, transformer_config
 from rtd_scale.model.heads import MLMHead, RTDHead, mlm_loss, vocab_parallel_top1_correct
 from rtd_scale.objectives.losses import (MLM_COUNT, RTD_COUNT, micro_batch_normaliser,
-                                         replaced_labels, rtd_loss, total_loss)
+                                         replaced_labels, rtd_loss, shuffled_labels,
+                                         total_loss)
 from rtd_scale.objectives.masking import mask_tokens, masked_positions, prediction_budget
 from rtd_scale.objectives.sampling import sample_from_logits
 from rtd_scale.phases import (PHASE_DISCRIMINATOR_FORWARD, PHASE_GENERATOR_FORWARD,
@@ -260,6 +261,9 @@ class RTDModel(torch.nn.Module):
                 1, positions, torch.where(valid, sampled, 0).view(b, k))
             corrupted = torch.where(masked, filled, input_ids)
             labels = replaced_labels(corrupted, input_ids)
+            if rtd.shuffle_labels and self.training:  # the negative control; validation
+                labels = shuffled_labels(labels, input_ids != self.pad_id, seed=self.seed,
+                                         step=step, sample_index=sample_index)  # scores the truth
         with timers(PHASE_GENERATOR_FORWARD):  # after sampling: the loss consumes the logits
             mlm_correct = vocab_parallel_top1_correct(logits, targets, table.vocab_start_index,
                                                       table.tp_group) & valid

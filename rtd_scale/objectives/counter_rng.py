@@ -25,6 +25,7 @@ STREAM_MASK_ACTION = 0x61637431  # what a masked slot receives ([MASK] / random 
 STREAM_RANDOM_TOKEN = 0x72616E64  # which random token a slot receives
 STREAM_GUMBEL = 0x67756D62  # Gumbel noise of the sampler, per vocabulary id
 STREAM_GUMBEL_BLOCK = 0x67626C6B  # Gumbel noise of the sampler, per block of ids
+STREAM_SHUFFLE_LABELS = 0x73686666  # the shuffled-labels negative control's permutation
 
 
 def mix32(x: torch.Tensor | int) -> torch.Tensor | int:

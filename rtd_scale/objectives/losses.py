@@ -31,6 +31,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from rtd_scale.objectives import counter_rng
+
 # Rows of the [2] count vector ``RTDModel.loss_counts`` returns and the step all-reduces.
 MLM_COUNT, RTD_COUNT = 0, 1
 
@@ -59,6 +61,28 @@ def replaced_labels(corrupted_ids: torch.Tensor, original_ids: torch.Tensor) -> 
         [b, s] float32 labels.
     """
     return (corrupted_ids != original_ids).to(torch.float32)
+
+
+def shuffled_labels(labels: torch.Tensor, valid: torch.Tensor, *, seed: int, step: int,
+                    sample_index: torch.Tensor) -> torch.Tensor:
+    """The shuffled-labels negative control (``rtd.shuffle_labels``): each sample's labels
+    permuted over its valid (non-pad) positions, so a sample keeps its replaced count but the
+    labels no longer say where its replacements are. The permutation is a function of (seed,
+    step, global sample index) (``counter_rng``), the same at any parallel layout.
+
+    Args:
+        labels: [b, s] float RTD labels; valid: [b, s] bool; sample_index: [b] int64.
+    Returns:
+        [b, s] float labels (unchanged at invalid positions).
+    """
+    b, s = labels.shape
+    pos = torch.arange(s, device=labels.device).view(1, s)
+    u = counter_rng.uniform(counter_rng.STREAM_SHUFFLE_LABELS, seed, step,
+                            sample_index.view(b, 1), pos)
+    invalid = (~valid).to(torch.float64)
+    src = torch.sort(u + 2.0 * invalid, dim=1).indices  # valid positions in random order first
+    dst = torch.sort(invalid, dim=1, stable=True).indices  # valid positions in order first
+    return torch.empty_like(labels).scatter_(1, dst, labels.gather(1, src))
 
 
 def rtd_loss(logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor,

@@ -221,7 +221,7 @@ def train_step(engine, batches, *, step: int, ctx: ParallelContext,
 
 
 def evaluate(cfg: RunConfig, ctx: ParallelContext, engine, loader,
-             split: str = "valid") -> dict[str, float]:
+             split: str = "valid", iteration: int = 0) -> dict[str, float]:
     """Validation losses and accuracies over ``eval_iters`` global batches of ``loader``
     (forward only, dropout off). Collective over every rank; tags prefixed ``{split}/``
     (``valid`` or ``test``; below with ``valid``). The losses are normalised over each
@@ -237,12 +237,20 @@ def evaluate(cfg: RunConfig, ctx: ParallelContext, engine, loader,
     8192 × 512), then sorted once. ``_valid/rtd/auc_chance_sd`` (not written to TensorBoard):
     the AUC's standard deviation for uninformative logits at these class sizes
     (``diagnostics.auc_chance_sd``).
+
+    With ``train.eval_dump_dir``, each data-parallel rank of that group also writes what it
+    evaluated to ``{dir}/{split}_iter{iteration}_dp{rank}.pt`` (``torch.save`` of a dict of
+    [n, s] CPU tensors ``input_ids``, ``masked``, ``corrupted_ids``, ``rtd_logits`` and [n]
+    ``sample_index``): the run's own replacements, for offline analysis (e.g. an oracle
+    discriminator's AUC on them, ``data/known_answer.py``).
     """
     acc = MetricAccumulator(ctx.device)
     gas = len(loader) // cfg.train.eval_iters
     pad_id = engine.module.pad_id
     auc_here = ctx.is_last_stage and ctx.tp_rank == 0
     scores, labels = [], []
+    dump: Optional[dict[str, list]] = ({k: [] for k in _DUMP_KEYS}
+                                       if cfg.train.eval_dump_dir and auc_here else None)
     engine.eval()
     try:
         with torch.no_grad():
@@ -268,8 +276,17 @@ def evaluate(cfg: RunConfig, ctx: ParallelContext, engine, loader,
                     if got is not None:
                         scores.append(got[0].cpu())
                         labels.append(got[1].cpu())
+                if dump is not None:
+                    for mb, o in zip(batches, outs):
+                        for k, v in (("input_ids", mb.input_ids), ("sample_index", mb.sample_index),
+                                     ("masked", o.masked), ("corrupted_ids", o.corrupted_ids),
+                                     ("rtd_logits", o.rtd_logits.float())):
+                            dump[k].append(v.cpu())
     finally:
         engine.train()
+    if dump is not None:
+        _write_dump(cfg.train.eval_dump_dir, f"{split}_iter{iteration}_dp{ctx.dp_rank}.pt",
+                    {k: torch.cat(v) for k, v in dump.items()})
     scalars = acc.reduce(ctx.dp_group)
     out = {f"{split}/{k}": v for k, v in scalars.items() if not k.startswith("_")}
     auc, auc_sd = (VALID_AUC.replace("valid/", f"{split}/", 1),
@@ -280,6 +297,22 @@ def evaluate(cfg: RunConfig, ctx: ParallelContext, engine, loader,
         out[auc] = roc_auc(torch.cat(scores), labels)
         out[auc_sd] = auc_chance_sd(labels)
     return out
+
+
+_DUMP_KEYS = ("input_ids", "sample_index", "masked", "corrupted_ids", "rtd_logits")
+
+
+def _write_dump(directory: str, name: str, tensors: dict[str, torch.Tensor]) -> None:
+    """``torch.save`` to a temporary name, then renamed: a reader never sees half a file."""
+    import io
+    import os
+
+    from rtd_scale.atomic import write_atomic
+
+    os.makedirs(directory, exist_ok=True)
+    buf = io.BytesIO()
+    torch.save(tensors, buf)
+    write_atomic(os.path.join(directory, name), buf.getvalue())
 
 
 def format_valid_line(step: int, samples: int, scalars: dict[str, float],
@@ -436,7 +469,7 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
             last_log, steps_since_log = now, 0
             guard.check(done, last_good, t.load or t.save)  # after the line that shows it
         if valid_loader is not None and done % t.eval_interval == 0:
-            scalars = evaluate(cfg, ctx, engine, valid_loader)
+            scalars = evaluate(cfg, ctx, engine, valid_loader, iteration=done)
             if ctx.is_logging_rank:
                 tb.write(done, scalars)
                 print_fn(format_valid_line(done, t.eval_iters * t.global_batch_size, scalars))
@@ -471,7 +504,8 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
     if "test" in data and t.eval_iters > 0 and not result.interrupted:
         test_loader = make_loader(cfg, ctx, data["test"], consumed=0,
                                   total=t.eval_iters * t.global_batch_size)
-        scalars = evaluate(cfg, ctx, engine, test_loader, split="test")
+        scalars = evaluate(cfg, ctx, engine, test_loader, split="test",
+                           iteration=t.train_iters)
         if ctx.is_logging_rank:
             tb.write(t.train_iters, scalars)
             print_fn(format_valid_line(t.train_iters, t.eval_iters * t.global_batch_size,
