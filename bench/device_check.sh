@@ -76,7 +76,7 @@ timeout 220 $PY bench/deberta_step_vs_hf.py "${deberta_args[@]}" \
   | tee "$OUT/deberta_step_vs_hf.txt" | tail -8
 elapsed "deberta_step_vs_hf"
 
-# 4. the rows: HF eager and rtd_scale per workload, diagnostics for ELECTRA-large,
+# 4. the side-by-side rows: HF eager and rtd_scale per workload, diagnostics for ELECTRA-large,
 #    compiled layers last while the deadline allows
 if [ "$TINY" = 1 ]; then
   gpu_args=(--device cpu --tiny --deadline-s 240)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """One RTD training step on one GPU: Hugging Face transformers as users write it vs rtd_scale.
 
-Issue 7. In one run (≤ 8 minutes on one H200) this prints, side by side:
+In one run (≤ 8 minutes on one H200) this prints, side by side:
 
 1. the bf16 matmul ceiling (8192³ ``torch.mm`` timed with CUDA events), the MFU denominator;
 2. per workload (ELECTRA-large, ELECTRA-base, DeBERTaV3-large dimensions): the RTD step written
@@ -64,7 +64,8 @@ from rtd_scale.flops import (EncoderDims, RTDDims, dims_of, mfu,  # noqa: E402
 # rtd_scale's fixed special ids (rtd_scale/data/tokenizer.py); the HF step uses the same ids.
 PAD_ID, CLS_ID, SEP_ID, UNK_ID, MASK_ID = 0, 1, 2, 3, 4
 SPECIAL_IDS = (PAD_ID, CLS_ID, SEP_ID, UNK_ID, MASK_ID)
-MASK_PROB = 0.15  # issue 7 measures every workload at 15% (the electra-large preset has 25%)
+# the reference rows measure every workload at 15% (the electra-large preset has 25%)
+MASK_PROB = 0.15
 RTD_LAMBDA = 50.0
 SEED = 1234
 
@@ -116,14 +117,14 @@ class Settings:
 
 @dataclass(frozen=True, kw_only=True)
 class Workload:
-    """One row group of issue 7's table. Dimensions come from rtd_scale's preset."""
+    """One row group of the comparison table. Dimensions come from rtd_scale's preset."""
 
     key: str
     preset: str
     micro_batch: int
     target_tokens_per_s: float
     hf_arch: Literal["electra", "deberta-v2"]  # ElectraFor{MaskedLM,PreTraining} / DebertaV2
-    anchors: dict  # implementation key -> tokens/s measured on one H200 (issue 7)
+    anchors: dict  # implementation key -> tokens/s measured on one H200 (the reference rows)
 
 
 WORKLOADS = {
@@ -163,7 +164,7 @@ IMPL_TITLES = {
 
 
 def rtd_config(wl: Workload, tiny: bool):
-    """rtd_scale's config for a workload: the preset at the issue's micro-batch and 15% masking,
+    """rtd_scale's config for a workload: the preset at the reference micro-batch and 15% masking,
     bf16; ``tiny`` keeps its shape (ELECTRA: narrower generator; DeBERTaV3: half depth) at
     CPU size (seq 64)."""
     from rtd_scale import config as C
@@ -621,7 +622,7 @@ def _hf_module(cls, config, device: torch.device, attn: Optional[str]):
 
 def hf_rtd_step(cfg, wl_arch: Literal["electra", "deberta-v2"], s: Settings,
                 compile_backend: Optional[str]) -> Stepper:
-    """The RTD step as a transformers user writes it (issue 7): generator ``*ForMaskedLM`` with
+    """The RTD step as a transformers user writes it: generator ``*ForMaskedLM`` with
     ``labels=-100`` outside the masked slots, the discriminator sharing the generator's token
     table (ELECTRA: the same ``nn.Embedding``; GDES: ``E_G.detach() + E_Δ`` fed as
     ``inputs_embeds``), 15% masking with ``torch.bernoulli``, ``torch.multinomial`` from the
@@ -1056,7 +1057,7 @@ class Bench:
 
 
 def plan(s: Settings, workloads: list[str], skip: set[str]) -> list[Item]:
-    """Rows in priority order: what issue 7 asks for first, diagnostics after, compile last."""
+    """Rows in priority order: the side-by-side rows first, diagnostics after, compile last."""
     on = "profile" not in skip
 
     def diag(*what: str, when: bool = True) -> frozenset:
@@ -1223,7 +1224,7 @@ def header(s: Settings) -> str:
         f"gpu_rtd_step: device {s.device} ({dev}), python {platform.python_version()}, torch "
         f"{torch.__version__}, transformers {ver('transformers')}, deepspeed {ver('deepspeed')}, "
         f"megatron-core {ver('megatron-core')}",
-        f"{'tiny CPU sizes (seq 64)' if s.tiny else 'issue 7 sizes (seq 512)'}; deadline "
+        f"{'tiny CPU sizes (seq 64)' if s.tiny else 'full sizes (seq 512)'}; deadline "
         f"{s.deadline_s:.0f}s; warm-up {s.warmup_steps}, timed {s.min_steps}-{s.max_steps} steps "
         f"within {s.row_budget_s:.0f}s per row; masking {MASK_PROB:.0%}, lambda {RTD_LAMBDA:g}",
         "FLOPs per token (rtd_scale/flops.py, bench/README.md): 3 x sum over layers (24h^2 + 4sh "

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Loader throughput: packed AND masked sequences per second per training process (issue 5).
+"""Loader throughput: packed AND masked sequences per second per training process.
 
     .venv/bin/python bench/loader.py                      # defaults below; ~3–6 min the first time
     .venv/bin/python bench/loader.py --seconds 5 --workers 0,1,2 --micro-batch-size 32

@@ -1,4 +1,4 @@
-"""Preprocessing throughput and peak memory (issue 5): tools/preprocess_data.py beside the
+"""Preprocessing throughput and peak memory: tools/preprocess_data.py beside the
 tokenizer-bound limit and the pipeline a user would write with Hugging Face `datasets`.
 
 Informational, never a test (tests/unit/test_bench_preprocess.py runs it at toy size so that it
@@ -63,9 +63,9 @@ sys.path.insert(0, str(REPO))
 
 DEFAULT_CORPUS = REPO.parent / "shared" / "corpus" / "bench_corpus.jsonl.xz"
 ENCODE_BATCH_DOCS = 512  # documents per encode_batch call, as tools/preprocess_data.py sends a worker
-MEMORY_LIMIT_MB = 1000.0  # issue 5: peak memory under 1 GB whatever the input size
-TARGET_OF_BOUND = 0.85  # issue 5: >= 85% of the tokenizer-bound rate
-TARGET_OVER_BASELINE = 1.5  # issue 5: >= 1.5x the datasets.map pipeline
+MEMORY_LIMIT_MB = 1000.0  # target: peak memory under 1 GB whatever the input size
+TARGET_OF_BOUND = 0.85  # target: >= 85% of the tokenizer-bound rate
+TARGET_OVER_BASELINE = 1.5  # target: >= 1.5x the datasets.map pipeline
 
 
 def log(msg: str) -> None:

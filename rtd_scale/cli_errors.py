@@ -13,10 +13,12 @@ import difflib
 import os
 import re
 import sys
+import textwrap
 import warnings
 from typing import Callable, Sequence
 
-__all__ = ["HeldWarnings", "OneLineArgumentParser", "UserInputError", "run_cli"]
+__all__ = ["HeldWarnings", "HyphenSafeHelpFormatter", "OneLineArgumentParser", "UserInputError",
+           "run_cli"]
 
 
 class UserInputError(ValueError):
@@ -62,6 +64,14 @@ def one_line_warnings() -> None:
     warnings.showwarning = show
 
 
+class HyphenSafeHelpFormatter(argparse.HelpFormatter):
+    """argparse's help formatter, wrapping at spaces only: textwrap's default also breaks after
+    a hyphen, which splits ``debertav3-tiny`` into ``debertav3-`` / ``tiny``."""
+
+    def _split_lines(self, text, width):  # argparse's override point (as RawTextHelpFormatter)
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
 class OneLineArgumentParser(argparse.ArgumentParser):
     """``argparse.ArgumentParser`` whose usage errors are one line, not the whole usage block:
     ``error: <argparse's message> (did you mean --closest-flag?); <prog> --help lists every
@@ -72,11 +82,28 @@ class OneLineArgumentParser(argparse.ArgumentParser):
     Abbreviations are off (``allow_abbrev=False``, as in Megatron-LM's
     ``megatron/training/arguments.py``): ``--train-iter 2`` is an unrecognized argument with
     the hint ``(did you mean --train-iters?)``, not a silent ``--train-iters 2``; a flag added
-    later can then never change what an old command line means."""
+    later can then never change what an old command line means.
 
-    def __init__(self, *args, **kwargs):
+    ``quiet=True`` (the ranks other than 0 of a launch, ``pretrain.main``): the same exit
+    status, but nothing printed, neither the error nor ``--help``, so a launch of N ranks shows
+    rank 0's line once, not N times
+    (tests/e2e/test_pretrain_errors.py::test_launcher_prints_a_flag_error_once).
+
+    Help text wraps at spaces only, never inside a hyphenated name such as
+    ``--tensorboard-dir`` or ``debertav3-tiny`` (:class:`HyphenSafeHelpFormatter`)."""
+
+    def __init__(self, *args, quiet: bool = False, **kwargs):
         kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("formatter_class", HyphenSafeHelpFormatter)
         super().__init__(*args, **kwargs)
+        self.quiet = quiet
+
+    def print_help(self, file=None):  # noqa: D102 (argparse's hook, also behind --help)
+        if not self.quiet:
+            super().print_help(file)
+
+    def exit(self, status=0, message=None):  # noqa: D102 (argparse's hook)
+        super().exit(status, None if self.quiet else message)
 
     def error(self, message: str):  # noqa: D102 (argparse's hook)
         hint = ""

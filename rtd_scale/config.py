@@ -438,7 +438,7 @@ class OptimConfig:
 
     lr: float = 1e-4
     min_lr: float = 0.0
-    lr_warmup_iters: int = 0  # optimizer steps, never micro-batches (case C18)
+    lr_warmup_iters: int = 0  # optimizer steps, never micro-batches (Megatron-LM)
     lr_decay_iters: Optional[int] = None  # default: train_iters
     lr_decay_style: LRDecayStyle = LRDecayStyle.LINEAR
     lr_warmup_fraction: Optional[float] = None  # of the decay length; not with *_warmup_iters

@@ -46,10 +46,11 @@ vocabulary (rtd_scale's padding to a multiple of 128 is not model work). An impl
 work than this; MFU deliberately does not credit it, so for one workload MFU ratios equal
 tokens/s ratios.
 
-Check against issue 7's anchors: ELECTRA-large (disc 24×1024, gen 24×256, E 1024, V 30,522,
-s 512, mask 15%) is 2.150 GFLOP per token, so 96.4k tokens/s = 207 TFLOP/s = 27.5% of 754 TFLOP/s;
-the 24×1024 stack alone is 1.963 GFLOP per token, so 191.5k tokens/s = 376 TFLOP/s
-(tests/unit/test_bench_gpu_script.py asserts both).
+Check against the H200 measurements bench/gpu_rtd_step.py compares with (its anchors):
+ELECTRA-large (disc 24×1024, gen 24×256, E 1024, V 30,522, s 512, mask 15%) is 2.150 GFLOP per
+token, so 96.4k tokens/s = 207 TFLOP/s = 27.5% of 754 TFLOP/s; the 24×1024 stack alone is
+1.963 GFLOP per token, so 191.5k tokens/s = 376 TFLOP/s (tests/unit/test_bench_gpu_script.py
+asserts both).
 """
 from __future__ import annotations
 

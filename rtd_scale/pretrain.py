@@ -35,18 +35,20 @@ from rtd_scale.config import LRDecayStyle, WSDDecayStyle  # noqa: E402
 from rtd_scale.training.throughput import DEVICE_PEAK_TFLOPS  # noqa: E402
 from rtd_scale import megatron_args  # noqa: E402
 from rtd_scale.config import (AttentionType, ConfigError, LayerNormPosition, Precision,  # noqa: E402
-                              RunConfig, Sharing, apply_override, preset)
+                              PRESETS, RunConfig, Sharing, apply_override, preset)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
+    """The entry point's flags; ``quiet``: print no usage error or help (ranks other than 0)."""
     p = OneLineArgumentParser(
-        prog="rtd_scale/pretrain.py",
+        prog="rtd_scale/pretrain.py", quiet=quiet,
         description="Replaced-token-detection pretraining (ELECTRA / DeBERTaV3) on megatron-core "
                     "and DeepSpeed. Launch with `deepspeed rtd_scale/pretrain.py ...`.")
     p.add_argument("--ds_config", "--deepspeed_config", dest="ds_config", required=True,
                    help="DeepSpeed JSON (ZeRO knobs), e.g. ds_configs/zero3.json")
-    p.add_argument("--preset", default="tiny", help="named config: tiny, electra-{small,base,"
-                   "large}, debertav3-{xsmall,small,base,large}")
+    p.add_argument("--preset", default="tiny", choices=list(PRESETS), metavar="NAME",
+                   help=f"named config, one of {', '.join(PRESETS)} (default tiny; "
+                        "rtd_scale/config.py's PRESETS)")
     p.add_argument("--data-path", nargs="+", metavar="[WEIGHT] PREFIX",
                    help="shard or dataset prefixes printed by tools/preprocess_data.py, read as "
                         "one dataset; or WEIGHT PREFIX pairs to blend datasets by weight "
@@ -448,6 +450,7 @@ def check_writable_dir(path: str, flag: str) -> None:
     Raises:
         UserInputError: naming ``flag``, the path and the fix.
     """
+    import errno
     import tempfile
 
     fix = f"pass a writable directory to {flag}"
@@ -460,12 +463,17 @@ def check_writable_dir(path: str, flag: str) -> None:
         raise UserInputError(f"{flag} {path}: {what}; {fix}")
     try:
         if not os.access(here, os.W_OK | os.X_OK):
-            raise PermissionError(13, "Permission denied")
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
         os.rmdir(tempfile.mkdtemp(prefix=".rtd_scale_probe", dir=here))
     except OSError as e:
-        where = "" if here == os.path.abspath(path) else f" (in {here})"
-        raise UserInputError(f"{flag} {path}: not writable{where}: "
-                             f"{e.strerror or type(e).__name__}; {fix}") from None
+        # a directory that exists but refuses a new entry: /proc and sysfs answer ENOENT,
+        # whose "No such file or directory" would send the reader looking for a missing parent
+        why = ("it takes no new directories" if e.errno == errno.ENOENT
+               else e.strerror or type(e).__name__)
+        if here == os.path.abspath(path):
+            raise UserInputError(f"{flag} {path}: not writable ({why}); {fix}") from None
+        raise UserInputError(f"{flag} {path}: cannot be created: {here} is not writable "
+                             f"({why}); {fix}") from None
 
 
 def pretrained_weights(cfg: RunConfig) -> tuple[Optional[str], Optional[str]]:
@@ -783,17 +791,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     warnings.filterwarnings("ignore", message=".*full scope is deprecated.*")
     warnings.filterwarnings("ignore", message=".*CUDA_DEVICE_MAX_CONNECTIONS.*")
     warnings.filterwarnings("ignore", category=DeprecationWarning, module="megatron")
-    args = build_parser().parse_args(argv)
     import signal
 
     from rtd_scale.training.signals import DEFAULT_SIGNALS, StopRequest
 
-    # entered first: a signal during start-up or load counts too (training/signals.py)
-    signums = [*DEFAULT_SIGNALS, *([getattr(signal, args.exit_signal)]
-                                   if args.exit_signal_handler else [])]
     rank = 0
     try:
         rank = launch_env.read().rank
+        # every rank parses the same flags: a flag error is rank 0's one line, the other ranks
+        # exit with the same status silently
+        # (tests/e2e/test_pretrain_errors.py::test_launcher_prints_a_flag_error_once)
+        args = build_parser(quiet=rank != 0).parse_args(argv)
+        # entered first: a signal during start-up or load counts too (training/signals.py)
+        signums = [*DEFAULT_SIGNALS, *([getattr(signal, args.exit_signal)]
+                                       if args.exit_signal_handler else [])]
         if rank != 0:  # every rank would repeat the same configuration warnings
             warnings.simplefilter("ignore", UserWarning)
         # config warnings wait until the whole run is validated: a refused run prints only its

@@ -12,10 +12,9 @@
 # steps, warm-up 10,000 then linear decay, AdamW β1 0.9, β2 0.98, ε 1e-6, weight decay 0.01,
 # clipping 1.0, ZeRO-3, bf16.
 # Peak learning rate 6e-4: arXiv 2111.09543's Table 10 (pre-training hyper-parameters) gives 6e-4
-# for base while the prose of §4 says 5e-4 (the discrepancy reported in rtd_scale issue 6). We
-# follow the table, the more specific source and the value of rtd_scale's debertav3-base preset;
-# set RTD_LR=5e-4 to follow §4. Neither number was re-checked against the PDF from the machine this
-# was written on.
+# for base while the prose of §4 says 5e-4. We follow the table, the more specific source and the
+# value of rtd_scale's debertav3-base preset; set RTD_LR=5e-4 to follow §4.
+# TODO(verify): arXiv 2111.09543 Table 10 and §4, both learning rates.
 #
 # Gradient accumulation, preemption and requeue, and resuming work as in slurm/pretrain_large.sh
 # (slurm/lib/pretrain_job.sh). With 4 × 8 GPUs: micro-batch 16 × accumulation 16 × 32 = 8192.

@@ -8,7 +8,8 @@ Each --input is a --data-path entry: one shard (PREFIX.bin/.idx, also from Megat
 preprocessing) or a dataset written by tools/preprocess_data.py (PREFIX.manifest.json and its
 shards). The output OUTPUT.bin/.idx/.meta.json holds every document of every input, in the order
 given, with document boundaries kept (megatron-core's IndexedDatasetBuilder.add_index); it reads
-back exactly like a single-pass run over the concatenated corpus (case C07). Inputs must come from
+back exactly like a single-pass run over the concatenated corpus
+(tests/unit/test_shard_datasets.py::test_merged_halves_equal_a_single_pass). Inputs must come from
 the same tokenizer (checked through their sidecars) and share a dtype. The output is written under
 temporary names and renamed when complete; on any error nothing is written.
 """

@@ -5,7 +5,10 @@
 # Validation reads 8 global batches (256 of the split's 284 samples) instead of the preset's 2, so
 # the held-out RTD AUC's chance standard deviation is ~0.0045 rather than ~0.009.
 # Knobs (environment): RTD_STEPS (600), RTD_RANKS (2), RTD_DS_CONFIG (ds_configs/zero3.json),
-# RTD_RUN_DIR (runs/debertav3-tiny-<time>).
+# RTD_RUN_DIR (runs/debertav3-tiny-<time>), MASTER_PORT (the launcher's --master_port; unset:
+# deepspeed's 29500; set a free one to run a second job on the same machine).
+# A run that fails before writing anything leaves no empty run directory behind (rmdir removes
+# only an empty one; tests/e2e/test_run_default.py).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 start=$(date +%s)
@@ -26,7 +29,14 @@ if [ ! -f "$manifest" ] || [ "$data/spm.model" -nt "$manifest" ]; then
 fi
 
 run_dir="${RTD_RUN_DIR:-runs/debertav3-tiny-$(date +%Y%m%d-%H%M%S)}"
-deepspeed --num_gpus "${RTD_RANKS:-2}" rtd_scale/pretrain.py \
+launcher=(--num_gpus "${RTD_RANKS:-2}")
+if [ -n "${MASTER_PORT:-}" ]; then
+  launcher+=(--master_port "$MASTER_PORT")
+fi
+if [ ! -e "$run_dir" ]; then  # ours to tidy: remove it on exit if the run left it empty
+  trap 'rmdir "$run_dir" 2>/dev/null || true' EXIT
+fi
+deepspeed "${launcher[@]}" rtd_scale/pretrain.py \
   --ds_config "${RTD_DS_CONFIG:-ds_configs/zero3.json}" \
   --preset debertav3-tiny \
   --data-path "$data/wiki_text_document" \

@@ -4,9 +4,10 @@ Position (STYLE rule 10): a run's data position is one number, the samples consu
 (kept in every checkpoint). Optimizer step t, starting after ``consumed`` samples, reads global
 sample indices [consumed, consumed + G) for global batch G; data-parallel rank r takes the r-th
 contiguous G/dp slice, cut into micro-batches of b. So a resumed run re-creates the loader at
-``consumed`` and reads exactly what the uninterrupted run read next (C20), at any number of loader
-workers. (Megatron-LM's ``MegatronPretrainingSampler`` has the same contract but gives rank r the
-r-th micro-batch of every group of dp micro-batches instead of one contiguous slice.)
+``consumed`` and reads exactly what the uninterrupted run read next, at any number of loader
+workers (tests/e2e/test_pretrain_launcher.py). (Megatron-LM's ``MegatronPretrainingSampler`` has
+the same contract but gives rank r the r-th micro-batch of every group of dp micro-batches instead
+of one contiguous slice.)
 
 Loading: a ``torch.utils.data.DataLoader`` over ``BlendedDataset.host_batch`` with the sampler
 yielding one micro-batch's indices at a time (``batch_size=None``), ``num_workers`` worker

@@ -3,9 +3,11 @@
 Packing (RoBERTa's FULL-SENTENCES, arXiv 1907.11692 §4.2): the documents of a dataset's shards, in
 order, each followed by one [SEP], form one token stream; with C = seq_length − 2, sample i is
 ``[CLS] + stream[i·C : (i+1)·C] + [SEP]``. Documents are concatenated across sample boundaries, so
-a corpus of one-sentence documents packs as densely as one of books (C06). The last sample takes
-the stream's remainder and is padded with [PAD] after its [SEP], so every document is reachable
-(N = ceil(stream tokens / C) samples; a corpus shorter than one sample gives one padded sample).
+a corpus of one-sentence documents packs as densely as one of books
+(tests/unit/test_packed.py::test_one_sentence_documents_pack_across_boundaries). The last sample
+takes the stream's remainder and is padded with [PAD] after its [SEP], so every document is
+reachable (N = ceil(stream tokens / C) samples; a corpus shorter than one sample gives one padded
+sample).
 
 Documents (megatron-core's ``.idx``): a shard holds *sequences* (``sequence_lengths``,
 ``sequence_pointers`` in bytes) grouped into *documents* by ``document_indices``. Our

@@ -85,7 +85,7 @@ def shard_paths(prefix: str | os.PathLike) -> tuple[str, str, str]:
 
 
 def dtype_for_vocab(vocab_size: int) -> np.dtype:
-    """The smallest dtype holding every id in ``[0, vocab_size)`` (C09).
+    """The smallest dtype holding every id in ``[0, vocab_size)``.
 
     ``uint16`` when ``vocab_size <= 65536`` (largest id 65535), else ``int32`` (megatron-core's
     IndexedDataset has no uint32). So 65,535 and 65,536 give uint16 and 128,100 gives int32.

@@ -25,11 +25,12 @@ from the tokenizer object (``tok.pad_id`` … ``tok.special_ids``), never from t
 which describe only the models this project trains.
 
 Normalisation happens once, in :func:`normalize_text`, identically when the tokenizer is trained
-and whenever text is encoded (case C12). SentencePiece's own normaliser is set to ``identity`` so
-there is a single rule, and ``decode(encode(t)) == normalize_text(t)`` for text the model covers.
-A tokenizer with a normaliser of its own is the truth for its text: :func:`normalize_text` is
-applied only to tokenizers without one (see :class:`Tokenizer`). :meth:`Tokenizer.save_pretrained`
-writes a Hugging Face tokenizer that encodes like the pipeline, :func:`normalize_text` included.
+and whenever text is encoded (tests/unit/test_tokenizer.py's normalisation tests). SentencePiece's
+own normaliser is set to ``identity`` so there is a single rule, and ``decode(encode(t)) ==
+normalize_text(t)`` for text the model covers. A tokenizer with a normaliser of its own is the
+truth for its text: :func:`normalize_text` is applied only to tokenizers without one (see
+:class:`Tokenizer`). :meth:`Tokenizer.save_pretrained` writes a Hugging Face tokenizer that encodes
+like the pipeline, :func:`normalize_text` included.
 
 Nothing here imports megatron-core or DeepSpeed; ``tokenizers`` and ``transformers`` are imported
 only for tokenizer.json / vocab.txt files and for :meth:`Tokenizer.save_pretrained`.
@@ -129,7 +130,7 @@ _DROP_RE = re.compile(
 
 
 def normalize_text(text: str) -> str:
-    """Normalise raw text; the one rule used for tokenizer training and for every encode (C12).
+    """Normalise raw text; the one rule used for tokenizer training and for every encode.
 
     In order: (1) drop control characters that are not whitespace (category Cc: NUL, BEL, ESC, DEL,
     C1), format characters (category Cf: U+200B zero-width space, U+200C/U+200D zero-width
@@ -162,10 +163,12 @@ def split_for_training(text: str, max_bytes: int = DEFAULT_MAX_SENTENCE_BYTES) -
     """Cut normalised ``text`` into training sentences of at most ``max_bytes`` UTF-8 bytes each.
 
     SentencePiece trains on one sentence per line and silently drops lines longer than its
-    ``max_sentence_length`` (bytes), so a corpus whose every line is long trains on nothing (C10).
+    ``max_sentence_length`` (bytes), so a corpus whose every line is long trains on nothing
+    (tests/unit/test_tokenizer.py::test_every_line_too_long_trains).
     Here: split at sentence ends (". ", "! ", "? "); a sentence still too long is packed greedily
-    from whole words; a single word longer than ``max_bytes`` (C11: a 70,000-character run with no
-    spaces) is hard-cut at UTF-8 character boundaries. Joining the pieces with spaces gives back
+    from whole words; a single word longer than ``max_bytes`` (e.g. a 70,000-character run with no
+    spaces, tests/unit/test_tokenizer.py::test_no_space_run_trains_and_neighbours_intact) is
+    hard-cut at UTF-8 character boundaries. Joining the pieces with spaces gives back
     ``text`` except where a word was hard-cut. ``text`` must already be normalised (single spaces).
     """
     if max_bytes < 4:

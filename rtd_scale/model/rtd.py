@@ -231,7 +231,8 @@ class RTDModel(torch.nn.Module):
                        timers=untimed) -> GeneratorResult:
         """Steps 2–4 on the last stage: MLM logits at masked positions only, L_MLM, replacements
         sampled from softmax(logits / T) (never argmax, no gradient), the discriminator's input
-        and its labels (a correct sample counts as original, C01).
+        and its labels (a correct sample counts as original, ELECTRA arXiv 2003.10555 §2;
+        tests/unit/test_objectives.py::test_correct_sample_is_labelled_original).
 
         Args:
             gen_hidden: [s, b, Hg] the generator's final hidden states.

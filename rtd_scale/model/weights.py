@@ -6,7 +6,8 @@
   names, every pipeline split), which is what lets a TP=2 run reproduce a TP=1 run.
 - ``full_state_dict`` / ``load_full_state_dict``: a TP-agnostic state dict (tensor-parallel shards
   gathered along their partition dimension, vocabulary padding removed) and its inverse, so a model
-  trained at one TP size loads at another (case C16).
+  trained at one TP size loads at another
+  (tests/multiproc/test_vocab_padding.py::test_padded_vocab_saved_at_tp2_loads_at_tp1).
 
 Initialisation rules (BERT / megatron-core): weights N(0, std²), including the token-type row of
 the post-LayerNorm layout (Hugging Face ``ElectraPreTrainedModel._init_weights`` draws every

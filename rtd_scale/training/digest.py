@@ -12,7 +12,8 @@ data-parallel group, so it costs a host sync per step — an audit tool, off by 
      "losses": [["0x1.2p+3", "0x1.6p-1"], …]}      # float.hex of (L_MLM, L_RTD) per micro-batch
 
 Two runs read the same samples with the same masks and losses iff their lines are equal; the
-hex floats make loss equality bitwise (case C20).
+hex floats make loss equality bitwise (tests/e2e/test_pretrain_launcher.py compares a resumed
+run's lines with an uninterrupted one's).
 """
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 
 Data: one DataLoader per split for the whole run (``data/loader.py``). The training loader starts
 at the run's ``consumed_samples`` (0, or the checkpoint's), so a resumed run reads exactly what an
-uninterrupted one would (C20); each step takes the next gradient-accumulation-many micro-batches.
+uninterrupted one would (tests/e2e/test_pretrain_launcher.py); each step takes the next
+gradient-accumulation-many micro-batches.
 Validation every ``eval_interval`` steps reads the same first ``eval_iters`` global batches of the
 validation split each time (masks keyed by the validation index, sampling noise by step 0), so
 its losses are comparable across steps; it runs forward only, with dropout off, and touches

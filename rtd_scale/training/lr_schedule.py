@@ -10,7 +10,7 @@ So the lr of update u (1-based, no skipped update before it) is megatron-core's 
 ``num_steps = (u − 1) × global_batch_size``: with a warm-up, update 1 uses ``--lr-warmup-init``
 (0 by default) and update ``warmup + 1`` is the first at the peak; the decay reaches ``min_lr``
 at ``num_steps = decay`` (update ``decay + 1``). Counting optimizer steps, never micro-batches,
-is what case C18 pins.
+is what tests/unit/test_schedule.py::test_warmup_counts_optimizer_steps pins.
 
 Skipped updates do not advance the schedule (Megatron-LM steps its scheduler only when
 ``update_successful``):

@@ -1,6 +1,6 @@
 """Checkpoint faults through the real ``deepspeed`` launcher (2 ranks, ZeRO-3, tiny preset): a
 damaged or half-written newest checkpoint, a SIGKILL during the save, a full disk (a real tmpfs),
-an incomplete explicit tag, and a crafted pickle in each kind of checkpoint file (case C24, C26).
+an incomplete explicit tag, and a crafted pickle in each kind of checkpoint file.
 
 The faults run through ``bench/faults.py`` at its smallest size (3 steps, a checkpoint after
 each), so the benchmark keeps working; its rows give where each resume started and whether the

@@ -1,4 +1,4 @@
-"""Non-finite iterations (C25), the schedule on resume (C27) and TensorBoard after a kill -9.
+"""Non-finite iterations, a new learning-rate schedule on resume and TensorBoard after a kill -9.
 
 - A non-finite iteration is skipped exactly — parameters, AdamW's moments and step count as if
   it never happened — at every ZeRO stage, decided without reading a value on the host;
@@ -161,7 +161,7 @@ def _error_lines(r: subprocess.CompletedProcess) -> list[str]:
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("zero, ranks", [(3, 2), (0, 1)])
-def test_c25_huge_lr_is_detected_counted_and_stopped(wiki_shards, tmp_path, zero, ranks):
+def test_huge_lr_is_detected_counted_and_stopped(wiki_shards, tmp_path, zero, ranks):
     save = tmp_path / "run"
     r = launch(_args(wiki_shards, save, 30, "--lr", "1e6", "--lr-warmup-iters", "0",
                      "--log-interval", "2", "--save-interval", "1",
@@ -195,7 +195,7 @@ def _lr_of_first_resumed_iteration(r: subprocess.CompletedProcess, step: int) ->
 
 
 @pytest.mark.e2e
-def test_c27_a_new_schedule_on_resume(wiki_shards, tmp_path):
+def test_a_new_schedule_on_resume(wiki_shards, tmp_path):
     base = tmp_path / "base"
     common = ("--log-interval", "1", "--save-interval", "4", "--lr-warmup-iters", "2")
     r = launch(_args(wiki_shards, base, 4, "--lr", "1e-3", *common, zero=0), ranks=1)

@@ -70,6 +70,19 @@ def test_launcher_reports_a_user_error_without_traceback(wiki_shards, tmp_path):
     assert "warm-up" not in r.stderr + r.stdout
 
 
+def test_launcher_prints_a_flag_error_once(wiki_shards, tmp_path):
+    """An abbreviated flag through the 2-rank launcher: rank 0 prints the one line, rank 1
+    exits with the same status silently, and nothing is written."""
+    r = launch(_args(wiki_shards, tmp_path / "run", "--train-it", "5"))
+    out = r.stderr + r.stdout
+    assert r.returncode != 0
+    assert [line for line in out.splitlines() if "error:" in line] == [
+        "error: unrecognized arguments: --train-it 5 (did you mean --train-iters?); "
+        "rtd_scale/pretrain.py --help lists every flag"], out[-3000:]
+    assert "Traceback" not in out
+    assert not (tmp_path / "run").exists()
+
+
 def test_unresolvable_master_addr(wiki_shards, tmp_path):
     """MASTER_ADDR as the `deepspeed` launcher passes it to the ranks of one node of a
     multi-node run (`--hostfile H --no_ssh --node_rank 0 --master_addr HOST`; on one host
@@ -131,9 +144,11 @@ def test_unwritable_tensorboard_dir(wiki_shards, tmp_path, capsys, monkeypatch):
                    "writable directory to --tensorboard-dir")
     msg = _error(capsys, _args(wiki_shards, save, "--tensorboard-dir", "/proc/rtd_scale_tb/x"),
                  monkeypatch)
-    assert msg.startswith("error: --tensorboard-dir /proc/rtd_scale_tb/x: not writable (in "
-                          "/proc): "), msg
-    assert msg.endswith("; pass a writable directory to --tensorboard-dir")
+    # root may write anywhere os.access says, but /proc refuses the new entry (ENOENT, which
+    # must not read as a missing parent); another user is refused by its mode
+    assert msg in {"error: --tensorboard-dir /proc/rtd_scale_tb/x: cannot be created: /proc is "
+                   f"not writable ({why}); pass a writable directory to --tensorboard-dir"
+                   for why in ("it takes no new directories", "Permission denied")}, msg
     assert not save.exists()
     # a writable one passes this check, and the probe leaves nothing behind
     ok = tmp_path / "tb_parent"

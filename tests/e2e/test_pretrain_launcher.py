@@ -13,8 +13,8 @@ pytestmark = pytest.mark.e2e
 
 
 def test_zero3_two_ranks_train_checkpoint_and_resume_exactly(wiki_shards, tmp_path):
-    """Also case C20: 6 steps straight against 3, save, --load, 3 more — the same sample ids,
-    masks and losses, bitwise (the --data-digest lines), whatever the number of loader workers;
+    """Also resume exactness: 6 steps straight against 3, save, --load, 3 more — the same sample
+    ids, masks and losses, bitwise (the --data-digest lines), whatever the number of loader workers;
     validation in between changes nothing in training and repeats its own losses exactly."""
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     r = launch(common(wiki_shards, straight, 6, [
@@ -44,7 +44,7 @@ def test_zero3_two_ranks_train_checkpoint_and_resume_exactly(wiki_shards, tmp_pa
     for step, v in s["loss/total"].items():
         assert v == v and abs(v) < 1e4, (step, v)  # finite
         assert v == pytest.approx(s["loss/mlm"][step] + 50.0 * s["loss/rtd"][step], rel=1e-5)
-    # C18 with accumulation 2 on 2 ranks: warm-up counts optimizer steps; megatron-core's
+    # with accumulation 2 on 2 ranks: warm-up counts optimizer steps; megatron-core's
     # scheduler starts at 0 and reaches the peak at the step after the 4 warm-up steps
     assert [round(s["optim/lr"][k] / 1e-3, 6) for k in (1, 2, 3, 4, 5, 6)] == [
         0.0, 0.25, 0.5, 0.75, 1.0, 0.5]

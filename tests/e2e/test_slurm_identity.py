@@ -2,7 +2,7 @@
 them, with the variables it sets.
 
 - slurm/preprocess.sh as array tasks (SLURM_ARRAY_TASK_ID): outputs are named after their input,
-  so a list that changes between submissions tokenizes every file exactly once (case C23), and a
+  so a list that changes between submissions tokenizes every file exactly once, and a
   task whose file is already tokenized elsewhere, or was edited since, refuses in one line;
 - slurm/lib/pretrain_job.sh's environment checks (a path with a space in RTD_DATA_PATH, a
   non-integer RTD_MAX_REQUEUES);
@@ -52,7 +52,8 @@ def _dataset_name(path: Path) -> str:
 
 @pytest.fixture(scope="module")
 def n15(tmp_path_factory) -> Path:
-    """The C23 inputs n15_{a,b,c}.jsonl (10 documents each) and a tokenizer trained on them."""
+    """The changed-list inputs n15_{a,b,c}.jsonl (10 documents each) and a tokenizer trained on
+    them."""
     work = tmp_path_factory.mktemp("n15")
     for name in "abc":
         shutil.copy(CASES / f"n15_{name}.jsonl", work / f"n15_{name}.jsonl")
@@ -93,7 +94,7 @@ def _one_line_error(r: subprocess.CompletedProcess) -> str:
 
 
 def test_changed_list_tokenizes_every_file_once(n15, tmp_path):
-    """C23: list a, c and tasks 0–1; then list a, b, c and tasks 0–2."""
+    """List a, c and tasks 0–1; then list a, b, c and tasks 0–2."""
     array = Array(n15, tmp_path)
     a, b, c = (str(n15 / f"n15_{n}.jsonl") for n in "abc")
     first, second = array.list("first.txt", a, c), array.list("second.txt", a, b, c)

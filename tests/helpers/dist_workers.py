@@ -161,8 +161,9 @@ def _gathered_logits(ctx, model, vocab_size: int):
     return full[:, :vocab_size], full[:, vocab_size:]
 
 
-def c16_save(ctx, path: str, vocab_size: int):
-    """C16, first half: train a little at this TP size, save TP-agnostically."""
+def tp_agnostic_save(ctx, path: str, vocab_size: int):
+    """Vocabulary padding across TP sizes, first half: train a little at this TP size, save
+    TP-agnostically."""
     from rtd_scale.model import weights
 
     cfg = tiny_config(Sharing.GDES, vocab_size=vocab_size)
@@ -176,8 +177,9 @@ def c16_save(ctx, path: str, vocab_size: int):
             "table_rows": model.generator_table.weight.shape[0]}
 
 
-def c16_load(ctx, path: str, vocab_size: int):
-    """C16, second half: load the TP-agnostic state at this TP size."""
+def tp_agnostic_load(ctx, path: str, vocab_size: int):
+    """Vocabulary padding across TP sizes, second half: load the TP-agnostic state at this TP
+    size."""
     from rtd_scale.model import weights
 
     cfg = tiny_config(Sharing.GDES, vocab_size=vocab_size)

@@ -43,7 +43,7 @@ def assert_resume_continues(args, straight: dict, ranks: int, save_dir, straight
     """``args(iters, extra)`` gives the launch arguments. The uninterrupted run in
     ``straight_dir`` saved at step 5 on its way (``--save-interval 5``): a copy of its directory
     cut back to that checkpoint is resumed with ``--load`` to step 10, and steps 6–10 must repeat
-    ``straight``'s losses (its TensorBoard scalars) bitwise (C20; TensorBoard stores float32)."""
+    ``straight``'s losses (its TensorBoard scalars) bitwise (TensorBoard stores float32)."""
     shutil.copytree(straight_dir, save_dir)
     for later in save_dir.glob("global_step*"):
         if int(later.name[len("global_step"):]) > 5:

@@ -68,7 +68,7 @@ def test_rows_are_read_in_order_and_resume_after_any_row(inputs):
 def test_shards_equal_those_of_the_same_text_as_json_lines(tool, inputs, wiki_shards, tmp_path):
     # With torch imported the tool spawns its 2 workers, which must import their functions by
     # name: from this module-under-another-name they could not, and the pool respawned them
-    # forever (the CI hang of stop 19)
+    # forever (a hang, not a failure)
     import torch  # noqa: F401
     tok, _ = wiki_shards
     for name in ("jsonl", "saved", "stream"):

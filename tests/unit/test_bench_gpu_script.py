@@ -1,4 +1,4 @@
-"""bench/gpu_rtd_step.py (issue 7): the FLOP formula against the issue's anchors, the kernel
+"""bench/gpu_rtd_step.py: the FLOP formula against its reference H200 measurements, the kernel
 families, a failing row reported instead of raised, and the whole script at tiny sizes on CPU.
 
 The tiny run needs Hugging Face transformers (not a dependency of rtd_scale; CI skips it).
@@ -26,9 +26,10 @@ ELECTRA_LARGE = RTDDims(
     embedding_size=1024, vocab_size=30522, seq_length=512, mask_prob=0.15)
 
 
-def test_flops_reproduce_the_issue_anchors():
-    """Issue 7: 96.4k tokens/s is 27.5% MFU of 754 TFLOP/s, 124.9k is 35.6%; the 24×1024 stack
-    at 191.5k tokens/s is 376 TFLOP/s."""
+def test_flops_reproduce_the_reference_mfu():
+    """The reference Hugging Face rows (bench/gpu_rtd_step.py's anchors): 96.4k tokens/s is
+    27.5% MFU of 754 TFLOP/s, 124.9k is 35.6%; the 24×1024 stack at 191.5k tokens/s is 376
+    TFLOP/s."""
     per_token = rtd_flops_per_token(ELECTRA_LARGE)
     assert round(100 * mfu(per_token, 96.4e3, 754e12), 1) == 27.5
     assert round(100 * mfu(per_token, 124.9e3, 754e12), 1) == 35.6

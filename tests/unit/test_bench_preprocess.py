@@ -1,4 +1,4 @@
-"""bench/preprocess.py (issue 5) end to end at toy size, so that the benchmark keeps working.
+"""bench/preprocess.py end to end at toy size, so that the benchmark keeps working.
 
 Its numbers mean nothing at this size; the test checks that every row runs and that every path
 (the bound, the datasets.map baseline, preprocess_data.py at 1x and 4x) writes the same tokens.

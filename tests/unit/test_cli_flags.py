@@ -25,6 +25,45 @@ def test_pretrain_refuses_an_abbreviated_flag(capsys):
     assert pretrain.build_parser().parse_args([*BASE, "--train-iters", "2"]).train_iters == 2
 
 
+def test_pretrain_flag_error_prints_on_rank_0_only(capsys, monkeypatch):
+    """Every rank of a launch parses the same flags; only rank 0 prints the error, and the
+    others exit with the same status (2, argparse's) silently."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank, printed in (("0", True), ("1", False)):
+        monkeypatch.setenv("RANK", rank)
+        with pytest.raises(SystemExit) as e:
+            pretrain.main([*BASE, "--train-it", "5"])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert err == ("error: unrecognized arguments: --train-it 5 (did you mean "
+                       "--train-iters?); rtd_scale/pretrain.py --help lists every flag\n"
+                       if printed else ""), (rank, err)
+    with pytest.raises(SystemExit) as e:  # --help too: rank 1 prints nothing, exits 0
+        pretrain.build_parser(quiet=True).parse_args(["--help"])
+    assert e.value.code == 0 and capsys.readouterr() == ("", "")
+
+
+def test_preset_help_and_choices_list_every_preset(capsys, monkeypatch):
+    """--preset's help and choices come from config.PRESETS, whole names even where the help
+    wraps (at 60 columns debertav3-tiny would otherwise break at its hyphen)."""
+    from rtd_scale.config import PRESETS
+
+    monkeypatch.setenv("COLUMNS", "60")
+    with pytest.raises(SystemExit):
+        pretrain.build_parser().parse_args(["--help"])
+    words = capsys.readouterr().out.replace(",", " ").split()
+    assert "debertav3-tiny" in PRESETS
+    for name in PRESETS:
+        assert name in words, name
+    for name in PRESETS:
+        assert pretrain.build_parser().parse_args([*BASE, "--preset", name]).preset == name
+    with pytest.raises(SystemExit) as e:
+        pretrain.build_parser().parse_args([*BASE, "--preset", "debertav3-huge"])
+    assert e.value.code == 2
+    assert "invalid choice: 'debertav3-huge' (choose from 'tiny', 'debertav3-tiny'," in \
+        capsys.readouterr().err
+
+
 @pytest.mark.parametrize("tool, argv, flag", [
     ("preprocess_data", ["--input", "x.jsonl", "--tokenizer-model", "t.model",
                          "--output-prefix", "o", "--worker", "2"], "--workers"),

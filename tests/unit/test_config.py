@@ -30,7 +30,7 @@ def test_presets_have_the_published_shapes():
 
 def test_vocab_padding_is_deterministic():
     m = preset("tiny").model
-    m.vocab_size = 32_003  # C16
+    m.vocab_size = 32_003  # as tests/multiproc/test_vocab_padding.py
     assert m.padded_vocab_size(1) == 32_128
     assert m.padded_vocab_size(2) == 32_256
     assert m.padded_vocab_size(8) == 32_768

@@ -96,8 +96,8 @@ def test_electra_style_narrow_generator_projects_the_shared_table(single_process
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_c22_real_tokens_do_not_depend_on_padding(single_process_group, layout):
-    """C22: outputs at real tokens are the same however much padding follows."""
+def test_real_tokens_do_not_depend_on_padding(single_process_group, layout):
+    """Outputs at real tokens are the same however much padding follows."""
     m = _model(_cfg(Sharing.GDES, layout=layout)).eval()
     row = _ids(b=1, s=12)
     short = torch.cat([row, torch.zeros(1, 4, dtype=torch.long)], 1)
@@ -116,8 +116,8 @@ def test_c22_real_tokens_do_not_depend_on_padding(single_process_group, layout):
     assert out_l.counts["tokens"].item() == 12
 
 
-def test_c03_heavily_padded_batch_fp32_and_bf16(single_process_group):
-    """C03: rows 90% padding (one row all padding): finite loss and gradients at step 1; bf16
+def test_heavily_padded_batch_fp32_and_bf16(single_process_group):
+    """Rows 90% padding (one row all padding): finite loss and gradients at step 1; bf16
     agrees with fp32 to bf16 precision; padding contributes nothing."""
     cfg = _cfg(Sharing.GDES)
     ids = _ids(b=8, s=64)

@@ -80,8 +80,8 @@ def test_random_non_special_ids_cover_exactly_the_non_special_ids():
     assert counts.min() >= 1100 and counts.max() <= 1123
 
 
-def test_c01_correct_sample_is_labelled_original():
-    """C01: a sampled id equal to the original counts as original (0)."""
+def test_correct_sample_is_labelled_original():
+    """A sampled id equal to the original counts as original (0)."""
     original = torch.tensor([[1, 10, 11, 12, 13, 2]])
     masked = torch.tensor([[False, True, True, True, False, False]])
     corrupted = original.clone()
@@ -97,7 +97,7 @@ def test_c01_correct_sample_is_labelled_original():
 
 
 def test_rtd_loss_ignores_padding_exactly():
-    """C03/C22: padded positions contribute nothing, even when their logits are inf/nan."""
+    """Padded positions contribute nothing, even when their logits are inf/nan."""
     logits = torch.tensor([[2.0, -1.0, 0.5, float("nan"), float("inf")]])
     labels = torch.tensor([[1.0, 0.0, 1.0, 1.0, 0.0]])
     valid = torch.tensor([[True, True, True, False, False]])

@@ -1,5 +1,5 @@
 """Packed samples over real shards: the stream, documents, splits, the cached index and the
-sample order (rtd_scale/data/packed.py); case C06."""
+sample order (rtd_scale/data/packed.py), also over one-sentence documents."""
 from __future__ import annotations
 
 import multiprocessing
@@ -76,8 +76,8 @@ def test_a_document_of_several_sequences_is_one_run(tmp_path):
     np.testing.assert_array_equal(ds[2], [1, 34, 35, 2, 2, 0, 0, 0])  # remainder, padded
 
 
-def test_c06_one_sentence_documents_pack_across_boundaries(wiki_shards, tmp_path):
-    """C06: 300 one-sentence documents. Samples hold many documents each, every document is
+def test_one_sentence_documents_pack_across_boundaries(wiki_shards, tmp_path):
+    """300 one-sentence documents. Samples hold many documents each, every document is
     reachable through some sample, and reading every sample (and a loader over them) ends."""
     tok, _ = wiki_shards
     subprocess.run([sys.executable, str(REPO / "tools" / "preprocess_data.py"), "--input",

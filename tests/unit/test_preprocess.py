@@ -1,5 +1,5 @@
-"""Preprocessing into megatron-core shards: empty documents (C05), round trip, worker-count
-independence, dtype choice around 16 bits (C09), malformed input (C12b), atomic outputs, and the
+"""Preprocessing into megatron-core shards: empty documents, round trip, worker-count
+independence, dtype choice around 16 bits, malformed input, atomic outputs, and the
 tokenizer check.
 
 tools/preprocess_data.py is run as a subprocess (the real CLI) where its exit status and stderr
@@ -77,10 +77,10 @@ def _snapshot(directory: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
 
 
-# -- C05 and the round trip -------------------------------------------------------------------
+# -- empty documents and the round trip -------------------------------------------------------
 
 
-def test_c05_empty_documents_skipped_and_counted(tokenizer, tmp_path):
+def test_empty_documents_skipped_and_counted(tokenizer, tmp_path):
     proc = _run("--input", str(CASES / "c05_empty_docs.jsonl"), "--tokenizer-model", tokenizer.model_path,
                 "--output-prefix", str(tmp_path / "c05"))
     assert proc.returncode == 0, proc.stderr
@@ -114,18 +114,18 @@ def test_round_trip_and_workers_give_identical_bytes(corpus, tokenizer, tmp_path
 
     docs = [t for t in _texts(corpus) if normalize_text(t)]
     ds = open_shard(tmp_path / "w2" / "o_text_document_00000")
-    assert len(ds) == len(docs) == len(_texts(corpus)) - 4  # C05's four empty documents
+    assert len(ds) == len(docs) == len(_texts(corpus)) - 4  # the case file's four empty documents
     for i, text in enumerate(docs):
         assert ds[i].dtype == np.uint16
         assert ds[i].tolist() == tokenizer.encode(text), i
-    c11_run = _texts(CASES / "c11_no_space_70k.jsonl")[1]
-    assert tokenizer.decode(ds[docs.index(c11_run)]) == c11_run
+    no_space_run = _texts(CASES / "c11_no_space_70k.jsonl")[1]
+    assert tokenizer.decode(ds[docs.index(no_space_run)]) == no_space_run
 
 
-# -- C09: dtype around the 16-bit limit ----------------------------------------------------------
+# -- dtype around the 16-bit limit ---------------------------------------------------------------
 
 
-def test_c09_dtype_for_vocab():
+def test_dtype_for_vocab_around_16_bits():
     assert dtype_for_vocab(65_535) == np.uint16
     assert dtype_for_vocab(65_536) == np.uint16  # largest id 65,535 still fits
     assert dtype_for_vocab(65_537) == np.int32
@@ -138,7 +138,7 @@ def test_c09_dtype_for_vocab():
     "vocab_size, ids, dtype",
     [(65_535, [0, 65_534, 7], np.uint16), (65_536, [65_535, 0, 65_535], np.uint16), (128_100, [65_535, 65_536, 128_099], np.int32)],
 )
-def test_c09_ids_round_trip_exactly(tmp_path, vocab_size, ids, dtype):
+def test_ids_round_trip_exactly_around_16_bits(tmp_path, vocab_size, ids, dtype):
     prefix = tmp_path / f"v{vocab_size}"
     with ShardWriter(prefix, vocab_size=vocab_size) as w:
         w.add_document(ids)

@@ -1,6 +1,6 @@
 """The learning-rate schedule (training/lr_schedule.py): megatron-core's OptimizerParamScheduler
-driven as Megatron-LM's training loop drives it, per optimizer step (C18), skipped steps not
-counted, resumable."""
+driven as Megatron-LM's training loop drives it, per optimizer step (never per micro-batch),
+skipped steps not counted, resumable."""
 from __future__ import annotations
 
 import math
@@ -81,10 +81,11 @@ def test_each_style_equals_megatron_core(style, extra, mextra):
         assert ours[110] == 1e-5  # past the decay: the floor
 
 
-def test_c18_warmup_counts_optimizer_steps():
-    """C18: warm-up 100 optimizer steps, whatever the accumulation: megatron-core's formula —
+def test_warmup_counts_optimizer_steps():
+    """Warm-up 100 optimizer steps, whatever the accumulation: megatron-core's formula —
     update 1 at lr_warmup_init (0), update 100 at 99/100 of the peak, update 101 the first at
-    the peak (our earlier LambdaLR peaked one update sooner); linear decay to min_lr at 300."""
+    the peak (megatron-core counts from 0, so the peak is one update after the warm-up); linear
+    decay to min_lr at 300."""
     cfg = preset("tiny")
     cfg.optim.lr, cfg.optim.lr_warmup_iters, cfg.optim.min_lr = 1e-3, 100, 0.0
     used = _ours_per_update(cfg.optim, train_iters=300, n=300)

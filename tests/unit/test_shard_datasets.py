@@ -1,5 +1,5 @@
 """Datasets of several shards: resumable reading positions, size-cut shards, --resume after a
-crash (simulated and a real SIGKILL) giving byte-identical output, merging (C07), and how a
+crash (simulated and a real SIGKILL) giving byte-identical output, merging, and how a
 --data-path entry resolves to shards."""
 
 from __future__ import annotations
@@ -157,10 +157,10 @@ def test_resume_refuses_other_arguments(tools, wiki_shards, tmp_path, capsys):
         in capsys.readouterr().err
 
 
-# -- C07: merging ------------------------------------------------------------------------------
+# -- merging ------------------------------------------------------------------------------------
 
 
-def test_c07_merged_halves_equal_a_single_pass(tools, wiki_shards, tmp_path, capsys):
+def test_merged_halves_equal_a_single_pass(tools, wiki_shards, tmp_path, capsys):
     tok, _ = wiki_shards
     lines = WIKI.read_bytes().splitlines(keepends=True)
     halves = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]

@@ -1,5 +1,5 @@
-"""Tokenizer: fixed special ids, normalisation (C12), training on long lines (C10), a 70k-char run
-with no spaces (C11), malformed input (C12b), and a vocabulary too large for the corpus.
+"""Tokenizer: fixed special ids, normalisation (control characters), training on long lines,
+a 70k-char run with no spaces, malformed input, and a vocabulary too large for the corpus.
 
 Fixture text: the case files plus the Python reference manual's topic texts that ship with the
 standard library (``pydoc_data.topics``, real English prose), so that a 400-piece vocabulary is
@@ -130,7 +130,7 @@ def test_tokenizer_pickles_with_its_model(tokenizer):
     assert clone.sha256 == tokenizer.sha256 == tokmod.file_sha256(tokenizer.model_path)
 
 
-# -- normalisation (C12) ----------------------------------------------------------------------
+# -- normalisation ----------------------------------------------------------------------------
 
 
 def test_normalize_text_c12_control_chars():
@@ -170,7 +170,7 @@ def test_drop_table_is_unicode_control_and_format():
         assert normalize_text(f"a{chr(cp)}b") in ("ab", "a b"), hex(cp)
 
 
-# -- training on awkward corpora (C10, C11, C12b) -----------------------------------------------
+# -- training on awkward corpora -----------------------------------------------------------------
 
 
 def test_split_for_training_limits_bytes_and_keeps_text():
@@ -182,7 +182,7 @@ def test_split_for_training_limits_bytes_and_keeps_text():
     assert split_for_training("\u00e9\u00e9\u00e9\u00e9\u00e9", 4) == ["\u00e9\u00e9", "\u00e9\u00e9", "\u00e9"]
 
 
-def test_c10_every_line_too_long_trains(tmp_path):
+def test_every_line_too_long_trains(tmp_path):
     lines = _case_texts("c10_all_lines_too_long.jsonl")
     assert min(len(t.encode()) for t in lines) > 4192  # the case: every line beats SentencePiece's limit
     proc = _run_tool("--input", str(CASES / "c10_all_lines_too_long.jsonl"), "--output-prefix",
@@ -202,7 +202,7 @@ def test_long_line_round_trips(tokenizer):
     assert tokenizer.decode(ids) == normalize_text(line)
 
 
-def test_c11_no_space_run_trains_and_neighbours_intact(tokenizer, tmp_path):
+def test_no_space_run_trains_and_neighbours_intact(tokenizer, tmp_path):
     before, run, after = _case_texts("c11_no_space_70k.jsonl")
     assert len(run) == 70014 and run.count(" ") == 2  # "prefix <70,000 letters> suffix"
     # The fixture tokenizer was trained with these three documents; encoding finishes too.
@@ -216,7 +216,7 @@ def test_c11_no_space_run_trains_and_neighbours_intact(tokenizer, tmp_path):
     assert "20 of 20 sentences fed" in proc.stdout  # 2 short + 1 + 17 pieces of the 70,014-byte document
 
 
-def test_c12b_malformed_line_error_names_file_and_line(tmp_path):
+def test_malformed_line_error_names_file_and_line(tmp_path):
     proc = _run_tool("--input", str(CASES / "c12b_malformed.jsonl"), "--output-prefix", str(tmp_path / "m"),
                      "--vocab-size", "40")
     line = _assert_one_line_error(proc)
@@ -225,7 +225,7 @@ def test_c12b_malformed_line_error_names_file_and_line(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_c12b_skip_bad_lines_counts_three(tmp_path):
+def test_skip_bad_lines_counts_three(tmp_path):
     stats = ReadStats()
     records = list(iter_records([CASES / "c12b_malformed.jsonl"], ["text"], skip_bad_lines=True, stats=stats))
     assert records == [
