@@ -35,6 +35,27 @@ class Sharing(str, enum.Enum):
     GDES = "gdes"  # E_D = stopgrad(E_G) + E_Δ, E_Δ zero-initialised (DeBERTaV3 default)
 
 
+class SharingScope(str, enum.Enum):
+    """What ES and GDES share besides the token table (``--sharing-scope``; the rules per mode
+    are ``rtd_scale/model/embeddings.py``'s).
+
+    EMBEDDINGS (default): what the reference implementations share. ES: the whole embedding
+    layer — token, position and token-type tables and the embedding LayerNorm; each model keeps
+    its own ``embeddings_project`` (google-research/electra ``model/modeling.py``: every one of
+    them is created under the one variable scope ``electra/embeddings``). GDES: the token and
+    the absolute position table, each as stopgrad(E_G) + E_Δ; the token-type row and the
+    LayerNorm stay the discriminator's own (microsoft/DeBERTa
+    ``DeBERTa/apps/tasks/rtd_task.py``, ``RTDModel.register_discriminator_fw_hook``: the word
+    and position embeddings, nothing else). TOKENS: the token table only, every other
+    embedding parameter per model (rtd_scale's behaviour before this field existed).
+    Disentangled attention has no position or token-type table and DeBERTa shares its
+    LayerNorm under neither mode, so there the two scopes are the same model.
+    """
+
+    TOKENS = "tokens"
+    EMBEDDINGS = "embeddings"
+
+
 class LayerNormPosition(str, enum.Enum):
     """Where each encoder layer normalises (``--layernorm-position``; fairseq's
     ``encoder_normalize_before``).
@@ -141,6 +162,9 @@ class ModelConfig:
     generator: EncoderConfig
     discriminator: EncoderConfig
     sharing: Sharing = Sharing.GDES
+    # --sharing-scope: ES / GDES share the token table only ("tokens") or what ELECTRA / DeBERTa
+    # share ("embeddings": also positions, and under ES token type and LayerNorm); SharingScope
+    sharing_scope: SharingScope = SharingScope.EMBEDDINGS
     layernorm_position: LayerNormPosition = LayerNormPosition.PRE
     # disentangled attention (AttentionType): relative distances in DeBERTa's log buckets,
     # 2·position_buckets relative embeddings (-1: none, one per distance up to
@@ -184,8 +208,21 @@ class ModelConfig:
             return self.max_relative_positions
         return self.max_position_embeddings
 
+    def shares_embedding_layer(self) -> bool:
+        """Whether the sharing reaches past the token table: ES or GDES with scope "embeddings"
+        and absolute positions (``model/embeddings.py`` says what each mode shares)."""
+        return (self.sharing is not Sharing.NES
+                and self.sharing_scope is SharingScope.EMBEDDINGS
+                and self.attention_type is not AttentionType.DISENTANGLED)
+
     def validate(self) -> None:
         self.sharing = Sharing(self.sharing)
+        try:
+            self.sharing_scope = SharingScope(self.sharing_scope)
+        except ValueError:
+            raise ConfigError(f"model.sharing_scope (--sharing-scope) {self.sharing_scope!r}: "
+                              f"choose {' or '.join(repr(s.value) for s in SharingScope)}"
+                              ) from None
         try:
             self.layernorm_position = LayerNormPosition(self.layernorm_position)
         except ValueError:
@@ -200,6 +237,19 @@ class ModelConfig:
                 and self.layernorm_position is not LayerNormPosition.POST):
             raise ConfigError("--attention-type disentangled needs --layernorm-position post "
                               "(DeBERTa's layout, arXiv 2006.03654); add --layernorm-position post")
+        if self.sharing_scope is SharingScope.TOKENS and (
+                self.sharing is Sharing.NES
+                or self.attention_type is AttentionType.DISENTANGLED):
+            why = ("--sharing nes shares nothing" if self.sharing is Sharing.NES else
+                   "disentangled attention has no position or token-type table")
+            warnings.warn(f"--sharing-scope tokens has no effect: {why}")
+        if (self.shares_embedding_layer() and self.sharing is Sharing.ES
+                and self.generator.layernorm_epsilon != self.discriminator.layernorm_epsilon):
+            raise ConfigError(
+                f"--sharing es shares the embedding LayerNorm, but model.generator."
+                f"layernorm_epsilon {self.generator.layernorm_epsilon} != model.discriminator."
+                f"layernorm_epsilon {self.discriminator.layernorm_epsilon}; set both to one "
+                f"value, or pass --sharing-scope tokens")
         if self.position_buckets == 0 or self.position_buckets < -1:
             raise ConfigError(f"model.position_buckets must be > 0 or -1 (no buckets), got "
                               f"{self.position_buckets}; DeBERTaV3 uses 256")

@@ -35,7 +35,8 @@ from rtd_scale.config import LRDecayStyle, WSDDecayStyle  # noqa: E402
 from rtd_scale.training.throughput import DEVICE_PEAK_TFLOPS  # noqa: E402
 from rtd_scale import megatron_args  # noqa: E402
 from rtd_scale.config import (AttentionType, ConfigError, LayerNormPosition, Precision,  # noqa: E402
-                              PRESETS, RunConfig, Sharing, apply_override, preset)
+                              PRESETS, RunConfig, Sharing, SharingScope, apply_override,
+                              preset)
 
 
 def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
@@ -97,7 +98,16 @@ def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
                         "(a rank that waits longer on the others fails; Megatron-LM's flag, "
                         "default 10)")
     p.add_argument("--pipeline-model-parallel-size", type=int)
-    p.add_argument("--sharing", choices=[s.value for s in Sharing])
+    p.add_argument("--sharing", choices=[s.value for s in Sharing],
+                   help="embedding sharing between generator and discriminator: es (one "
+                        "embedding layer, ELECTRA), nes (separate), gdes (E_D = stopgrad(E_G) + "
+                        "E_Δ, DeBERTaV3); default: the preset's")
+    p.add_argument("--sharing-scope", choices=[s.value for s in SharingScope],
+                   help="what es / gdes share: embeddings (default; es: token, position and "
+                        "token-type tables and the embedding LayerNorm, as ELECTRA; gdes: token "
+                        "and position tables, each stopgrad(E_G) + E_Δ, as DeBERTa) or tokens "
+                        "(the token table only). No effect under nes or --attention-type "
+                        "disentangled (no position or token-type table there)")
     p.add_argument("--layernorm-position", choices=[x.value for x in LayerNormPosition],
                    help="encoder layout: pre (pre-LayerNorm, final LayerNorm) or post "
                         "(BERT/ELECTRA, Hugging Face ElectraModel); default: the preset's")
@@ -234,7 +244,8 @@ _FLAG_FIELDS = {
     "export_hf": ("train", "export_hf"), "pretrained_checkpoint": ("train", "pretrained_checkpoint"),
     "tensor_model_parallel_size": ("parallel", "tensor_model_parallel_size"),
     "pipeline_model_parallel_size": ("parallel", "pipeline_model_parallel_size"),
-    "sharing": ("model", "sharing"), "rtd_lambda": ("rtd", "rtd_lambda"),
+    "sharing": ("model", "sharing"), "sharing_scope": ("model", "sharing_scope"),
+    "rtd_lambda": ("rtd", "rtd_lambda"),
     "layernorm_position": ("model", "layernorm_position"),
     "attention_type": ("model", "attention_type"),
     "mask_prob": ("rtd", "mask_prob"), "mask_strategy": ("rtd", "mask_strategy"), "lr": ("optim", "lr"), "min_lr": ("optim", "min_lr"),

@@ -83,6 +83,12 @@ def run_config_from_dict(d: dict[str, Any]):
     from rtd_scale.config import preset
 
     cfg = preset(d.get("preset", "tiny"))
+    m = d.get("model", {})
+    if ("sharing_scope" not in m and m.get("sharing", "gdes") != "nes"
+            and m.get("attention_type", "bert") != "disentangled"):
+        # recorded before model.sharing_scope existed: ES / GDES shared the token table only
+        # (elsewhere the scope changes nothing, config.SharingScope)
+        d = {**d, "model": {**m, "sharing_scope": "tokens"}}
 
     def fill(obj, values: dict[str, Any]) -> None:
         for f in dataclasses.fields(obj):

@@ -4,8 +4,12 @@ The canonical state is ``rtd_scale.model.weights.full_state_dict``'s: fp32 tenso
 shards gathered, vocabulary padding removed, a layer's index its global number − 1. Its names, for
 ``E`` = ``generator`` / ``discriminator`` (see ``model/encoder.py``, ``model/layers.py``):
 
-    E.embeddings.{table.weight | table.delta, position.weight, token_type.weight (post),
-                  norm.{weight,bias}, projection.{weight,bias} (E ≠ H)}
+    E.embeddings.{table.weight | table.delta, position.weight | position.delta,
+                  token_type.weight (post), norm.{weight,bias}, projection.{weight,bias} (E ≠ H)}
+
+(a tensor the discriminator shares with the generator is there once, under the generator's name:
+ES with ``sharing_scope`` "embeddings" has no ``discriminator.embeddings.{position, token_type,
+norm}``; GDES has ``discriminator.embeddings.position.delta`` in place of its own table.)
     E.block.layers.{i}.self_attention.linear_qkv.{weight [3H, H], bias [3H]}
     E.block.layers.{i}.self_attention.linear_proj.*, mlp.linear_fc1.*, mlp.linear_fc2.*
     E.block.layers.{i}.{input_layernorm, pre_mlp_layernorm}.*         (pre)
@@ -27,6 +31,12 @@ Rules, each exact (a renaming or a reshaping, never an approximation):
 - **Token tables.** ES: one table; NES: the discriminator's own; GDES: the discriminator's table
   is E_G + E_Δ (arXiv 2111.09543 §3.3), summed in fp32 as the discriminator's lookup sums the rows.
   Padded vocabulary rows are already gone from the canonical state.
+- **The rest of the embedding layer** (``sharing_scope`` "embeddings", absolute positions; the
+  rules are ``model/embeddings.py``'s): the discriminator's export gets the tensors its forward
+  reads — ES: the generator's position table, token-type row and embedding LayerNorm; GDES:
+  P_G + P_Δ, summed in fp32 as its forward sums the rows. On import they are split back: ES
+  takes one copy (and refuses a generator whose copy differs), GDES gives P_Δ = P_D − P_G exactly
+  (``gdes_delta``).
 - **Post-LN → ELECTRA** (``ElectraForPreTraining`` / ``ElectraForMaskedLM``, transformers
   ``models/electra/modeling_electra.py``): embedding LayerNorm, ``embeddings_project`` when
   E ≠ H, LayerNorm after each residual add; positions 0…s−1 as ours.
@@ -240,6 +250,41 @@ def discriminator_table(state: dict[str, torch.Tensor], sharing: Sharing) -> tor
     return gen + state["discriminator.embeddings.table.delta"]
 
 
+# The discriminator's embedding tensors, besides its token table, that ES with sharing_scope
+# "embeddings" takes from the generator (ELECTRA's ``electra/embeddings`` scope; the names exist
+# only in the layouts that have them: token_type in the post layout with BERT attention).
+ES_SHARED_LEAVES = ("position.weight", "token_type.weight", "norm.weight", "norm.bias")
+
+
+def shared_embedding_layer(model: ModelConfig) -> bool:
+    """Whether ES / GDES share more than the token table (``ModelConfig.shares_embedding_layer``
+    for a config that may predate ``sharing_scope``: none then)."""
+    scope = getattr(getattr(model, "sharing_scope", "tokens"), "value",
+                    getattr(model, "sharing_scope", "tokens"))
+    return (Sharing(model.sharing) is not Sharing.NES and scope == "embeddings"
+            and not is_deberta(model))
+
+
+def effective_embeddings(state: dict[str, torch.Tensor], model: ModelConfig
+                         ) -> dict[str, torch.Tensor]:
+    """``state`` with the discriminator's position table, token-type row and embedding LayerNorm
+    under its own names, as its forward sees them: ES → the generator's tensors; GDES →
+    ``P_G + P_Δ`` (fp32) in place of ``position.delta``. Unchanged when nothing past the token
+    table is shared."""
+    if not shared_embedding_layer(model):
+        return state
+    out = dict(state)
+    gen, disc = "generator.embeddings.", "discriminator.embeddings."
+    if Sharing(model.sharing) is Sharing.ES:
+        for leaf in ES_SHARED_LEAVES:
+            if gen + leaf in state:
+                out[disc + leaf] = state[gen + leaf]
+    else:
+        out[disc + "position.weight"] = (state[gen + "position.weight"]
+                                         + out.pop(disc + "position.delta"))
+    return out
+
+
 def check_exportable(model: ModelConfig) -> None:
     """Refuse, before any work, a model the layout's Hugging Face classes cannot hold.
 
@@ -354,7 +399,7 @@ def to_hf(state: dict[str, torch.Tensor], model: ModelConfig, *, pad_id: int,
         ValueError: ``state`` holds a tensor no target takes (never dropped silently).
     """
     check_exportable(model)
-    state = unfused_names(state)
+    state = effective_embeddings(unfused_names(state), model)
     lay = layout(model)
     disc_cls, gen_cls = class_names(model)
     used: set[str] = set()
@@ -611,10 +656,13 @@ def from_hf(model: ModelConfig, *, discriminator: HFSource, generator: Optional[
     Missing from the result, to be taken from the freshly initialised model: the whole generator
     (its table only under NES) when ``generator`` is None, and the RTD head when the source has
     none. Under ES and GDES without a generator, the generator's table starts as the
-    discriminator's (E_Δ = 0).
+    discriminator's (E_Δ = 0), and so do the rest of its shared embedding layer (sharing_scope
+    "embeddings": ES's position table, token-type row and LayerNorm; GDES's position table,
+    P_Δ = 0).
 
     Raises:
-        UserInputError: a config this model cannot take, or two different tables under ES.
+        UserInputError: a config this model cannot take, or two different tables (or, with
+            sharing_scope "embeddings", two different shared embedding tensors) under ES.
     """
     lay = layout(model)
     disc_cls, gen_cls = class_names(model)
@@ -680,4 +728,36 @@ def from_hf(model: ModelConfig, *, discriminator: HFSource, generator: Optional[
     else:
         out["generator.embeddings.table.weight"] = gen_table
         out["discriminator.embeddings.table.delta"] = gdes_delta(disc_table, gen_table)
+    if shared_embedding_layer(model):
+        _share_embedding_layer(out, sharing, generator is not None, discriminator.where, flag)
     return {k: v.detach().float().contiguous() for k, v in out.items()}, notes
+
+
+def _share_embedding_layer(out: dict[str, torch.Tensor], sharing: Sharing, with_generator: bool,
+                           where: str, flag: str) -> None:
+    """In place: the discriminator's embedding tensors past its token table folded into what
+    the model shares (inverse of ``effective_embeddings``). Without a generator its shared
+    tensors start as the discriminator's (ES: the one copy; GDES: P_G = P_D, P_Δ = 0), as its
+    token table does.
+
+    Raises:
+        UserInputError: under ES, a generator whose tensor differs from the discriminator's.
+    """
+    gen, disc = "generator.embeddings.", "discriminator.embeddings."
+    if sharing is Sharing.ES:
+        for leaf in ES_SHARED_LEAVES:
+            if disc + leaf not in out:
+                continue
+            mine = out.pop(disc + leaf)
+            if with_generator and not torch.equal(out[gen + leaf], mine):
+                raise UserInputError(
+                    f"{flag} {where}: the discriminator's and the generator's embeddings.{leaf} "
+                    "differ, which one shared embedding layer (--sharing es) cannot hold; pass "
+                    "--sharing-scope tokens (only the token table shared), --sharing nes or "
+                    "--sharing gdes")
+            out[gen + leaf] = mine
+        return
+    position = out.pop(disc + "position.weight")
+    if not with_generator:
+        out[gen + "position.weight"] = position
+    out[disc + "position.delta"] = gdes_delta(position, out[gen + "position.weight"])

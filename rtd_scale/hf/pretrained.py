@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import re
+from types import SimpleNamespace
 from typing import Callable, Optional
 
 import torch
@@ -122,6 +123,15 @@ def read_pretrained(path: str, model: ModelConfig, *, pad_id: int
             raise UserInputError(f"{FLAG} {path}: saved with --sharing {old['sharing']}; pass "
                                  f"--sharing {old['sharing']} (or load its Hugging Face export, "
                                  "which converts between sharing modes)")
+        # a file whose config predates model.sharing_scope shared the token table only
+        scope = old.get("sharing_scope", "tokens" if old else model.sharing_scope)
+        theirs = convert.shared_embedding_layer(SimpleNamespace(
+            sharing=model.sharing, attention_type=att, sharing_scope=scope))
+        if theirs != convert.shared_embedding_layer(model):
+            scope = "embeddings" if theirs else "tokens"
+            raise UserInputError(f"{FLAG} {path}: saved with --sharing-scope {scope}; pass "
+                                 f"--sharing-scope {scope} (or load its Hugging Face export, "
+                                 "which converts between sharing scopes)")
         return convert.unfused_names(blob["model"]), []
     if not os.path.isdir(path):
         raise UserInputError(f"{FLAG} {path}: no such file or directory")
@@ -165,7 +175,7 @@ def _fix_for(name: str, shape: tuple[int, ...]) -> str:
     enc = name.split(".", 1)[0]
     if ".embeddings.table." in name or name == "mlm_head.bias":
         return "--tokenizer-model (the vocabulary is the tokenizer's)"
-    if name.endswith("embeddings.position.weight"):
+    if ".embeddings.position." in name:
         return f"--set model.max_position_embeddings={shape[0]}"
     if ".embeddings." in name or name.startswith("mlm_head.norm"):
         return f"--set model.embedding_size={shape[-1]}"
@@ -203,7 +213,7 @@ def check_against(state: dict[str, torch.Tensor], expected: dict[str, tuple[int,
                 continue
             raise UserInputError(f"{FLAG} {path}: tensor {name} is missing there; pass a "
                                  "checkpoint of this model's layout and sharing (--sharing, "
-                                 "--layernorm-position)")
+                                 "--sharing-scope, --layernorm-position)")
         have = tuple(state[name].shape)
         if have != tuple(shape):
             raise UserInputError(f"{FLAG} {path}: {name} has shape {have} there but "
@@ -212,7 +222,7 @@ def check_against(state: dict[str, torch.Tensor], expected: dict[str, tuple[int,
     if extra:
         raise UserInputError(f"{FLAG} {path}: tensor {extra[0]} has no place in this model "
                              f"({len(extra)} such); pass a checkpoint of this model's layout "
-                             "and sharing (--sharing, --layernorm-position)")
+                             "and sharing (--sharing, --sharing-scope, --layernorm-position)")
 
 
 def load_pretrained(model: torch.nn.Module, path: str, model_cfg: ModelConfig, *, pad_id: int,

@@ -1,15 +1,41 @@
-"""Token tables and the three embedding-sharing modes (arXiv 2111.09543 §3.2–3.3, Tables 1–2).
+"""Token tables, embedding layers and the three embedding-sharing modes (arXiv 2111.09543
+§3.2–3.3, Tables 1–2).
 
-- ES: one vocab-parallel table E_G; the discriminator holds the very same ``TokenTable`` object,
-  so L_MLM and L_RTD both train it (ELECTRA).
-- NES: the discriminator has its own table E_D.
-- GDES: the discriminator's table is ``E_G.detach() + E_Δ``; E_Δ is vocab-parallel with E_G's
-  partition and zero-initialised, so L_RTD trains only E_Δ and L_MLM only E_G.
+What the discriminator shares with the generator (``model.sharing``, ``model.sharing_scope``):
 
-Every lookup is one masked local gather of this rank's rows (under GDES, of the rows of E_G and
-E_Δ, summed — the tables themselves are never added) and one all-reduce over the
-tensor-parallel group (megatron-core's ``reduce_from_tensor_model_parallel_region``). The three
-modes differ only here.
+- ES, scope "embeddings" (default): the whole embedding layer — the token table, the position
+  table, the token-type row (post layout) and the embedding LayerNorm are the generator's very
+  modules, so L_MLM and L_RTD both train them; each model keeps its own ``projection`` (E != H)
+  and dropout. Pinned by ELECTRA (google-research/electra ``model/modeling.py``,
+  ``BertModel.__init__``: ``embedding_lookup`` and ``embedding_postprocessor`` — word, token
+  type, position embeddings and LayerNorm — run under the one variable scope
+  ``electra/embeddings`` unless ``untied_embeddings``; ``embeddings_project`` under each model's
+  own scope).
+- GDES, scope "embeddings" (default): the token table is ``E_G.detach() + E_Δ`` and the position
+  table ``P_G.detach() + P_Δ``; each Δ is zero-initialised and trained only by L_RTD, each base
+  only by L_MLM. The token-type row and the LayerNorm stay the discriminator's own. Pinned by
+  DeBERTa (microsoft/DeBERTa ``DeBERTa/apps/tasks/rtd_task.py``, ``RTDModel``: a zero
+  ``_weight`` residual for ``word_embeddings`` and ``position_embeddings`` only, added to the
+  generator's detached weights before every discriminator forward; its 'es' mode likewise
+  ties those two tables only — rtd_scale's ES follows ELECTRA, whose mode it is).
+- scope "tokens": ES / GDES share the token table only; position, token type and LayerNorm are
+  per model (selectable with ``--sharing-scope tokens``).
+- NES: the discriminator has its own table and embedding layer (either scope).
+- Disentangled attention (DeBERTa's ``DebertaV2Embeddings`` with ``position_biased_input`` false
+  and no token types) has no position or token-type table: nothing past the token table is
+  shared there under either scope (DeBERTa's hook shares no LayerNorm).
+
+A shared tensor is one ``Parameter`` object held by both embedding layers (ES; saved once, under
+the generator's name, ``model/weights.py``); a GDES table is a module whose ``forward`` reads
+the generator's parameter detached and adds its own Δ — no hooks, no parameter surgery (STYLE
+rule 4). Both embedding layers live on the first pipeline stage, so no sharing crosses stages.
+
+Every token lookup is one masked local gather of this rank's rows (under GDES, of the rows of
+E_G and E_Δ, summed — the tables themselves are never added) and one all-reduce over the
+tensor-parallel group (megatron-core's ``reduce_from_tensor_model_parallel_region``). Position
+tables, token-type rows and LayerNorms are replicated on every tensor-parallel rank (their
+gradients are equal there: the first layer's column-parallel linear all-reduces its input
+gradient). The modes differ only here.
 """
 from __future__ import annotations
 
@@ -23,7 +49,8 @@ from megatron.core.tensor_parallel.layers import VocabParallelEmbedding
 from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from rtd_scale.config import EncoderConfig, Sharing
+from rtd_scale.config import (AttentionType, EncoderConfig, LayerNormPosition, ModelConfig,
+                              Sharing, SharingScope)
 from rtd_scale.model.weights import mark_vocab_parallel
 
 
@@ -118,9 +145,32 @@ class GDESTable(torch.nn.Module):
         return [self.generator_table.weight]
 
 
+class GDESPositions(torch.nn.Module):
+    """P_D = stopgrad(P_G) + P_Δ: GDES on the absolute position table (microsoft/DeBERTa
+    ``rtd_task.py`` treats ``position_embeddings`` as it treats ``word_embeddings``).
+
+    Replicated on every tensor-parallel rank, as the generator's table. ``delta`` [P, E] is zero
+    at initialisation (``model/weights.py``), so both models start with the same positions.
+    forward(positions [s] int64) -> [s, E].
+    """
+
+    def __init__(self, generator_position: torch.nn.Embedding):
+        super().__init__()
+        self.generator_position = generator_position
+        self.delta = torch.nn.Parameter(torch.zeros_like(generator_position.weight))
+
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        return (F.embedding(positions, self.generator_position.weight.detach())
+                + F.embedding(positions, self.delta))
+
+    def foreign_parameters(self) -> list[torch.nn.Parameter]:
+        """Parameters read in forward but owned by another module (for ZeRO-3)."""
+        return [self.generator_position.weight]
+
+
 def discriminator_table(sharing: Sharing, generator_table: TokenTable, padded_vocab_size: int,
                         embedding_size: int, config: TransformerConfig) -> torch.nn.Module:
-    """The discriminator's token table for a sharing mode (the only place the modes differ)."""
+    """The discriminator's token table for a sharing mode (either scope)."""
     if sharing is Sharing.ES:
         return generator_table
     if sharing is Sharing.NES:
@@ -128,6 +178,49 @@ def discriminator_table(sharing: Sharing, generator_table: TokenTable, padded_vo
     if sharing is Sharing.GDES:
         return GDESTable(generator_table)
     raise AssertionError(f"unhandled sharing mode {sharing}")
+
+
+def discriminator_shared(sharing: Sharing, scope: SharingScope,
+                         generator: "EncoderEmbeddings") -> dict[str, torch.nn.Module]:
+    """The discriminator's embedding modules, other than the token table, that come from the
+    generator's embedding layer (``EncoderEmbeddings``'s ``shared``; the module docstring gives
+    the rule and its source for each mode): ES → the generator's ``position``, ``token_type`` and
+    ``norm`` modules themselves; GDES → a ``GDESPositions`` over the generator's ``position``;
+    scope "tokens", NES, or disentangled attention (no position table; DeBERTa shares no
+    LayerNorm) → none."""
+    if scope is SharingScope.TOKENS or sharing is Sharing.NES or generator.relative:
+        return {}
+    if sharing is Sharing.ES:  # ELECTRA: the whole ``electra/embeddings`` scope
+        shared = {"position": generator.position, "norm": generator.norm}
+        if generator.token_type is not None:
+            shared["token_type"] = generator.token_type
+        return shared
+    if sharing is Sharing.GDES:  # DeBERTa: word and position embeddings, nothing else
+        return {"position": GDESPositions(generator.position)}
+    raise AssertionError(f"unhandled sharing mode {sharing}")
+
+
+def embedding_pair(model: ModelConfig, generator_config: TransformerConfig,
+                   discriminator_config: TransformerConfig,
+                   padded_vocab_size: int) -> tuple["EncoderEmbeddings", "EncoderEmbeddings"]:
+    """(generator, discriminator) embedding layers, shared as ``model.sharing`` and
+    ``model.sharing_scope`` say (first pipeline stage only)."""
+    sharing, scope = Sharing(model.sharing), SharingScope(model.sharing_scope)
+    post = LayerNormPosition(model.layernorm_position) is LayerNormPosition.POST
+    relative = AttentionType(model.attention_type) is AttentionType.DISENTANGLED
+    common = dict(embedding_size=model.embedding_size,
+                  max_positions=model.max_position_embeddings, init_std=model.init_method_std,
+                  token_type=post and not relative, relative=relative)
+    gen_table = TokenTable(padded_vocab_size, model.embedding_size, generator_config)
+    gen = EncoderEmbeddings(gen_table, model.generator, **common)
+    disc_table = discriminator_table(sharing, gen_table, padded_vocab_size,
+                                     model.embedding_size, discriminator_config)
+    shared = discriminator_shared(sharing, scope, gen)
+    assert "norm" not in shared or (model.generator.layernorm_epsilon
+                                    == model.discriminator.layernorm_epsilon), \
+        "one shared embedding LayerNorm needs one epsilon (ModelConfig.validate refuses this)"
+    disc = EncoderEmbeddings(disc_table, model.discriminator, shared=shared, **common)
+    return gen, disc
 
 
 class EncoderEmbeddings(torch.nn.Module):
@@ -146,6 +239,10 @@ class EncoderEmbeddings(torch.nn.Module):
     forward(ids [b, s], pad_mask [b, s] bool (True at [PAD]) or None) -> [s, b, H] (megatron
     layout; the one transpose of this model). ``pad_mask`` is read only with ``relative``.
 
+    ``shared`` gives modules to hold instead of building them — keys ``position`` (an
+    ``nn.Embedding`` or a ``GDESPositions``), ``token_type``, ``norm`` — the discriminator's
+    share of the generator's layer (``discriminator_shared``).
+
     With ``relative=True`` (disentangled attention, DeBERTa) the embeddings are Hugging Face's
     ``DebertaV2Embeddings`` with ``position_biased_input`` false and ``type_vocab_size`` 0: token
     rows → (E != H: ``projection`` [H, E] without bias) → LayerNorm at H → rows at [PAD] set to 0
@@ -154,21 +251,27 @@ class EncoderEmbeddings(torch.nn.Module):
 
     def __init__(self, table: torch.nn.Module, encoder: EncoderConfig, embedding_size: int,
                  max_positions: int, init_std: float, token_type: bool = False,
-                 relative: bool = False):
+                 relative: bool = False, shared: Optional[dict[str, torch.nn.Module]] = None):
         super().__init__()
         assert not (relative and token_type), "DeBERTaV3's embeddings have no token type"
+        shared = dict(shared or {})
+        assert set(shared) <= {"position", "token_type", "norm"}, sorted(shared)
+        assert not (relative and "position" in shared), "disentangled: no position table"
+        assert token_type or "token_type" not in shared
         self.table = table
         self.relative = relative
-        self.position: Optional[torch.nn.Embedding] = None
-        if not relative:
+        self.position: Optional[torch.nn.Module] = shared.get("position")
+        if not relative and self.position is None:
             self.position = torch.nn.Embedding(max_positions, embedding_size)
             torch.nn.init.normal_(self.position.weight, std=init_std)
-        self.token_type: Optional[torch.nn.Embedding] = None
-        if token_type:
+        self.token_type: Optional[torch.nn.Embedding] = shared.get("token_type")
+        if token_type and self.token_type is None:
             self.token_type = torch.nn.Embedding(1, embedding_size)
             torch.nn.init.normal_(self.token_type.weight, std=init_std)
         norm_size = encoder.hidden_size if relative else embedding_size
-        self.norm = torch.nn.LayerNorm(norm_size, eps=encoder.layernorm_epsilon)
+        self.norm = shared.get("norm")
+        if self.norm is None:
+            self.norm = torch.nn.LayerNorm(norm_size, eps=encoder.layernorm_epsilon)
         self.dropout = torch.nn.Dropout(encoder.hidden_dropout)
         self.projection: Optional[torch.nn.Linear] = None
         if embedding_size != encoder.hidden_size:
@@ -177,6 +280,16 @@ class EncoderEmbeddings(torch.nn.Module):
             torch.nn.init.normal_(self.projection.weight, std=init_std)
             if self.projection.bias is not None:
                 torch.nn.init.zeros_(self.projection.bias)
+
+    def foreign_parameters(self) -> list[tuple[torch.nn.Module, torch.nn.Parameter]]:
+        """(module, parameter) pairs where a module of this layer reads, in its forward, a
+        parameter another module owns (GDES: the generator's token and position tables).
+        DeepSpeed ZeRO-3 must gather them for that module (``register_external_parameter``)."""
+        pairs = []
+        for module in (self.table, self.position):
+            if hasattr(module, "foreign_parameters"):
+                pairs += [(module, p) for p in module.foreign_parameters()]
+        return pairs
 
     def forward(self, ids: torch.Tensor, pad_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         if self.relative:

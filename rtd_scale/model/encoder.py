@@ -9,7 +9,8 @@ State-dict names of one encoder (``generator.`` / ``discriminator.`` in ``RTDMod
 index i local to the pipeline stage (``model/weights.py`` maps it to the global layer):
 
     embeddings.*                    ``EncoderEmbeddings`` (table, position, token_type, norm,
-                                    projection), first stage only
+                                    projection), first stage only; what the discriminator
+                                    shares with the generator is ``model/embeddings.py``'s
     block.layers.{i}.*              one layer, see ``model/layers.py`` (post) or megatron-core's
                                     ``TransformerLayer`` (pre: ``input_layernorm``,
                                     ``pre_mlp_layernorm`` and the same attention / MLP linears)

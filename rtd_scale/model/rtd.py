@@ -12,11 +12,10 @@ from typing import NamedTuple, Optional, Sequence
 import torch
 from torch.profiler import record_function
 
-from rtd_scale.config import AttentionType, LayerNormPosition, ModelConfig, RTDConfig
+from rtd_scale.config import LayerNormPosition, ModelConfig, RTDConfig
 from megatron.core import parallel_state
 
-from rtd_scale.model.embeddings import (EncoderEmbeddings, TiedOutputTable, TokenTable,
-                                        discriminator_table)
+from rtd_scale.model.embeddings import TiedOutputTable, TokenTable, embedding_pair
 from rtd_scale.model import weights
 from rtd_scale.model.encoder import Encoder, transformer_config
 from rtd_scale.model.heads import MLMHead, RTDHead, mlm_loss, vocab_parallel_top1_correct
@@ -125,17 +124,9 @@ class RTDModel(torch.nn.Module):
         disc_tc = transformer_config(model.discriminator, **tc)
 
         post_ln = LayerNormPosition(model.layernorm_position) is LayerNormPosition.POST
-        relative = AttentionType(model.attention_type) is AttentionType.DISENTANGLED
-        emb = dict(token_type=post_ln and not relative, relative=relative)
         gen_emb = disc_emb = None
-        if pre_process:
-            gen_table = TokenTable(self.padded_vocab_size, model.embedding_size, gen_tc)
-            disc_table = discriminator_table(model.sharing, gen_table, self.padded_vocab_size,
-                                             model.embedding_size, disc_tc)
-            gen_emb = EncoderEmbeddings(gen_table, model.generator, model.embedding_size,
-                                        model.max_position_embeddings, std, **emb)
-            disc_emb = EncoderEmbeddings(disc_table, model.discriminator, model.embedding_size,
-                                         model.max_position_embeddings, std, **emb)
+        if pre_process:  # both embedding layers, shared per model.sharing / sharing_scope
+            gen_emb, disc_emb = embedding_pair(model, gen_tc, disc_tc, self.padded_vocab_size)
         enc = dict(layernorm_position=model.layernorm_position,
                    attention_type=model.attention_type, position_buckets=model.position_buckets,
                    max_relative_positions=model.resolved_max_relative_positions(),
@@ -193,14 +184,13 @@ class RTDModel(torch.nn.Module):
 
     def foreign_parameters(self) -> list[tuple[torch.nn.Module, torch.nn.Parameter]]:
         """(module, parameter) pairs where a module reads a parameter it does not own — the tied
-        MLM output and the GDES base table. DeepSpeed ZeRO-3 must gather them for that module."""
+        MLM output and the GDES base tables (token and position). DeepSpeed ZeRO-3 must gather
+        them for that module."""
         pairs = []
         if self.post_process and self.pre_process:
             pairs += [(self.mlm_head, p) for p in self.mlm_head.foreign_parameters()]
         if self.pre_process:
-            table = self.discriminator_table
-            if hasattr(table, "foreign_parameters"):
-                pairs += [(table, p) for p in table.foreign_parameters()]
+            pairs += self.discriminator.embeddings.foreign_parameters()
         return pairs
 
     # --- the step, in pieces shared by the single-stage forward and the pipeline schedule ---

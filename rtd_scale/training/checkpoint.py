@@ -266,7 +266,18 @@ _SHAPE_FIELDS = ("vocab_size", "embedding_size", "max_position_embeddings", "sha
 # What a checkpoint written before a model field existed holds (its config lacks the field).
 _FIELDS_BEFORE_THEY_EXISTED = {"layernorm_position": "pre", "attention_type": "bert",
                                "position_buckets": 256, "make_vocab_size_divisible_by": 128}
+# A checkpoint from before model.sharing_scope existed shared the token table only.
+_SCOPE_BEFORE_IT_EXISTED = "tokens"
 _ENCODER_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size")
+
+
+def _sharing_scope(model: dict[str, Any]) -> str:
+    """The sharing scope that shapes the parameters: "tokens" wherever the scope changes nothing
+    (NES, disentangled attention: ``config.SharingScope``), so a checkpoint written before the
+    field existed still resumes those models."""
+    if model.get("sharing") == "nes" or model.get("attention_type") == "disentangled":
+        return "tokens"
+    return model.get("sharing_scope", _SCOPE_BEFORE_IT_EXISTED)
 
 
 def read_meta(load_dir: str, tag: str) -> Optional[dict[str, Any]]:
@@ -303,6 +314,8 @@ def check_compatible(load_dir: str, tag: str, config: dict[str, Any],
     old = {**_FIELDS_BEFORE_THEY_EXISTED, **old}
     diffs = [f"model.{k} {old.get(k)} → {new.get(k)}" for k in _SHAPE_FIELDS
              if old.get(k) != new.get(k)]
+    if not diffs and _sharing_scope(old) != _sharing_scope(new):
+        diffs.append(f"model.sharing_scope {_sharing_scope(old)} → {_sharing_scope(new)}")
     for enc in ("generator", "discriminator"):
         diffs += [f"model.{enc}.{k} {old[enc].get(k)} → {new[enc].get(k)}"
                   for k in _ENCODER_FIELDS if old[enc].get(k) != new[enc].get(k)]

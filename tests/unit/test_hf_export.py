@@ -33,6 +33,8 @@ from tests.helpers.hf_models import (  # noqa: F401
 
 CASES = [(convert.POST, s, proj) for s in Sharing for proj in (False, True)] + \
         [(convert.PRE, s, False) for s in Sharing]
+# the same exports with --sharing-scope tokens (each model its own positions, LayerNorm)
+TOKEN_SCOPE_CASES = [(convert.POST, Sharing.ES, True), (convert.PRE, Sharing.GDES, False)]
 
 
 @pytest.fixture(scope="module")
@@ -42,11 +44,19 @@ def tok(wiki_shards):
     return Tokenizer(wiki_shards[0])
 
 
-@pytest.mark.parametrize("layout,sharing,projected", CASES,
-                         ids=[f"{l}-{s.value}-{'E!=H' if p else 'E=H'}" for l, s, p in CASES])
+@pytest.mark.parametrize(
+    "layout,sharing,projected,scope",
+    [c + ("embeddings",) for c in CASES] + [c + ("tokens",) for c in TOKEN_SCOPE_CASES],
+    ids=[f"{l}-{s.value}-{'E!=H' if p else 'E=H'}" for l, s, p in CASES]
+    + [f"{l}-{s.value}-{'E!=H' if p else 'E=H'}-tokens" for l, s, p in TOKEN_SCOPE_CASES])
 def test_export_parity(single_process_group, tok, wiki_shards, tmp_path, layout, sharing,
-                       projected):
+                       projected, scope):
+    """Every weight perturbed (E_Δ and P_Δ included), exported, loaded by transformers: the same
+    outputs. Under the default scope the discriminator's export holds the tensors its forward
+    reads (ES: the generator's embedding layer; GDES: P_G + P_Δ)."""
     cfg = tiny_config(layout, sharing, projected, tok.vocab_size)
+    cfg.model.sharing_scope = scope
+    cfg.validate()
     model = build_model(cfg, tok)
     perturb(model)
     ids = real_batch(tok)
@@ -57,7 +67,7 @@ def test_export_parity(single_process_group, tok, wiki_shards, tmp_path, layout,
                  tokenizer_model=wiki_shards[0], note=lambda m: None)
     theirs = hf_outputs(out, layout, ids, tok.pad_id)
     diffs = max_diffs(mine, theirs)
-    print(f"parity {layout} {sharing.value} projected={projected}: " +
+    print(f"parity {layout} {sharing.value} projected={projected} scope={scope}: " +
           " ".join(f"{n} {d:.2e}" for n, d in zip(("disc_hidden", "rtd", "gen_hidden", "mlm"),
                                                   diffs)))
     assert max(diffs) < TOL, diffs

@@ -41,18 +41,26 @@ def _load(model, cfg, ctx, tok, path):
                     tp_rank=0)
 
 
-CASES = [(convert.POST, Sharing.ES, True), (convert.POST, Sharing.NES, False),
-         (convert.POST, Sharing.GDES, True), (convert.PRE, Sharing.GDES, False)]
+# (layout, sharing, E != H, sharing scope)
+CASES = [(convert.POST, Sharing.ES, True, "embeddings"), (convert.POST, Sharing.NES, False,
+                                                          "embeddings"),
+         (convert.POST, Sharing.GDES, True, "embeddings"),
+         (convert.PRE, Sharing.GDES, False, "embeddings"),
+         (convert.POST, Sharing.ES, True, "tokens"), (convert.POST, Sharing.GDES, False, "tokens")]
 
 
-@pytest.mark.parametrize("layout,sharing,projected", CASES,
-                         ids=[f"{l}-{s.value}-{'E!=H' if p else 'E=H'}" for l, s, p in CASES])
+@pytest.mark.parametrize("layout,sharing,projected,scope", CASES,
+                         ids=[f"{l}-{s.value}-{'E!=H' if p else 'E=H'}-{c}"
+                              for l, s, p, c in CASES])
 def test_export_import_export_is_bitwise(single_process_group, tok, tmp_path, layout, sharing,
-                                         projected):
+                                         projected, scope):
     """export → --pretrained-checkpoint into a differently seeded model → export: the same bytes
-    of every tensor, and the imported model computes what the first did."""
+    of every tensor, and the imported model computes what the first did (under the default
+    scope the shared embedding layer is split back exactly: ES one copy, GDES P_Δ)."""
     ctx = single_process_group
     cfg = tiny_config(layout, sharing, projected, tok.vocab_size)
+    cfg.model.sharing_scope = scope
+    cfg.validate()
     first = build_model(cfg, tok, seed=3)
     perturb(first)
     _export(first, cfg, ctx, tok, tmp_path / "a")
@@ -100,9 +108,13 @@ def test_foreign_electra_round_trips_bitwise(single_process_group, tok, tmp_path
     assert max((a - b).abs().max().item() for a, b in zip(mine, theirs)) < 1e-4
 
 
-@pytest.mark.parametrize("sharing", [Sharing.GDES, Sharing.NES])
+@pytest.mark.parametrize("sharing", [Sharing.GDES, Sharing.NES, Sharing.ES])
 def test_discriminator_alone_gives_a_fresh_generator(single_process_group, tok, tmp_path,
                                                      sharing):
+    """Without generator/ the generator starts fresh, except what it shares with the
+    discriminator (sharing scope "embeddings"): under GDES its token and position tables start
+    as the discriminator's with both Δ exactly 0, under ES the one embedding layer is the
+    discriminator's; under NES nothing is shared."""
     ctx = single_process_group
     cfg = tiny_config(convert.POST, sharing, False, tok.vocab_size)
     src = _foreign_electra(tmp_path, tok, cfg, with_generator=False)
@@ -111,17 +123,30 @@ def test_discriminator_alone_gives_a_fresh_generator(single_process_group, tok, 
     _load(model, cfg, ctx, tok, src)
     got = canonical_state(model, ctx)
     for k in fresh:
-        if k.startswith(("generator.block.", "generator.embeddings.position", "mlm_head.")):
+        if k.startswith(("generator.block.", "mlm_head.")) or (
+                sharing is Sharing.NES and k.startswith("generator.embeddings.position")):
             assert torch.equal(got[k], fresh[k]), k  # the generator keeps its initial weights
         elif k.startswith(("discriminator.block.", "rtd_head.")):
             assert not torch.equal(got[k], fresh[k]), k
+    hf = {k.split(":", 1)[1]: v for k, v in _tensors(src).items()}  # one file: no generator/
+    theirs_position = hf["electra.embeddings.position_embeddings.weight"]
+    if sharing is Sharing.GDES:  # P_G starts as P_D, P_Δ = 0
+        assert torch.equal(got["generator.embeddings.position.weight"], theirs_position)
+        assert torch.count_nonzero(got["discriminator.embeddings.position.delta"]) == 0
+    if sharing is Sharing.ES:  # the one embedding layer is the discriminator's
+        assert not any(k.startswith(("discriminator.embeddings.position",
+                                     "discriminator.embeddings.norm",
+                                     "discriminator.embeddings.token_type")) for k in got)
+        assert torch.equal(got["generator.embeddings.position.weight"], theirs_position)
+        assert torch.equal(got["generator.embeddings.norm.weight"],
+                           hf["electra.embeddings.LayerNorm.weight"])
     ids = real_batch(tok)
     mine = ours(model, ids, tok.pad_id)
     theirs = hf_outputs(src, convert.POST, ids, tok.pad_id, with_generator=False)
     assert (mine[0] - theirs[0]).abs().max() < 1e-4 and (mine[1] - theirs[1]).abs().max() < 1e-4
     if sharing is Sharing.GDES:  # the generator's table starts as the discriminator's, E_Δ = 0
         assert torch.count_nonzero(got["discriminator.embeddings.table.delta"]) == 0
-    else:
+    elif sharing is Sharing.NES:
         assert torch.equal(got["generator.embeddings.table.weight"],
                            fresh["generator.embeddings.table.weight"])
 
@@ -184,6 +209,62 @@ def test_es_refuses_two_different_tables(single_process_group, tok, tmp_path):
     with pytest.raises(UserInputError, match="tables differ, which one shared table "
                                              r"\(--sharing es\) cannot hold"):
         _load(build_model(es, tok), es, single_process_group, tok, src)
+
+
+def test_es_refuses_two_different_position_tables_unless_scope_tokens(single_process_group,
+                                                                        tok, tmp_path):
+    """An ELECTRA pair with one word table but two position tables: ES with the default scope
+    (one embedding layer) refuses it in one line naming the tensor and --sharing-scope tokens;
+    with --sharing-scope tokens it loads, each model keeping its own positions."""
+    import transformers
+
+    cfg = tiny_config(convert.POST, Sharing.ES, False, tok.vocab_size)
+    torch.manual_seed(0)
+    disc = transformers.ElectraForPreTraining(
+        convert.hf_config(cfg.model, "discriminator", pad_id=tok.pad_id))
+    gen = transformers.ElectraForMaskedLM(
+        convert.hf_config(cfg.model, "generator", pad_id=tok.pad_id))
+    with torch.no_grad():
+        gen.electra.embeddings.word_embeddings.weight.copy_(
+            disc.electra.embeddings.word_embeddings.weight)
+    disc.save_pretrained(tmp_path / "hf")
+    gen.save_pretrained(tmp_path / "hf" / "generator")
+    with pytest.raises(UserInputError) as e:
+        _load(build_model(cfg, tok), cfg, single_process_group, tok, tmp_path / "hf")
+    assert _message(e) == (
+        f"--pretrained-checkpoint {tmp_path / 'hf'}: the discriminator's and the generator's "
+        "embeddings.position.weight differ, which one shared embedding layer (--sharing es) "
+        "cannot hold; pass --sharing-scope tokens (only the token table shared), --sharing nes "
+        "or --sharing gdes")
+    cfg.model.sharing_scope = "tokens"
+    cfg.validate()
+    model = build_model(cfg, tok)
+    _load(model, cfg, single_process_group, tok, tmp_path / "hf")
+    assert torch.equal(model.discriminator.embeddings.position.weight,
+                       disc.electra.embeddings.position_embeddings.weight)
+    assert torch.equal(model.generator.embeddings.position.weight,
+                       gen.electra.embeddings.position_embeddings.weight)
+
+
+def test_export_pt_file_of_the_other_scope_is_refused(single_process_group, tok, tmp_path):
+    """An --export .pt file whose config predates model.sharing_scope shared the token table
+    only: it loads under --sharing-scope tokens and is refused, naming the flag, under the
+    default."""
+    ctx = single_process_group
+    cfg = tiny_config(convert.POST, Sharing.GDES, False, tok.vocab_size)
+    cfg.model.sharing_scope = "tokens"
+    cfg.validate()
+    first = build_model(cfg, tok)
+    old = cfg.to_dict()
+    del old["model"]["sharing_scope"]
+    torch.save({"config": old, "model": canonical_state(first, ctx)}, tmp_path / "w.pt")
+    _load(build_model(cfg, tok), cfg, ctx, tok, tmp_path / "w.pt")
+    new = tiny_config(convert.POST, Sharing.GDES, False, tok.vocab_size)
+    with pytest.raises(UserInputError) as e:
+        _load(build_model(new, tok), new, ctx, tok, tmp_path / "w.pt")
+    assert _message(e) == (f"--pretrained-checkpoint {tmp_path / 'w.pt'}: saved with "
+                           "--sharing-scope tokens; pass --sharing-scope tokens (or load its "
+                           "Hugging Face export, which converts between sharing scopes)")
 
 
 def test_load_and_pretrained_checkpoint_together_resolve_to_load():

@@ -244,11 +244,11 @@ def test_fused_layernorm_weights_initialised_to_one():
     assert torch.equal(lin.bias, torch.zeros(6)) and lin.weight.std().item() > 0.01
 
 
-def _to_hf_electra(enc, table_weight, vocab_size: int, num_heads: int) -> dict:
+def _to_hf_electra(enc, table_weight, position_weight, vocab_size: int, num_heads: int) -> dict:
     """Our encoder's weights under Hugging Face ElectraModel's names (the fused QKV is split
     per head: rows [3d·h, 3d·h + 3d) are head h's query, key, value)."""
     sd = {"embeddings.word_embeddings.weight": table_weight[:vocab_size],
-          "embeddings.position_embeddings.weight": enc.embeddings.position.weight,
+          "embeddings.position_embeddings.weight": position_weight,
           "embeddings.token_type_embeddings.weight": enc.embeddings.token_type.weight,
           "embeddings.LayerNorm.weight": enc.embeddings.norm.weight,
           "embeddings.LayerNorm.bias": enc.embeddings.norm.bias}
@@ -279,10 +279,14 @@ def test_post_ln_equals_hf_electra_model(single_process_group, sharing, embeddin
     """Both encoders, weights copied into Hugging Face ``ElectraModel`` (every parameter
     perturbed first, so LayerNorms and biases are not at their initial 1 / 0): zero missing and
     unexpected keys and the same hidden states on a padded batch (fp32, within 1e-5). E = H
-    without ``embeddings_project``, E != H with it; under GDES the word table is E_G + E_Δ."""
+    without ``embeddings_project``, E != H with it; under GDES the word table is E_G + E_Δ and
+    the position table P_G + P_Δ; under ES both read the generator's embedding layer."""
     transformers = pytest.importorskip("transformers")
     cfg = _cfg(sharing, embedding_size=embedding_size, layout=POST)
+    # one epsilon for both: ES shares the embedding LayerNorm
     cfg.model.generator = dataclasses.replace(cfg.model.generator, layernorm_epsilon=1e-12)
+    cfg.model.discriminator = dataclasses.replace(cfg.model.discriminator,
+                                                  layernorm_epsilon=1e-12)
     m = _model(cfg).eval()
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -295,6 +299,11 @@ def test_post_ln_equals_hf_electra_model(single_process_group, sharing, embeddin
     tables = {"generator": m.generator_table.weight,
               "discriminator": (m.generator_table.weight + m.discriminator_table.delta
                                 if sharing is Sharing.GDES else m.discriminator_table.weight)}
+    gen_pos = m.generator.embeddings.position.weight
+    positions = {"generator": gen_pos,
+                 "discriminator": (gen_pos + m.discriminator.embeddings.position.delta
+                                   if sharing is Sharing.GDES
+                                   else m.discriminator.embeddings.position.weight)}
     for name, enc_cfg in (("generator", cfg.model.generator),
                           ("discriminator", cfg.model.discriminator)):
         enc = getattr(m, name)
@@ -307,7 +316,8 @@ def test_post_ln_equals_hf_electra_model(single_process_group, sharing, embeddin
             layer_norm_eps=enc_cfg.layernorm_epsilon, pad_token_id=0)
         hf = transformers.ElectraModel(hf_cfg).eval()
         report = hf.load_state_dict(
-            _to_hf_electra(enc, tables[name], V, enc_cfg.num_attention_heads), strict=False)
+            _to_hf_electra(enc, tables[name], positions[name], V, enc_cfg.num_attention_heads),
+            strict=False)
         assert report.missing_keys == [] and report.unexpected_keys == [], report
         with torch.no_grad():
             ours = enc(ids, ids == 0).transpose(0, 1)  # [b, s, H]
