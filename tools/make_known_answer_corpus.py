@@ -11,7 +11,7 @@
         --data-path data/known_answer/train_text_document \
         --valid-data-path data/known_answer/valid_text_document --eval-dump-dir DUMPS
 
-and score each dump with ``rtd_scale.data.known_answer.score_evaluation``
+and score each dump with ``rtd_scale.training.diagnostics.score_known_answer``
 (tests/e2e/test_known_answer.py does all of this).
 
 Writes OUTPUT/train.jsonl and OUTPUT/valid.jsonl (one document per line, field "text", the two

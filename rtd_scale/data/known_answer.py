@@ -20,9 +20,10 @@ What a run must approach, computed from the chain alone:
   before one has no right-hand constraint (lengths are independent of words).
 - ``oracle_scores``: an oracle discriminator that knows the chain's true probabilities (not the
   generator's): a token's score is −log p(c_t | c_{t−1}, c_{t+1}) on the corrupted sequence,
-  the Markov blanket of c_t. Its ROC AUC on a run's own replacements (``--eval-dump-dir``) is the
-  reference the discriminator's AUC is measured against: a good generator makes replacements
-  that even the oracle cannot see, and the oracle's AUC says how many.
+  the Markov blanket of c_t. Its ROC AUC on a run's own replacements (``--eval-dump-dir``;
+  ``training/diagnostics.py``'s ``score_known_answer``) is the reference the discriminator's AUC
+  is measured against: a good generator makes replacements that even the oracle cannot see, and
+  the oracle's AUC says how many.
 
 No torch, no megatron: numpy only (``data/`` imports nothing from the training stack).
 """
@@ -142,9 +143,8 @@ class MarkovLanguage:
                         left = pi if i == 0 else t[seg[i - 1]]  # [W] p(w | left)
                         right = np.ones(len(pi)) if i == len(seg) - 1 else t[:, seg[i + 1]]
                         joint = left * right  # p(w, right | left)
-                        total = joint.sum()
-                        scores[r, a + i] = (-math.log(joint[c] / total) if joint[c] > 0
-                                            else math.inf) if total > 0 else 0.0
+                        scores[r, a + i] = (-math.log(joint[c] / joint.sum()) if joint[c] > 0
+                                            else math.inf)
         return scores
 
     def _posteriors(self, seg: np.ndarray, hidden: np.ndarray) -> np.ndarray:
@@ -184,26 +184,6 @@ class MarkovLanguage:
     def load(cls, path: str) -> "MarkovLanguage":
         with open(path) as f:
             return cls.from_json(json.load(f))
-
-
-def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
-    """Exact ROC AUC (Mann–Whitney U, ties ½) of ``scores`` for binary ``labels`` (1 = replaced);
-    +inf scores allowed."""
-    scores, labels = np.asarray(scores, dtype=np.float64), np.asarray(labels).astype(bool)
-    order = np.argsort(scores, kind="stable")
-    s = scores[order]
-    ranks = np.empty(len(s))
-    i = 0
-    while i < len(s):  # average ranks over ties
-        j = i
-        while j + 1 < len(s) and s[j + 1] == s[i]:
-            j += 1
-        ranks[i:j + 1] = (i + j) / 2 + 1
-        i = j + 1
-    r = np.empty(len(s))
-    r[order] = ranks
-    n1, n0 = int(labels.sum()), int((~labels).sum())
-    return float((r[labels].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
 
 
 def _entropy(p: np.ndarray) -> float:
@@ -258,32 +238,3 @@ def word_ids_of_tokens(language: MarkovLanguage, encode) -> dict[int, int]:
                          f"one token each (e.g. {split[:3]}); train the tokenizer with a larger "
                          "--vocab-size")
     return out
-
-
-def score_evaluation(language: MarkovLanguage, token_to_word: dict[int, int],
-                     dump: dict) -> dict[str, float]:
-    """The optimum on one evaluation's own samples, masks and replacements (``--eval-dump-dir``):
-
-    - ``masked_floor``: the Bayes-optimal generator's mean loss at the masked positions (what
-      the run's ``mlm loss`` on the same batches approaches; exact when a masked slot always
-      receives [MASK], ``rtd.mask_token_prob`` 1);
-    - ``oracle_auc``: the chain oracle's ROC AUC on the run's replacements;
-    - ``auc``: the run's discriminator's ROC AUC on the same tokens (the logged ``rtd auc``);
-    - ``replaced_fraction``.
-    Positions whose token is not a word of the language ([CLS], [SEP], [PAD]) are boundaries and
-    are not scored.
-    """
-    ids = dump["input_ids"].numpy()
-    lut = np.full(int(max(ids.max(), dump["corrupted_ids"].numpy().max(),
-                          max(token_to_word))) + 1, -1)
-    for tok, w in token_to_word.items():
-        lut[tok] = w
-    words, corrupted = lut[ids], lut[dump["corrupted_ids"].numpy()]
-    boundary = words < 0
-    masked = dump["masked"].numpy().astype(bool) & ~boundary
-    labels = (dump["corrupted_ids"].numpy() != ids)[~boundary]
-    oracle = language.oracle_scores(np.where(boundary, 0, corrupted), boundary)[~boundary]
-    floor = language.masked_cross_entropy(np.where(boundary, 0, words), masked, boundary)
-    logits = dump["rtd_logits"].numpy().astype(np.float64)[~boundary]
-    return {"masked_floor": float(floor.mean()), "oracle_auc": roc_auc(oracle, labels),
-            "auc": roc_auc(logits, labels), "replaced_fraction": float(labels.mean())}

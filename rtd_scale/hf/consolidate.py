@@ -196,10 +196,10 @@ def _worker(rank: int, world_size: int, port: int, run_dir: str, tag: str, cfg_d
             eng = engine_mod.build_engine(model, cfg, ds_config, distributed.DeepSpeedMpu())
             from rtd_scale.training import checkpoint
 
-            checkpoint.install_safe_loading(eng)  # DeepSpeed's files read with weights_only=True
-            path, _ = eng.load_checkpoint(run_dir, tag=tag, load_lr_scheduler_states=False)
-            if path is None:
-                raise UserInputError(f"--load {run_dir}: DeepSpeed could not load {tag}")
+            # the same checks as training's --load: safe unpickling, the files found, the
+            # weights finite (a checkpoint damaged in place is refused, not exported)
+            checkpoint.load_checked(eng, run_dir, tag, flag=f"--load {run_dir}",
+                                    load_lr_scheduler_states=False)
             state = gather_full_state(eng, model, ctx, cfg.model.vocab_size)
             if rank == 0:
                 torch.save(state, os.path.join(out_dir, "state.pt"))

@@ -249,15 +249,6 @@ def newest_complete(save_dir: str) -> Optional[str]:
         return None
 
 
-def check_loadable(load: str) -> str:
-    """The tag ``--load`` will resume from (see :func:`choose`).
-
-    Raises:
-        UserInputError: as :func:`choose`.
-    """
-    return choose(load).tag
-
-
 # Model fields that change the shape of some parameter: a checkpoint only loads into the same.
 # ``layernorm_position``: another layout has other parameters (and the same ones mean other things).
 _SHAPE_FIELDS = ("vocab_size", "embedding_size", "max_position_embeddings", "sharing",
@@ -763,6 +754,26 @@ def check_finite_weights(engine, ckpt_dir: str) -> None:
             "from an earlier checkpoint (--load DIR/global_stepN) or delete this one")
 
 
+def load_checked(engine, load_dir: str, tag: str, *, flag: str, **load_kwargs) -> dict[str, Any]:
+    """DeepSpeed's ``engine.load_checkpoint(load_dir, tag)`` with the checks every reader of a
+    checkpoint runs — training's ``--load`` (:func:`load`) and the export's
+    (``hf/consolidate.py``) alike — in this order:
+
+    1. every file is read with ``weights_only=True`` (:func:`install_safe_loading`);
+    2. DeepSpeed found the tag's files (else one line naming ``flag`` and the tag);
+    3. the loaded weights are finite (:func:`check_finite_weights`: a file damaged in place
+       keeps its size, so the completion record that :func:`choose` checks cannot see it).
+
+    Returns the checkpoint's client state ({} when none).
+    """
+    install_safe_loading(engine)
+    path, client_state = engine.load_checkpoint(load_dir, tag=tag, **load_kwargs)
+    if path is None:
+        raise UserInputError(f"{flag}: DeepSpeed could not load {tag}")
+    check_finite_weights(engine, os.path.join(load_dir, tag))
+    return client_state or {}
+
+
 def load(engine, load: str, *, rank: int) -> dict[str, Any]:
     """Load the checkpoint :func:`choose` picks for ``--load load`` into ``engine``; returns its
     client state. Every file is read with ``weights_only=True``.
@@ -773,12 +784,8 @@ def load(engine, load: str, *, rank: int) -> dict[str, Any]:
             reads it).
     """
     choice = choose(load)
-    install_safe_loading(engine)
-    path, client_state = engine.load_checkpoint(choice.load_dir, tag=choice.tag)
-    if path is None:
-        raise UserInputError(f"--load {load}: DeepSpeed could not load {choice.tag}")
+    client_state = load_checked(engine, choice.load_dir, choice.tag, flag=f"--load {load}")
     refresh_learning_rate(engine)
-    check_finite_weights(engine, choice.path)
     rng_path = os.path.join(choice.path, rng_file(rank))
     if not os.path.isfile(rng_path):
         raise CheckpointReadError(f"{rng_path}: missing; resume from another checkpoint "

@@ -4,7 +4,9 @@ A tiny run saves global_step1 … global_step3; the tool exports the newest (glo
 ``--tag global_step1`` onto the same directory is refused in one line naming the directory and
 ``--overwrite`` (the export untouched); with ``--overwrite`` it replaces it (other weights, no
 temporary sibling left) and says, once, that it exports global_step1 and that a newer
-checkpoint exists — in export words, none of ``--load``'s words about resuming training.
+checkpoint exists — in export words, none of ``--load``'s words about resuming training. Then a
+NaN written into global_step2 in place (the file keeps its size) makes its export refuse in one
+line, as training's ``--load`` does (``checkpoint.load_checked``).
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import sys
 
 import pytest
 
+from tests.helpers.damage import nan_into_first_float
 from tests.helpers.env import REPO
 from tests.helpers.launcher import launch
 
@@ -56,3 +59,13 @@ def test_export_onto_an_earlier_export_needs_overwrite(wiki_shards, tmp_path):
     assert "resum" not in r.stdout + r.stderr and "--load" not in r.stdout
     assert (out / "model.safetensors").read_bytes() != step3
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "run"]
+
+    # export loads with training's checks: a checkpoint damaged in place is refused, not exported
+    for states in (run / "global_step2").glob("*model_states.pt"):
+        nan_into_first_float(str(states))
+    r = _tool("--load", str(run), "--tag", "global_step2", "--output", str(tmp_path / "hf2"))
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-3000:]
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {run}/global_step2: the loaded weights "
+                                               "hold "), r.stderr[-3000:]
+    assert "inf/NaN value(s)" in err[0] and not (tmp_path / "hf2").exists()

@@ -23,6 +23,7 @@ import torch
 
 from rtd_scale.training.engine import NonFiniteSkippingAdamW
 from rtd_scale.training.loop import NonFiniteGuard
+from tests.helpers.damage import nan_into_first_float
 from tests.helpers.env import REPO, free_port
 from tests.helpers import dist as harness
 from tests.helpers.launcher import launch, scalars
@@ -319,19 +320,7 @@ def _damaged_checkpoint_worker(ctx, save_dir):
                            layout={"world_size": 1})
     checkpoint.load(engine(), save_dir, rank=0)  # intact: loads
     # one weight turned NaN in place, as a damaged disk block does: the file keeps its size
-    import struct
-    import zipfile
-
-    states = os.path.join(path, "mp_rank_00_model_states.pt")
-    size = os.path.getsize(states)
-    with zipfile.ZipFile(states) as z:  # torch.save's archive stores each tensor's bytes as is
-        entry = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
-    with open(states, "r+b") as f:
-        f.seek(entry.header_offset + 26)
-        name_len, extra_len = struct.unpack("<HH", f.read(4))
-        f.seek(entry.header_offset + 30 + name_len + extra_len)  # the entry's first float32
-        f.write(struct.pack("<f", float("nan")))
-    assert os.path.getsize(states) == size
+    nan_into_first_float(os.path.join(path, "mp_rank_00_model_states.pt"))
     try:
         checkpoint.load(engine(), save_dir, rank=0)
     except UserInputError as e:

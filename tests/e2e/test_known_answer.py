@@ -1,0 +1,144 @@
+"""It learns: the real path (tools/make_known_answer_corpus.py → tools/preprocess_data.py →
+shards → the deepspeed launcher) on a language whose optimum is known
+(``rtd_scale/data/known_answer.py``: a sparse Markov chain over 64 made-up words, 3 successors
+each), scored on the run's own held-out samples, masks and replacements (``--eval-dump-dir``).
+
+Thresholds, fixed before any run and derived from the computed optimum, not from this
+implementation's results:
+
+- L_MLM (validation, last evaluation) ≤ floor + ½ (H_unigram − floor): the generator has closed at
+  least half the gap between a model that knows only the token frequencies (H_unigram, the
+  unigram entropy) and the Bayes-optimal generator on the same masks (floor, forward–backward
+  over the chain). Here H_unigram ≈ 3.9 nats and the floor ≈ 0.19, so the bar is ≈ 2.05.
+- held-out AUC (over the words, [CLS]/[SEP] left out) ≥ ½ + ½ (oracle − ½): the discriminator
+  has closed at least half the gap between chance and the chain oracle (a discriminator that
+  knows the language's true probabilities, not the generator's, scoring each token by
+  −log p(c_t | c_{t−1}, c_{t+1})) on the same replacements. Here the oracle's AUC ≈ 0.80, so the
+  bar is ≈ 0.65. The oracle is a reference, not a ceiling: a trained discriminator also learns
+  the generator's habits and can pass it.
+
+The negative controls must fail the AUC bar, which is what makes the tests able to fail:
+``--rtd-lambda 0`` (the discriminator gets no gradient) and ``rtd.shuffle_labels`` (each
+sample's labels permuted, so the discriminator learns the replaced fraction but not where).
+Both keep training the generator, so their L_MLM still passes: the AUC, not the MLM loss, is
+what tells an RTD step that learns from one that does not. (An untrained discriminator over
+trained embeddings is not at chance: λ = 0 gave AUC 0.43 at step 200, so the controls assert
+only that the bar fails.)
+
+The model is small enough for CPU (discriminator and generator 2 × 64, DeBERTaV3's layout:
+disentangled attention, post-LayerNorm) with the knobs that take it off the plateau fastest on
+this language: mask rate 0.25, dropout 0, lr 3e-3, every masked slot [MASK] (so the floor is
+exact). The TP=2 and PP=2 runs are the GDES run's configuration at another layout; they must
+pass the same bars and land near the same numbers (float reassociation over hundreds of steps
+moves them a little; the step-level parity tests pin exactness).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from rtd_scale.data.known_answer import MarkovLanguage, word_ids_of_tokens
+from rtd_scale.data.tokenizer import Tokenizer
+from rtd_scale.training.diagnostics import score_known_answer
+from tests.helpers.env import REPO
+from tests.helpers.launcher import NO_DROPOUT, launch, scalars
+
+ITERS = 500
+MLM_GAP_CLOSED = 0.5  # of (H_unigram − floor)
+AUC_GAP_CLOSED = 0.5  # of (oracle AUC − 0.5)
+MODEL = [f"--set=model.{m}.{f}={v}" for m in ("generator", "discriminator")
+         for f, v in (("num_layers", 2), ("hidden_size", 64), ("ffn_hidden_size", 256))]
+MODEL += ["--set=model.embedding_size=64"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    out = tmp_path_factory.mktemp("known_answer")
+    tool = lambda *a: subprocess.run([sys.executable, *map(str, a)], cwd=REPO, check=True,  # noqa: E731
+                                     capture_output=True, text=True)
+    summary = json.loads(tool(REPO / "tools" / "make_known_answer_corpus.py", "--output", out,
+                              "--seed", 1).stdout)
+    for split in ("train", "valid"):
+        tool(REPO / "tools" / "preprocess_data.py", "--input", out / f"{split}.jsonl",
+             "--tokenizer-model", out / "vocab.txt", "--output-prefix", out / split)
+    lang = MarkovLanguage.load(str(out / "language.json"))
+    assert summary["unigram_entropy"] == pytest.approx(3.9055, abs=1e-4)  # seed 1's chain
+    token_to_word = word_ids_of_tokens(lang, Tokenizer(str(out / "vocab.txt")).encode)
+    assert len(token_to_word) == 64  # every word is one token of vocab.txt
+    return out, lang, token_to_word
+
+
+class Runs:
+    """Each named run once per module (the TP/PP test compares with the GDES test's run)."""
+
+    def __init__(self, corpus, root: Path):
+        self.corpus, self.root, self.done = corpus, root, {}
+
+    def get(self, name: str, *extra: str, ranks: int = 1) -> dict:
+        if name not in self.done:
+            self.done[name] = self._run(name, extra, ranks)
+        return self.done[name]
+
+    def _run(self, name, extra, ranks) -> dict:
+        out, lang, token_to_word = self.corpus
+        save = self.root / name
+        r = launch(["--ds_config", "ds_configs/zero1.json", "--preset", "debertav3-tiny",
+                    "--tokenizer-model", str(out / "vocab.txt"),
+                    "--data-path", str(out / "train_text_document"),
+                    "--valid-data-path", str(out / "valid_text_document"),
+                    "--save", str(save), "--eval-dump-dir", str(save / "dumps"),
+                    "--train-iters", str(ITERS), "--seq-length", "64",
+                    "--micro-batch-size", "32", "--global-batch-size", "32",
+                    "--lr", "3e-3", "--lr-warmup-iters", "20", "--mask-prob", "0.25",
+                    "--set=rtd.mask_token_prob=1.0", "--set=rtd.random_token_prob=0.0",
+                    "--log-interval", "100", "--eval-interval", str(ITERS), "--eval-iters", "2",
+                    "--save-interval", str(ITERS), "--seed", "3", *MODEL, *NO_DROPOUT, *extra],
+                   ranks=ranks, timeout=900)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+        dump = torch.load(save / "dumps" / f"valid_iter{ITERS}_dp0.pt")
+        got = score_known_answer(lang, token_to_word, dump)
+        got["mlm_loss"] = scalars(str(save / "tensorboard"))["valid/loss/mlm"][ITERS]
+        got["mlm_bar"] = got["masked_floor"] + MLM_GAP_CLOSED * (lang.unigram_entropy()
+                                                                 - got["masked_floor"])
+        got["auc_bar"] = 0.5 + AUC_GAP_CLOSED * (got["oracle_auc"] - 0.5)
+        print(f"[known answer] {name}: " + ", ".join(f"{k} {v:.4f}" for k, v in got.items()))
+        return got
+
+
+@pytest.fixture(scope="module")
+def runs(corpus, tmp_path_factory):
+    return Runs(corpus, tmp_path_factory.mktemp("known_answer_runs"))
+
+
+@pytest.mark.parametrize("sharing", ["gdes", "es", "nes"])
+def test_each_sharing_mode_learns_the_language(runs, sharing):
+    got = runs.get(sharing, "--sharing", sharing)
+    assert got["mlm_loss"] <= got["mlm_bar"], got
+    assert got["auc"] >= got["auc_bar"], got
+
+
+@pytest.mark.parametrize("layout", [("tp2", "--tensor-model-parallel-size"),
+                                    ("pp2", "--pipeline-model-parallel-size")], ids=lambda x: x[0])
+def test_tp2_and_pp2_learn_the_same(runs, layout):
+    name, flag = layout
+    ref = runs.get("gdes", "--sharing", "gdes")
+    got = runs.get(name, "--sharing", "gdes", flag, "2", ranks=2)
+    assert got["mlm_loss"] <= got["mlm_bar"] and got["auc"] >= got["auc_bar"], got
+    assert got["oracle_auc"] == pytest.approx(ref["oracle_auc"], abs=0.03), (got, ref)
+    assert got["auc"] == pytest.approx(ref["auc"], abs=0.03), (got, ref)
+    assert got["mlm_loss"] == pytest.approx(ref["mlm_loss"], abs=0.1), (got, ref)
+
+
+@pytest.mark.parametrize("control", [("lambda0", "--rtd-lambda", "0"),
+                                     ("shuffled", "--set=rtd.shuffle_labels=true")],
+                         ids=lambda x: x[0])
+def test_negative_controls_fail_the_auc_bar(runs, control):
+    name, *flags = control
+    got = runs.get(name, *flags)
+    assert got["auc"] < got["auc_bar"], got  # the bar can fail
+    assert got["mlm_loss"] <= got["mlm_bar"], got  # its generator still learns
