@@ -487,6 +487,37 @@ def check_writable_dir(path: str, flag: str) -> None:
                              f"({why}); {fix}") from None
 
 
+def convert_for_layout(cfg: RunConfig, ctx, meta: dict, layout: dict, print_fn) -> str:
+    """The universal conversion of the checkpoint ``--load`` takes, saved at another layout:
+    rank 0 writes it (or finds it) beside the checkpoint while the others wait; every rank
+    raises the same one-line error when it fails. Returns its root (``training/reshard.py``)."""
+    import torch.distributed as dist
+
+    from rtd_scale.training import checkpoint, reshard
+
+    choice = checkpoint.choose(cfg.train.load)
+    result: list = [None]
+    if ctx.rank == 0:
+        try:
+            root, seconds, fresh = reshard.convert(choice.load_dir, choice.tag)
+            reshard.check_converted_safe(root, choice.tag)
+            result = [(root, seconds, fresh, None)]
+        except UserInputError as e:
+            result = [(None, 0.0, False, str(e))]
+    if dist.is_initialized():
+        dist.broadcast_object_list(result, src=0)
+    root, seconds, fresh, error = result[0]
+    if error is not None:
+        raise UserInputError(error)
+    if print_fn:
+        was = checkpoint.describe_layout(meta["layout"])
+        now = checkpoint.describe_layout(layout)
+        how = f"in {seconds:.1f} s" if fresh else "reusing the conversion made earlier"
+        print_fn(f"converted {choice.path} from {was} to {now} (DeepSpeed universal "
+                 f"checkpoint {os.path.join(root, choice.tag)}) {how}")
+    return root
+
+
 def pretrained_weights(cfg: RunConfig) -> tuple[Optional[str], Optional[str]]:
     """(the --pretrained-checkpoint to read, or None; a note for the log, or None).
 
@@ -560,13 +591,21 @@ def run(cfg: RunConfig, print_fn=print, stop=None, validated=None) -> dict:
                             tp_group=ctx.tp_group, tp_rank=ctx.tp_rank, pp_group=ctx.pp_group,
                             print_fn=print_fn if ctx.is_logging_rank else None)
         distributed.seed_after_build(ctx, cfg.train.seed)
+        universal = None  # a checkpoint saved at another DP size / ZeRO stage: converted first
+        if checkpoint.needs_conversion(meta, layout):
+            universal = convert_for_layout(cfg, ctx, meta, layout,
+                                           print_fn if ctx.is_logging_rank else None)
+            ds_config = {**ds_config, "checkpoint": {**ds_config.get("checkpoint", {}),
+                                                     "load_universal": True}}
         eng = engine_mod.build_engine(model, cfg, ds_config, distributed.DeepSpeedMpu())
         start_step = consumed = 0
         resumed_from = None
         if cfg.train.load:
-            client = checkpoint.load(eng, cfg.train.load, rank=ctx.rank)
+            client = checkpoint.load(eng, cfg.train.load, rank=ctx.rank, universal_root=universal)
             checkpoint.refresh_learning_rate(eng, cfg.optim.lr)  # this run's resolved schedule
             start_step = int(client.get("step", 0))
+            if universal is not None:  # dropout: a fresh stream per rank (training/reshard.py)
+                distributed.seed_after_build(ctx, cfg.train.seed + start_step)
             resumed_from = os.path.join(checkpoint.split_load(cfg.train.load)[0],
                                         checkpoint.tag_for(start_step))
             consumed = int(client.get("consumed_samples", start_step * cfg.train.global_batch_size))

@@ -283,11 +283,63 @@ def read_meta(load_dir: str, tag: str) -> Optional[dict[str, Any]]:
     return meta
 
 
+def describe_layout(layout: dict[str, Any]) -> str:
+    """``TP 1 × PP 1 × DP 2, ZeRO-3``: how the log and the errors name a process layout."""
+    return (f"TP {layout.get('tensor_model_parallel_size')} × PP "
+            f"{layout.get('pipeline_model_parallel_size')} × DP {layout.get('data_parallel_size')}"
+            f", ZeRO-{layout.get('zero_stage')}")
+
+
+def needs_conversion(meta: Optional[dict[str, Any]], layout: dict[str, Any]) -> bool:
+    """Whether the checkpoint of ``meta`` was saved at a process layout other than ``layout``."""
+    return meta is not None and any((meta.get("layout") or {}).get(k) != v
+                                    for k, v in layout.items())
+
+
+def check_convertible(load_dir: str, tag: str, saved: dict[str, Any],
+                      layout: dict[str, Any]) -> None:
+    """Refuse a layout change ``--load`` cannot honour, in one line naming both layouts and the
+    fix. DeepSpeed's universal checkpoint re-partitions the ZeRO state of any data-parallel
+    size and ZeRO stage 1–3; rtd_scale does not (yet) re-split tensor- or pipeline-parallel
+    shards, and ZeRO-0 writes no ZeRO partitions to convert.
+
+    Raises:
+        UserInputError: the change is not one of those.
+    """
+    if all(saved.get(k) == v for k, v in layout.items()):
+        return
+    was, now = describe_layout(saved), describe_layout(layout)
+    head = f"--load {load_dir}: {tag} was saved at {was}, this run is {now}"
+    for key, flag in (("tensor_model_parallel_size", "--tensor-model-parallel-size"),
+                      ("pipeline_model_parallel_size", "--pipeline-model-parallel-size")):
+        if saved.get(key) != layout.get(key):
+            raise UserInputError(
+                f"{head}: --load resumes at another data-parallel size or ZeRO stage, not at "
+                f"another {flag}; resume with {flag} {saved.get(key)}, or start from its "
+                f"weights only with --pretrained-checkpoint (the optimizer starts fresh)")
+    if (layout.get("tensor_model_parallel_size"), layout.get("pipeline_model_parallel_size")) != (
+            1, 1):
+        # megatron-core's row-parallel splits and the padded vocabulary need the universal
+        # checkpoint's per-parameter TP patterns, which rtd_scale does not write yet
+        raise UserInputError(
+            f"{head}: --load changes the data-parallel size or ZeRO stage at TP 1 × PP 1 only; "
+            "resume with the checkpoint's number of ranks and --ds_config, or start from its "
+            "weights only with --pretrained-checkpoint (the optimizer starts fresh)")
+    if 0 in (saved.get("zero_stage"), layout.get("zero_stage")):
+        raise UserInputError(
+            f"{head}: resuming at another data-parallel size goes through DeepSpeed's universal "
+            "checkpoint, which needs ZeRO stage 1, 2 or 3 on both sides; resume with the "
+            "checkpoint's --ds_config and number of ranks, or use a ds_configs/zero1.json-"
+            "style file on both runs")
+
+
 def check_compatible(load_dir: str, tag: str, config: dict[str, Any],
                      layout: dict[str, int]) -> Optional[dict[str, Any]]:
     """Refuse, before anything is built, a ``--load`` whose checkpoint cannot continue this run:
-    another process layout (DeepSpeed's ZeRO and model-parallel files are per rank) or another
-    model shape. Returns the checkpoint's metadata (None for a checkpoint without it).
+    a process layout :func:`check_convertible` refuses, or another model shape. Returns the checkpoint's metadata (None for a checkpoint without it).
+
+    A checkpoint at another data-parallel size or ZeRO stage (same TP and PP) passes: ``load``
+    resumes it through a universal conversion (``training/reshard.py``).
 
     Raises:
         UserInputError: naming each difference and the fix.
@@ -295,12 +347,7 @@ def check_compatible(load_dir: str, tag: str, config: dict[str, Any],
     meta = read_meta(load_dir, tag)
     if meta is None:
         return None
-    diffs = [f"{k} {meta['layout'].get(k)} → {v}" for k, v in layout.items()
-             if meta["layout"].get(k) != v]
-    if diffs:
-        raise UserInputError(
-            f"--load {load_dir}: {tag} was saved with another layout ({', '.join(diffs)}); "
-            "resume with the same number of ranks, parallel sizes and ZeRO stage")
+    check_convertible(load_dir, tag, meta.get("layout") or {}, layout)
     old, new = meta["config"]["model"], config["model"]
     old = {**_FIELDS_BEFORE_THEY_EXISTED, **old}
     diffs = [f"model.{k} {old.get(k)} → {new.get(k)}" for k in _SHAPE_FIELDS
@@ -774,9 +821,13 @@ def load_checked(engine, load_dir: str, tag: str, *, flag: str, **load_kwargs) -
     return client_state or {}
 
 
-def load(engine, load: str, *, rank: int) -> dict[str, Any]:
+def load(engine, load: str, *, rank: int, universal_root: Optional[str] = None) -> dict[str, Any]:
     """Load the checkpoint :func:`choose` picks for ``--load load`` into ``engine``; returns its
     client state. Every file is read with ``weights_only=True``.
+
+    ``universal_root``: the checkpoint was saved at another layout and this is its universal
+    conversion (``training/reshard.py``; the engine was built with ``load_universal``); the
+    per-rank RNG files are not restored (the RNG policy there).
 
     Raises:
         UserInputError: no complete checkpoint (see :func:`choose`).
@@ -784,8 +835,25 @@ def load(engine, load: str, *, rank: int) -> dict[str, Any]:
             reads it).
     """
     choice = choose(load)
-    client_state = load_checked(engine, choice.load_dir, choice.tag, flag=f"--load {load}")
+    groups = getattr(engine.optimizer, "optimizer", engine.optimizer).param_groups
+    hyper = [{k: v for k, v in g.items() if k != "params"} for g in groups]
+    client_state = load_checked(engine, universal_root or choice.load_dir, choice.tag,
+                                flag=f"--load {load}")
+    if universal_root is not None:
+        # ZeRO-3's universal load gives every group the first group's hyper-parameters
+        # (stage3.py load_hp_checkpoint_state_from_checkpoint_dir_stage3): the no-decay group
+        # would get wd_mult 1. Keep each group's own; the schedule sets lr and decay below.
+        for g, h in zip(groups, hyper):
+            g.update(h)
+        # ... and one step tensor to every group's state, which torch's AdamW then increments
+        # in place once per group and step: each group gets its own copy.
+        base = getattr(engine.optimizer, "optimizer", engine.optimizer)
+        for state in base.state.values():
+            if hasattr(state.get("step"), "clone"):
+                state["step"] = state["step"].clone()
     refresh_learning_rate(engine)
+    if universal_root is not None:
+        return client_state
     rng_path = os.path.join(choice.path, rng_file(rank))
     if not os.path.isfile(rng_path):
         raise CheckpointReadError(f"{rng_path}: missing; resume from another checkpoint "

@@ -183,12 +183,37 @@ def test_save_into_an_existing_run_needs_load(wiki_shards, tmp_path, capsys, mon
     assert (run / "latest").read_text() == "global_step4"  # untouched
 
 
-def test_load_refuses_another_layout_or_model(wiki_shards, tmp_path, capsys, monkeypatch):
-    run = _fake_checkpoint(tmp_path / "a", layout={
-        "world_size": 4, "data_parallel_size": 4, "tensor_model_parallel_size": 1,
-        "pipeline_model_parallel_size": 1, "zero_stage": 3})
-    msg = _error(capsys, _args(wiki_shards, tmp_path / "new", "--load", str(run)), monkeypatch)
-    assert "saved with another layout (world_size 4 → 2, data_parallel_size 4 → 2)" in msg
+def test_load_refuses_a_layout_it_cannot_convert_or_another_model(wiki_shards, tmp_path, capsys,
+                                                                   monkeypatch):
+    """Another DP size or ZeRO stage resumes (tests/e2e/test_resume_layout.py); another TP or PP
+    size (a vocabulary padded for another TP, a PP split of the layers) and ZeRO-0 on either
+    side are one line naming both layouts and the fix. This run: TP 1 × PP 1 × DP 2, ZeRO-3."""
+    now = "this run is TP 1 × PP 1 × DP 2, ZeRO-3"
+    for name, saved, fix in [
+            ("tp", {"data_parallel_size": 1, "tensor_model_parallel_size": 2}, (
+                "--load resumes at another data-parallel size or ZeRO stage, not at another "
+                "--tensor-model-parallel-size; resume with --tensor-model-parallel-size 2, or "
+                "start from its weights only with --pretrained-checkpoint (the optimizer starts "
+                "fresh)")),
+            ("pp", {"data_parallel_size": 1, "pipeline_model_parallel_size": 2}, (
+                "--load resumes at another data-parallel size or ZeRO stage, not at another "
+                "--pipeline-model-parallel-size; resume with --pipeline-model-parallel-size 2, "
+                "or start from its weights only with --pretrained-checkpoint (the optimizer "
+                "starts fresh)")),
+            ("zero0", {"world_size": 1, "data_parallel_size": 1, "zero_stage": 0}, (
+                "resuming at another data-parallel size goes through DeepSpeed's universal "
+                "checkpoint, which needs ZeRO stage 1, 2 or 3 on both sides; resume with the "
+                "checkpoint's --ds_config and number of ranks, or use a ds_configs/zero1.json-"
+                "style file on both runs"))]:
+        layout = {"world_size": 2, "data_parallel_size": 2, "tensor_model_parallel_size": 1,
+                  "pipeline_model_parallel_size": 1, "zero_stage": 3, **saved}
+        run = _fake_checkpoint(tmp_path / name, layout=layout)
+        was = (f"TP {layout['tensor_model_parallel_size']} × PP "
+               f"{layout['pipeline_model_parallel_size']} × DP {layout['data_parallel_size']}, "
+               f"ZeRO-{layout['zero_stage']}")
+        msg = _error(capsys, _args(wiki_shards, tmp_path / "new", "--load", str(run)),
+                     monkeypatch)
+        assert msg == f"error: --load {run}: global_step4 was saved at {was}, {now}: {fix}", msg
     run = _fake_checkpoint(tmp_path / "b", model={"num_layers": 6})
     msg = _error(capsys, _args(wiki_shards, tmp_path / "new", "--load", str(run)), monkeypatch)
     assert "holds another model (model.discriminator.num_layers 6 → 4)" in msg

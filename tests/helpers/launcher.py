@@ -1,6 +1,7 @@
 """The real entry point through the real `deepspeed` launcher, as the end-to-end tests drive it."""
 from __future__ import annotations
 
+import hashlib
 import shutil
 import subprocess
 import sys
@@ -58,6 +59,36 @@ def assert_resume_continues(args, straight: dict, ranks: int, save_dir, straight
     for step in range(6, 11):
         for tag in ("loss/mlm", "loss/rtd"):
             assert resumed[tag][step] == straight[tag][step], (tag, step)
+
+
+def cut_back(run_dir: Path, copy: Path, step: int) -> Path:
+    """A copy of ``run_dir`` as it stood after its checkpoint at ``step``: later checkpoints,
+    the TensorBoard events and ``latest`` brought back; returns ``copy``."""
+    shutil.copytree(run_dir, copy)
+    for later in copy.glob("global_step*"):
+        if later.name[len("global_step"):].isdigit() and int(later.name[len("global_step"):]) > step:
+            shutil.rmtree(later)
+    shutil.rmtree(copy / "tensorboard", ignore_errors=True)
+    (copy / "latest").write_text(f"global_step{step}")
+    return copy
+
+
+def file_digests(folder: Path) -> dict[str, str]:
+    """sha256 of every file under ``folder``, by relative path."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def fp32_weights(run_dir: Path, tag: str) -> dict:
+    """The checkpoint's fp32 master weights by parameter name, merged from its ZeRO partitions
+    by DeepSpeed's own ``zero_to_fp32`` (any stage, any data-parallel size)."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    return get_fp32_state_dict_from_zero_checkpoint(str(run_dir), tag=tag)
+
+
+def assert_close(a: float, b: float, rel: float, what) -> None:
+    assert abs(a - b) <= rel * max(abs(a), abs(b)), (what, a, b)
 
 
 def common(wiki_shards, save: Path, iters: int, extra=()) -> list[str]:
