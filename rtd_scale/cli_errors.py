@@ -18,7 +18,7 @@ import warnings
 from typing import Callable, Sequence
 
 __all__ = ["HeldWarnings", "HyphenSafeHelpFormatter", "OneLineArgumentParser", "UserInputError",
-           "run_cli"]
+           "check_writable_dir", "run_cli"]
 
 
 class UserInputError(ValueError):
@@ -151,3 +151,40 @@ class HeldWarnings:
             cm, self._cm = self._cm, None
             cm.__exit__(*exc)  # the held warnings are dropped
         return False
+
+
+def check_writable_dir(path: str, flag: str) -> None:
+    """Refuse, without creating anything, a directory that cannot be created or written:
+    ``path`` itself, or its nearest existing ancestor, must be a directory this process may
+    write into. Probed with ``os.access`` and by creating (and removing) a temporary directory
+    there, since root passes ``os.access`` on a directory whose mode forbids writing but not
+    one under /proc or on a read-only file system
+    (tests/e2e/test_pretrain_errors.py::test_unwritable_tensorboard_dir).
+
+    Raises:
+        UserInputError: naming ``flag``, the path and the fix.
+    """
+    import errno
+    import tempfile
+
+    fix = f"pass a writable directory to {flag}"
+    here = os.path.abspath(path)
+    while not os.path.exists(here):  # the nearest existing ancestor
+        here = os.path.dirname(here)
+    if not os.path.isdir(here):
+        what = "exists and is not a directory" if here == os.path.abspath(path) else (
+            f"cannot be created: {here} is a file, not a directory")
+        raise UserInputError(f"{flag} {path}: {what}; {fix}")
+    try:
+        if not os.access(here, os.W_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+        os.rmdir(tempfile.mkdtemp(prefix=".rtd_scale_probe", dir=here))
+    except OSError as e:
+        # a directory that exists but refuses a new entry: /proc and sysfs answer ENOENT,
+        # whose "No such file or directory" would send the reader looking for a missing parent
+        why = ("it takes no new directories" if e.errno == errno.ENOENT
+               else e.strerror or type(e).__name__)
+        if here == os.path.abspath(path):
+            raise UserInputError(f"{flag} {path}: not writable ({why}); {fix}") from None
+        raise UserInputError(f"{flag} {path}: cannot be created: {here} is not writable "
+                             f"({why}); {fix}") from None

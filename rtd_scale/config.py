@@ -652,6 +652,10 @@ class TrainConfig:
         if self.eval_interval < 0 or self.eval_iters < 0:
             raise ConfigError(f"--eval-interval and --eval-iters must be >= 0 (0 disables "
                               f"validation), got {self.eval_interval} and {self.eval_iters}")
+        if self.eval_dump_dir and not self.evaluates:
+            warnings.warn(f"--eval-dump-dir {self.eval_dump_dir} has no effect: validation is "
+                          f"off (--eval-interval {self.eval_interval}, --eval-iters "
+                          f"{self.eval_iters}); pass both > 0 to write the dumps")
 
 
 @dataclass(kw_only=True)

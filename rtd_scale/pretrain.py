@@ -29,7 +29,7 @@ if __name__ == "__main__" and __package__ in (None, ""):
 
 from rtd_scale import launch_env  # noqa: E402
 from rtd_scale.atomic import write_atomic  # noqa: E402
-from rtd_scale.cli_errors import (HeldWarnings, OneLineArgumentParser,  # noqa: E402
+from rtd_scale.cli_errors import (HeldWarnings, OneLineArgumentParser, check_writable_dir,  # noqa: E402
                                  UserInputError, one_line_warnings)
 from rtd_scale.config import LRDecayStyle, WSDDecayStyle  # noqa: E402
 from rtd_scale.training.throughput import DEVICE_PEAK_TFLOPS  # noqa: E402
@@ -438,6 +438,8 @@ def prepare(cfg: RunConfig, world_size: int, print_fn=None):
     if tb and not (cfg.train.save and os.path.abspath(tb) == os.path.abspath(
             os.path.join(cfg.train.save, "tensorboard"))):
         check_writable_dir(tb, "--tensorboard-dir")
+    if cfg.train.eval_dump_dir and cfg.train.evaluates:  # written at the first validation
+        check_writable_dir(cfg.train.eval_dump_dir, "--eval-dump-dir")
     if cfg.train.save:
         save = cfg.train.save
         try:
@@ -448,43 +450,6 @@ def prepare(cfg: RunConfig, world_size: int, print_fn=None):
         if not os.access(save, os.W_OK):
             raise UserInputError(f"--save {save}: not writable; pass a writable directory")
     return tok, dataset, ds_config, dp, gas, layout, meta
-
-
-def check_writable_dir(path: str, flag: str) -> None:
-    """Refuse, without creating anything, a directory that cannot be created or written:
-    ``path`` itself, or its nearest existing ancestor, must be a directory this process may
-    write into. Probed with ``os.access`` and by creating (and removing) a temporary directory
-    there, since root passes ``os.access`` on a directory whose mode forbids writing but not
-    one under /proc or on a read-only file system
-    (tests/e2e/test_pretrain_errors.py::test_unwritable_tensorboard_dir).
-
-    Raises:
-        UserInputError: naming ``flag``, the path and the fix.
-    """
-    import errno
-    import tempfile
-
-    fix = f"pass a writable directory to {flag}"
-    here = os.path.abspath(path)
-    while not os.path.exists(here):  # the nearest existing ancestor
-        here = os.path.dirname(here)
-    if not os.path.isdir(here):
-        what = "exists and is not a directory" if here == os.path.abspath(path) else (
-            f"cannot be created: {here} is a file, not a directory")
-        raise UserInputError(f"{flag} {path}: {what}; {fix}")
-    try:
-        if not os.access(here, os.W_OK | os.X_OK):
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
-        os.rmdir(tempfile.mkdtemp(prefix=".rtd_scale_probe", dir=here))
-    except OSError as e:
-        # a directory that exists but refuses a new entry: /proc and sysfs answer ENOENT,
-        # whose "No such file or directory" would send the reader looking for a missing parent
-        why = ("it takes no new directories" if e.errno == errno.ENOENT
-               else e.strerror or type(e).__name__)
-        if here == os.path.abspath(path):
-            raise UserInputError(f"{flag} {path}: not writable ({why}); {fix}") from None
-        raise UserInputError(f"{flag} {path}: cannot be created: {here} is not writable "
-                             f"({why}); {fix}") from None
 
 
 def convert_for_layout(cfg: RunConfig, ctx, meta: dict, layout: dict, print_fn) -> str:

@@ -30,45 +30,69 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from rtd_scale.atomic import write_atomic  # noqa: E402
-from rtd_scale.data.known_answer import SPECIAL_TOKENS, MarkovLanguage  # noqa: E402
+from rtd_scale.cli_errors import (OneLineArgumentParser, UserInputError,  # noqa: E402
+                                  check_writable_dir, run_cli)
+from rtd_scale.data.known_answer import (MAX_WORDS, SPECIAL_TOKENS, MarkovLanguage,  # noqa: E402
+                                         chain_problem)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+def parse_args(argv) -> argparse.Namespace:
+    p = OneLineArgumentParser(prog="tools/make_known_answer_corpus.py",
+                              description=__doc__.split("\n\n")[0])
     p.add_argument("--output", required=True, help="directory to write (created)")
-    p.add_argument("--seed", type=int, default=1, help="the chain's and the text's seed")
-    p.add_argument("--num-words", type=int, default=64)
+    p.add_argument("--seed", type=int, default=1, help="the chain's and the text's seed (>= 0)")
+    p.add_argument("--num-words", type=int, default=64, help=f"1 … {MAX_WORDS}")
     p.add_argument("--num-successors", type=int, default=3,
                    help="possible successors of every word")
     p.add_argument("--train-documents", type=int, default=4000)
     p.add_argument("--valid-documents", type=int, default=200)
     p.add_argument("--min-words", type=int, default=20, help="shortest document in words")
     p.add_argument("--max-words", type=int, default=60, help="longest document in words")
-    a = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def check_args(a: argparse.Namespace) -> None:
+    """One line naming the flag and the fix for numbers no corpus can have."""
     for flag, v in (("--num-words", a.num_words), ("--train-documents", a.train_documents),
                     ("--valid-documents", a.valid_documents), ("--min-words", a.min_words)):
         if v < 1:
-            p.error(f"{flag} must be >= 1, got {v}")
+            raise UserInputError(f"{flag} must be >= 1, got {v}")
+    if a.seed < 0:
+        raise UserInputError(f"--seed must be >= 0, got {a.seed}")
+    if a.num_words > MAX_WORDS:
+        raise UserInputError(f"--num-words {a.num_words}: at most {MAX_WORDS} distinct made-up "
+                             f"words (two consonant-vowel syllables) exist; pass --num-words "
+                             f"<= {MAX_WORDS}")
     if not 1 <= a.num_successors <= a.num_words:
-        p.error(f"--num-successors must be in [1, --num-words {a.num_words}], got "
-                f"{a.num_successors}")
+        raise UserInputError(f"--num-successors must be in [1, --num-words {a.num_words}], got "
+                             f"{a.num_successors}")
+    problem = chain_problem(a.num_words, a.num_successors)
+    if problem:  # its field names are these flags' names
+        raise UserInputError(f"--num-successors {a.num_successors} --num-words {a.num_words}: "
+                             + problem.replace("num_successors", "--num-successors"))
     if a.max_words < a.min_words:
-        p.error(f"--max-words {a.max_words} is below --min-words {a.min_words}")
+        raise UserInputError(f"--max-words {a.max_words} is below --min-words {a.min_words}; "
+                             "pass --max-words >= --min-words")
+    check_writable_dir(a.output, "--output")
+
+
+def main(argv=None) -> None:
+    a = parse_args(argv)
+    check_args(a)
     lang = MarkovLanguage.make(a.seed, a.num_words, a.num_successors)
-    os.makedirs(a.output, exist_ok=True)
-    for name, n, seed in (("train", a.train_documents, 2 * a.seed + 1),
-                          ("valid", a.valid_documents, 2 * a.seed + 2)):
-        lines = "".join(json.dumps({"text": lang.text(d)}) + "\n"
-                        for d in lang.documents(n, seed, a.min_words, a.max_words))
-        write_atomic(os.path.join(a.output, f"{name}.jsonl"), lines)
-    write_atomic(os.path.join(a.output, "language.json"), json.dumps(lang.to_json()))
-    write_atomic(os.path.join(a.output, "vocab.txt"),
-                 "".join(f"{t}\n" for t in (*SPECIAL_TOKENS, *lang.words)))
-    print(json.dumps({"unigram_entropy": round(lang.unigram_entropy(), 4),
-                      "bigram_entropy": round(lang.bigram_entropy(), 4),
+    files = {f"{name}.jsonl": "".join(json.dumps({"text": lang.text(d)}) + "\n"
+                                      for d in lang.documents(n, seed, a.min_words, a.max_words))
+             for name, n, seed in (("train", a.train_documents, 2 * a.seed + 1),
+                                   ("valid", a.valid_documents, 2 * a.seed + 2))}
+    files["language.json"] = json.dumps(lang.to_json())
+    files["vocab.txt"] = "".join(f"{t}\n" for t in (*SPECIAL_TOKENS, *lang.words))
+    for name, text in files.items():  # everything drawn before the first file is written
+        write_atomic(os.path.join(a.output, name), text)
+    # + 0.0: one word's entropies are -0.0, printed as such by json
+    print(json.dumps({"unigram_entropy": round(lang.unigram_entropy(), 4) + 0.0,
+                      "bigram_entropy": round(lang.bigram_entropy(), 4) + 0.0,
                       "num_words": a.num_words, "num_successors": a.num_successors}))
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

@@ -40,6 +40,38 @@ import numpy as np
 SPECIAL_TOKENS = ("[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]")
 _CONSONANTS = "bdfgklmnprstvz"
 _VOWELS = "aeiou"
+# made_up_words draws two consonant–vowel syllables: no more distinct words than this
+MAX_WORDS = (len(_CONSONANTS) * len(_VOWELS)) ** 2
+# draws of a random chain before make() gives up on finding one with a single stationary
+# distribution over every word (see chain_problem)
+MAX_DRAWS = 2000
+
+
+def chain_problem(num_words: int, num_successors: int) -> str | None:
+    """Why ``MarkovLanguage.make`` cannot (or practically cannot) draw this chain, or None.
+
+    A draw is kept when every word has a predecessor and the chain is aperiodic
+    (``_stationary``). One successor per word makes an irreducible chain a single cycle, which
+    is periodic; with S successors a given word has no predecessor with probability
+    (1 − S/W)^W, so a draw keeps every word with probability about exp(−W (1 − S/W)^W)
+    (Poisson approximation), which is refused below 5 / MAX_DRAWS.
+    """
+    if num_words > MAX_WORDS:
+        return f"at most {MAX_WORDS} distinct made-up words exist, asked for {num_words}"
+    if num_successors == 1 and num_words > 1:
+        return ("with one successor per word every chain over all words is a cycle, which is "
+                "periodic; use num_successors >= 2")
+    if _keep_prob(num_words, num_successors) < 5 / MAX_DRAWS:
+        need = next(s for s in range(num_successors, num_words + 1)
+                    if _keep_prob(num_words, s) >= 5 / MAX_DRAWS)
+        return (f"with {num_successors} successors per word almost every chain over "
+                f"{num_words} words leaves a word unreachable; use num_successors >= {need} "
+                f"or fewer words")
+    return None
+
+
+def _keep_prob(num_words: int, num_successors: int) -> float:
+    return math.exp(-num_words * (1 - num_successors / num_words) ** num_words)
 
 
 def made_up_words(n: int, rng: np.random.Generator) -> list[str]:
@@ -69,16 +101,28 @@ class MarkovLanguage:
     def make(cls, seed: int, num_words: int = 64, num_successors: int = 3) -> "MarkovLanguage":
         if not 1 <= num_successors <= num_words:
             raise ValueError(f"num_successors must be in [1, {num_words}], got {num_successors}")
+        if seed < 0:
+            raise ValueError(f"seed must be >= 0 (numpy's default_rng), got {seed}")
+        problem = chain_problem(num_words, num_successors)
+        if problem:
+            raise ValueError(problem)
         rng = np.random.default_rng(seed)
         words = made_up_words(num_words, rng)
-        while True:
+        for _ in range(MAX_DRAWS):
             t = np.zeros((num_words, num_words))
             for w in range(num_words):
                 succ = rng.choice(num_words, size=num_successors, replace=False)
                 t[w, succ] = rng.dirichlet(np.ones(num_successors))
+            # a word no row reaches has stationary mass 0, which _stationary refuses: the same
+            # draws are kept, without 5000 power iterations on each refused one
+            if not (t > 0).any(axis=0).all():
+                continue
             pi = _stationary(t)
             if pi is not None:  # irreducible and aperiodic: one stationary distribution
                 return cls(words, t, pi)
+        raise ValueError(f"no chain over {num_words} words with {num_successors} successors "
+                         f"each reached every word aperiodically in {MAX_DRAWS} draws (seed "
+                         f"{seed}); use more successors, fewer words or another seed")
 
     # --- text ---
 

@@ -107,6 +107,9 @@ def load_run(run_dir: str, *, name: Optional[str] = None,
              events_dir: Optional[str] = None) -> RunCurves:
     """The curves of the run in ``run_dir`` (a ``--save`` directory, or its TensorBoard folder).
     Raises ``UserInputError`` naming ``run_dir`` when it holds no TensorBoard events."""
+    if os.path.exists(run_dir) and not os.path.isdir(run_dir):
+        raise UserInputError(f"{run_dir}: a file, not a run directory; pass a --save directory "
+                             "or its tensorboard/ folder")
     if not os.path.isdir(run_dir):
         raise UserInputError(f"{run_dir}: no such run directory")
     events_dir = events_dir or find_events_dir(run_dir)

@@ -157,6 +157,21 @@ def test_unwritable_tensorboard_dir(wiki_shards, tmp_path, capsys, monkeypatch):
     assert list(ok.iterdir()) == []
 
 
+def test_unwritable_eval_dump_dir(wiki_shards, tmp_path, capsys, monkeypatch):
+    """--eval-dump-dir is checked at start as --tensorboard-dir is, not at the first
+    validation's torch.save; --save stays unwritten."""
+    f = tmp_path / "a_file"
+    f.write_text("x")
+    save = tmp_path / "run"
+    for dump, what in ((f, "exists and is not a directory"),
+                       (f / "d", f"cannot be created: {f} is a file, not a directory")):
+        msg = _error(capsys, _args(wiki_shards, save, "--eval-dump-dir", str(dump),
+                                   "--eval-interval", "1", "--eval-iters", "1"), monkeypatch)
+        assert msg == (f"error: --eval-dump-dir {dump}: {what}; pass a writable directory to "
+                       "--eval-dump-dir")
+        assert not save.exists()
+
+
 def _fake_checkpoint(root, step=4, layout=None, model=None):
     from rtd_scale.config import preset
     from rtd_scale.training import checkpoint

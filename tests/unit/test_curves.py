@@ -104,6 +104,10 @@ def test_a_directory_without_events_is_one_line_naming_it(tmp_path):
         curves.load_run(str(tmp_path))
     with pytest.raises(UserInputError, match=f"^{tmp_path / 'nope'}: no such run directory$"):
         curves.load_run(str(tmp_path / "nope"))
+    (tmp_path / "events.txt").write_text("x")  # a file given for the directory
+    with pytest.raises(UserInputError, match=f"^{tmp_path / 'events.txt'}: a file, not a run "
+                       "directory; pass a --save directory or its tensorboard/ folder$"):
+        curves.load_run(str(tmp_path / "events.txt"))
 
 
 def _finished_run(tmp_path):
