@@ -652,10 +652,6 @@ class TrainConfig:
         if self.eval_interval < 0 or self.eval_iters < 0:
             raise ConfigError(f"--eval-interval and --eval-iters must be >= 0 (0 disables "
                               f"validation), got {self.eval_interval} and {self.eval_iters}")
-        if self.eval_dump_dir and not self.evaluates:
-            warnings.warn(f"--eval-dump-dir {self.eval_dump_dir} has no effect: validation is "
-                          f"off (--eval-interval {self.eval_interval}, --eval-iters "
-                          f"{self.eval_iters}); pass both > 0 to write the dumps")
 
 
 @dataclass(kw_only=True)
@@ -720,6 +716,12 @@ class RunConfig:
     def __post_init__(self) -> None:
         self.validate()
 
+    def dumps_evaluations(self) -> bool:
+        """Whether ``--eval-dump-dir`` is ever written: by a validation, or by the test
+        evaluation after the last step (``--test-data-path`` with ``--eval-iters`` > 0, run
+        even with ``--eval-interval 0``; training/loop.py)."""
+        return self.train.evaluates or bool(self.train.eval_iters > 0 and self.data.test_data_path)
+
     def validate(self) -> None:
         self.model.validate()
         self.rtd.validate()
@@ -728,6 +730,11 @@ class RunConfig:
         self.optim.validate()
         self.train.validate()
         self.monitor.validate(self.train.train_iters)
+        train = self.train
+        if train.eval_dump_dir and not self.dumps_evaluations():
+            warnings.warn(f"--eval-dump-dir {train.eval_dump_dir} has no effect: validation is "
+                          f"off (--eval-interval {train.eval_interval}, --eval-iters "
+                          f"{train.eval_iters}); pass both > 0 to write the dumps")
         if (self.train.evaluates and not self.data.valid_data_path
                 and self.data.split_weights()[1] == 0):
             warnings.warn(f"--split {self.data.split} gives validation no documents: "

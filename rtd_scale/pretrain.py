@@ -438,7 +438,7 @@ def prepare(cfg: RunConfig, world_size: int, print_fn=None):
     if tb and not (cfg.train.save and os.path.abspath(tb) == os.path.abspath(
             os.path.join(cfg.train.save, "tensorboard"))):
         check_writable_dir(tb, "--tensorboard-dir")
-    if cfg.train.eval_dump_dir and cfg.train.evaluates:  # written at the first validation
+    if cfg.train.eval_dump_dir and cfg.dumps_evaluations():  # written at an evaluation
         check_writable_dir(cfg.train.eval_dump_dir, "--eval-dump-dir")
     if cfg.train.save:
         save = cfg.train.save

@@ -29,11 +29,15 @@ def test_eval_dump_dir_without_validation_warns(off, interval, iters, tmp_path):
                         "write the dumps"]
 
 
-def test_eval_dump_dir_with_validation_does_not_warn(tmp_path):
+@pytest.mark.parametrize("evaluations", [
+    ["--eval-interval", "5", "--eval-iters", "2"],
+    # the test evaluation after the last step runs, and dumps, without periodic validation
+    ["--eval-interval", "0", "--eval-iters", "2", "--test-data-path", "T"]])
+def test_eval_dump_dir_with_an_evaluation_does_not_warn(evaluations, tmp_path):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _config("--eval-dump-dir", str(tmp_path / "d"), "--eval-interval", "5",
-                "--eval-iters", "2")
+        cfg = _config("--eval-dump-dir", str(tmp_path / "d"), *evaluations)
+    assert cfg.dumps_evaluations()
     assert [str(w.message) for w in caught if "eval-dump-dir" in str(w.message)] == []
 
 
