@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import subprocess
 import sys
@@ -24,12 +25,14 @@ def _deepspeed_bin() -> str:
 
 
 def launch(args: list[str], ranks: int = 2, timeout: int = 300,
-           launcher_args: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+           launcher_args: tuple[str, ...] = (),
+           env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``deepspeed --num_gpus RANKS --master_port FREE [launcher_args] rtd_scale/pretrain.py
     ARGS`` from the repository root."""
     cmd = [_deepspeed_bin(), "--num_gpus", str(ranks), "--master_port", str(free_port()),
            *launcher_args, "rtd_scale/pretrain.py", *args]
-    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          env=None if env is None else {**os.environ, **env})
 
 
 def scalars(tb_dir: str) -> dict[str, dict[int, float]]:
