@@ -20,9 +20,11 @@ from rtd_scale.config import (AttentionType, ConfigError, LayerNormPosition, Sha
                               SharingScope, preset)
 from rtd_scale.model import weights
 from rtd_scale.model.embeddings import GDESPositions, GDESTable
-from rtd_scale.model.rtd import RTDModel
 
-SPECIAL = (0, 1, 2, 3, 4)
+from tests.helpers.tiny_model import SPECIAL
+from tests.helpers.tiny_model import grad_abs_sums as _grad_sums
+from tests.helpers.tiny_model import sample_ids as _ids
+from tests.helpers.tiny_model import tiny_rtd_model as _model
 PRE, POST = LayerNormPosition.PRE, LayerNormPosition.POST
 EMB = ("position", "token_type", "norm")
 
@@ -41,24 +43,6 @@ def _cfg(sharing, scope=SharingScope.EMBEDDINGS, layout=PRE, embedding_size=48,
     cfg.model.embedding_size = embedding_size
     cfg.validate()
     return cfg
-
-
-def _model(cfg, seed=5):
-    torch.manual_seed(seed)
-    return RTDModel(cfg.model, cfg.rtd, tensor_model_parallel_size=1, special_ids=SPECIAL,
-                    pad_id=0, mask_id=4, seed=seed)
-
-
-def _ids(b=4, s=32):
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(5, 300, (b, s), generator=g)
-    ids[:, 0], ids[:, -1] = 1, 2
-    return ids
-
-
-def _grad_sums(loss, params):
-    gs = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
-    return [0.0 if g is None else g.abs().sum().item() for g in gs]
 
 
 def _names(m):

@@ -9,7 +9,10 @@ import torch
 from rtd_scale.config import LayerNormPosition, Sharing, preset
 from rtd_scale.model.rtd import RTDModel
 
-SPECIAL = (0, 1, 2, 3, 4)
+from tests.helpers.tiny_model import SPECIAL
+from tests.helpers.tiny_model import grad_abs_sums as _grads
+from tests.helpers.tiny_model import sample_ids as _ids
+from tests.helpers.tiny_model import tiny_rtd_model as _model
 LAYOUTS = [LayerNormPosition.PRE, LayerNormPosition.POST]
 
 
@@ -26,24 +29,6 @@ def _cfg(sharing=Sharing.GDES, dropout=0.0, embedding_size=None, layout=LayerNor
                                                   attention_dropout=dropout)
     cfg.model.embedding_size = embedding_size or 48
     return cfg
-
-
-def _model(cfg, seed=5):
-    torch.manual_seed(seed)
-    return RTDModel(cfg.model, cfg.rtd, tensor_model_parallel_size=1, special_ids=SPECIAL,
-                    pad_id=0, mask_id=4, seed=seed)
-
-
-def _ids(b=4, s=32, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(5, 300, (b, s), generator=g)
-    ids[:, 0], ids[:, -1] = 1, 2
-    return ids
-
-
-def _grads(loss, params):
-    gs = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
-    return [0.0 if g is None else g.abs().sum().item() for g in gs]
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
