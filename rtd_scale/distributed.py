@@ -182,6 +182,9 @@ def initialize(parallel: ParallelConfig, *, seed: int,
         device = torch.device("cpu")
         backend = "gloo"
         _disable_deepspeed_shm_op()
+        threads = launch_env.cpu_threads_per_rank()
+        if threads is not None:
+            torch.set_num_threads(threads)
     if not dist.is_initialized():
         try:
             deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False,

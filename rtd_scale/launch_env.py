@@ -28,7 +28,8 @@ from typing import Mapping, MutableMapping, Optional
 
 from rtd_scale.cli_errors import UserInputError
 
-__all__ = ["LaunchEnv", "read", "export", "expand_hostlist", "slurm_port", "free_port"]
+__all__ = ["LaunchEnv", "read", "export", "expand_hostlist", "slurm_port", "free_port",
+           "cpu_threads_per_rank"]
 
 _LAUNCHER_VARS = ("RANK", "WORLD_SIZE")
 
@@ -128,6 +129,35 @@ def export(launch: LaunchEnv, environ: Optional[MutableMapping[str, str]] = None
     return LaunchEnv(rank=launch.rank, world_size=launch.world_size,
                      local_rank=launch.local_rank, master_addr=launch.master_addr,
                      master_port=port, source=launch.source)
+
+
+_LOCAL_SIZE_VARS = ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "SLURM_NTASKS_PER_NODE")
+
+
+def cpu_threads_per_rank(environ: Optional[Mapping[str, str]] = None,
+                         cores: Optional[int] = None) -> Optional[int]:
+    """Intra-op threads for one CPU rank: the cores this process may run on, divided among the
+    ranks on its node; None to keep torch's default (OMP_NUM_THREADS is set, or one rank a node).
+
+    torchrun sets OMP_NUM_THREADS=1 when it starts more than one process a node; the
+    ``deepspeed`` launcher sets nothing unless ``--bind_cores_to_rank``, so two gloo ranks on two
+    cores each start two threads and spin against each other (a TP=2 step of
+    tests/e2e/test_known_answer.py took 1.80 s so, 0.27 s at one thread a rank). The ranks a
+    node comes from LOCAL_WORLD_SIZE (torchrun), LOCAL_SIZE (deepspeed) or
+    SLURM_NTASKS_PER_NODE; pinned by tests/unit/test_rank_env.py.
+    """
+    env = os.environ if environ is None else environ
+    if env.get("OMP_NUM_THREADS", "") != "":
+        return None
+    local = next((env[v] for v in _LOCAL_SIZE_VARS if env.get(v, "") != ""), "1")
+    match = re.match(r"\d+", local)  # SLURM_NTASKS_PER_NODE may read "2(x3)"
+    ranks = int(match.group()) if match else 1
+    if ranks <= 1:
+        return None
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+            os.cpu_count() or 1)
+    return max(1, cores // ranks)
 
 
 def slurm_port(job_id: int) -> int:

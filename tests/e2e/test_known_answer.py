@@ -100,10 +100,7 @@ class Runs:
                     "--set=rtd.mask_token_prob=1.0", "--set=rtd.random_token_prob=0.0",
                     "--log-interval", "100", "--eval-interval", str(ITERS), "--eval-iters", "2",
                     "--save-interval", str(ITERS), "--seed", "3", *MODEL, *NO_DROPOUT, *extra],
-                   ranks=ranks, timeout=900,
-                   # one thread per rank, as torchrun sets: two ranks of two threads on two
-                   # cores run 6.5x slower (measured, TP 2: 1.80 s against 0.27 s a step)
-                   env={"OMP_NUM_THREADS": "1"} if ranks > 1 else None)
+                   ranks=ranks, timeout=900)
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
         dump = torch.load(save / "dumps" / f"valid_iter{ITERS}_dp0.pt")
         got = score_known_answer(lang, token_to_word, dump)

@@ -98,3 +98,16 @@ def test_single_process_gets_a_free_port():
     assert env["MASTER_PORT"] == str(got.master_port)
     with socket.socket() as s:  # nothing listens there: rank 0 can
         s.bind(("127.0.0.1", got.master_port))
+
+
+@pytest.mark.parametrize("environ,cores,want", [
+    ({"LOCAL_SIZE": "2"}, 2, 1),                       # deepspeed: two ranks on two cores
+    ({"LOCAL_WORLD_SIZE": "2", "LOCAL_SIZE": "9"}, 16, 8),  # torchrun's variable first
+    ({"SLURM_NTASKS_PER_NODE": "4(x2)"}, 16, 4),       # Slurm's repeated-count syntax
+    ({"LOCAL_SIZE": "4"}, 2, 1),                       # more ranks than cores: one each
+    ({"LOCAL_SIZE": "2", "OMP_NUM_THREADS": "3"}, 16, None),  # the user's choice stands
+    ({"LOCAL_SIZE": "1"}, 16, None),                   # one rank keeps torch's default
+    ({}, 16, None),
+])
+def test_cpu_threads_are_the_cores_shared_among_a_nodes_ranks(environ, cores, want):
+    assert launch_env.cpu_threads_per_rank(environ, cores=cores) == want
