@@ -200,7 +200,8 @@ def choose(load: str) -> Choice:
     fallback = complete or [t for t in tags if verdicts[t][1]]
     if tag is not None:
         reason, legacy = verdicts.get(tag, (None, False))
-        better = (f"; complete ones there: {', '.join(fallback[:3])} (--load {load_dir} "
+        more = f" and {len(fallback) - 3} older" if len(fallback) > 3 else ""
+        better = (f"; complete ones there: {', '.join(fallback[:3])}{more} (--load {load_dir} "
                   f"takes {fallback[0]})" if fallback else "")
         if tag not in verdicts:
             raise UserInputError(f"--load {load}: checkpoint {tag} does not exist{better}")

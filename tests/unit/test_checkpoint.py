@@ -188,6 +188,18 @@ def test_an_incomplete_explicit_tag_is_a_one_line_error(run):
         choose(str(run / "global_step7"))
 
 
+def test_a_missing_tag_names_the_newest_three_and_counts_the_rest(tmp_path):
+    run = tmp_path / "run"
+    for step in (100, 200, 300, 400, 500, 600):
+        make_checkpoint(run, step)
+    with pytest.raises(UserInputError) as e:
+        choose(str(run / "global_step999"))
+    assert str(e.value) == (
+        f"--load {run}/global_step999: checkpoint global_step999 does not exist; complete ones "
+        f"there: global_step600, global_step500, global_step400 and 3 older (--load {run} takes "
+        "global_step600)")
+
+
 def test_checkpoints_from_before_records_count_only_when_nothing_else_does(tmp_path):
     run = tmp_path / "run"
     make_checkpoint(run, 5, record=False, legacy=True)
