@@ -3,10 +3,12 @@ process — ``subprocess`` (``run``, ``Popen``, ``check_output``), ``os.system``
 ``os.posix_spawn``, or a ``multiprocessing`` / ``torch.multiprocessing`` process or pool, whatever
 its start method (DataLoader workers included) — fails the test with one line naming the rule.
 
-One kind of process start is library-internal and allowed: torch inductor's own children while it
-compiles in this process, the C++ compiler it runs on the kernels it generated
-(``torch._inductor.cpp_builder``) and the child Python that checks the built library loads
-(``torch._inductor.cpu_vec_isa.VecISA._probe_load``). Its pool of compile workers is not (it
+Library-internal compiler runs are allowed: torch inductor's own children while it compiles in
+this process, the C++ compiler it runs on the kernels it generated (``torch._inductor.cpp_builder``)
+and the child Python that checks the built library loads
+(``torch._inductor.cpu_vec_isa.VecISA._probe_load``); DeepSpeed's op builders probing which ops
+this machine can build (``deepspeed/ops/op_builder/builder.py`` ``has_function``, run by
+``deepspeed.ops`` on first use, compiles a test program with setuptools' distutils compiler). Its pool of compile workers is not (it
 would run the test's compilation in other processes): ``tests/unit/conftest.py`` sets
 ``torch._inductor.config.compile_threads = 1``, inductor's switch for compiling in-process, and a
 start from ``torch/_inductor/compile_worker/`` is refused.
@@ -24,7 +26,9 @@ from typing import Iterator
 RULE = "tests/unit/ is single-process: move this test to tests/tools/ or tests/e2e/"
 
 # library code whose process starts are its own business (see the module docstring)
-_ALLOWED_CALLERS = (os.sep + os.path.join("torch", "_inductor") + os.sep,)
+_ALLOWED_CALLERS = tuple(os.sep + os.path.join(*parts) + os.sep for parts in (
+    ("torch", "_inductor"), ("deepspeed", "ops", "op_builder"),
+    ("setuptools", "_distutils", "compilers")))
 _REFUSED_CALLERS = (os.sep + os.path.join("torch", "_inductor", "compile_worker") + os.sep,)
 _STDLIB = os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep
 

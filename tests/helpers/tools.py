@@ -9,13 +9,15 @@ from types import ModuleType
 from tests.helpers.env import REPO
 
 
-def load_tool(name: str) -> ModuleType:
-    """``tools/<name>.py`` as the module ``name`` (registered in ``sys.modules``: the tools'
-    dataclasses look their module up there); loaded once."""
-    if name in sys.modules and getattr(sys.modules[name], "__file__", None) == str(REPO / "tools" / f"{name}.py"):
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "tools" / f"{name}.py")
+def load_tool(name: str, module_name: str | None = None) -> ModuleType:
+    """``tools/<name>.py`` as the module ``module_name`` (default ``name``; registered in
+    ``sys.modules``: the tools' dataclasses look their module up there); loaded once."""
+    module_name = module_name or name
+    path = str(REPO / "tools" / f"{name}.py")
+    if getattr(sys.modules.get(module_name), "__file__", None) == path:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
+    sys.modules[module_name] = module
     spec.loader.exec_module(module)
     return module
