@@ -51,9 +51,6 @@ def preprocess_module():
     return load_tool("preprocess_data")
 
 
-# -- empty documents and the round trip -------------------------------------------------------
-
-
 # -- dtype around the 16-bit limit ---------------------------------------------------------------
 
 

@@ -209,9 +209,6 @@ def test_save_pretrained_autotokenizer_matches_the_pipeline(tokenizers, layout, 
     assert pair["token_type_ids"] == [0] * (len(a) + len(b) + 3)  # one token type (one-row table)
 
 
-# -- through preprocessing and packing ----------------------------------------------------------
-
-
 def test_an_empty_tokenizer_file_is_one_line_naming_the_flag(tmp_path):
     from rtd_scale.data.tokenizer import Tokenizer, TokenizerModelError
 
