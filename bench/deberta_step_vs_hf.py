@@ -27,7 +27,7 @@ Prints one table (ms per step, tokens/s, ratio to HF); nothing here asserts a ti
 
     python bench/deberta_step_vs_hf.py                      # debertav3-xsmall dims, CPU
     python bench/deberta_step_vs_hf.py --dims large --device cuda --bf16 --batch 16 --seq 512
-    python bench/deberta_step_vs_hf.py --tiny --device cpu  # seconds (tests/unit/test_bench_step.py)
+    python bench/deberta_step_vs_hf.py --tiny --device cpu  # seconds (tests/tools/test_bench_deberta.py)
 """
 from __future__ import annotations
 

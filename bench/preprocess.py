@@ -1,7 +1,7 @@
 """Preprocessing throughput and peak memory: tools/preprocess_data.py beside the
 tokenizer-bound limit and the pipeline a user would write with Hugging Face `datasets`.
 
-Informational, never a test (tests/unit/test_bench_preprocess.py runs it at toy size so that it
+Informational, never a test (tests/tools/test_bench_preprocess.py runs it at toy size so that it
 keeps working). From the repository root, in the project's venv:
 
     .venv/bin/python bench/preprocess.py [--corpus ../shared/corpus/bench_corpus.jsonl.xz] \\

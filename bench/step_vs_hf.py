@@ -27,7 +27,7 @@ and the optimizer, each backward op charged to the range of the forward op that 
 
     python bench/step_vs_hf.py                        # both dims, CPU (or CUDA when present)
     python bench/step_vs_hf.py --dims electra-small --rounds 7
-    python bench/step_vs_hf.py --tiny                 # seconds; what tests/unit/test_bench_step.py runs
+    python bench/step_vs_hf.py --tiny                 # seconds; what tests/tools/test_bench_step.py runs
 """
 from __future__ import annotations
 

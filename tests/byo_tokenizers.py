@@ -75,3 +75,21 @@ def wordpiece_json(out: Path) -> str:
     path = out / "tokenizer.json"
     _wordpiece(out).save(str(path))
     return str(path)
+
+
+def every_layout(out: Path) -> dict[str, str]:
+    """Each layout's file (layout -> what to pass as --tokenizer-model): ours (trained by
+    rtd_scale's trainer), the builders above, and ``default_layout_extended`` (default_layout with
+    <pad> and <mask> appended by add_special_pieces)."""
+    from rtd_scale.data.tokenizer import add_special_pieces, train_tokenizer
+
+    paths = {"ours": train_tokenizer(wiki_texts(), out / "ours", vocab_size=600, num_threads=1).model_path}
+    for name in ("deberta_v3", "default_layout", "roberta_names"):
+        paths[name] = globals()[name](out)
+    add_special_pieces(paths["default_layout"], out / "default_layout_extended.model")
+    paths["default_layout_extended"] = str(out / "default_layout_extended.model")
+    (out / "wp_txt").mkdir()
+    (out / "wp_json").mkdir()
+    paths["wordpiece_vocab"] = wordpiece_vocab(out / "wp_txt")
+    paths["wordpiece_json"] = wordpiece_json(out / "wp_json")
+    return paths

@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 
-from tests.helpers.env import CASES, REPO, TEST_DATA, free_port
+from tests.helpers.env import CASES, TEST_DATA, free_port
 
 warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
 warnings.filterwarnings("ignore", message=".*Apex is not installed.*")
@@ -27,16 +27,15 @@ def single_process_group():
 
 
 def _tokenizer_and_shards(out, corpus, vocab_size: int, name: str) -> tuple[str, str]:
-    """A SentencePiece model and megatron-core shards of ``corpus``, made with the real tools."""
-    import subprocess
-    import sys
+    """A SentencePiece model and megatron-core shards of ``corpus``, made with the real tools'
+    ``main`` in this process (one preprocessing worker: no worker processes), so that a
+    tests/unit/ test using it stays single-process."""
+    from tests.helpers.tools import load_tool
 
-    subprocess.run([sys.executable, str(REPO / "tools" / "train_tokenizer.py"), "--input", corpus,
-                    "--vocab-size", str(vocab_size), "--output-prefix", str(out / "spm")],
-                   check=True, capture_output=True)
-    subprocess.run([sys.executable, str(REPO / "tools" / "preprocess_data.py"), "--input", corpus,
-                    "--tokenizer-model", str(out / "spm.model"), "--output-prefix",
-                    str(out / name), "--workers", "1"], check=True, capture_output=True)
+    load_tool("train_tokenizer").main(["--input", corpus, "--vocab-size", str(vocab_size),
+                                       "--output-prefix", str(out / "spm")])
+    load_tool("preprocess_data").main(["--input", corpus, "--tokenizer-model", str(out / "spm.model"),
+                                       "--output-prefix", str(out / name), "--workers", "1"])
     return str(out / "spm.model"), str(out / f"{name}_text_document")
 
 

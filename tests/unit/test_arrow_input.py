@@ -1,53 +1,33 @@
 """Hugging Face `datasets` inputs: a `save_to_disk` directory and bare `.arrow` files (IPC stream
 and IPC file) are read row by row, resume after any row, give shards token for token equal to the
-same text as JSON lines, survive a crash with --resume, and are refused in one line when they
-cannot work."""
+same text as JSON lines (with worker processes: tests/multiproc/test_arrow_input_workers.py),
+survive a crash with --resume, and are refused in one line when they cannot work."""
 from __future__ import annotations
 
-import importlib.util
-import json
 import shutil
-import sys
 from pathlib import Path
 
 import datasets
-import pyarrow as pa
 import pytest
 
 from rtd_scale.cli_errors import UserInputError, run_cli
 from rtd_scale.data.shards import read_manifest, read_shard_meta
 from rtd_scale.data.text import (Position, ReadStats, check_inputs, input_bytes, input_fingerprint,
                                  iter_positioned_records, iter_records)
-from tests.helpers.env import REPO, TEST_DATA
-
-WIKI = TEST_DATA / "wiki_sample.jsonl"
-TEXTS = [json.loads(line)["text"] for line in WIKI.read_text(encoding="utf-8").splitlines()]
+from tests.helpers.arrow_inputs import TEXTS, write_inputs
+from tests.helpers.tools import load_tool
 
 
 @pytest.fixture(scope="module")
 def tool():
-    spec = importlib.util.spec_from_file_location("preprocess_data_arrow", REPO / "tools" / "preprocess_data.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    """tools/preprocess_data.py loaded under another module name."""
+    return load_tool("preprocess_data", "preprocess_data_arrow")
 
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory) -> dict[str, Path]:
-    """The wiki sample (402 documents) as JSON lines, as a saved dataset of 3 .arrow files, as
-    one .arrow IPC stream (record batches of 50 rows) and as an .arrow IPC file."""
-    out = tmp_path_factory.mktemp("arrow")
-    (out / "wiki.jsonl").write_bytes(WIKI.read_bytes())
-    ds = datasets.Dataset.from_dict({"id": list(range(len(TEXTS))), "text": TEXTS})
-    ds.save_to_disk(str(out / "saved"), num_shards=3)
-    table = pa.table({"id": list(range(len(TEXTS))), "text": TEXTS})
-    with pa.OSFile(str(out / "stream.arrow"), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
-        w.write_table(table, max_chunksize=50)
-    with pa.OSFile(str(out / "file.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
-        w.write_table(table, max_chunksize=50)
-    return {"jsonl": out / "wiki.jsonl", "saved": out / "saved", "stream": out / "stream.arrow",
-            "file": out / "file.arrow"}
+    """The wiki sample as JSON lines, a saved dataset, an IPC stream and an IPC file."""
+    return write_inputs(tmp_path_factory.mktemp("arrow"))
 
 
 def test_rows_are_read_in_order_and_resume_after_any_row(inputs):
@@ -63,26 +43,6 @@ def test_rows_are_read_in_order_and_resume_after_any_row(inputs):
         rest = list(iter_positioned_records(paths, ["text"], start=everything[i][0]))
         assert rest == everything[i + 1:], i
     assert list(iter_records([inputs["saved"]], ["text", "text"]))[5] == (TEXTS[5], TEXTS[5])
-
-
-def test_shards_equal_those_of_the_same_text_as_json_lines(tool, inputs, wiki_shards, tmp_path):
-    # With torch imported the tool spawns its 2 workers, which must import their functions by
-    # name: from this module-under-another-name they could not, and the pool respawned them
-    # forever (a hang, not a failure)
-    import torch  # noqa: F401
-    tok, _ = wiki_shards
-    for name in ("jsonl", "saved", "stream"):
-        argv = ["--input", str(inputs[name]), "--tokenizer-model", tok, "--output-prefix",
-                str(tmp_path / name / "x"), "--workers", "1" if name == "jsonl" else "2"]
-        assert run_cli(tool.main, argv) == 0
-    reference = {ext: (tmp_path / "jsonl" / f"x_text_document_00000.{ext}").read_bytes()
-                 for ext in ("bin", "idx")}
-    assert len(reference["bin"]) > 50_000
-    for name in ("saved", "stream"):
-        manifest = read_manifest(tmp_path / name / "x_text_document")
-        assert manifest["documents"] == len(TEXTS) and len(manifest["shards"]) == 1
-        for ext in ("bin", "idx"):
-            assert (tmp_path / name / f"x_text_document_00000.{ext}").read_bytes() == reference[ext]
 
 
 def test_crash_then_resume_mid_dataset_is_byte_identical(tool, inputs, wiki_shards, tmp_path):

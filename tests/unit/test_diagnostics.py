@@ -1,6 +1,7 @@
 """Learning diagnostics (rtd_scale/training/diagnostics.py): Table 1's average cosines equal a
-brute-force pairwise computation, on random rows and on a model's real tables (GDES: E_G + E_Δ),
-vocab-parallel at TP = 2 as at TP = 1; the held-out RTD AUC equals brute-force pair counting."""
+brute-force pairwise computation, on random rows and on a model's real tables (GDES: E_G + E_Δ);
+the RTD AUC equals brute-force pair counting. TP = 2 and DP = 2 runs are in
+tests/multiproc/test_diagnostics_parallel.py."""
 from __future__ import annotations
 
 import pytest
@@ -10,6 +11,8 @@ from rtd_scale.config import Sharing
 from rtd_scale.training.diagnostics import (AVG_COSINE_DISCRIMINATOR, AVG_COSINE_GENERATOR,
                                             ROWWISE_COSINE, avg_pairwise_cosine, roc_auc,
                                             table_cosines)
+from tests.helpers.diagnostics import brute_force_auc
+from tests.helpers.diagnostics import diagnostics_model as _model
 
 
 def brute_force_cosine(rows: torch.Tensor) -> float:
@@ -22,14 +25,6 @@ def brute_force_cosine(rows: torch.Tensor) -> float:
                 total += float(torch.nn.functional.cosine_similarity(
                     rows[i].double(), rows[j].double(), dim=0))
     return total / (n * (n - 1))
-
-
-def brute_force_auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
-    """P(positive > negative) + ½ P(tie), over every (positive, negative) pair."""
-    pos = [float(s) for s, l in zip(scores, labels) if l == 1]
-    neg = [float(s) for s, l in zip(scores, labels) if l == 0]
-    wins = sum(1.0 if p > q else 0.5 if p == q else 0.0 for p in pos for q in neg)
-    return wins / (len(pos) * len(neg))
 
 
 def test_closed_form_cosine_equals_brute_force():
@@ -61,19 +56,6 @@ def test_roc_auc_equals_pair_counting_with_ties():
     assert roc_auc(torch.tensor([0.9, 0.1]), torch.tensor([0, 1])) == 0.0
     assert roc_auc(torch.tensor([3.0, 3.0]), torch.tensor([0, 1])) == 0.5
     assert torch.isnan(torch.tensor(roc_auc(torch.tensor([1.0, 2.0]), torch.tensor([1, 1]))))
-
-
-def _model(sharing: Sharing, tp_size: int):
-    from tests.helpers.dist_workers import build, tiny_config
-
-    model = build(tiny_config(sharing, vocab_size=300), tp_size)
-    table = model.discriminator_table
-    if hasattr(table, "delta"):  # E_Δ starts at zero: give it TP-independent nonzero rows
-        rows = torch.arange(table.delta.shape[0]) + model.generator_table.vocab_start_index
-        cols = torch.arange(table.delta.shape[1])
-        with torch.no_grad():
-            table.delta.copy_(0.02 * torch.sin(rows.view(-1, 1) * 0.37 + cols.view(1, -1)))
-    return model
 
 
 def _full_rows(model, vocab_size: int = 300):
@@ -115,82 +97,6 @@ def test_table_cosines_of_a_model(single_process_group, sharing, monkeypatch):
         assert got[AVG_COSINE_DISCRIMINATOR] != pytest.approx(got[AVG_COSINE_GENERATOR], abs=1e-4)
         assert got[AVG_COSINE_DISCRIMINATOR] != pytest.approx(
             avg_pairwise_cosine(model.discriminator_table.delta.detach()[:300]), abs=1e-4)
-
-
-def cosines_worker(ctx):
-    """Table cosines of each sharing mode's model at this TP size (run by the dist harness)."""
-    return {s.value: table_cosines(_model(s, ctx.tp_size), ctx.tp_group, zero3=False)
-            for s in (Sharing.NES, Sharing.GDES)}
-
-
-@pytest.mark.dist
-def test_table_cosines_tp2_equal_tp1():
-    from tests.helpers import dist as harness
-
-    ref = harness.run(cosines_worker, world_size=1)[0]
-    for res in harness.run(cosines_worker, world_size=2, tp=2):
-        for mode, vals in ref.items():
-            assert res[mode] == pytest.approx(vals, abs=1e-10)
-    assert ref["gdes"][AVG_COSINE_DISCRIMINATOR] != pytest.approx(
-        ref["gdes"][AVG_COSINE_GENERATOR], abs=1e-4)
-
-
-def evaluate_worker(ctx, zero_stage: int):
-    """``loop.evaluate`` through a real DeepSpeed engine (ZeRO ``zero_stage``) on 2 global
-    batches of 8 fixed samples, each data-parallel rank reading its share; at DP = 1 also the
-    reference: every non-pad token's logit and label from plain forwards of the same model."""
-    from rtd_scale import distributed
-    from rtd_scale.data.packed import MicroBatch
-    from rtd_scale.training import engine as engine_mod
-    from rtd_scale.training.loop import evaluate
-    from tests.helpers.dist_workers import build, fixed_batch, tiny_config
-
-    cfg = tiny_config(Sharing.GDES, vocab_size=300)
-    cfg.train.micro_batch_size, cfg.train.global_batch_size, cfg.train.eval_iters = 2, 8, 2
-    gas = 8 // (2 * ctx.dp_size)
-    ids, idx = fixed_batch(b=16)
-    ids[9, 30:] = 0  # padding in the second global batch too
-    share = 8 // ctx.dp_size
-    loader = [MicroBatch(ids[k * 8 + ctx.dp_rank * share + 2 * j:][:2],
-                         idx[k * 8 + ctx.dp_rank * share + 2 * j:][:2])
-              for k in range(2) for j in range(gas)]
-    model = build(cfg, ctx.tp_size)
-    distributed.seed_after_build(ctx, 7)
-    ds = engine_mod.resolve_ds_config({"zero_optimization": {"stage": zero_stage}}, cfg,
-                                      data_parallel_size=ctx.dp_size,
-                                      gradient_accumulation_steps=gas)
-    eng = engine_mod.build_engine(model, cfg, ds, distributed.DeepSpeedMpu())
-    res = {"dp_rank": ctx.dp_rank, "valid": evaluate(cfg, ctx, eng, loader),
-           "cosines": table_cosines(model, ctx.tp_group, zero3=zero_stage == 3)}
-    if ctx.dp_size == 1:
-        model.eval()
-        with torch.no_grad():
-            outs = [model(ids[i:i + 2], idx[i:i + 2], step=0) for i in range(0, 16, 2)]
-        logits = torch.cat([o.rtd_logits for o in outs])
-        rep = torch.cat([o.corrupted_ids for o in outs]) != ids
-        keep = ids != 0
-        res["reference"] = (logits[keep], rep[keep].long())
-    return res
-
-
-@pytest.mark.dist
-def test_evaluate_auc_dp2_zero3_equals_dp1_and_pair_counting():
-    from tests.helpers import dist as harness
-
-    one = harness.run(evaluate_worker, 0, world_size=1)[0]
-    scores, labels = one["reference"]
-    assert 20 < int(labels.sum()) < int(labels.numel())  # both classes present
-    auc = one["valid"]["valid/rtd/auc"]
-    assert auc == pytest.approx(brute_force_auc(scores, labels), abs=1e-12)
-    two = harness.run(evaluate_worker, 3, world_size=2)
-    first = next(r for r in two if r["dp_rank"] == 0)
-    assert first["valid"]["valid/rtd/auc"] == pytest.approx(auc, abs=1e-9)
-    assert torch.isnan(torch.tensor(next(r for r in two if r["dp_rank"] == 1)["valid"][
-        "valid/rtd/auc"]))  # computed once, on the logging rank's data-parallel group's first rank
-    assert first["valid"]["valid/loss/rtd"] == pytest.approx(one["valid"]["valid/loss/rtd"],
-                                                             abs=1e-6)
-    for r in two:  # Table-1 cosines gathered from ZeRO-3 partitions equal the unpartitioned ones
-        assert r["cosines"] == pytest.approx(one["cosines"], abs=1e-10)
 
 
 def _summary(aucs):

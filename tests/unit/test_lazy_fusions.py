@@ -1,13 +1,10 @@
-"""megatron-core's import-time torch.compile calls are deferred to first use (rtd_scale._lazy_fusions)."""
+"""megatron-core's import-time torch.compile calls are deferred to first use (rtd_scale._lazy_fusions).
+A fresh process's import is in tests/tools/test_lazy_fusions_fresh_process.py."""
 from __future__ import annotations
-
-import subprocess
-import sys
 
 import torch
 
 from rtd_scale._lazy_fusions import lazy_compile
-from tests.helpers.env import REPO
 
 
 def test_compiles_once_on_first_call_with_the_decorators_arguments():
@@ -45,13 +42,3 @@ def test_inside_a_dynamo_trace_the_plain_function_runs():
     traced = torch.compile(lambda x: double(x) + 1, backend="eager")
     assert torch.equal(traced(torch.ones(3)), torch.full((3,), 3.0))
     assert calls == []  # dynamo traced into the function; no nested compile was made
-
-
-def test_a_fresh_process_imports_megatron_core_without_compiling_and_restores_torch_compile():
-    code = ("import sys, torch, rtd_scale.distributed, megatron.core.jit as jit; "
-            "print(torch.compile.__module__, jit.jit_fuser.__qualname__, "
-            "'torch._inductor.compile_fx' in sys.modules)")
-    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.split() == ["torch", "lazy_compile.<locals>.compile_later", "False"]

@@ -1,5 +1,6 @@
 """Blending by weight, the data-parallel sampler and the DataLoader (rtd_scale/data/blend.py,
-loader.py), and the data flags' parsing."""
+loader.py), and the data flags' parsing. DataLoader worker processes are in
+tests/multiproc/test_loader_workers.py."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,10 +9,10 @@ import torch
 
 from rtd_scale.cli_errors import UserInputError
 from rtd_scale.config import ConfigError, DataConfig, preset
-from rtd_scale.data.blend import SPLIT_INDEX_BASE, BlendedDataset, BlendSchedule, build_split
-from rtd_scale.data.loader import DataParallelSampler, build_loader, rank_micro_batches
+from rtd_scale.data.blend import SPLIT_INDEX_BASE, BlendSchedule, build_split
+from rtd_scale.data.loader import DataParallelSampler, rank_micro_batches
 from rtd_scale.data.packed import PackedDataset
-from rtd_scale.data.shards import ShardWriter
+from tests.helpers import blend_data
 
 
 @pytest.mark.parametrize("weights, period", [([0.7, 0.3], 10), ([0.5, 0.3, 0.2], 10),
@@ -48,18 +49,9 @@ def test_a_weight_too_small_to_sample_is_a_clear_error():
         BlendSchedule([1.0, 1e-6], ["big", "tiny"])
 
 
-def _shard(tmp_path, name, first_id, n_docs):
-    prefix = str(tmp_path / name)
-    with ShardWriter(prefix, vocab_size=1000) as w:
-        for i in range(n_docs):
-            w.add_document(np.full(5 + i % 7, first_id + i % 50))
-    return prefix
-
-
 @pytest.fixture(scope="module")
 def two_datasets(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("blend")
-    return _shard(tmp, "a", 100, 200), _shard(tmp, "b", 500, 60)
+    return blend_data.two_datasets(tmp_path_factory.mktemp("blend"))
 
 
 def test_blended_samples_come_from_each_datasets_own_order(two_datasets):
@@ -115,28 +107,6 @@ def test_sampler_resumes_exactly_and_ranks_split_the_global_batch():
     # step t: rank 0 reads [8t, 8t+4), rank 1 [8t+4, 8t+8), in micro-batches of 2
     np.testing.assert_array_equal(np.concatenate(full[0][2:4] + full[1][2:4]), np.arange(8, 16))
     assert [m.tolist() for m in rank_micro_batches(16, dp_rank=1, **kw)] == [[20, 21], [22, 23]]
-
-
-def test_loader_workers_give_the_same_batches_and_leave_the_global_rng_alone(two_datasets):
-    a, b = two_datasets
-    data = build_split([(0.6, [a]), (0.4, [b])], seq_length=16, split=(1,), part=0, seed=1)
-
-    def read(workers, consumed):
-        sampler = DataParallelSampler(total_samples=96, consumed_samples=consumed,
-                                      global_batch_size=8, micro_batch_size=4, dp_rank=1,
-                                      dp_size=2)
-        return list(build_loader(data, sampler, num_workers=workers, pin_memory=False,
-                                 prefetch_factor=2, seed=1))
-
-    state = torch.get_rng_state()
-    plain, workers, resumed = read(0, 0), read(2, 0), read(2, 48)
-    assert torch.equal(torch.get_rng_state(), state)  # dropout's generator untouched
-    assert len(plain) == len(workers) == 12 and len(resumed) == 6
-    for x, y in zip(plain, workers):
-        assert torch.equal(x.input_ids, y.input_ids) and torch.equal(x.sample_index, y.sample_index)
-    for x, y in zip(plain[6:], resumed):
-        assert torch.equal(x.input_ids, y.input_ids) and torch.equal(x.sample_index, y.sample_index)
-    assert torch.equal(plain[0].sample_index, torch.arange(4, 8))
 
 
 def test_data_path_and_split_flags_parse():

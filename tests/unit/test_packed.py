@@ -1,11 +1,8 @@
 """Packed samples over real shards: the stream, documents, splits, the cached index and the
-sample order (rtd_scale/data/packed.py), also over one-sentence documents."""
+sample order (rtd_scale/data/packed.py), also over one-sentence documents. Concurrent builds of
+one index by several processes are in tests/multiproc/test_packed_concurrent_builds.py."""
 from __future__ import annotations
 
-import multiprocessing
-import os
-import subprocess
-import sys
 import warnings
 
 import numpy as np
@@ -17,7 +14,8 @@ from rtd_scale.data.blend import BlendedDataset
 from rtd_scale.data.loader import DataParallelSampler, build_loader, micro_batches
 from rtd_scale.data.packed import PackedDataset, sample_order, split_boundaries
 from rtd_scale.data.shards import ShardWriter, _indexed_dataset_module, open_shard, resolve_data_path
-from tests.helpers.env import CASES, REPO
+from tests.helpers.env import CASES
+from tests.helpers.tools import load_tool
 
 
 def _stream(prefix: str) -> np.ndarray:
@@ -80,10 +78,9 @@ def test_one_sentence_documents_pack_across_boundaries(wiki_shards, tmp_path):
     """300 one-sentence documents. Samples hold many documents each, every document is
     reachable through some sample, and reading every sample (and a loader over them) ends."""
     tok, _ = wiki_shards
-    subprocess.run([sys.executable, str(REPO / "tools" / "preprocess_data.py"), "--input",
-                    str(CASES / "c06_single_sentence_docs.jsonl"), "--tokenizer-model",
-                    tok, "--output-prefix", str(tmp_path / "c06"), "--workers", "1"],
-                   check=True, capture_output=True)
+    load_tool("preprocess_data").main(["--input", str(CASES / "c06_single_sentence_docs.jsonl"),
+                                       "--tokenizer-model", tok, "--output-prefix", str(tmp_path / "c06"),
+                                       "--workers", "1"])
     prefix = str(tmp_path / "c06_text_document")
     ds = PackedDataset([prefix], seq_length=64)
     stream = _stream(prefix)
@@ -166,30 +163,6 @@ def test_index_is_cached_once_and_rebuilt_when_the_shards_change(tmp_path):
     changed = PackedDataset([prefix], seq_length=6)
     np.testing.assert_array_equal(_contents(changed), [40, 41, 2, *range(40, 49), 2])
     assert len(list(cache.glob("*.samples.npy"))) == 2  # a new index beside the old one
-
-
-def _build_in_process(prefix, cache_dir, out):
-    ds = PackedDataset([prefix], seq_length=6, cache_dir=cache_dir)
-    out.put([ds.content(i).tolist() for i in range(len(ds))] + [ds.order(3, 0).tolist()])
-
-
-def test_concurrent_builds_of_the_same_index_are_safe(tmp_path):
-    prefix = str(tmp_path / "corpus")
-    _write_shard(prefix, [np.arange(5, 5 + n) for n in range(1, 40)])
-    cache = str(tmp_path / "cache")
-    ctx = multiprocessing.get_context("fork")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_build_in_process, args=(prefix, cache, out)) for _ in range(4)]
-    for p in procs:
-        p.start()
-    results = [out.get(timeout=60) for _ in procs]
-    for p in procs:
-        p.join(60)
-        assert p.exitcode == 0
-    assert all(r == results[0] for r in results)
-    assert not [n for n in os.listdir(cache) if n.endswith(".tmp")]
-    assert results[0][:-1] == [c.tolist() for c in map(
-        PackedDataset([prefix], seq_length=6, cache=False).content, range(len(results[0]) - 1))]
 
 
 def test_unwritable_cache_directory_falls_back_to_memory(wiki_shards, tmp_path):

@@ -2,22 +2,18 @@
 independence, dtype choice around 16 bits, malformed input, atomic outputs, and the
 tokenizer check.
 
-tools/preprocess_data.py is run as a subprocess (the real CLI) where its exit status and stderr
-matter; other cases call its main() in-process to save megatron-core's ~4 s import per run.
+tools/preprocess_data.py's main() is called in-process; the cases where the real CLI's exit
+status and stderr matter, and its worker processes, are in tests/tools/test_preprocess_cli.py.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pydoc_data.topics
 import pytest
 
 from rtd_scale.cli_errors import run_cli
@@ -32,94 +28,27 @@ from rtd_scale.data.shards import (
     shard_paths,
 )
 from rtd_scale.data.text import BadLineError, ReadStats, iter_records
-from rtd_scale.data.tokenizer import Tokenizer, normalize_text, train_tokenizer
-
-REPO = Path(__file__).resolve().parents[2]
-from tests.helpers.env import CASES  # noqa: E402
-TOOL = REPO / "tools" / "preprocess_data.py"
-CASE_FILES = ["c05_empty_docs.jsonl", "c06_single_sentence_docs.jsonl", "c10_all_lines_too_long.jsonl",
-              "c11_no_space_70k.jsonl", "c12_control_chars.jsonl"]
-
-
-def _texts(path: Path) -> list[str]:
-    return [json.loads(line)["text"] for line in path.read_text(encoding="utf-8").splitlines()]
+from rtd_scale.data.tokenizer import Tokenizer, train_tokenizer
+from tests.helpers.env import CASES
+from tests.helpers.preprocess_corpus import texts as _texts
+from tests.helpers.preprocess_corpus import train, write_corpus
+from tests.helpers.tools import load_tool
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     """Real English (the stdlib's pydoc topic texts) followed by every case file, as one jsonl."""
-    path = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"
-    docs = list(pydoc_data.topics.topics.values()) + [t for name in CASE_FILES for t in _texts(CASES / name)]
-    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs), encoding="utf-8")
-    return path
+    return write_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 @pytest.fixture(scope="module")
 def tokenizer(corpus, tmp_path_factory) -> Tokenizer:
-    prefix = tmp_path_factory.mktemp("tok") / "spm"
-    return Tokenizer(train_tokenizer(_texts(corpus), prefix, vocab_size=400, num_threads=2).model_path)
+    return train(corpus, tmp_path_factory.mktemp("tok"))
 
 
 @pytest.fixture(scope="module")
 def preprocess_module():
-    spec = importlib.util.spec_from_file_location("preprocess_data", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(TOOL), *args], capture_output=True, text=True, cwd=REPO)
-
-
-def _snapshot(directory: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
-
-
-# -- empty documents and the round trip -------------------------------------------------------
-
-
-def test_empty_documents_skipped_and_counted(tokenizer, tmp_path):
-    proc = _run("--input", str(CASES / "c05_empty_docs.jsonl"), "--tokenizer-model", tokenizer.model_path,
-                "--output-prefix", str(tmp_path / "c05"))
-    assert proc.returncode == 0, proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert "done: 2 documents written, 4 empty documents skipped, 0 bad lines skipped" in proc.stdout
-    dataset = tmp_path / "c05_text_document"  # Megatron-LM's naming
-    assert f"--data-path {dataset}    # text: 2 documents" in proc.stdout
-    prefix = tmp_path / "c05_text_document_00000"  # its one shard
-    ds = open_shard(prefix)
-    assert len(ds) == 2 and ds.document_indices.tolist() == [0, 1, 2]
-    non_empty = [t for t in _texts(CASES / "c05_empty_docs.jsonl") if normalize_text(t)]
-    assert [ds[i].tolist() for i in range(2)] == [tokenizer.encode(t) for t in non_empty]
-    meta = read_shard_meta(prefix)
-    assert (meta["documents"], meta["empty_documents_skipped"], meta["vocab_size"], meta["dtype"]) == (2, 4, 400, "uint16")
-    assert meta["tokens"] == sum(len(tokenizer.encode(t)) for t in non_empty)
-    assert meta["tokenizer_model_sha256"] == tokenizer.sha256
-    manifest = read_manifest(dataset)
-    assert (manifest["documents"], manifest["empty_documents_skipped"], manifest["shards"]) == (2, 4, [str(prefix)])
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "c05_text_document.manifest.json", "c05_text_document_00000.bin", "c05_text_document_00000.idx",
-        "c05_text_document_00000.meta.json"]
-
-
-def test_round_trip_and_workers_give_identical_bytes(corpus, tokenizer, tmp_path, preprocess_module, capsys):
-    args = ["--input", str(corpus), "--tokenizer-model", tokenizer.model_path]
-    assert run_cli(preprocess_module.main, [*args, "--output-prefix", str(tmp_path / "w1" / "o"), "--workers", "1"]) == 0
-    proc = _run(*args, "--output-prefix", str(tmp_path / "w2" / "o"), "--workers", "2")  # spawned workers
-    assert proc.returncode == 0, proc.stderr
-    outputs = {w: _snapshot(tmp_path / f"w{w}") for w in (1, 2)}
-    assert outputs[1] == outputs[2] and len(outputs[1]) == 4  # manifest + one shard, same bytes
-
-    docs = [t for t in _texts(corpus) if normalize_text(t)]
-    ds = open_shard(tmp_path / "w2" / "o_text_document_00000")
-    assert len(ds) == len(docs) == len(_texts(corpus)) - 4  # the case file's four empty documents
-    for i, text in enumerate(docs):
-        assert ds[i].dtype == np.uint16
-        assert ds[i].tolist() == tokenizer.encode(text), i
-    no_space_run = _texts(CASES / "c11_no_space_70k.jsonl")[1]
-    assert tokenizer.decode(ds[docs.index(no_space_run)]) == no_space_run
+    return load_tool("preprocess_data")
 
 
 # -- dtype around the 16-bit limit ---------------------------------------------------------------
@@ -166,38 +95,6 @@ def test_dtype_too_small_for_vocab_raises(tmp_path):
 # -- errors: malformed input, missing input, empty corpus, atomic outputs -------------------------
 
 
-def test_existing_dataset_is_kept_unless_resume_or_overwrite(tokenizer, tmp_path, preprocess_module, capsys):
-    good = run_cli(preprocess_module.main, ["--input", str(CASES / "c05_empty_docs.jsonl"), "--tokenizer-model",
-                                            tokenizer.model_path, "--output-prefix", str(tmp_path / "out")])
-    assert good == 0
-    before = _snapshot(tmp_path)
-
-    proc = _run("--input", str(CASES / "c12b_malformed.jsonl"), "--tokenizer-model", tokenizer.model_path,
-                "--output-prefix", str(tmp_path / "out"))
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert proc.stderr == (f"error: --output-prefix: {tmp_path / 'out_text_document'} already holds a dataset "
-                           "(1 shard(s)); pass --resume to finish or keep it, --overwrite to replace it, or "
-                           "choose another --output-prefix\n")
-    assert _snapshot(tmp_path) == before  # same files, same bytes, no temporaries left
-
-    # --resume on a complete dataset does nothing; with other inputs it refuses, naming the flag
-    capsys.readouterr()
-    args = ["--tokenizer-model", tokenizer.model_path, "--output-prefix", str(tmp_path / "out"), "--resume"]
-    assert run_cli(preprocess_module.main, ["--input", str(CASES / "c05_empty_docs.jsonl"), *args]) == 0
-    assert capsys.readouterr().out.startswith("nothing to do: ")
-    assert run_cli(preprocess_module.main, ["--input", str(CASES / "c06_single_sentence_docs.jsonl"), *args]) == 1
-    err = capsys.readouterr().err
-    assert err.startswith(f"error: --resume: shard {tmp_path / 'out_text_document_00000'} was written with other "
-                          "arguments: --input differs") and err.count("\n") == 1
-    assert _snapshot(tmp_path) == before
-
-    # --overwrite replaces it
-    assert run_cli(preprocess_module.main, ["--input", str(CASES / "c06_single_sentence_docs.jsonl"), "--tokenizer-model",
-                                            tokenizer.model_path, "--output-prefix", str(tmp_path / "out"),
-                                            "--overwrite"]) == 0
-    assert read_manifest(tmp_path / "out_text_document")["documents"] == 300
-
-
 def test_malformed_new_prefix_writes_nothing(tokenizer, tmp_path, preprocess_module, capsys):
     status = run_cli(preprocess_module.main, ["--input", str(CASES / "c12b_malformed.jsonl"), "--tokenizer-model",
                                               tokenizer.model_path, "--output-prefix", str(tmp_path / "new" / "m")])
@@ -213,14 +110,6 @@ def test_skip_bad_lines_counts(tokenizer, tmp_path, preprocess_module, capsys):
     assert status == 0
     assert "done: 2 documents written, 0 empty documents skipped, 3 bad lines skipped (first: " in out
     assert len(open_shard(tmp_path / "m_text_document_00000")) == 2
-
-
-def test_missing_input_one_line_error(tokenizer, tmp_path):
-    proc = _run("--input", str(tmp_path / "nope.jsonl"), "--tokenizer-model", tokenizer.model_path,
-                "--output-prefix", str(tmp_path / "x"))
-    assert proc.returncode == 1
-    assert proc.stderr == f"error: input file not found: {tmp_path / 'nope.jsonl'}\n"
-    assert list(tmp_path.iterdir()) == []
 
 
 def test_empty_corpus_and_bad_tokenizer(tokenizer, tmp_path, preprocess_module, capsys):

@@ -1,6 +1,6 @@
 """Datasets of several shards: resumable reading positions, size-cut shards, --resume after a
-crash (simulated and a real SIGKILL) giving byte-identical output, merging, and how a
---data-path entry resolves to shards."""
+simulated crash giving byte-identical output, merging, and how a --data-path entry resolves to
+shards. A real SIGKILL of the tool and its workers is in tests/tools/test_preprocess_sigkill.py."""
 
 from __future__ import annotations
 
@@ -11,8 +11,6 @@ import json
 import lzma
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,7 +22,7 @@ import pytest
 
 from rtd_scale.cli_errors import UserInputError, run_cli
 from rtd_scale.data.shards import ShardWriter, open_shard, read_manifest, read_shard_meta, resolve_data_path
-from rtd_scale.data.text import Position, ReadStats, iter_positioned_records
+from rtd_scale.data.text import Position, iter_positioned_records
 from tests.helpers.env import REPO, TEST_DATA
 
 TOOL = REPO / "tools" / "preprocess_data.py"
@@ -117,33 +115,6 @@ def test_crash_then_resume_is_byte_identical_to_a_clean_run(tools, wiki_shards, 
     assert _snapshot(crashed) == _snapshot(clean)
     assert resolve_data_path(crashed / "x_text_document") == [
         str(crashed / f"x_text_document_{i:05d}") for i in range(n)]
-
-
-def test_sigkill_then_resume_is_byte_identical(tools, wiki_shards, tmp_path):
-    tok, _ = wiki_shards
-    big = tmp_path / "big.jsonl"
-    big.write_bytes(WIKI.read_bytes() * 30)  # 12,060 documents, ~6 MB
-    args = ["--input", str(big), "--tokenizer-model", tok, "--shard-size-mb", "0.05", "--workers", "2"]
-    proc = subprocess.Popen([sys.executable, str(TOOL), *args, "--output-prefix", str(tmp_path / "killed" / "x")],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    third = tmp_path / "killed" / "x_text_document_00002.idx"
-    deadline = time.monotonic() + 120
-    while not third.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.005)
-    os.killpg(proc.pid, signal.SIGKILL)  # the tool and its workers, mid-run
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL
-    assert not (tmp_path / "killed" / "x_text_document.manifest.json").exists()
-
-    resumed = subprocess.run([sys.executable, str(TOOL), *args, "--output-prefix", str(tmp_path / "killed" / "x"),
-                              "--resume"], cwd=REPO, capture_output=True, text=True)
-    assert resumed.returncode == 0, resumed.stderr
-    assert "resuming after shard " in resumed.stdout
-    # in-process, so one worker (spawned workers cannot import a module loaded from a file path);
-    # the bytes do not depend on the worker count
-    _preprocess(tools, tok, [big], tmp_path / "clean" / "x", "--shard-size-mb", "0.05")
-    assert _snapshot(tmp_path / "killed") == _snapshot(tmp_path / "clean")
-    assert read_manifest(tmp_path / "clean" / "x_text_document")["documents"] == 12_060
 
 
 def test_resume_refuses_other_arguments(tools, wiki_shards, tmp_path, capsys):

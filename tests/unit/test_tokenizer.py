@@ -8,11 +8,8 @@ trainable offline in ~2 s; the case files alone hold only five distinct sentence
 
 from __future__ import annotations
 
-import json
 import pickle
 import re
-import subprocess
-import sys
 import unicodedata
 from pathlib import Path
 
@@ -37,13 +34,8 @@ from rtd_scale.data.tokenizer import (
     train_tokenizer,
 )
 
-REPO = Path(__file__).resolve().parents[2]
-from tests.helpers.env import CASES  # noqa: E402
-TRAIN_TOOL = REPO / "tools" / "train_tokenizer.py"
-
-
-def _case_texts(name: str) -> list[str]:
-    return [json.loads(line)["text"] for line in (CASES / name).read_text(encoding="utf-8").splitlines()]
+from tests.helpers.env import CASES
+from tests.helpers.env import case_texts as _case_texts
 
 
 def _fixture_documents() -> list[str]:
@@ -60,18 +52,6 @@ def tokenizer(tmp_path_factory) -> Tokenizer:
     summary = train_tokenizer(_fixture_documents(), prefix, vocab_size=400, num_threads=2)
     assert summary.vocab_size == 400
     return Tokenizer(summary.model_path)
-
-
-def _run_tool(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(TRAIN_TOOL), *args], capture_output=True, text=True, cwd=REPO)
-
-
-def _assert_one_line_error(proc: subprocess.CompletedProcess) -> str:
-    assert proc.returncode == 1, proc.stderr
-    assert "Traceback" not in proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
-    return lines[0]
 
 
 # -- special ids ------------------------------------------------------------------------------
@@ -182,19 +162,6 @@ def test_split_for_training_limits_bytes_and_keeps_text():
     assert split_for_training("\u00e9\u00e9\u00e9\u00e9\u00e9", 4) == ["\u00e9\u00e9", "\u00e9\u00e9", "\u00e9"]
 
 
-def test_every_line_too_long_trains(tmp_path):
-    lines = _case_texts("c10_all_lines_too_long.jsonl")
-    assert min(len(t.encode()) for t in lines) > 4192  # the case: every line beats SentencePiece's limit
-    proc = _run_tool("--input", str(CASES / "c10_all_lines_too_long.jsonl"), "--output-prefix",
-                     str(tmp_path / "c10"), "--vocab-size", "60", "--character-coverage", "1.0")
-    assert proc.returncode == 0, proc.stderr
-    assert "on 50 documents" in proc.stdout and "vocab 60" in proc.stdout
-    tok = Tokenizer(tmp_path / "c10.model")
-    assert tok.vocab_size == 60
-    # coverage 1.0: "D" of "Document 0." is rarer than SentencePiece's default 0.9995 keeps
-    assert tok.decode(tok.encode(lines[0])) == normalize_text(lines[0])
-
-
 def test_long_line_round_trips(tokenizer):
     line = _case_texts("c10_all_lines_too_long.jsonl")[7]
     ids = tokenizer.encode(line)
@@ -202,30 +169,19 @@ def test_long_line_round_trips(tokenizer):
     assert tokenizer.decode(ids) == normalize_text(line)
 
 
-def test_no_space_run_trains_and_neighbours_intact(tokenizer, tmp_path):
+def test_no_space_run_encodes_and_neighbours_intact(tokenizer):
+    """Alone, through the real CLI: tests/tools/test_tokenizer_cli.py::test_no_space_run_trains_alone."""
     before, run, after = _case_texts("c11_no_space_70k.jsonl")
     assert len(run) == 70014 and run.count(" ") == 2  # "prefix <70,000 letters> suffix"
     # The fixture tokenizer was trained with these three documents; encoding finishes too.
     assert tokenizer.decode(tokenizer.encode(before)) == before
     assert tokenizer.decode(tokenizer.encode(after)) == after
     assert tokenizer.decode(tokenizer.encode(run)) == run
-    # Alone, through the real CLI (the run is hard-split into <= 4192-byte pieces).
-    proc = _run_tool("--input", str(CASES / "c11_no_space_70k.jsonl"), "--output-prefix",
-                     str(tmp_path / "c11"), "--vocab-size", "40")
-    assert proc.returncode == 0, proc.stderr
-    assert "20 of 20 sentences fed" in proc.stdout  # 2 short + 1 + 17 pieces of the 70,014-byte document
 
 
-def test_malformed_line_error_names_file_and_line(tmp_path):
-    proc = _run_tool("--input", str(CASES / "c12b_malformed.jsonl"), "--output-prefix", str(tmp_path / "m"),
-                     "--vocab-size", "40")
-    line = _assert_one_line_error(proc)
-    assert "c12b_malformed.jsonl:2: invalid JSON" in line
-    assert "--skip-bad-lines" in line
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_skip_bad_lines_counts_three(tmp_path):
+def test_skip_bad_lines_counts_three():
+    """Training on the rest through the CLI:
+    tests/tools/test_tokenizer_cli.py::test_skip_bad_lines_trains_on_the_rest."""
     stats = ReadStats()
     records = list(iter_records([CASES / "c12b_malformed.jsonl"], ["text"], skip_bad_lines=True, stats=stats))
     assert records == [
@@ -238,11 +194,6 @@ def test_skip_bad_lines_counts_three(tmp_path):
         (3, "missing key 'text'"),
         (4, "not valid UTF-8"),
     ]
-    proc = _run_tool("--input", str(CASES / "c12b_malformed.jsonl"), "--output-prefix", str(tmp_path / "m"),
-                     "--vocab-size", "40", "--skip-bad-lines")
-    assert proc.returncode == 0, proc.stderr
-    assert "on 2 documents" in proc.stdout and "3 bad lines skipped" in proc.stdout
-    assert (tmp_path / "m.model").is_file() and (tmp_path / "m.vocab").is_file()
 
 
 def test_bad_line_error_is_one_line_and_picklable():
@@ -264,11 +215,10 @@ def test_vocab_too_high_names_flag_and_limit(tmp_path):
     assert train_tokenizer(docs, tmp_path / "ok", vocab_size=limit, num_threads=2).vocab_size == limit
 
 
-def test_empty_corpus_and_missing_input(tmp_path):
+def test_empty_corpus_is_refused(tmp_path):
+    """A missing input through the CLI: tests/tools/test_tokenizer_cli.py::test_missing_input_is_one_line."""
     with pytest.raises(TokenizerTrainingError, match="all 3 documents are empty after normalisation"):
         train_tokenizer(["", " \t", "\u200b"], tmp_path / "e")
-    proc = _run_tool("--input", str(tmp_path / "missing.jsonl"), "--output-prefix", str(tmp_path / "x"))
-    assert _assert_one_line_error(proc) == f"error: input file not found: {tmp_path / 'missing.jsonl'}"
 
 
 def test_input_sentence_size_samples(tmp_path):

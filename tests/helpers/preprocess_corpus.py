@@ -1,0 +1,36 @@
+"""The corpus and tokenizer that tests/unit/test_preprocess.py and tests/tools/test_preprocess_cli.py
+preprocess: real English (the stdlib's pydoc topic texts) followed by every case file."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.helpers.env import CASES
+
+CASE_FILES = ["c05_empty_docs.jsonl", "c06_single_sentence_docs.jsonl", "c10_all_lines_too_long.jsonl",
+              "c11_no_space_70k.jsonl", "c12_control_chars.jsonl"]
+
+
+def texts(path: Path) -> list[str]:
+    return [json.loads(line)["text"] for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def write_corpus(directory: Path) -> Path:
+    """``directory/corpus.jsonl``: the pydoc topic texts, then every case file's documents."""
+    import pydoc_data.topics
+
+    path = directory / "corpus.jsonl"
+    docs = list(pydoc_data.topics.topics.values()) + [t for name in CASE_FILES for t in texts(CASES / name)]
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs), encoding="utf-8")
+    return path
+
+
+def train(corpus: Path, directory: Path):
+    """A 400-piece Tokenizer trained on ``corpus`` into ``directory``."""
+    from rtd_scale.data.tokenizer import Tokenizer, train_tokenizer
+
+    return Tokenizer(train_tokenizer(texts(corpus), directory / "spm", vocab_size=400, num_threads=2).model_path)
+
+
+def snapshot(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}

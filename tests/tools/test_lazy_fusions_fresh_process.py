@@ -1,0 +1,19 @@
+"""megatron-core's import-time torch.compile calls are deferred to first use
+(rtd_scale._lazy_fusions), seen from a fresh Python process: importing megatron-core through
+rtd_scale compiles nothing and leaves torch.compile as it was."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.helpers.env import REPO
+
+
+def test_a_fresh_process_imports_megatron_core_without_compiling_and_restores_torch_compile():
+    code = ("import sys, torch, rtd_scale.distributed, megatron.core.jit as jit; "
+            "print(torch.compile.__module__, jit.jit_fuser.__qualname__, "
+            "'torch._inductor.compile_fx' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["torch", "lazy_compile.<locals>.compile_later", "False"]
