@@ -19,7 +19,8 @@ import json
 import os
 import sys
 import warnings
-from typing import Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
 
 if __name__ == "__main__" and __package__ in (None, ""):
     # Run as a script (``deepspeed rtd_scale/pretrain.py``): import the package, not its folder.
@@ -338,13 +339,31 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     return cfg
 
 
-def prepare(cfg: RunConfig, world_size: int, print_fn=None):
-    """Every check on user input that needs no process group. Returns
-    (tokenizer, data, resolved ds_config, data_parallel_size, gradient_accumulation_steps,
-    layout, checkpoint metadata or None), with ``data`` the training split's ``BlendedDataset``
-    and, when the run validates, the validation split's (``{"train": …, "valid": …}``): the
-    ``--valid-data-path`` corpus when given, else --split's validation share of ``--data-path``;
-    and the ``--test-data-path`` corpus as ``"test"`` when given (with ``--eval-iters`` > 0).
+@dataclass
+class Prepared:
+    """What ``prepare`` checked and built, for ``run``.
+
+    ``data``: the training split's ``BlendedDataset`` and, when the run validates, the
+    validation split's (``{"train": …, "valid": …}``): the ``--valid-data-path`` corpus when
+    given, else --split's validation share of ``--data-path``; and the ``--test-data-path``
+    corpus as ``"test"`` when given (with ``--eval-iters`` > 0). ``layout``: this run's
+    (world, DP, TP, PP, ZeRO stage), as a checkpoint records it. With ``--load``: ``resume``,
+    the checkpoint chosen (``checkpoint.choose``, once per run), and ``meta``, its metadata;
+    both None otherwise.
+    """
+
+    tokenizer: Any
+    data: dict[str, Any]
+    ds_config: dict[str, Any]
+    data_parallel_size: int
+    gradient_accumulation_steps: int
+    layout: dict[str, int]
+    resume: Optional[Any] = None  # training/checkpoint.py's Choice
+    meta: Optional[dict[str, Any]] = None
+
+
+def prepare(cfg: RunConfig, world_size: int, print_fn=None) -> Prepared:
+    """Every check on user input that needs no process group (``Prepared``'s fields).
 
     Builds (or loads from its cache) every dataset's sample index; every rank runs this at once,
     and the cache tolerates concurrent identical builds.
@@ -405,7 +424,7 @@ def prepare(cfg: RunConfig, world_size: int, print_fn=None):
               "tensor_model_parallel_size": cfg.parallel.tensor_model_parallel_size,
               "pipeline_model_parallel_size": cfg.parallel.pipeline_model_parallel_size,
               "zero_stage": zero}
-    meta = None
+    meta = choice = None
     if cfg.train.load:
         choice = checkpoint.choose(cfg.train.load)
         checkpoint.check_safe_to_load(choice.path)
@@ -449,18 +468,19 @@ def prepare(cfg: RunConfig, world_size: int, print_fn=None):
                                  "writable directory") from None
         if not os.access(save, os.W_OK):
             raise UserInputError(f"--save {save}: not writable; pass a writable directory")
-    return tok, dataset, ds_config, dp, gas, layout, meta
+    return Prepared(tokenizer=tok, data=dataset, ds_config=ds_config, data_parallel_size=dp,
+                    gradient_accumulation_steps=gas, layout=layout, resume=choice, meta=meta)
 
 
-def convert_for_layout(cfg: RunConfig, ctx, meta: dict, layout: dict, print_fn) -> str:
-    """The universal conversion of the checkpoint ``--load`` takes, saved at another layout:
-    rank 0 writes it (or finds it) beside the checkpoint while the others wait; every rank
-    raises the same one-line error when it fails. Returns its root (``training/reshard.py``)."""
+def convert_for_layout(choice, ctx, meta: dict, layout: dict, print_fn) -> str:
+    """The universal conversion of ``choice`` (the checkpoint ``--load`` takes), saved at
+    another layout: rank 0 writes it (or finds it) beside the checkpoint while the others wait;
+    every rank raises the same one-line error when it fails. Returns its root
+    (``training/reshard.py``)."""
     import torch.distributed as dist
 
     from rtd_scale.training import checkpoint, reshard
 
-    choice = checkpoint.choose(cfg.train.load)
     result: list = [None]
     if ctx.rank == 0:
         try:
@@ -505,15 +525,17 @@ def run(cfg: RunConfig, print_fn=print, stop=None, validated=None) -> dict:
     import torch
 
     from rtd_scale import distributed
-    from rtd_scale.model.rtd import RTDModel
+    from rtd_scale.model.build import build_model
     from rtd_scale.training import checkpoint, engine as engine_mod
     from rtd_scale.training.loop import train
     from rtd_scale.training.metrics import MetricsLogger, TensorBoardLogger
     from rtd_scale.training.profiler import StepProfiler
 
     launch = launch_env.read()  # the launcher's variables, a Slurm step's, or one process
-    tok, dataset, ds_config, dp, gas, layout, meta = prepare(
-        cfg, launch.world_size, print_fn if launch.rank == 0 else None)
+    prep = prepare(cfg, launch.world_size, print_fn if launch.rank == 0 else None)
+    tok, dataset, ds_config, layout, meta = (prep.tokenizer, prep.data, prep.ds_config,
+                                             prep.layout, prep.meta)
+    dp, gas = prep.data_parallel_size, prep.gradient_accumulation_steps
     if meta is not None and meta["step"] >= cfg.train.train_iters:
         if validated:
             validated()
@@ -535,17 +557,7 @@ def run(cfg: RunConfig, print_fn=print, stop=None, validated=None) -> dict:
         validated()
     ctx = distributed.initialize(cfg.parallel, seed=cfg.train.seed)
     try:
-        model = RTDModel(cfg.model, cfg.rtd,
-                         tensor_model_parallel_size=cfg.parallel.tensor_model_parallel_size,
-                         pipeline_model_parallel_size=ctx.pp_size,
-                         pre_process=ctx.is_first_stage, post_process=ctx.is_last_stage,
-                         pipeline_dtype=(torch.bfloat16 if cfg.train.precision is Precision.BF16
-                                         else torch.float32),
-                         recompute_activations=cfg.model.recompute_activations,
-                         special_ids=tok.special_ids, pad_id=tok.pad_id, mask_id=tok.mask_id,
-                         seed=cfg.train.seed,
-                         word_start_table=(None if cfg.rtd.mask_strategy == "token"
-                                           else tok.word_start_table())).to(ctx.device)
+        model = build_model(cfg, ctx, tok)
         pretrained, note = pretrained_weights(cfg)
         if note and ctx.is_logging_rank:
             print_fn(note)
@@ -558,7 +570,7 @@ def run(cfg: RunConfig, print_fn=print, stop=None, validated=None) -> dict:
         distributed.seed_after_build(ctx, cfg.train.seed)
         universal = None  # a checkpoint saved at another DP size / ZeRO stage: converted first
         if checkpoint.needs_conversion(meta, layout):
-            universal = convert_for_layout(cfg, ctx, meta, layout,
+            universal = convert_for_layout(prep.resume, ctx, meta, layout,
                                            print_fn if ctx.is_logging_rank else None)
             ds_config = {**ds_config, "checkpoint": {**ds_config.get("checkpoint", {}),
                                                      "load_universal": True}}
@@ -566,8 +578,9 @@ def run(cfg: RunConfig, print_fn=print, stop=None, validated=None) -> dict:
         start_step = consumed = 0
         resumed_from = None
         if cfg.train.load:
-            client = checkpoint.load(eng, cfg.train.load, rank=ctx.rank, universal_root=universal)
-            checkpoint.refresh_learning_rate(eng, cfg.optim.lr)  # this run's resolved schedule
+            # the chosen checkpoint; its lr and weight decay set from this run's resolved schedule
+            client = checkpoint.load(eng, cfg.train.load, rank=ctx.rank,
+                                     universal_root=universal, choice=prep.resume)
             start_step = int(client.get("step", 0))
             if universal is not None:  # dropout: a fresh stream per rank (training/reshard.py)
                 distributed.seed_after_build(ctx, cfg.train.seed + start_step)

@@ -175,24 +175,15 @@ def _worker(rank: int, world_size: int, port: int, run_dir: str, tag: str, cfg_d
     result: Any = None
     try:
         from rtd_scale import distributed
-        from rtd_scale.config import Precision
         from rtd_scale.data.tokenizer import Tokenizer
-        from rtd_scale.model.rtd import RTDModel
+        from rtd_scale.model.build import build_model
         from rtd_scale.training import engine as engine_mod
 
         cfg = run_config_from_dict(cfg_dict)
         tok = Tokenizer(cfg.data.tokenizer_model)
         ctx = distributed.initialize(cfg.parallel, seed=cfg.train.seed)
         try:
-            model = RTDModel(
-                cfg.model, cfg.rtd,
-                tensor_model_parallel_size=cfg.parallel.tensor_model_parallel_size,
-                pipeline_model_parallel_size=ctx.pp_size, pre_process=ctx.is_first_stage,
-                post_process=ctx.is_last_stage,
-                pipeline_dtype=(torch.bfloat16 if cfg.train.precision is Precision.BF16
-                                else torch.float32),
-                special_ids=tok.special_ids, pad_id=tok.pad_id, mask_id=tok.mask_id,
-                seed=cfg.train.seed).to(ctx.device)
+            model = build_model(cfg, ctx, tok)
             eng = engine_mod.build_engine(model, cfg, ds_config, distributed.DeepSpeedMpu())
             from rtd_scale.training import checkpoint
 

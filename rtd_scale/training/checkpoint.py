@@ -822,9 +822,12 @@ def load_checked(engine, load_dir: str, tag: str, *, flag: str, **load_kwargs) -
     return client_state or {}
 
 
-def load(engine, load: str, *, rank: int, universal_root: Optional[str] = None) -> dict[str, Any]:
-    """Load the checkpoint :func:`choose` picks for ``--load load`` into ``engine``; returns its
-    client state. Every file is read with ``weights_only=True``.
+def load(engine, load: str, *, rank: int, universal_root: Optional[str] = None,
+         choice: Optional[Choice] = None) -> dict[str, Any]:
+    """Load the checkpoint :func:`choose` picks for ``--load load`` into ``engine`` (``choice``:
+    that pick, made earlier by the caller); returns its client state. Every file is read with
+    ``weights_only=True``. The optimizer's learning rate and weight decay are then this run's
+    schedule's at the restored position (:func:`refresh_learning_rate`).
 
     ``universal_root``: the checkpoint was saved at another layout and this is its universal
     conversion (``training/reshard.py``; the engine was built with ``load_universal``); the
@@ -835,7 +838,7 @@ def load(engine, load: str, *, rank: int, universal_root: Optional[str] = None) 
         CheckpointReadError: a file is unreadable or holds more than tensors (on the rank that
             reads it).
     """
-    choice = choose(load)
+    choice = choice or choose(load)
     groups = getattr(engine.optimizer, "optimizer", engine.optimizer).param_groups
     hyper = [{k: v for k, v in g.items() if k != "params"} for g in groups]
     client_state = load_checked(engine, universal_root or choice.load_dir, choice.tag,

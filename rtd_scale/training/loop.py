@@ -1,4 +1,7 @@
-"""The training loop: loader → DeepSpeed engine → metrics, validation, checkpoints, TensorBoard.
+"""The training loop: loader → the step → metrics, validation, checkpoints, TensorBoard.
+
+The step itself: ``training/step.py``'s ``train_step`` at pipeline_model_parallel_size 1,
+``training/pipeline.py``'s ``pipeline_train_step`` above it.
 
 Data: one DataLoader per split for the whole run (``data/loader.py``). The training loader starts
 at the run's ``consumed_samples`` (0, or the checkpoint's), so a resumed run reads exactly what an
@@ -17,7 +20,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
@@ -26,20 +29,20 @@ from rtd_scale.config import RunConfig
 from rtd_scale.data.blend import BlendedDataset
 from rtd_scale.data.loader import DataParallelSampler, build_loader
 from rtd_scale.distributed import DeepSpeedMpu, ParallelContext
-from rtd_scale.phases import PHASE_BACKWARD, PHASE_DATA_WAIT, PHASE_FORWARD, PHASE_OPTIMIZER_STEP
+from rtd_scale.phases import PHASE_DATA_WAIT
 from rtd_scale.training import checkpoint
 from rtd_scale.training.digest import DataDigest
 from rtd_scale.training.diagnostics import (VALID_AUC, VALID_AUC_CHANCE_SD, auc_chance_sd,
                                             gather_scores, roc_auc, table_cosines)
-from rtd_scale.training.engine import NonFiniteSkippingAdamW
+from rtd_scale.training.optimizer import NonFiniteSkippingAdamW
 from rtd_scale.training.metrics import (MetricAccumulator, MetricsLogger, format_log_line,
                                         grad_norm)
-from rtd_scale.training.normalise import global_counts
 from rtd_scale.training.pipeline import pipeline_forward, pipeline_train_step
 from rtd_scale.training.profiler import StepProfiler
 from rtd_scale.training.signals import StopRequest
+from rtd_scale.training.step import eval_step, train_step
 from rtd_scale.training.throughput import ThroughputMeter, loss_scale, memory_gib
-from rtd_scale.training.timers import NO_TIMERS, PhaseTimers, timer_scalars
+from rtd_scale.training.timers import PhaseTimers, timer_scalars
 
 
 @dataclass
@@ -68,7 +71,7 @@ class NonFiniteGuard:
       one thing the optimizers check; the product is exact for a finite loss;
     - the optimizer step then skips an iteration whose gradient norm is not finite: DeepSpeed's
       own check under ZeRO 1–3 and its bf16 optimizers (they already read the norm on the host
-      every step), ``engine.NonFiniteSkippingAdamW`` on the device at ZeRO stage 0 in fp32.
+      every step), ``optimizer.NonFiniteSkippingAdamW`` on the device at ZeRO stage 0 in fp32.
       Either way a skipped iteration leaves the parameters, AdamW's moments, its step count
       and the learning-rate schedule as they were (Megatron-LM's rule; how the schedule learns
       of the skip: ``training/lr_schedule.py``), and the iteration's samples are consumed;
@@ -172,55 +175,6 @@ def make_loader(cfg: RunConfig, ctx: ParallelContext, data: BlendedDataset, *, c
                         prefetch_factor=cfg.data.prefetch_factor, seed=cfg.train.seed)
 
 
-def _to(mb, device, pad_id: int) -> dict:
-    """A host micro-batch as the model's keyword arguments on ``device``: copies that do not
-    wait (from the loader's pinned memory on CUDA), and ``has_padding`` decided on the host, so
-    that a micro-batch without [PAD] runs attention without a mask and nothing waits for the
-    device."""
-    non_blocking = device.type == "cuda"
-    return dict(input_ids=mb.input_ids.to(device, non_blocking=non_blocking),
-                sample_index=mb.sample_index.to(device, non_blocking=non_blocking),
-                has_padding=bool((mb.input_ids == pad_id).any()))
-
-
-def train_step(engine, batches, *, step: int, ctx: ParallelContext,
-               gate: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
-               before_update: Optional[Callable[[], None]] = None,
-               timers=NO_TIMERS) -> list:
-    """One optimizer step at pipeline_model_parallel_size 1 over this rank's ``batches`` (its
-    gradient-accumulation micro-batches): forward, ``engine.backward``, ``engine.step`` each.
-
-    The losses are normalised over the global batch (``training/normalise.py``): the counts of
-    every micro-batch of the step on every data-parallel rank come first (one all-reduce), so
-    that the update does not depend on micro-batch size × accumulation × DP.
-    ``gate``: applied to each loss before backward (``NonFiniteGuard.gate``).
-    ``before_update``: called after the last backward, before the step that updates (reads the
-    gradients). ``timers``: the step's phases (``training/timers.py``). Returns one RTDOutput
-    per micro-batch.
-    """
-    model = engine.module
-    # DeepSpeed divides each loss by its accumulation steps: the normaliser counts on it
-    assert engine.gradient_accumulation_steps() == len(batches), \
-        (engine.gradient_accumulation_steps(), len(batches))
-    with timers(PHASE_DATA_WAIT):
-        kwargs = [_to(mb, ctx.device, model.pad_id) for mb in batches]
-    with timers(PHASE_FORWARD):
-        counts = global_counts(model, [(k["input_ids"], k["sample_index"]) for k in kwargs], ctx)
-    outs = []
-    for j, kw in enumerate(kwargs):
-        with timers(PHASE_FORWARD):
-            out = engine(**kw, step=step, global_counts=counts,
-                         num_micro_batches=len(kwargs) * ctx.dp_size, timers=timers)
-        with timers(PHASE_BACKWARD):
-            engine.backward(out.loss if gate is None else gate(out.loss))
-        with timers(PHASE_OPTIMIZER_STEP):
-            if before_update is not None and j == len(kwargs) - 1:
-                before_update()
-            engine.step()
-        outs.append(out)
-    return outs
-
-
 def evaluate(cfg: RunConfig, ctx: ParallelContext, engine, loader,
              split: str = "valid", iteration: int = 0) -> dict[str, float]:
     """Validation losses and accuracies over ``eval_iters`` global batches of ``loader``
@@ -261,11 +215,7 @@ def evaluate(cfg: RunConfig, ctx: ParallelContext, engine, loader,
                 if ctx.pp_size > 1:
                     outs = pipeline_forward(engine.module, batches, step=0, ctx=ctx)
                 else:
-                    kwargs = [_to(mb, ctx.device, pad_id) for mb in batches]
-                    counts = global_counts(engine.module, [(k["input_ids"], k["sample_index"])
-                                                           for k in kwargs], ctx)
-                    outs = [engine(**k, step=0, global_counts=counts,
-                                   num_micro_batches=gas * ctx.dp_size) for k in kwargs]
+                    outs = eval_step(engine, batches, step=0, ctx=ctx)
                 for out in outs:
                     acc.add(out, cfg.rtd.rtd_lambda)
                 if auc_here:

@@ -17,7 +17,7 @@ Skipped updates do not advance the schedule (Megatron-LM steps its scheduler onl
 
 - DeepSpeed decides the skip on the host for ZeRO stages 1–3, its bf16 optimizers and fp16's
   loss scaler (``optimizer.overflow``) and then does not call the scheduler: no extra sync;
-- at ZeRO stage 0 in fp32, ``engine.NonFiniteSkippingAdamW`` decides on the device. The
+- at ZeRO stage 0 in fp32, ``optimizer.NonFiniteSkippingAdamW`` decides on the device. The
   scheduler's step then only records that flag (copied into pinned host memory behind a CUDA
   event) and applies the increment at the next optimizer step (a step pre-hook), or when its
   state or lr is read (``settle``). That wait covers the previous step's work only, while the
@@ -40,6 +40,7 @@ import torch
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
 from rtd_scale.config import LRDecayStyle, OptimConfig, WSDDecayStyle
+from rtd_scale.training.optimizer import NonFiniteSkippingAdamW
 
 
 class _DeviceFlag:
@@ -152,8 +153,6 @@ def build_scheduler(optimizer: torch.optim.Optimizer, optim: OptimConfig, *, tra
                     global_batch_size: int) -> MegatronLRScheduler:
     """The run's scheduler over ``optimizer``; the device decides skipped steps when it is a
     ``NonFiniteSkippingAdamW`` (ZeRO stage 0 in fp32)."""
-    from rtd_scale.training.engine import NonFiniteSkippingAdamW
-
     flag = optimizer if isinstance(optimizer, NonFiniteSkippingAdamW) else None
     return MegatronLRScheduler(optimizer, optim, train_iters=train_iters,
                                global_batch_size=global_batch_size, device_skip_flag=flag)

@@ -43,7 +43,8 @@ def test_validation_reads_the_valid_data_path(wiki_shards, tmp_path, monkeypatch
     monkeypatch.chdir(REPO)
     cfg = pretrain.config_from_args(pretrain.build_parser().parse_args(_argv(
         wiki_shards, tmp_path / "run", "--valid-data-path", valid, "--test-data-path", test)))
-    tok, data, *_ = pretrain.prepare(cfg, world_size=1)
+    prep = pretrain.prepare(cfg, world_size=1)
+    tok, data = prep.tokenizer, prep.data
     held_out = set(Tokenizer(tok_path).encode(HELD_OUT_TEXT)) | set(tok.special_ids)
     wanted = np.arange(cfg.train.eval_iters * cfg.train.global_batch_size)
     for split, corpus, base in (("valid", valid, 1 << 60), ("test", test, 1 << 61)):
@@ -61,7 +62,7 @@ def test_validation_reads_the_valid_data_path(wiki_shards, tmp_path, monkeypatch
     # without the flags, validation is --split's validation share of the training data
     cfg = pretrain.config_from_args(pretrain.build_parser().parse_args(_argv(
         wiki_shards, tmp_path / "run2")))
-    _, data, *_ = pretrain.prepare(cfg, world_size=1)
+    data = pretrain.prepare(cfg, world_size=1).data
     assert sorted(data) == ["train", "valid"]
     assert data["valid"].datasets[0].name == prefix.rsplit("/", 1)[1]
     assert 0 < data["valid"].datasets[0].num_documents < data["valid"].datasets[0].total_documents

@@ -21,7 +21,7 @@ import sys
 import pytest
 import torch
 
-from rtd_scale.training.engine import NonFiniteSkippingAdamW
+from rtd_scale.training.optimizer import NonFiniteSkippingAdamW
 from rtd_scale.training.loop import NonFiniteGuard
 from tests.helpers.damage import nan_into_first_float
 from tests.helpers.env import REPO, free_port

@@ -246,7 +246,7 @@ def pipeline_parity(ctx, cases):
         cfg = _pp_config(sharing, layout, *attention)
         model = _build_stage(ctx, cfg)
         mbs = _pp_micro_batches()
-        if ctx.pp_size == 1:  # the global batch's normaliser, as loop.train_step
+        if ctx.pp_size == 1:  # the global batch's normaliser, as step.train_step
             from rtd_scale.training.normalise import global_counts
 
             counts = global_counts(model, [(mb.input_ids, mb.sample_index) for mb in mbs], ctx)
@@ -356,7 +356,7 @@ def _split_model(ctx, strategy: str, table):
 def split_invariance(ctx, layouts, strategies, steps: int = 2):
     """For each mask strategy and each (micro_batch_size, ZeRO stage) in ``layouts``: ``steps``
     AdamW steps (lr 1e-3, no warm-up, dropout 0) through the product's step
-    (``loop.train_step``, or ``pipeline.pipeline_train_step`` at PP > 1) on the global batches
+    (``step.train_step``, or ``pipeline.pipeline_train_step`` at PP > 1) on the global batches
     of ``split_batches`` (4 samples each), each data-parallel rank on its share. Returns per
     (strategy, micro_batch_size, stage): the gathered weights, the logged (L_MLM, L_RTD) of
     every step (``MetricAccumulator`` over micro-batches and DP ranks; last stage) and the
@@ -367,7 +367,7 @@ def split_invariance(ctx, layouts, strategies, steps: int = 2):
     from rtd_scale.data.packed import MicroBatch
     from rtd_scale.hf.consolidate import gather_full_state
     from rtd_scale.training import engine as engine_mod
-    from rtd_scale.training.loop import train_step
+    from rtd_scale.training.step import train_step
     from rtd_scale.training.metrics import MetricAccumulator
     from rtd_scale.training.pipeline import pipeline_train_step
 

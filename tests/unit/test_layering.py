@@ -68,3 +68,23 @@ def test_the_rule_reader_sees_a_forbidden_import(tmp_path):
     probe.write_text("def f():\n    from ..training import loop\n    import deepspeed\n")
     found = imports_of(probe, package="rtd_scale.model")
     assert {"rtd_scale.training", "rtd_scale.training.loop", "deepspeed"} <= found, found
+
+
+def _package_modules() -> dict[str, object]:
+    mods = {}
+    for f in PKG.rglob("*.py"):
+        name = ".".join(f.relative_to(REPO).with_suffix("").parts)
+        mods[name.removesuffix(".__init__")] = f
+    return mods
+
+
+def test_no_two_modules_import_each_other():
+    """No pair of rtd_scale modules imports each other, at module level or inside a function
+    (the optimizer lives in training/optimizer.py, so training/engine.py and
+    training/lr_schedule.py read it without reading each other)."""
+    mods = _package_modules()
+    imports = {m: {x for x in imports_of(f) if x in mods and x != m} for m, f in mods.items()}
+    assert "rtd_scale.training.optimizer" in imports["rtd_scale.training.lr_schedule"]
+    cycles = sorted(f"{a} <-> {b}" for a in imports for b in imports[a]
+                    if a < b and a in imports[b])
+    assert not cycles, cycles

@@ -10,7 +10,7 @@ import torch
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
 from rtd_scale.config import ConfigError, OptimConfig, preset
-from rtd_scale.training.engine import NonFiniteSkippingAdamW
+from rtd_scale.training.optimizer import NonFiniteSkippingAdamW
 from rtd_scale.training.lr_schedule import MegatronLRScheduler, build_scheduler
 
 G = 8  # global batch size

@@ -1,0 +1,89 @@
+"""The RTD step at pipeline_model_parallel_size 1 (its pipeline-parallel counterpart:
+``training/pipeline.py``).
+
+One optimizer step over this rank's gradient-accumulation micro-batches:
+
+0. every micro-batch is copied to the device (``micro_batch_kwargs``: no wait on the host);
+   the masked positions and non-pad tokens of the global batch are counted
+   (``training/normalise.py``: this rank's micro-batches, one all-reduce over the data-parallel
+   group), so that the update does not depend on micro-batch size × accumulation × DP;
+1. per micro-batch, the engine's forward (``RTDModel.forward``: mask → generator → sample →
+   discriminator → L_MLM + rtd_lambda · L_RTD, normalised by those counts), then
+   ``engine.backward`` and ``engine.step`` — DeepSpeed accumulates, and updates (stepping the
+   learning-rate schedule) at the last micro-batch only.
+
+``eval_step`` is step 0 and the forwards alone (validation), as ``pipeline_forward`` is for
+the pipeline-parallel step.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from rtd_scale.data.packed import MicroBatch
+from rtd_scale.distributed import ParallelContext
+from rtd_scale.model.rtd import RTDOutput, untimed
+from rtd_scale.phases import PHASE_BACKWARD, PHASE_DATA_WAIT, PHASE_FORWARD, PHASE_OPTIMIZER_STEP
+from rtd_scale.training.normalise import global_counts
+
+
+def micro_batch_kwargs(mb: MicroBatch, device: torch.device, pad_id: int) -> dict:
+    """A host micro-batch as the model's keyword arguments on ``device``: copies that do not
+    wait (from the loader's pinned memory on CUDA), and ``has_padding`` decided on the host, so
+    that a micro-batch without [PAD] runs attention without a mask and nothing waits for the
+    device."""
+    non_blocking = device.type == "cuda"
+    return dict(input_ids=mb.input_ids.to(device, non_blocking=non_blocking),
+                sample_index=mb.sample_index.to(device, non_blocking=non_blocking),
+                has_padding=bool((mb.input_ids == pad_id).any()))
+
+
+def _counts(engine, kwargs: Sequence[dict], ctx: ParallelContext):
+    return global_counts(engine.module, [(k["input_ids"], k["sample_index"]) for k in kwargs],
+                         ctx)
+
+
+def train_step(engine, micro_batches: Sequence[MicroBatch], *, step: int, ctx: ParallelContext,
+               gate: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+               before_update: Optional[Callable[[], None]] = None,
+               timers=untimed) -> list[RTDOutput]:
+    """One optimizer step at pipeline_model_parallel_size 1 (steps 0–1 above) over
+    ``micro_batches`` (this rank's gradient-accumulation micro-batches of the step).
+
+    ``gate``: applied to each loss before backward (``loop.NonFiniteGuard.gate``).
+    ``before_update``: called after the last backward, before the step that updates (reads the
+    gradients). ``timers``: the step's phases (``training/timers.py``), as
+    ``RTDModel.forward``'s. Returns one RTDOutput per micro-batch.
+    """
+    # DeepSpeed divides each loss by its accumulation steps: the normaliser counts on it
+    assert engine.gradient_accumulation_steps() == len(micro_batches), \
+        (engine.gradient_accumulation_steps(), len(micro_batches))
+    with timers(PHASE_DATA_WAIT):
+        kwargs = [micro_batch_kwargs(mb, ctx.device, engine.module.pad_id)
+                  for mb in micro_batches]
+    with timers(PHASE_FORWARD):
+        counts = _counts(engine, kwargs, ctx)
+    outs = []
+    for j, kw in enumerate(kwargs):
+        with timers(PHASE_FORWARD):
+            out = engine(**kw, step=step, global_counts=counts,
+                         num_micro_batches=len(kwargs) * ctx.dp_size, timers=timers)
+        with timers(PHASE_BACKWARD):
+            engine.backward(out.loss if gate is None else gate(out.loss))
+        with timers(PHASE_OPTIMIZER_STEP):
+            if before_update is not None and j == len(kwargs) - 1:
+                before_update()
+            engine.step()
+        outs.append(out)
+    return outs
+
+
+def eval_step(engine, micro_batches: Sequence[MicroBatch], *, step: int,
+              ctx: ParallelContext) -> list[RTDOutput]:
+    """The forwards of ``train_step`` alone (validation; the caller sets eval mode and
+    ``torch.no_grad``): one RTDOutput per micro-batch, normalised over the global batch."""
+    kwargs = [micro_batch_kwargs(mb, ctx.device, engine.module.pad_id) for mb in micro_batches]
+    counts = _counts(engine, kwargs, ctx)
+    return [engine(**k, step=step, global_counts=counts,
+                   num_micro_batches=len(kwargs) * ctx.dp_size) for k in kwargs]
