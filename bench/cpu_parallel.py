@@ -23,21 +23,11 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
 
-
-def build_data(workdir: Path) -> tuple[str, str]:
-    workdir.mkdir(parents=True, exist_ok=True)
-    tok, prefix = workdir / "spm", workdir / "wiki"
-    corpus = str(REPO / "tests" / "data" / "wiki_sample.jsonl")
-    if not (workdir / "spm.model").exists():
-        subprocess.run([sys.executable, "tools/train_tokenizer.py", "--input", corpus,
-                        "--vocab-size", "2000", "--output-prefix", str(tok)], cwd=REPO,
-                       check=True, capture_output=True)
-    if not (workdir / "wiki_text_document.idx").exists():
-        subprocess.run([sys.executable, "tools/preprocess_data.py", "--input", corpus,
-                        "--tokenizer-model", f"{tok}.model", "--output-prefix", str(prefix)],
-                       cwd=REPO, check=True, capture_output=True)
-    return f"{tok}.model", f"{prefix}_text_document"
+from bench.tiny_data import wiki_sample_data  # noqa: E402
+from rtd_scale.launch_env import free_port  # noqa: E402
 
 
 def run(layout: dict, data: tuple[str, str], workdir: Path, steps: int, warmup: int,
@@ -70,7 +60,7 @@ def main() -> None:
     ap.add_argument("--workdir", default="/tmp/rtd_bench")
     args = ap.parse_args()
     workdir = Path(args.workdir)
-    data = build_data(workdir)
+    data = wiki_sample_data(workdir, vocab_size=2000)
     layouts = [
         dict(name="tp1", tp=1, pp=1, mb=16, gb=16, ds_config="ds_configs/zero0.json"),
         dict(name="tp2", tp=2, pp=1, mb=16, gb=16, ds_config="ds_configs/zero0.json"),
@@ -80,8 +70,8 @@ def main() -> None:
         dict(name="pp2_m16", tp=1, pp=2, mb=1, gb=16, ds_config="ds_configs/zero1.json"),
     ]
     results = {}
-    for i, lay in enumerate(layouts):
-        results[lay["name"]] = run(lay, data, workdir, args.steps, args.warmup, 29900 + i)
+    for lay in layouts:
+        results[lay["name"]] = run(lay, data, workdir, args.steps, args.warmup, free_port())
     print(f"\ntiny preset, seq 128, global batch 16, {os.cpu_count()} CPU cores, gloo "
           f"({args.steps} steps, first {args.warmup} excluded)\n")
     print("| layout | ranks | micro-batches per step | ms / step | tokens/s | bubble (measured) "

@@ -19,10 +19,11 @@ What is timed is the whole step — generator and discriminator forward, backwar
   ``inputs_embeds = embedding(ids, E_G.detach() + E_Δ)``; configs from rtd_scale's export
   (``rtd_scale.hf.convert.hf_config``), so both sides have the same shapes and dropout.
 
-Timing is ``bench/step_vs_hf.py``'s: interleaved rounds, per-step wall and thread-CPU times,
-medians. CPU: fp32, one thread by default. ``--bf16`` (CUDA): the HF recipe under autocast;
-rtd_scale as ``pretrain.py --bf16`` trains it under DeepSpeed — bf16 parameters, fp32 master
-weights, no autocast (``step_vs_hf.BF16Master``) — or also under autocast (``--ours-bf16``).
+Timing is ``bench/step_vs_hf.py``'s (``bench.common.interleaved_ms``): interleaved rounds,
+per-step wall and thread-CPU times, medians. CPU: fp32, one thread by default. ``--bf16``
+(CUDA): the HF recipe under autocast; rtd_scale as ``pretrain.py --bf16`` trains it under
+DeepSpeed — bf16 parameters, fp32 master weights, no autocast (``bench.common.BF16Master``) —
+or also under autocast (``--ours-bf16``).
 Prints one table (ms per step, tokens/s, ratio to HF); nothing here asserts a time.
 
     python bench/deberta_step_vs_hf.py                      # debertav3-xsmall dims, CPU
@@ -32,7 +33,6 @@ Prints one table (ms per step, tokens/s, ratio to HF); nothing here asserts a ti
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import statistics
 import sys
@@ -46,16 +46,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 
-def _step_vs_hf():
-    """bench/step_vs_hf.py as a module (its config, batches, our step and its timer)."""
-    spec = importlib.util.spec_from_file_location("step_vs_hf", REPO / "bench" / "step_vs_hf.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
-
-
-SVH = _step_vs_hf()
+from bench import common  # noqa: E402
 
 
 def run_config(dims: str, *, batch: int, seq: int, tiny: bool):
@@ -64,8 +55,8 @@ def run_config(dims: str, *, batch: int, seq: int, tiny: bool):
     vocab 1000, 16 position buckets so the log buckets are reached)."""
     from rtd_scale.config import AttentionType
 
-    cfg = SVH.run_config(f"debertav3-{dims}", micro_batch=batch, seq_length=seq, tiny=tiny)
-    cfg.model.attention_type = AttentionType.DISENTANGLED  # the preset's (step_vs_hf sets BERT)
+    cfg = common.run_config(f"debertav3-{dims}", micro_batch=batch, seq_length=seq, tiny=tiny)
+    cfg.model.attention_type = AttentionType.DISENTANGLED  # the preset's (run_config: BERT)
     if tiny:
         cfg.model.position_buckets = 16
     cfg.validate()
@@ -73,13 +64,16 @@ def run_config(dims: str, *, batch: int, seq: int, tiny: bool):
 
 
 def ours(cfg, device: torch.device, impl: str, bf16_params: bool = False,
-         relative_terms: str = "gather"):
-    """rtd_scale's step (``step_vs_hf.ours``) with attention core ``impl`` building c2p / p2c
+         relative_terms: str = "gather", bf16: bool = False):
+    """rtd_scale's step (``bench.common.ours``) with attention core ``impl`` building c2p / p2c
     by ``relative_terms``; ``bf16_params``: bf16 parameters and fp32 master weights, as
-    ``pretrain.py --bf16`` trains."""
+    ``pretrain.py --bf16`` trains; otherwise under bf16 autocast with ``bf16`` (on CPU too,
+    with ``--tiny``, so that the path is tested), fp32 without."""
     from rtd_scale.model.disentangled import DisentangledCoreAttention
 
-    step = SVH.ours(cfg, device, bf16_params=bf16_params)
+    autocast = ((lambda d: torch.autocast(d.type, dtype=torch.bfloat16)) if bf16
+                else (lambda _device: contextlib.nullcontext()))
+    step = common.ours(cfg, device, bf16_params=bf16_params, autocast=autocast)
     cores = [m for m in step.model.modules() if isinstance(m, DisentangledCoreAttention)]
     assert cores, "no disentangled attention in the model"
     for core in cores:
@@ -97,10 +91,10 @@ def hf(cfg, device: torch.device, bf16: bool):
     from rtd_scale.training.engine import build_optimizer
 
     m = cfg.model
-    torch.manual_seed(SVH.SEED)
+    torch.manual_seed(common.SEED)
     with torch.device(device):
-        gen = T.DebertaV2ForMaskedLM(convert.hf_config(m, "generator", pad_id=SVH.PAD_ID))
-        disc = T.DebertaV2Model(convert.hf_config(m, "discriminator", pad_id=SVH.PAD_ID))
+        gen = T.DebertaV2ForMaskedLM(convert.hf_config(m, "generator", pad_id=common.PAD_ID))
+        disc = T.DebertaV2Model(convert.hf_config(m, "discriminator", pad_id=common.PAD_ID))
         h = m.discriminator.hidden_size
         head = torch.nn.Sequential(torch.nn.Linear(h, h), torch.nn.GELU(), torch.nn.Linear(h, 1))
     table = gen.deberta.embeddings.word_embeddings
@@ -109,38 +103,17 @@ def hf(cfg, device: torch.device, bf16: bool):
     both.register_parameter("delta", delta)
     both.train()
     opt = build_optimizer(both, cfg.optim)
-    batches = SVH.host_batches(cfg)
-    mask_prob, mask_token_prob = cfg.rtd.mask_prob, cfg.rtd.mask_token_prob
-    autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if bf16
+
+    def rtd_loss(corrupted, attn, labels):
+        emb = F.embedding(corrupted, table.weight.detach() + delta)
+        hidden = disc(inputs_embeds=emb, attention_mask=attn).last_hidden_state
+        return F.binary_cross_entropy_with_logits(head(hidden).squeeze(-1).float(), labels)
+
+    def autocast():
+        return (torch.autocast(device.type, dtype=torch.bfloat16) if bf16
                 else torch.autocast(device.type, enabled=False))
 
-    def run(i: int) -> None:
-        ids = batches[i % len(batches)][0].to(device, non_blocking=True)
-        attn = torch.ones_like(ids)
-        prob = torch.full(ids.shape, mask_prob, device=device)
-        prob.masked_fill_(ids < len(SVH.SPECIAL_IDS), 0.0)
-        masked = torch.bernoulli(prob).bool()
-        to_mask = masked & torch.bernoulli(torch.full(ids.shape, mask_token_prob,
-                                                      device=device)).bool()
-        with autocast:
-            out = gen(input_ids=ids.masked_fill(to_mask, SVH.MASK_ID), attention_mask=attn,
-                      labels=ids.masked_fill(~masked, -100))
-            with torch.no_grad():  # Gumbel-max over the full vocabulary at the masked rows
-                logits = out.logits[masked].float()
-                gumbel = -torch.log(-torch.log(torch.rand_like(logits).clamp_(1e-20, 1.0)))
-                sampled = (logits + gumbel).argmax(-1)
-            corrupted = ids.clone()
-            corrupted[masked] = sampled
-            labels = (corrupted != ids).float()
-            emb = F.embedding(corrupted, table.weight.detach() + delta)
-            hidden = disc(inputs_embeds=emb, attention_mask=attn).last_hidden_state
-            l_rtd = F.binary_cross_entropy_with_logits(head(hidden).squeeze(-1).float(), labels)
-            loss = out.loss + SVH.RTD_LAMBDA * l_rtd
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return SVH.Step(run, None, opt)
+    return common.Step(common.hf_rtd_run(cfg, device, gen, rtd_loss, opt, autocast), None, opt)
 
 
 def measure(args, device: torch.device) -> dict:
@@ -150,12 +123,12 @@ def measure(args, device: torch.device) -> dict:
         for terms in args.relative_terms if impl != "flex" else ["gather"]:
             name = f"ours:{impl}" + ("/shift" if terms == "shift" else "")
             if args.bf16 and args.ours_bf16 in ("params", "both"):
-                steps[name] = ours(cfg, device, impl, True, terms)
+                steps[name] = ours(cfg, device, impl, True, terms, args.bf16)
             if not args.bf16 or args.ours_bf16 in ("autocast", "both"):
                 steps[name + ("+autocast" if args.bf16 else "")] = ours(cfg, device, impl,
-                                                                        False, terms)
+                                                                        False, terms, args.bf16)
     steps["hf"] = hf(cfg, device, args.bf16)
-    times = SVH.interleaved_ms(steps, device, warmup=args.warmup, rounds=args.rounds,
+    times = common.interleaved_ms(steps, device, warmup=args.warmup, rounds=args.rounds,
                                steps_per_round=args.steps_per_round)
     tokens = args.batch * args.seq
     col = "cpu" if device.type == "cpu" else "wall"  # one CPU thread: its CPU time is the step
@@ -242,11 +215,7 @@ def main(argv=None) -> int:
         print("--device cuda: no CUDA device here", file=sys.stderr)
         return 2
     device = torch.device(args.device)
-    if not args.bf16:  # step_vs_hf's step autocasts to bf16 on CUDA; fp32 unless --bf16
-        SVH._autocast = lambda _device: contextlib.nullcontext()
-    else:  # on CUDA as step_vs_hf has it; on CPU (--tiny) too, so the path is tested
-        SVH._autocast = lambda d: torch.autocast(d.type, dtype=torch.bfloat16)
-    SVH._parallel_state()
+    common.world_one()
     res = measure(args, device)
     print(table(res))
     if args.json:

@@ -35,22 +35,21 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench.tiny_data import wiki_sample_data  # noqa: E402
+from rtd_scale.launch_env import free_port  # noqa: E402
+
 FAULTS = ("kill-random-step", "kill-during-save", "kill-after-latest", "truncate-model",
           "truncate-optim", "truncate-rng", "truncate-meta", "truncate-record", "empty-latest",
           "latest-deleted-dir", "disk-full")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _digest(path: Path) -> dict[int, dict]:
@@ -71,22 +70,12 @@ class Bench:
         self.out, self.steps, self.interval, self.ranks = out, steps, save_interval, ranks
         self.rng = random.Random(seed)
         self.data = out / "data"
-        self.data.mkdir(parents=True, exist_ok=True)
-        corpus = REPO / "tests" / "data" / "wiki_sample.jsonl"
-        if not (self.data / "spm.model").exists():
-            subprocess.run([sys.executable, str(REPO / "tools" / "train_tokenizer.py"), "--input",
-                            str(corpus), "--vocab-size", "1000", "--output-prefix",
-                            str(self.data / "spm")], check=True, capture_output=True)
-        if not (self.data / "wiki_text_document.manifest.json").exists():
-            subprocess.run([sys.executable, str(REPO / "tools" / "preprocess_data.py"), "--input",
-                            str(corpus), "--tokenizer-model", str(self.data / "spm.model"),
-                            "--output-prefix", str(self.data / "wiki"), "--workers", "1"],
-                           check=True, capture_output=True)
+        wiki_sample_data(self.data, vocab_size=1000, workers=1)
 
     # ------------------------------------------------------------------------ launching ----
     def command(self, save: Path, digest: Path, load: bool) -> list[str]:
         return [str(Path(sys.executable).with_name("deepspeed")), "--num_gpus", str(self.ranks),
-                "--master_port", str(_free_port()), "rtd_scale/pretrain.py",
+                "--master_port", str(free_port()), "rtd_scale/pretrain.py",
                 "--ds_config", "ds_configs/zero3.json", "--preset", "tiny",
                 "--data-path", str(self.data / "wiki_text_document"),
                 "--tokenizer-model", str(self.data / "spm.model"), "--save", str(save),

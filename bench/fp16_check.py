@@ -38,6 +38,11 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench.tiny_data import wiki_sample_data  # noqa: E402
+from rtd_scale.launch_env import free_port  # noqa: E402
 
 
 def _run(cmd: list[str], log: Path, timeout: int = 900) -> tuple[int, str]:
@@ -91,19 +96,13 @@ def main() -> int:
     check("deepspeed_runs_fp16_here", fp16_supported(), facts["device"])
 
     work = Path(tempfile.mkdtemp(prefix="fp16_check_"))
-    corpus = REPO / "tests" / "data" / "wiki_sample.jsonl"
     py = sys.executable
-    subprocess.run([py, "tools/train_tokenizer.py", "--input", str(corpus), "--vocab-size", "1000",
-                    "--output-prefix", str(work / "spm")], cwd=REPO, check=True,
-                   capture_output=True)
-    subprocess.run([py, "tools/preprocess_data.py", "--input", str(corpus), "--tokenizer-model",
-                    str(work / "spm.model"), "--output-prefix", str(work / "wiki"), "--workers",
-                    "1"], cwd=REPO, check=True, capture_output=True)
+    wiki_sample_data(work, vocab_size=1000, workers=1)
 
     def launch(name: str, ds: Path, iters: int, *extra: str) -> tuple[int, str, Path]:
         save = work / name
         cmd = [py, "-m", "deepspeed.launcher.runner", "--num_gpus", str(args.gpus),
-               "--master_port", "29517", "rtd_scale/pretrain.py", "--ds_config", str(ds),
+               "--master_port", str(free_port()), "rtd_scale/pretrain.py", "--ds_config", str(ds),
                "--preset", "tiny", "--data-path", str(work / "wiki_text_document"),
                "--tokenizer-model", str(work / "spm.model"), "--save", str(save),
                "--train-iters", str(iters), "--seq-length", "64", "--micro-batch-size", "4",

@@ -41,7 +41,6 @@ import json
 import logging
 import os
 import platform
-import socket
 import subprocess
 import sys
 import time
@@ -60,14 +59,12 @@ import torch.nn.functional as F  # noqa: E402
 
 from rtd_scale.flops import (EncoderDims, RTDDims, dims_of, mfu,  # noqa: E402
                              rtd_flops_per_token, stack_flops_per_token)
+from bench import common  # noqa: E402
+from bench.common import (MASK_ID, PAD_ID, RTD_LAMBDA, SEED, SPECIAL_IDS,  # noqa: E402
+                          host_batches, sync, token_batches)
 
-# rtd_scale's fixed special ids (rtd_scale/data/tokenizer.py); the HF step uses the same ids.
-PAD_ID, CLS_ID, SEP_ID, UNK_ID, MASK_ID = 0, 1, 2, 3, 4
-SPECIAL_IDS = (PAD_ID, CLS_ID, SEP_ID, UNK_ID, MASK_ID)
 # the reference rows measure every workload at 15% (the electra-large preset has 25%)
 MASK_PROB = 0.15
-RTD_LAMBDA = 50.0
-SEED = 1234
 
 SETUP = """\
 # On the CPU machine (network to PyPI), from the repository root; build/ is git-ignored.
@@ -264,11 +261,6 @@ class Clock:
             b.synchronize()
             return a.elapsed_time(b)
         return (b - a) * 1e3
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def release(device: torch.device) -> None:
@@ -595,19 +587,6 @@ def sampler_cost(model, cfg, s: Settings, step_ms: float) -> dict:
 # The steps
 # ----------------------------------------------------------------------------------------------
 
-def token_batches(vocab_size: int, b: int, seq: int, count: int = 4) -> list[torch.Tensor]:
-    """[CLS] random ids [SEP], full length (packed pretraining sequences have no padding), on the
-    host: every step copies its batch to the device with ``.to(device)`` as
-    ``training/loop.py`` does (and as a user's loop over a DataLoader does)."""
-    g = torch.Generator(device="cpu").manual_seed(SEED)
-    out = []
-    for _ in range(count):
-        ids = torch.randint(len(SPECIAL_IDS), vocab_size, (b, seq), generator=g)
-        ids[:, 0], ids[:, -1] = CLS_ID, SEP_ID
-        out.append(ids)
-    return out
-
-
 def _hf_module(cls, config, device: torch.device, attn: Optional[str]):
     """Build a transformers model on ``device`` with the attention implementation ``attn``,
     falling back to the library's default where that version lacks it."""
@@ -739,15 +718,8 @@ def parallel_context(s: Settings):
     global _PARALLEL_CTX
     if _PARALLEL_CTX is None:
         from rtd_scale import distributed
-        from rtd_scale.config import ParallelConfig
 
-        if "MASTER_PORT" not in os.environ:
-            with socket.socket() as sock:
-                sock.bind(("127.0.0.1", 0))
-                os.environ["MASTER_PORT"] = str(sock.getsockname()[1])
-        for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
-            os.environ.setdefault(k, v)
-        _PARALLEL_CTX = distributed.initialize(ParallelConfig(), seed=SEED)
+        _PARALLEL_CTX = common.world_one()
         from deepspeed.utils import logger as ds_logger
 
         ds_logger.setLevel(logging.WARNING)  # keep DeepSpeed's per-engine banners out of the table
@@ -756,21 +728,8 @@ def parallel_context(s: Settings):
 
 
 def build_rtd_model(cfg, s: Settings):
-    from rtd_scale import distributed
-    from rtd_scale.model.rtd import RTDModel
-
-    ctx = parallel_context(s)
-    model = RTDModel(cfg.model, cfg.rtd, tensor_model_parallel_size=1, special_ids=SPECIAL_IDS,
-                     pad_id=PAD_ID, mask_id=MASK_ID, seed=SEED).to(s.device)
-    distributed.seed_after_build(ctx, SEED)
-    return model
-
-
-def rtd_batches(cfg):
-    """(input_ids [b, s], sample_index [b]) pairs on the host, as the packed dataset yields."""
-    b, seq = cfg.train.micro_batch_size, cfg.data.seq_length
-    ids = token_batches(cfg.model.vocab_size, b, seq)
-    return [(x, torch.arange(k * b, (k + 1) * b)) for k, x in enumerate(ids)]
+    parallel_context(s)
+    return common.build_rtd_model(cfg, s.device)
 
 
 def rtd_engine_step(cfg, s: Settings, zero_stage: int) -> tuple[Stepper, Any]:
@@ -785,7 +744,7 @@ def rtd_engine_step(cfg, s: Settings, zero_stage: int) -> tuple[Stepper, Any]:
                            data_parallel_size=1, gradient_accumulation_steps=1)
     with contextlib.redirect_stdout(io.StringIO()):  # BF16_Optimizer prints memory banners
         eng = build_engine(model, cfg, ds, distributed.DeepSpeedMpu())
-    batches = rtd_batches(cfg)
+    batches = host_batches(cfg)
 
     def forward(i: int):  # training/loop.py's micro-batch step (has_padding from the host)
         ids, idx = batches[i % len(batches)]
@@ -806,7 +765,7 @@ def rtd_autocast_step(cfg, s: Settings) -> tuple[Stepper, Any]:
 
     model = build_rtd_model(cfg, s)
     opt = build_optimizer(model, cfg.optim)
-    batches = rtd_batches(cfg)
+    batches = host_batches(cfg)
     autocast = lambda: torch.autocast(s.device.type, dtype=torch.bfloat16)  # noqa: E731
 
     def forward(i: int):

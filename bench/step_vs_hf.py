@@ -32,17 +32,13 @@ and the optimizer, each backward op charged to the range of the forward op that 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
-import os
-import socket
 import statistics
 import sys
-import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -51,11 +47,9 @@ if str(REPO) not in sys.path:
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-# rtd_scale's fixed special ids (rtd_scale/data/tokenizer.py); the HF side uses the same ids.
-PAD_ID, CLS_ID, SEP_ID, UNK_ID, MASK_ID = 0, 1, 2, 3, 4
-SPECIAL_IDS = (PAD_ID, CLS_ID, SEP_ID, UNK_ID, MASK_ID)
-RTD_LAMBDA = 50.0
-SEED = 1234
+from bench.common import (PAD_ID, SEED, Step, cuda_bf16_autocast, hf_rtd_run,  # noqa: E402
+                          interleaved_ms, ours, run_config, sync)
+
 DIMS = ("electra-small", "debertav3-xsmall")
 # The profile's ranges, in the table's order; "other" is what no range holds (gradient
 # accumulation into .grad, the loss sum, the batch copy).
@@ -64,155 +58,12 @@ PARTS = ("encoders", "mlm head + loss", "sampling", "masking", "discriminator he
 
 
 # ----------------------------------------------------------------------------------------------
-# Configuration
+# The two steps (rtd_scale's: bench.common.ours)
 # ----------------------------------------------------------------------------------------------
-
-def run_config(dims: str, *, micro_batch: int, seq_length: int, tiny: bool):
-    """rtd_scale's config for a preset at this micro-batch and sequence length.
-
-    ``tiny`` keeps the preset's shape (ELECTRA: narrow generator and projected embedding;
-    DeBERTaV3: same width, half depth) at test size: hidden 32, 2 layers, vocab 1000.
-    """
-    from rtd_scale import config as C
-
-    cfg = C.preset(dims)
-    m = cfg.model
-    # BERT / ELECTRA attention at every preset's dimensions, as the HF recipe's ELECTRA classes
-    # (DeBERTa's disentangled attention against Hugging Face's: bench/deberta_step_vs_hf.py)
-    m.attention_type = C.AttentionType.BERT
-    if tiny:
-        narrow = m.generator.hidden_size < m.discriminator.hidden_size
-        m.discriminator = dataclasses.replace(m.discriminator, num_layers=2, hidden_size=32,
-                                              num_attention_heads=2, ffn_hidden_size=128)
-        gh = 16 if narrow else 32
-        m.generator = dataclasses.replace(m.generator, num_layers=1 if not narrow else 2,
-                                          hidden_size=gh, num_attention_heads=1 if narrow else 2,
-                                          ffn_hidden_size=4 * gh)
-        m.embedding_size = 24 if narrow else 32
-        m.vocab_size = 1000
-    m.max_position_embeddings = max(m.max_position_embeddings, seq_length)
-    cfg.data.seq_length = seq_length
-    cfg.train.micro_batch_size = cfg.train.global_batch_size = micro_batch
-    cfg.validate()
-    return cfg
-
-
-def host_batches(cfg, count: int = 4) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(input_ids [b, s], sample_index [b]) on the host: ``[CLS]`` random ids ``[SEP]``, full
-    length (packed samples have no padding)."""
-    b, s, v = cfg.train.micro_batch_size, cfg.data.seq_length, cfg.model.vocab_size
-    g = torch.Generator().manual_seed(SEED)
-    out = []
-    for k in range(count):
-        ids = torch.randint(len(SPECIAL_IDS), v, (b, s), generator=g)
-        ids[:, 0], ids[:, -1] = CLS_ID, SEP_ID
-        out.append((ids, torch.arange(k * b, (k + 1) * b)))
-    return out
-
-
-_CTX = None
-
-
-def _parallel_state():
-    """torch.distributed (world 1) and megatron-core's parallel state, once per process."""
-    global _CTX
-    if _CTX is not None:
-        return _CTX
-    from rtd_scale import distributed
-    from rtd_scale.config import ParallelConfig
-
-    if "MASTER_PORT" not in os.environ:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            os.environ["MASTER_PORT"] = str(sock.getsockname()[1])
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
-        os.environ.setdefault(k, v)
-    _CTX = distributed.initialize(ParallelConfig(), seed=SEED)
-    return _CTX
-
-
-# ----------------------------------------------------------------------------------------------
-# The two steps
-# ----------------------------------------------------------------------------------------------
-
-@dataclasses.dataclass
-class Step:
-    """One training step (``run(i)``: forward, backward and optimizer on batch i) and what the
-    profile needs: ``model`` (rtd_scale's, or None) and ``optimizer``."""
-
-    run: Callable[[int], Any]
-    model: Optional[torch.nn.Module]
-    optimizer: torch.optim.Optimizer
-
-
-def _autocast(device: torch.device):
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-class BF16Master:
-    """DeepSpeed's bf16 training in miniature (``deepspeed/runtime/bf16_optimizer.py``, what
-    ``pretrain.py --bf16`` runs): the model holds bf16 parameters and computes without
-    autocast; ``optimizer`` (built over the fp32 parameters, which become the master copies)
-    steps on the bf16 gradients cast to fp32, and the result is copied back into the model."""
-
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
-        masters = {id(p): p.detach().clone() for g in optimizer.param_groups for p in g["params"]}
-        self.pairs = [(p, masters[id(p)]) for p in model.parameters() if id(p) in masters]
-        for g in optimizer.param_groups:  # no step has run: nothing is keyed by the old tensors
-            g["params"] = [masters[id(p)] for p in g["params"]]
-        model.to(torch.bfloat16)
-        self.optimizer = optimizer
-        self.param_groups = optimizer.param_groups
-
-    @torch.no_grad()
-    def step(self) -> None:  # noqa: D102
-        for p, master in self.pairs:
-            master.grad = None if p.grad is None else p.grad.float()
-        self.optimizer.step()
-        for p, master in self.pairs:
-            p.copy_(master)
-
-    def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: D102
-        for p, master in self.pairs:
-            p.grad = master.grad = None
-
-
-def ours(cfg, device: torch.device, *, bf16_params: bool = False) -> Step:
-    """rtd_scale's step: ``RTDModel(ids, sample_index, step).loss.backward()``, AdamW.
-    ``bf16_params``: as ``pretrain.py --bf16`` trains (``BF16Master``), not under autocast."""
-    from rtd_scale.model.rtd import RTDModel
-    from rtd_scale.training.engine import build_optimizer
-
-    from rtd_scale import distributed
-
-    ctx = _parallel_state()
-    model = RTDModel(cfg.model, cfg.rtd, tensor_model_parallel_size=1, special_ids=SPECIAL_IDS,
-                     pad_id=PAD_ID, mask_id=MASK_ID, seed=SEED).to(device)
-    distributed.seed_after_build(ctx, SEED)  # dropout's model-parallel RNG
-    model.train()
-    opt = build_optimizer(model, cfg.optim)
-    if bf16_params:
-        opt = BF16Master(model, opt)
-    precision = contextlib.nullcontext if bf16_params else lambda: _autocast(device)
-    batches = host_batches(cfg)
-
-    def run(i: int) -> None:  # as training/loop.py: has_padding decided on the host
-        ids, idx = batches[i % len(batches)]
-        with precision():
-            loss = model(ids.to(device, non_blocking=True), idx.to(device, non_blocking=True),
-                         i, has_padding=bool((ids == PAD_ID).any())).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return Step(run, model, opt)
-
 
 def hf(cfg, device: torch.device) -> Step:
-    """The HF recipe (module docstring), with the same optimizer as rtd_scale's step."""
+    """The HF recipe (module docstring; masking, sampling and loss: ``common.hf_rtd_run``), with
+    the same optimizer as rtd_scale's step."""
     import transformers as T
     from rtd_scale.training.engine import build_optimizer
 
@@ -243,76 +94,19 @@ def hf(cfg, device: torch.device) -> Step:
         disc.electra.embeddings.word_embeddings = table
     both.train()
     opt = build_optimizer(both, cfg.optim)
-    batches = host_batches(cfg)
-    mask_prob, mask_token_prob = cfg.rtd.mask_prob, cfg.rtd.mask_token_prob
 
-    def run(i: int) -> None:
-        ids = batches[i % len(batches)][0].to(device, non_blocking=True)
-        attn = torch.ones_like(ids)
-        prob = torch.full(ids.shape, mask_prob, device=device)
-        prob.masked_fill_(ids < len(SPECIAL_IDS), 0.0)
-        masked = torch.bernoulli(prob).bool()
-        to_mask = masked & torch.bernoulli(torch.full(ids.shape, mask_token_prob,
-                                                      device=device)).bool()
-        with _autocast(device):
-            out = gen(input_ids=ids.masked_fill(to_mask, MASK_ID), attention_mask=attn,
-                      labels=ids.masked_fill(~masked, -100))
-            with torch.no_grad():  # Gumbel-max over the full vocabulary at the masked rows
-                logits = out.logits[masked].float()
-                gumbel = -torch.log(-torch.log(torch.rand_like(logits).clamp_(1e-20, 1.0)))
-                sampled = (logits + gumbel).argmax(-1)
-            corrupted = ids.clone()
-            corrupted[masked] = sampled
-            labels = (corrupted != ids).float()
-            kw = (dict(inputs_embeds=F.embedding(corrupted, table.weight.detach() + delta))
-                  if delta is not None else dict(input_ids=corrupted))
-            l_rtd = disc(attention_mask=attn, labels=labels, **kw).loss
-            loss = out.loss + RTD_LAMBDA * l_rtd
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    def rtd_loss(corrupted, attn, labels):
+        kw = (dict(inputs_embeds=F.embedding(corrupted, table.weight.detach() + delta))
+              if delta is not None else dict(input_ids=corrupted))
+        return disc(attention_mask=attn, labels=labels, **kw).loss
 
+    run = hf_rtd_run(cfg, device, gen, rtd_loss, opt, lambda: cuda_bf16_autocast(device))
     return Step(run, None, opt)
 
 
 # ----------------------------------------------------------------------------------------------
 # Timing and profile
 # ----------------------------------------------------------------------------------------------
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def interleaved_ms(steps: dict[str, Step], device: torch.device, *, warmup: int, rounds: int,
-                   steps_per_round: int) -> dict[str, dict[str, list[float]]]:
-    """Per-step times (ms) of each implementation, measured in alternating rounds: round r runs
-    the implementations in turn (which goes first alternates), ``steps_per_round`` steps each,
-    timed one by one (the device is synchronised at each step boundary).
-
-    Returns {name: {"wall": [...], "cpu": [...]}}: wall-clock time, and this thread's CPU time
-    (user + system; on CPU with one thread the step's whole work, and much less disturbed by
-    other processes on a shared machine than the wall clock).
-    """
-    names = list(steps)
-    counter = dict.fromkeys(names, 0)
-    for name in names:
-        for _ in range(warmup):
-            steps[name].run(counter[name])
-            counter[name] += 1
-    _sync(device)
-    times = {n: {"wall": [], "cpu": []} for n in names}
-    for r in range(rounds):
-        for name in (names if r % 2 == 0 else names[::-1]):
-            for _ in range(steps_per_round):
-                w0, c0 = time.perf_counter(), time.thread_time()
-                steps[name].run(counter[name])
-                _sync(device)
-                times[name]["wall"].append((time.perf_counter() - w0) * 1e3)
-                times[name]["cpu"].append((time.thread_time() - c0) * 1e3)
-                counter[name] += 1
-    return times
-
 
 class _Ranges:
     """Named ``record_function`` ranges around pieces of rtd_scale's step, for the profile.
@@ -411,11 +205,11 @@ def profile_split(step: Step, device: torch.device, *, start: int, steps: int) -
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with _Ranges(step.model, step.optimizer):
         step.run(start)  # warm the wrappers
-        _sync(device)
+        sync(device)
         with profile(activities=acts) as prof:
             for k in range(steps):
                 step.run(start + 1 + k)
-            _sync(device)
+            sync(device)
     events = list(prof.events())
     # An op records the sequence number the next autograd node will get; the op that creates
     # that node is the last one (in time) to record it, so later ops overwrite earlier ones.

@@ -1,34 +1,26 @@
-"""bench/step_vs_hf.py's pieces in-process. The benchmark run at test size on CPU is in
-tests/tools/test_bench_step.py."""
+"""bench/step_vs_hf.py's pieces (bench/common.py) in-process. The benchmark run at test size on
+CPU is in tests/tools/test_bench_step.py."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
 
 pytest.importorskip("transformers")
 
 
 def test_bf16_master_steps_fp32_copies_and_writes_them_back():
-    """step_vs_hf.BF16Master (what the DeBERTa bench times as pretrain.py --bf16 trains): the
+    """bench.common.BF16Master (what the DeBERTa bench times as pretrain.py --bf16 trains): the
     model computes in bf16; AdamW steps fp32 masters on the bf16 gradients, exactly as an fp32
     AdamW on the same gradients, and the model gets the masters rounded to bf16."""
     import copy
-    import importlib.util
 
     import torch
 
-    spec = importlib.util.spec_from_file_location("step_vs_hf", REPO / "bench" / "step_vs_hf.py")
-    svh = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = svh
-    spec.loader.exec_module(svh)
+    from bench.common import BF16Master
+
     torch.manual_seed(0)
     lin = torch.nn.Linear(4, 3)
     ref = copy.deepcopy(lin)
-    opt = svh.BF16Master(lin, torch.optim.AdamW(lin.parameters(), lr=0.1))
+    opt = BF16Master(lin, torch.optim.AdamW(lin.parameters(), lr=0.1))
     assert lin.weight.dtype == torch.bfloat16 and lin.bias.dtype == torch.bfloat16
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=0.1)
     for _ in range(2):

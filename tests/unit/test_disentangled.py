@@ -413,13 +413,8 @@ def test_cuda_disentangled_cores_agree_and_never_make_the_host_wait(single_proce
 def test_deberta_bench_refuses_what_cpu_cannot_run_in_one_line(capsys):
     """FlexAttention has no CPU backward, megatron-core's linear layers no CPU autocast: the
     bench says so before building anything."""
-    import importlib.util
-    from pathlib import Path
+    from bench import deberta_step_vs_hf as bench
 
-    path = Path(__file__).resolve().parents[2] / "bench" / "deberta_step_vs_hf.py"
-    spec = importlib.util.spec_from_file_location("deberta_step_vs_hf", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     for argv, message in [
             (["--impls", "explicit,flex"], "--impls flex needs --device cuda (FlexAttention has "
              "no backward on CPU); time explicit,sdpa on CPU"),

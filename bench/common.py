@@ -1,0 +1,270 @@
+"""What the bench scripts share: rtd_scale's special ids, world-1 parallel state, the host
+batches, rtd_scale's training step without DeepSpeed, the Hugging Face reference RTD step's
+masking / sampling / loss, and the interleaved step timer (the launcher benches' tokenized test
+corpus: bench/tiny_data.py, which needs no torch).
+
+A bench script is run as ``python bench/X.py`` from the repository root; it puts the root on
+``sys.path`` and imports this module as ``bench.common`` (as the tests import bench scripts).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import time
+from typing import Any, Callable, Optional
+
+import torch
+
+
+# rtd_scale's fixed special ids (rtd_scale/data/tokenizer.py); the HF steps use the same ids.
+PAD_ID, CLS_ID, SEP_ID, UNK_ID, MASK_ID = 0, 1, 2, 3, 4
+SPECIAL_IDS = (PAD_ID, CLS_ID, SEP_ID, UNK_ID, MASK_ID)
+RTD_LAMBDA = 50.0  # L_MLM + 50 · L_RTD (arXiv 2003.10555 §3)
+SEED = 1234
+
+
+# ----------------------------------------------------------------------------------------------
+# Process set-up
+# ----------------------------------------------------------------------------------------------
+
+_CTX = None
+
+
+def world_one():
+    """torch.distributed (world 1) and megatron-core's parallel state through
+    ``rtd_scale.distributed``, once per process (a free port unless MASTER_PORT is set)."""
+    global _CTX
+    if _CTX is not None:
+        return _CTX
+    from rtd_scale import distributed
+    from rtd_scale.config import ParallelConfig
+    from rtd_scale.launch_env import free_port
+
+    if "MASTER_PORT" not in os.environ:
+        os.environ["MASTER_PORT"] = str(free_port())
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
+        os.environ.setdefault(k, v)
+    _CTX = distributed.initialize(ParallelConfig(), seed=SEED)
+    return _CTX
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ----------------------------------------------------------------------------------------------
+# Configuration, batches and steps
+# ----------------------------------------------------------------------------------------------
+
+def run_config(dims: str, *, micro_batch: int, seq_length: int, tiny: bool):
+    """rtd_scale's config for a preset at this micro-batch and sequence length.
+
+    ``tiny`` keeps the preset's shape (ELECTRA: narrow generator and projected embedding;
+    DeBERTaV3: same width, half depth) at test size: hidden 32, 2 layers, vocab 1000.
+    """
+    from rtd_scale import config as C
+
+    cfg = C.preset(dims)
+    m = cfg.model
+    # BERT / ELECTRA attention at every preset's dimensions, as the HF recipe's ELECTRA classes
+    # (DeBERTa's disentangled attention against Hugging Face's: bench/deberta_step_vs_hf.py)
+    m.attention_type = C.AttentionType.BERT
+    if tiny:
+        narrow = m.generator.hidden_size < m.discriminator.hidden_size
+        m.discriminator = dataclasses.replace(m.discriminator, num_layers=2, hidden_size=32,
+                                              num_attention_heads=2, ffn_hidden_size=128)
+        gh = 16 if narrow else 32
+        m.generator = dataclasses.replace(m.generator, num_layers=1 if not narrow else 2,
+                                          hidden_size=gh, num_attention_heads=1 if narrow else 2,
+                                          ffn_hidden_size=4 * gh)
+        m.embedding_size = 24 if narrow else 32
+        m.vocab_size = 1000
+    m.max_position_embeddings = max(m.max_position_embeddings, seq_length)
+    cfg.data.seq_length = seq_length
+    cfg.train.micro_batch_size = cfg.train.global_batch_size = micro_batch
+    cfg.validate()
+    return cfg
+
+
+def token_batches(vocab_size: int, b: int, seq: int, count: int = 4) -> list[torch.Tensor]:
+    """``count`` id batches [b, s] on the host: ``[CLS]`` random ids ``[SEP]``, full length
+    (packed pretraining sequences have no padding). Every step copies its batch to the device
+    with ``.to(device)`` as ``training/loop.py`` does (and as a user's loop over a DataLoader)."""
+    g = torch.Generator(device="cpu").manual_seed(SEED)
+    out = []
+    for _ in range(count):
+        ids = torch.randint(len(SPECIAL_IDS), vocab_size, (b, seq), generator=g)
+        ids[:, 0], ids[:, -1] = CLS_ID, SEP_ID
+        out.append(ids)
+    return out
+
+
+def host_batches(cfg, count: int = 4) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(input_ids [b, s], sample_index [b]) pairs on the host, as the packed dataset yields, at
+    ``cfg``'s micro-batch, sequence length and vocabulary (``token_batches``)."""
+    b = cfg.train.micro_batch_size
+    ids = token_batches(cfg.model.vocab_size, b, cfg.data.seq_length, count)
+    return [(x, torch.arange(k * b, (k + 1) * b)) for k, x in enumerate(ids)]
+
+
+def build_rtd_model(cfg, device: torch.device):
+    """rtd_scale's ``RTDModel`` of ``cfg`` on ``device`` (world 1), dropout's model-parallel RNG
+    seeded after the build as ``pretrain.py`` does."""
+    from rtd_scale import distributed
+    from rtd_scale.model.rtd import RTDModel
+
+    ctx = world_one()
+    model = RTDModel(cfg.model, cfg.rtd, tensor_model_parallel_size=1, special_ids=SPECIAL_IDS,
+                     pad_id=PAD_ID, mask_id=MASK_ID, seed=SEED).to(device)
+    distributed.seed_after_build(ctx, SEED)
+    return model
+
+
+@dataclasses.dataclass
+class Step:
+    """One training step (``run(i)``: forward, backward and optimizer on batch i) and what the
+    profile needs: ``model`` (rtd_scale's, or None) and ``optimizer``."""
+
+    run: Callable[[int], Any]
+    model: Optional[torch.nn.Module]
+    optimizer: torch.optim.Optimizer
+
+
+def cuda_bf16_autocast(device: torch.device):
+    """bf16 autocast on CUDA, nothing on CPU (fp32): the default precision of the steps here."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+class BF16Master:
+    """DeepSpeed's bf16 training in miniature (``deepspeed/runtime/bf16_optimizer.py``, what
+    ``pretrain.py --bf16`` runs): the model holds bf16 parameters and computes without
+    autocast; ``optimizer`` (built over the fp32 parameters, which become the master copies)
+    steps on the bf16 gradients cast to fp32, and the result is copied back into the model."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
+        masters = {id(p): p.detach().clone() for g in optimizer.param_groups for p in g["params"]}
+        self.pairs = [(p, masters[id(p)]) for p in model.parameters() if id(p) in masters]
+        for g in optimizer.param_groups:  # no step has run: nothing is keyed by the old tensors
+            g["params"] = [masters[id(p)] for p in g["params"]]
+        model.to(torch.bfloat16)
+        self.optimizer = optimizer
+        self.param_groups = optimizer.param_groups
+
+    @torch.no_grad()
+    def step(self) -> None:  # noqa: D102
+        for p, master in self.pairs:
+            master.grad = None if p.grad is None else p.grad.float()
+        self.optimizer.step()
+        for p, master in self.pairs:
+            p.copy_(master)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: D102
+        for p, master in self.pairs:
+            p.grad = master.grad = None
+
+
+def ours(cfg, device: torch.device, *, bf16_params: bool = False,
+         autocast: Callable[[torch.device], Any] = cuda_bf16_autocast) -> Step:
+    """rtd_scale's step: ``RTDModel(ids, sample_index, step).loss.backward()``, AdamW
+    (``training.engine.build_optimizer``), without DeepSpeed, under ``autocast(device)``.
+    ``bf16_params``: as ``pretrain.py --bf16`` trains (``BF16Master``), not under autocast."""
+    from rtd_scale.training.engine import build_optimizer
+
+    model = build_rtd_model(cfg, device)
+    model.train()
+    opt = build_optimizer(model, cfg.optim)
+    if bf16_params:
+        opt = BF16Master(model, opt)
+    precision = contextlib.nullcontext if bf16_params else lambda: autocast(device)
+    batches = host_batches(cfg)
+
+    def run(i: int) -> None:  # as training/loop.py: has_padding decided on the host
+        ids, idx = batches[i % len(batches)]
+        with precision():
+            loss = model(ids.to(device, non_blocking=True), idx.to(device, non_blocking=True),
+                         i, has_padding=bool((ids == PAD_ID).any())).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return Step(run, model, opt)
+
+
+def hf_rtd_run(cfg, device: torch.device, gen: torch.nn.Module,
+               rtd_loss: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+               opt: torch.optim.Optimizer, autocast: Callable[[], Any]) -> Callable[[int], None]:
+    """The Hugging Face reference RTD step as a ``transformers`` user writes it, around a
+    generator ``*ForMaskedLM`` ``gen`` and a discriminator loss ``rtd_loss(corrupted [b, s],
+    attention_mask [b, s], labels [b, s] float)``: masking with ``torch.bernoulli`` (``mask_prob``
+    of the non-special ids, ``mask_token_prob`` of those shown as ``[MASK]``), the generator's
+    MLM loss with ``labels=-100`` outside the masked slots, replacements by Gumbel-max over the
+    full vocabulary at the masked rows (``argmax(logits - log(-log(torch.rand)))``),
+    ``L_MLM + 50 · L_RTD`` under ``autocast()``, backward, ``opt``'s step. ``run(i)`` trains on
+    ``host_batches(cfg)[i % 4]``."""
+    batches = host_batches(cfg)
+    mask_prob, mask_token_prob = cfg.rtd.mask_prob, cfg.rtd.mask_token_prob
+
+    def run(i: int) -> None:
+        ids = batches[i % len(batches)][0].to(device, non_blocking=True)
+        attn = torch.ones_like(ids)
+        prob = torch.full(ids.shape, mask_prob, device=device)
+        prob.masked_fill_(ids < len(SPECIAL_IDS), 0.0)
+        masked = torch.bernoulli(prob).bool()
+        to_mask = masked & torch.bernoulli(torch.full(ids.shape, mask_token_prob,
+                                                      device=device)).bool()
+        with autocast():
+            out = gen(input_ids=ids.masked_fill(to_mask, MASK_ID), attention_mask=attn,
+                      labels=ids.masked_fill(~masked, -100))
+            with torch.no_grad():  # Gumbel-max over the full vocabulary at the masked rows
+                logits = out.logits[masked].float()
+                gumbel = -torch.log(-torch.log(torch.rand_like(logits).clamp_(1e-20, 1.0)))
+                sampled = (logits + gumbel).argmax(-1)
+            corrupted = ids.clone()
+            corrupted[masked] = sampled
+            labels = (corrupted != ids).float()
+            loss = out.loss + RTD_LAMBDA * rtd_loss(corrupted, attn, labels)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return run
+
+
+# ----------------------------------------------------------------------------------------------
+# Timing
+# ----------------------------------------------------------------------------------------------
+
+def interleaved_ms(steps: dict[str, Step], device: torch.device, *, warmup: int, rounds: int,
+                   steps_per_round: int) -> dict[str, dict[str, list[float]]]:
+    """Per-step times (ms) of each implementation, measured in alternating rounds: round r runs
+    the implementations in turn (which goes first alternates), ``steps_per_round`` steps each,
+    timed one by one (the device is synchronised at each step boundary).
+
+    Returns {name: {"wall": [...], "cpu": [...]}}: wall-clock time, and this thread's CPU time
+    (user + system; on CPU with one thread the step's whole work, and much less disturbed by
+    other processes on a shared machine than the wall clock).
+    """
+    names = list(steps)
+    counter = dict.fromkeys(names, 0)
+    for name in names:
+        for _ in range(warmup):
+            steps[name].run(counter[name])
+            counter[name] += 1
+    sync(device)
+    times = {n: {"wall": [], "cpu": []} for n in names}
+    for r in range(rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            for _ in range(steps_per_round):
+                w0, c0 = time.perf_counter(), time.thread_time()
+                steps[name].run(counter[name])
+                sync(device)
+                times[name]["wall"].append((time.perf_counter() - w0) * 1e3)
+                times[name]["cpu"].append((time.thread_time() - c0) * 1e3)
+                counter[name] += 1
+    return times
+
