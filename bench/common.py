@@ -171,9 +171,9 @@ class BF16Master:
 def ours(cfg, device: torch.device, *, bf16_params: bool = False,
          autocast: Callable[[torch.device], Any] = cuda_bf16_autocast) -> Step:
     """rtd_scale's step: ``RTDModel(ids, sample_index, step).loss.backward()``, AdamW
-    (``training.engine.build_optimizer``), without DeepSpeed, under ``autocast(device)``.
+    (``training.optimizer.build_optimizer``), without DeepSpeed, under ``autocast(device)``.
     ``bf16_params``: as ``pretrain.py --bf16`` trains (``BF16Master``), not under autocast."""
-    from rtd_scale.training.engine import build_optimizer
+    from rtd_scale.training.optimizer import build_optimizer
 
     model = build_rtd_model(cfg, device)
     model.train()

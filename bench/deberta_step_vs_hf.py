@@ -88,7 +88,7 @@ def hf(cfg, device: torch.device, bf16: bool):
     import transformers as T
 
     from rtd_scale.hf import convert
-    from rtd_scale.training.engine import build_optimizer
+    from rtd_scale.training.optimizer import build_optimizer
 
     m = cfg.model
     torch.manual_seed(common.SEED)

@@ -758,10 +758,10 @@ def rtd_engine_step(cfg, s: Settings, zero_stage: int) -> tuple[Stepper, Any]:
 
 def rtd_autocast_step(cfg, s: Settings) -> tuple[Stepper, Any]:
     """rtd_scale's model without DeepSpeed: fp32 weights, bf16 autocast, rtd_scale's AdamW
-    (``training.engine.build_optimizer``: fused on GPU), no clipping — the HF step's recipe.
+    (``training.optimizer.build_optimizer``: fused on GPU), no clipping — the HF step's recipe.
     On CPU autocast is entered around backward as well: megatron-core's linear layers restore
     autocast in backward only for CUDA (``custom_bwd(device_type="cuda")``)."""
-    from rtd_scale.training.engine import build_optimizer
+    from rtd_scale.training.optimizer import build_optimizer
 
     model = build_rtd_model(cfg, s)
     opt = build_optimizer(model, cfg.optim)

@@ -12,7 +12,7 @@ thread on CPU by default, or on CUDA when present (``--device``):
   ``inputs_embeds = embedding(ids, E_G.detach() + E_Δ)``); masking with ``torch.bernoulli``;
   replacements by Gumbel-max over the full vocabulary at the masked rows
   (``argmax(logits - log(-log(torch.rand)))``); ``L_MLM + 50 · L_RTD``.
-- **rtd_scale**: ``RTDModel`` forward, backward, AdamW (``training.engine.build_optimizer``, the
+- **rtd_scale**: ``RTDModel`` forward, backward, AdamW (``training.optimizer.build_optimizer``, the
   same optimizer the HF side gets) — the model's own step without DeepSpeed.
 
 Dimensions are rtd_scale's presets (``electra-small``: vocab 30,522; ``debertav3-xsmall``: vocab
@@ -65,7 +65,7 @@ def hf(cfg, device: torch.device) -> Step:
     """The HF recipe (module docstring; masking, sampling and loss: ``common.hf_rtd_run``), with
     the same optimizer as rtd_scale's step."""
     import transformers as T
-    from rtd_scale.training.engine import build_optimizer
+    from rtd_scale.training.optimizer import build_optimizer
 
     m = cfg.model
 

@@ -17,8 +17,7 @@ from rtd_scale.config import OptimConfig, RunConfig
 # The ds_config's checks and merge live in training/ds_config.py; imported here by callers.
 from rtd_scale.training.ds_config import (load_ds_config, offloads_optimizer,  # noqa: E402,F401
                                           resolve_ds_config)
-# build_optimizer: also read by callers of this module (bench/gpu_rtd_step.py)
-from rtd_scale.training.optimizer import build_optimizer, optimizer_for_ds_config  # noqa: F401
+from rtd_scale.training.optimizer import optimizer_for_ds_config
 
 
 # The schedule's fields a resumed run compares with its checkpoint's, and their flags.
