@@ -30,6 +30,9 @@ def test_tiny_cpu_run_covers_every_row(tmp_path):
     pytest.importorskip("transformers")
     out = tmp_path / "tiny.json"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--tiny",
+                           # every row must run: a loaded CI machine must not reach the default
+                           # 300 s deadline of --tiny (it did at load 12, 311 s)
+                           "--deadline-s", "800",
                            "--json", str(out)], capture_output=True, text=True, timeout=900,
                           cwd=REPO, env=standalone_env())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -19,7 +19,7 @@ def test_bench_preprocess_runs_at_toy_size(tmp_path):
     r = subprocess.run(
         [sys.executable, str(REPO / "bench" / "preprocess.py"), "--corpus", str(corpus), "--max-docs", "100",
          "--vocab-size", "500", "--workers", "2", "--out-dir", str(tmp_path / "out"), "--json", str(report)],
-        cwd=REPO, capture_output=True, text=True, timeout=120)
+        cwd=REPO, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     result = json.loads(report.read_text())
     rows = {row["name"].split()[0]: row for row in result["rows"]}
