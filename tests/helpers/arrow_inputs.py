@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.helpers.env import TEST_DATA
+from tests.helpers.tools import load_tool
 
 WIKI = TEST_DATA / "wiki_sample.jsonl"
 TEXTS = [json.loads(line)["text"] for line in WIKI.read_text(encoding="utf-8").splitlines()]
@@ -27,3 +30,16 @@ def write_inputs(out: Path) -> dict[str, Path]:
         w.write_table(table, max_chunksize=50)
     return {"jsonl": out / "wiki.jsonl", "saved": out / "saved", "stream": out / "stream.arrow",
             "file": out / "file.arrow"}
+
+
+# the module-scoped fixtures both test files use (imported by name into each)
+@pytest.fixture(scope="module")
+def tool():
+    """tools/preprocess_data.py loaded under another module name."""
+    return load_tool("preprocess_data", "preprocess_data_arrow")
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> dict[str, Path]:
+    """The wiki sample as JSON lines, a saved dataset, an IPC stream and an IPC file."""
+    return write_inputs(tmp_path_factory.mktemp("arrow"))

@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.helpers.env import CASES
+from tests.helpers.tools import load_tool
 
 CASE_FILES = ["c05_empty_docs.jsonl", "c06_single_sentence_docs.jsonl", "c10_all_lines_too_long.jsonl",
               "c11_no_space_70k.jsonl", "c12_control_chars.jsonl"]
@@ -34,3 +37,21 @@ def train(corpus: Path, directory: Path):
 
 def snapshot(directory: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+
+
+# the module-scoped fixtures both test files use: ``from tests.helpers.preprocess_corpus import
+# corpus, tokenizer, preprocess_module`` makes them that module's fixtures
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """Real English (the stdlib's pydoc topic texts) followed by every case file, as one jsonl."""
+    return write_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(corpus, tmp_path_factory):
+    return train(corpus, tmp_path_factory.mktemp("tok"))
+
+
+@pytest.fixture(scope="module")
+def preprocess_module():
+    return load_tool("preprocess_data")

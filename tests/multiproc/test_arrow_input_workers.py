@@ -2,26 +2,12 @@
 processes: shards token for token equal to those of the same text as JSON lines."""
 from __future__ import annotations
 
-from pathlib import Path
 
-import pytest
 
 from rtd_scale.cli_errors import run_cli
 from rtd_scale.data.shards import read_manifest
-from tests.helpers.arrow_inputs import TEXTS, write_inputs
-from tests.helpers.tools import load_tool
-
-
-@pytest.fixture(scope="module")
-def tool():
-    """tools/preprocess_data.py loaded under another module name."""
-    return load_tool("preprocess_data", "preprocess_data_arrow")
-
-
-@pytest.fixture(scope="module")
-def inputs(tmp_path_factory) -> dict[str, Path]:
-    """The wiki sample as JSON lines, a saved dataset, an IPC stream and an IPC file."""
-    return write_inputs(tmp_path_factory.mktemp("arrow"))
+from tests.helpers.arrow_inputs import TEXTS
+from tests.helpers.arrow_inputs import inputs, tool  # noqa: F401 (module-scoped fixtures)
 
 
 def test_shards_equal_those_of_the_same_text_as_json_lines(tool, inputs, wiki_shards, tmp_path):

@@ -5,37 +5,19 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
-import pytest
 
 from rtd_scale.cli_errors import run_cli
 from rtd_scale.data.shards import open_shard, read_manifest, read_shard_meta
-from rtd_scale.data.tokenizer import Tokenizer, normalize_text
+from rtd_scale.data.tokenizer import normalize_text
 from tests.helpers.env import CASES, REPO
 from tests.helpers.preprocess_corpus import snapshot as _snapshot
 from tests.helpers.preprocess_corpus import texts as _texts
-from tests.helpers.preprocess_corpus import train, write_corpus
-from tests.helpers.tools import load_tool
+from tests.helpers.preprocess_corpus import (  # noqa: F401 (module-scoped fixtures)
+    corpus, preprocess_module, tokenizer)
 
 TOOL = REPO / "tools" / "preprocess_data.py"
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    """Real English (the stdlib's pydoc topic texts) followed by every case file, as one jsonl."""
-    return write_corpus(tmp_path_factory.mktemp("corpus"))
-
-
-@pytest.fixture(scope="module")
-def tokenizer(corpus, tmp_path_factory) -> Tokenizer:
-    return train(corpus, tmp_path_factory.mktemp("tok"))
-
-
-@pytest.fixture(scope="module")
-def preprocess_module():
-    return load_tool("preprocess_data")
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:

@@ -30,7 +30,7 @@ def test_tokenizer_progress_covers_reading_and_sentencepiece(tmp_path):
     size = CORPUS.stat().st_size
     reading = [line for line in lines if ": reading: " in line]
     assert len(reading) == 10  # one per record at interval 0
-    assert re.fullmatch(rf"train_tokenizer: reading: 10 records, 0\.0 of 0\.0 MB \(100%\) \(\d+ s\)",
+    assert re.fullmatch(r"train_tokenizer: reading: 10 records, 0\.0 of 0\.0 MB \(100%\) \(\d+ s\)",
                         reading[-1]) and size < 50_000
     assert any("read 10 records; SentencePiece is loading the sentences" in x for x in lines)
     assert any("SentencePiece: 35 sentences preprocessed" in x for x in lines)

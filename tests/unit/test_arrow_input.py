@@ -5,7 +5,6 @@ survive a crash with --resume, and are refused in one line when they cannot work
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 import datasets
 import pytest
@@ -14,20 +13,8 @@ from rtd_scale.cli_errors import UserInputError, run_cli
 from rtd_scale.data.shards import read_manifest, read_shard_meta
 from rtd_scale.data.text import (Position, ReadStats, check_inputs, input_bytes, input_fingerprint,
                                  iter_positioned_records, iter_records)
-from tests.helpers.arrow_inputs import TEXTS, write_inputs
-from tests.helpers.tools import load_tool
-
-
-@pytest.fixture(scope="module")
-def tool():
-    """tools/preprocess_data.py loaded under another module name."""
-    return load_tool("preprocess_data", "preprocess_data_arrow")
-
-
-@pytest.fixture(scope="module")
-def inputs(tmp_path_factory) -> dict[str, Path]:
-    """The wiki sample as JSON lines, a saved dataset, an IPC stream and an IPC file."""
-    return write_inputs(tmp_path_factory.mktemp("arrow"))
+from tests.helpers.arrow_inputs import TEXTS
+from tests.helpers.arrow_inputs import inputs, tool  # noqa: F401 (module-scoped fixtures)
 
 
 def test_rows_are_read_in_order_and_resume_after_any_row(inputs):

@@ -21,7 +21,6 @@ from rtd_scale.config import (AttentionType, ConfigError, LayerNormPosition, Sha
 from rtd_scale.model import weights
 from rtd_scale.model.embeddings import GDESPositions, GDESTable
 
-from tests.helpers.tiny_model import SPECIAL
 from tests.helpers.tiny_model import grad_abs_sums as _grad_sums
 from tests.helpers.tiny_model import sample_ids as _ids
 from tests.helpers.tiny_model import tiny_rtd_model as _model

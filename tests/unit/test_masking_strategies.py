@@ -4,7 +4,6 @@ budget, no host synchronisation, the tokenizer's word-start tables, and the toke
 unchanged bit for bit."""
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import math
 

@@ -31,24 +31,8 @@ from rtd_scale.data.text import BadLineError, ReadStats, iter_records
 from rtd_scale.data.tokenizer import Tokenizer, train_tokenizer
 from tests.helpers.env import CASES
 from tests.helpers.preprocess_corpus import texts as _texts
-from tests.helpers.preprocess_corpus import train, write_corpus
-from tests.helpers.tools import load_tool
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    """Real English (the stdlib's pydoc topic texts) followed by every case file, as one jsonl."""
-    return write_corpus(tmp_path_factory.mktemp("corpus"))
-
-
-@pytest.fixture(scope="module")
-def tokenizer(corpus, tmp_path_factory) -> Tokenizer:
-    return train(corpus, tmp_path_factory.mktemp("tok"))
-
-
-@pytest.fixture(scope="module")
-def preprocess_module():
-    return load_tool("preprocess_data")
+from tests.helpers.preprocess_corpus import (  # noqa: F401 (module-scoped fixtures)
+    corpus, preprocess_module, tokenizer)
 
 
 # -- dtype around the 16-bit limit ---------------------------------------------------------------

@@ -9,7 +9,6 @@ import warnings
 
 import numpy as np
 import pytest
-import torch
 
 from rtd_scale.cli_errors import UserInputError
 from rtd_scale.config import MaskStrategy, RTDConfig
