@@ -131,7 +131,7 @@ def slice_corpus(corpus: Path, out_dir: Path, corpus_mb: float, heldout_docs: in
 # 2.–3. tokenizer, shards, runs
 
 
-def _run(cmd: list[str], log_path: Path, env: dict | None = None) -> None:
+def run_logged(cmd: list[str], log_path: Path, env: dict | None = None) -> None:
     log(" ".join(cmd))
     with open(log_path, "a", encoding="utf-8") as f:
         f.write(f"\n$ {' '.join(cmd)}\n")
@@ -148,12 +148,12 @@ def prepare_data(work: Path, vocab_size: int) -> tuple[str, str]:
     (work / "logs").mkdir(parents=True, exist_ok=True)
     spm = data / "spm.model"
     if not spm.exists():
-        _run([sys.executable, "tools/train_tokenizer.py", "--input", str(data / "train.jsonl"),
+        run_logged([sys.executable, "tools/train_tokenizer.py", "--input", str(data / "train.jsonl"),
               "--vocab-size", str(vocab_size), "--character-coverage", "1.0",
               "--output-prefix", str(data / "spm")], work / "logs" / "data.log")
     prefix = data / "train_text_document"
     if not Path(f"{prefix}.manifest.json").exists():
-        _run([sys.executable, "tools/preprocess_data.py", "--input", str(data / "train.jsonl"),
+        run_logged([sys.executable, "tools/preprocess_data.py", "--input", str(data / "train.jsonl"),
               "--json-keys", "text", "--tokenizer-model", str(spm),
               "--output-prefix", str(data / "train"), "--workers", "2", "--overwrite"],
              work / "logs" / "data.log")
@@ -199,7 +199,7 @@ def train_mode(args, mode: str, spm: str, prefix: str) -> Path:
         log(f"{mode}: export exists, training skipped")
         return export_dir
     t0 = time.time()
-    _run(pretrain_command(args, mode, spm, prefix, run_dir, export_dir),
+    run_logged(pretrain_command(args, mode, spm, prefix, run_dir, export_dir),
          work / "logs" / f"{mode}.log", env=child_env())
     log(f"{mode}: trained in {time.time() - t0:.0f} s")
     return export_dir

@@ -587,11 +587,21 @@ def run(cfg: RunConfig, print_fn=print, stop=None, validated=None) -> dict:
             resumed_from = os.path.join(checkpoint.split_load(cfg.train.load)[0],
                                         checkpoint.tag_for(start_step))
             consumed = int(client.get("consumed_samples", start_step * cfg.train.global_batch_size))
+            old_data, new_data = client.get("data"), dataset["train"].state()
+            read, consumed, repacked_note = consumed, *dataset["train"].continue_after(
+                consumed, old_data)
             if ctx.is_logging_rank:
                 print_fn(f"resumed from {cfg.train.load} at iteration {start_step} "
-                         f"({consumed} samples consumed)")
-                old_data, new_data = client.get("data"), dataset["train"].state()
-                if old_data is not None and old_data != new_data:
+                         f"({read} samples consumed)")
+                old_batch = (client.get("config") or {}).get("train", {}).get("global_batch_size")
+                if old_batch is not None and old_batch != cfg.train.global_batch_size:
+                    print_fn(f"note: --global-batch-size {cfg.train.global_batch_size} (the "
+                             f"checkpoint's {old_batch}): iterations from {start_step + 1} on "
+                             f"read {cfg.train.global_batch_size} samples each; the optimizer "
+                             "state, the step count and the schedule carry on")
+                if repacked_note:
+                    print_fn(repacked_note)
+                elif old_data is not None and old_data != new_data:
                     print_fn(f"note: the training data differ from the checkpoint's ({old_data} → "
                              f"{new_data}); the run continues at sample {consumed} of the new "
                              "data's order, not where the old order would have gone")

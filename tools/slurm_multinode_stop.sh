@@ -50,14 +50,19 @@ for ns in "${namespaces[@]}"; do
 done
 ip link del "$br" 2>/dev/null || true
 
-# a namespace's veths go only when the kernel has freed the namespace: wait for them
-gone=0
-for _ in $(seq 300); do
-  if ! ip -o link show 2>/dev/null | grep -q "rtd${id}v[0-9]"; then gone=1; break; fi
-  sleep 0.1
-done
-if [ "$gone" = 0 ]; then
+# a namespace's veths go only when the kernel has freed the namespace, and a veth pair deleted
+# by hand is freed asynchronously too: wait for them before and after deleting them
+veths_gone() {
+  local _
+  for _ in $(seq 300); do
+    if ! ip -o link show 2>/dev/null | grep -q "rtd${id}v[0-9]"; then return 0; fi
+    sleep 0.1
+  done
+  return 1
+}
+if ! veths_gone; then
   for v in 0 1 2; do ip link del "rtd${id}v$v" 2>/dev/null || true; done
+  veths_gone || true
 fi
 if ip -o link show 2>/dev/null | grep -q -e "rtd${id}v[0-9]" -e "$br"; then
   echo "slurm_multinode_stop: error: interfaces of run $id still exist: $(ip -o link show | grep -o "rtd${id}[a-z0-9]*" | sort -u | tr '\n' ' ')" >&2

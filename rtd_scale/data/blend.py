@@ -155,6 +155,34 @@ class BlendedDataset:
                 "weights": [float(w) for w in self.schedule.weights],
                 "seq_length": self.seq_length, "split": list(self.datasets[0].split)}
 
+    def continue_after(self, consumed: int, saved: Optional[dict]) -> tuple[int, Optional[str]]:
+        """Where a resumed run reads on when the checkpoint read ``consumed`` samples of data
+        whose :meth:`state` was ``saved``: (the first global sample index, a note or None).
+
+        The same data packed at another ``--seq-length`` (the second phase of BERT's and NVIDIA
+        ELECTRA's schedule, arXiv 1810.04805 §A.2: most steps at 128 tokens, then 512) has
+        another number of samples an epoch, so sample ``consumed`` of the new packing would be
+        another place in the text. The run continues at the same fraction of the data instead:
+        ``consumed × (new samples) / (old samples)``, the token slots already read kept. Any
+        other difference keeps ``consumed`` (the caller notes it)."""
+        if not saved or saved.get("seq_length") in (None, self.seq_length) or any(
+                saved.get(k) != v for k, v in self.state().items()
+                if k not in ("samples", "seq_length")):
+            return consumed, None
+        old, new = sum(saved.get("samples") or [0]), sum(len(ds) for ds in self.datasets)
+        if old <= 0:
+            return consumed, None
+        start = consumed * new // old
+        d, j = self.schedule.locate(np.array([start], np.int64))
+        ds = self.datasets[int(d[0])]
+        epoch, position = divmod(int(j[0]), len(ds))
+        return start, (
+            f"note: --seq-length {self.seq_length} (the checkpoint's {saved['seq_length']}): the "
+            f"checkpoint had read {consumed:,} of the {old:,} samples an epoch of its packing; "
+            f"the run continues at the same fraction of the data, global sample {start:,} of the "
+            f"{new:,} an epoch of {self.seq_length}-token samples ({ds.name}: epoch {epoch}, "
+            f"position {position} counted from 0)")
+
 
 def build_split(sources: Sequence[tuple[float, Sequence[str]]], *, seq_length: int,
                 split: Sequence[float], part: int, seed: int,

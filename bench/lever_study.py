@@ -1,0 +1,206 @@
+"""Which settings take the main job's model off the RTD plateau on real text (2 CPU cores).
+
+Each lever is the main job's command (``tools/run_default.sh``: the ``debertav3-tiny`` preset on
+the sample corpus, 2 ranks, ZeRO-3, 600 steps, validation every 100 steps over 8 global batches)
+with one change, run through the real ``deepspeed`` launcher. The table gives the held-out RTD
+AUC at every validation, the last validation L_MLM and MLM accuracy, the seconds a step took and
+the exact flags; the figure (``--work-dir/levers.png``, ``rtd_scale.training.curves``) puts the
+runs on one set of axes.
+
+    python bench/lever_study.py --work-dir runs/levers                  # every lever
+    python bench/lever_study.py --work-dir runs/levers --levers baseline dropout-0
+
+A lever whose run finished is not run again (delete ``--work-dir/runs/NAME`` to redo it), so the
+same command continues an interrupted study. Outputs: the table on stdout and in
+``--work-dir/levers.md``, the numbers in ``--work-dir/levers.json``, one log per run in
+``--work-dir/logs``.
+
+The levers (arXiv 2003.10555 §3.2 and Table 6 for the generator's width, the mask rate and
+dropout; arXiv 2111.09543 §4 for relative-position attention):
+
+* ``bert-attention``: BERT attention with learned absolute positions (``--preset tiny``'s
+  attention) in the same post-LN layout; ``bert-attention-scope-tokens`` the same with only the
+  token table shared (``--sharing-scope tokens``; under disentangled attention there is no
+  absolute table, so scope changes nothing there);
+* ``generator-1/3``: ELECTRA's generator, the discriminator's depth at a third of its width;
+* ``mask-0.25``: mask rate 0.25 (ELECTRA-large's);
+* ``dropout-0``: no dropout in either model;
+* ``lr-2e-3`` and ``batch-64``: twice the learning rate; twice the batch for half the steps
+  (the same sequences) at √2 × the learning rate;
+* ``vocab-3000``: a 3,000-piece SentencePiece vocabulary (its own tokenizer and shards);
+  ``seq-64``: sequences of 64 at twice the batch (the same tokens a step);
+* ``combined``: the levers that helped on their own, together (set by ``--combined``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from rtd_scale.atomic import write_atomic  # noqa: E402
+from rtd_scale.cli_errors import OneLineArgumentParser, run_cli  # noqa: E402
+from sharing_ablation import child_env, run_logged  # noqa: E402
+
+NO_DROPOUT = ("--hidden-dropout", "0", "--attention-dropout", "0",
+              "--generator-hidden-dropout", "0", "--generator-attention-dropout", "0")
+# name → (flags added to the main job's command, tokenizer vocabulary size, steps ÷ this)
+LEVERS: dict[str, tuple[tuple[str, ...], int, int]] = {
+    "baseline": ((), 8000, 1),
+    "bert-attention": (("--attention-type", "bert"), 8000, 1),
+    "bert-attention-scope-tokens": (("--attention-type", "bert", "--sharing-scope", "tokens"),
+                                    8000, 1),
+    "generator-1/3": (("--generator-num-layers-ratio", "1", "--generator-hidden-size-ratio",
+                       "0.3333"), 8000, 1),
+    "mask-0.25": (("--mask-prob", "0.25"), 8000, 1),
+    "dropout-0": (NO_DROPOUT, 8000, 1),
+    "lr-2e-3": (("--lr", "2e-3"), 8000, 1),
+    "batch-64": (("--global-batch-size", "64", "--lr", "1.414e-3", "--lr-warmup-iters", "15"),
+                 8000, 2),
+    "vocab-3000": ((), 3000, 1),
+    "seq-64": (("--seq-length", "64", "--global-batch-size", "64"), 8000, 1),
+}
+
+
+def log(msg: str) -> None:
+    print(f"[levers {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def sample_data(work: Path, vocab_size: int) -> tuple[str, str]:
+    """The main job's sample corpus, tokenized at ``vocab_size``; (tokenizer, dataset prefix).
+    The 8,000-piece set is README command 1's own ``data/sample`` when it exists."""
+    main = REPO / "data" / "sample"
+    corpus = main / "corpus.jsonl"
+    logs = work / "logs" / "data.log"
+    if not corpus.exists():
+        run_logged([sys.executable, "tools/build_sample_corpus.py", "--output", str(corpus)], logs)
+    data = main if vocab_size == 8000 else work / "data" / f"vocab{vocab_size}"
+    data.mkdir(parents=True, exist_ok=True)
+    spm, prefix = data / "spm.model", data / "wiki_text_document"
+    if not spm.exists():
+        run_logged([sys.executable, "tools/train_tokenizer.py", "--input", str(corpus),
+                    "--vocab-size", str(vocab_size), "--character-coverage", "1.0",
+                    "--output-prefix", str(data / "spm")], logs)
+    if not Path(f"{prefix}.manifest.json").exists():
+        run_logged([sys.executable, "tools/preprocess_data.py", "--input", str(corpus),
+                    "--json-keys", "text", "--tokenizer-model", str(spm),
+                    "--output-prefix", str(data / "wiki"), "--workers", "2", "--overwrite"], logs)
+    return str(spm), str(prefix)
+
+
+def command(args, flags: tuple[str, ...], steps: int, spm: str, prefix: str,
+            run_dir: Path) -> list[str]:
+    """The main job's launcher command (tools/run_default.sh) with ``flags`` added."""
+    deepspeed = str(Path(sys.executable).with_name("deepspeed"))
+    return [deepspeed, "--num_gpus", str(args.ranks), "--master_port", str(args.master_port),
+            "rtd_scale/pretrain.py", "--ds_config", "ds_configs/zero3.json",
+            "--preset", "debertav3-tiny", "--data-path", prefix, "--tokenizer-model", spm,
+            "--save", str(run_dir), "--train-iters", str(steps), "--log-interval", "25",
+            "--save-interval", str(steps), "--eval-iters", "8", "--eval-interval",
+            str(max(1, args.eval_interval * steps // args.steps)), *flags]
+
+
+def finished(run_dir: Path, steps: int) -> bool:
+    return (run_dir / f"global_step{steps}").is_dir() and (run_dir / "curves.png").exists()
+
+
+def results_of(name: str, run_dir: Path, flags: tuple[str, ...], seconds: float | None,
+               steps: int, scale: int) -> dict:
+    """The validations of one run, read from its TensorBoard events; steps are reported as the
+    main job's (a run of half the steps at twice the batch is drawn at 2 × its step)."""
+    from rtd_scale.training import curves
+
+    run = curves.load_run(str(run_dir), name=name)
+    auc = {s * scale: v for s, v in run.scalars.get("valid/rtd/auc", {}).items()}
+    mlm = run.scalars.get("valid/loss/mlm", {})
+    acc = run.scalars.get("valid/mlm/accuracy", {})
+    last = max(mlm) if mlm else None
+    return {"flags": list(flags), "auc": auc, "steps": steps,
+            "valid_mlm": mlm.get(last) if last else None,
+            "valid_mlm_accuracy": acc.get(last) if last else None,
+            "s_per_step": None if seconds is None else seconds / steps}
+
+
+def table(results: dict[str, dict], steps: int, eval_interval: int) -> str:
+    cols = list(range(eval_interval, steps + 1, eval_interval))
+    head = ("| lever | flags added to the main job | "
+            + " | ".join(f"AUC @{c}" for c in cols)
+            + " | valid L_MLM | MLM acc | s/step |")
+    lines = [head, "|" + "---|" * (len(cols) + 5)]
+    for name, r in results.items():
+        auc = {int(k): v for k, v in r["auc"].items()}
+        cells = [f"{auc[c]:.3f}" if c in auc else "—" for c in cols]
+        best = max(auc.values()) if auc else math.nan
+        cells = [f"**{c}**" if c != "—" and float(c) == round(best, 3) and best >= 0.65 else c
+                 for c in cells]
+        f = lambda x, fmt: "—" if x is None else fmt.format(x)  # noqa: E731
+        lines.append(f"| {name} | `{' '.join(r['flags']) or '(none)'}` | " + " | ".join(cells)
+                     + f" | {f(r['valid_mlm'], '{:.2f}')} | {f(r['valid_mlm_accuracy'], '{:.3f}')}"
+                       f" | {f(r['s_per_step'], '{:.2f}')} |")
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = OneLineArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--work-dir", required=True, help="all outputs; rerun to continue")
+    p.add_argument("--levers", nargs="+", choices=[*LEVERS, "combined"], default=list(LEVERS))
+    p.add_argument("--combined", nargs="+", choices=list(LEVERS), default=[],
+                   help="the levers the 'combined' run puts together")
+    p.add_argument("--steps", type=int, default=600, help="the main job's steps")
+    p.add_argument("--eval-interval", type=int, default=100)
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--master-port", type=int, default=29571)
+    args = p.parse_args(argv)
+    if "combined" in args.levers and not args.combined:
+        p.error("--levers combined needs --combined LEVER [LEVER …] (the levers to put together)")
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    work = Path(args.work_dir)
+    (work / "logs").mkdir(parents=True, exist_ok=True)
+    levers = dict(LEVERS)
+    if args.combined:
+        levers["combined"] = (sum((LEVERS[n][0] for n in args.combined), ()),
+                              min(LEVERS[n][1] for n in args.combined),
+                              max(LEVERS[n][2] for n in args.combined))
+    store = work / "levers.json"
+    results = json.loads(store.read_text()) if store.exists() else {}
+    for name in args.levers:
+        flags, vocab, scale = levers[name]
+        steps = args.steps // scale
+        run_dir = work / "runs" / name.replace("/", "_")
+        seconds = results.get(name, {}).get("seconds")
+        if not finished(run_dir, steps):
+            if run_dir.exists():
+                raise SystemExit(f"{run_dir}: an unfinished run; delete it to run {name} again")
+            spm, prefix = sample_data(work, vocab)
+            t0 = time.time()
+            run_logged(command(args, flags, steps, spm, prefix, run_dir),
+                       work / "logs" / f"{run_dir.name}.log", env=child_env())
+            seconds = time.time() - t0
+            log(f"{name}: {steps} steps in {seconds:.0f} s")
+        results[name] = {**results_of(name, run_dir, flags, seconds, steps, scale),
+                         "seconds": seconds}
+        write_atomic(store, json.dumps(results, indent=2) + "\n")
+    text = table({n: results[n] for n in args.levers}, args.steps, args.eval_interval)
+    write_atomic(work / "levers.md", text)
+    print(text, flush=True)
+
+    from rtd_scale.training import curves
+    runs = [curves.load_run(str(work / "runs" / n.replace("/", "_")), name=n) for n in args.levers]
+    fig = curves.build_figure(runs)
+    curves.save_figure(fig, str(work / "levers.png"))
+    log(f"figure: {work / 'levers.png'}")
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
