@@ -2,13 +2,18 @@
 
 Each lever is the main job's command (``tools/run_default.sh``: the ``debertav3-tiny`` preset on
 the sample corpus, 2 ranks, ZeRO-3, 600 steps, validation every 100 steps over 8 global batches)
-with one change, run through the real ``deepspeed`` launcher. The table gives the held-out RTD
+at the preset's earlier mask rate and dropout (``BASE``), with one change, run through the real ``deepspeed`` launcher. The table gives the held-out RTD
 AUC at every validation, the last validation L_MLM and MLM accuracy, the seconds a step took and
 the exact flags; the figure (``--work-dir/levers.png``, ``rtd_scale.training.curves``) puts the
 runs on one set of axes.
 
     python bench/lever_study.py --work-dir runs/levers                  # every lever
     python bench/lever_study.py --work-dir runs/levers --levers baseline dropout-0
+    python bench/lever_study.py --work-dir runs/levers --levers baseline mask-0.25 --seeds 1234 1 2
+
+One run is one draw: on this corpus the held-out AUC at step 600 of runs that differ only in
+``--seed`` spans about ±0.05, as wide as most levers' effects, so ``--seeds`` repeats every lever
+(the preset's seed is 1234) and the table gives the mean at each validation and each seed's last.
 
 A lever whose run finished is not run again (delete ``--work-dir/runs/NAME`` to redo it), so the
 same command continues an interrupted study. Outputs: the table on stdout and in
@@ -35,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -51,6 +55,11 @@ from sharing_ablation import child_env, run_logged  # noqa: E402
 
 NO_DROPOUT = ("--hidden-dropout", "0", "--attention-dropout", "0",
               "--generator-hidden-dropout", "0", "--generator-attention-dropout", "0")
+# Every lever starts from ``debertav3-tiny`` as it was when the study was made (mask rate 0.15,
+# dropout 0.1, the config defaults); the preset now holds the two levers that helped, the
+# ``combined`` run (rtd_scale/config.py:_debertav3_tiny). The last of a repeated flag wins.
+BASE = ("--mask-prob", "0.15", "--hidden-dropout", "0.1", "--attention-dropout", "0.1",
+        "--generator-hidden-dropout", "0.1", "--generator-attention-dropout", "0.1")
 # name → (flags added to the main job's command, tokenizer vocabulary size, steps ÷ this)
 LEVERS: dict[str, tuple[tuple[str, ...], int, int]] = {
     "baseline": ((), 8000, 1),
@@ -67,6 +76,11 @@ LEVERS: dict[str, tuple[tuple[str, ...], int, int]] = {
     "vocab-3000": ((), 3000, 1),
     "seq-64": (("--seq-length", "64", "--global-batch-size", "64"), 8000, 1),
 }
+
+
+def run_key(lever: str, seed: int) -> str:
+    """A run's directory and log name: the lever, and the seed unless it is the preset's."""
+    return lever.replace("/", "_") + ("" if seed == 1234 else f"-seed{seed}")
 
 
 def log(msg: str) -> None:
@@ -104,7 +118,7 @@ def command(args, flags: tuple[str, ...], steps: int, spm: str, prefix: str,
             "--preset", "debertav3-tiny", "--data-path", prefix, "--tokenizer-model", spm,
             "--save", str(run_dir), "--train-iters", str(steps), "--log-interval", "25",
             "--save-interval", str(steps), "--eval-iters", "8", "--eval-interval",
-            str(max(1, args.eval_interval * steps // args.steps)), *flags]
+            str(max(1, args.eval_interval * steps // args.steps)), *BASE, *flags]
 
 
 def finished(run_dir: Path, steps: int) -> bool:
@@ -128,22 +142,32 @@ def results_of(name: str, run_dir: Path, flags: tuple[str, ...], seconds: float 
             "s_per_step": None if seconds is None else seconds / steps}
 
 
-def table(results: dict[str, dict], steps: int, eval_interval: int) -> str:
+def _mean(xs: list) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def table(results: dict[str, list[dict]], steps: int, eval_interval: int) -> str:
+    """One row per lever: the mean over its seeds' runs at each validation (AUC ≥ 0.65 in bold),
+    each seed's last AUC, and the means of the last validation L_MLM, MLM accuracy and s/step."""
     cols = list(range(eval_interval, steps + 1, eval_interval))
-    head = ("| lever | flags added to the main job | "
+    head = ("| lever | flags added to the main job | seeds | "
             + " | ".join(f"AUC @{c}" for c in cols)
-            + " | valid L_MLM | MLM acc | s/step |")
-    lines = [head, "|" + "---|" * (len(cols) + 5)]
-    for name, r in results.items():
-        auc = {int(k): v for k, v in r["auc"].items()}
-        cells = [f"{auc[c]:.3f}" if c in auc else "—" for c in cols]
-        best = max(auc.values()) if auc else math.nan
-        cells = [f"**{c}**" if c != "—" and float(c) == round(best, 3) and best >= 0.65 else c
-                 for c in cells]
-        f = lambda x, fmt: "—" if x is None else fmt.format(x)  # noqa: E731
-        lines.append(f"| {name} | `{' '.join(r['flags']) or '(none)'}` | " + " | ".join(cells)
-                     + f" | {f(r['valid_mlm'], '{:.2f}')} | {f(r['valid_mlm_accuracy'], '{:.3f}')}"
-                       f" | {f(r['s_per_step'], '{:.2f}')} |")
+            + " | last AUC of each seed | valid L_MLM | MLM acc | s/step |")
+    lines = [head, "|" + "---|" * (len(cols) + 7)]
+    f = lambda x, fmt: "—" if x is None else fmt.format(x)  # noqa: E731
+    for name, runs in results.items():
+        aucs = [{int(k): v for k, v in r["auc"].items()} for r in runs]
+        cells = [f(_mean([a.get(c) for a in aucs]) if all(c in a for a in aucs) else None,
+                   "{:.3f}") for c in cols]
+        cells = [f"**{c}**" if c != "—" and float(c) >= 0.65 else c for c in cells]
+        last = ", ".join(f"{a[max(a)]:.3f}" for a in aucs if a) or "—"
+        lines.append(
+            f"| {name} | `{' '.join(runs[0]['flags']) or '(none)'}` | {len(runs)} | "
+            + " | ".join(cells) + f" | {last}"
+            + f" | {f(_mean([r['valid_mlm'] for r in runs]), '{:.2f}')}"
+            + f" | {f(_mean([r['valid_mlm_accuracy'] for r in runs]), '{:.3f}')}"
+            + f" | {f(_mean([r['s_per_step'] for r in runs]), '{:.2f}')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -155,6 +179,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="the levers the 'combined' run puts together")
     p.add_argument("--steps", type=int, default=600, help="the main job's steps")
     p.add_argument("--eval-interval", type=int, default=100)
+    p.add_argument("--seeds", type=int, nargs="+", default=[1234],
+                   help="run every lever once per --seed (1234: the preset's, the main job's)")
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--master-port", type=int, default=29571)
     args = p.parse_args(argv)
@@ -175,28 +201,39 @@ def main(argv=None) -> None:
     store = work / "levers.json"
     results = json.loads(store.read_text()) if store.exists() else {}
     for name in args.levers:
-        flags, vocab, scale = levers[name]
-        steps = args.steps // scale
-        run_dir = work / "runs" / name.replace("/", "_")
-        seconds = results.get(name, {}).get("seconds")
-        if not finished(run_dir, steps):
-            if run_dir.exists():
-                raise SystemExit(f"{run_dir}: an unfinished run; delete it to run {name} again")
-            spm, prefix = sample_data(work, vocab)
-            t0 = time.time()
-            run_logged(command(args, flags, steps, spm, prefix, run_dir),
-                       work / "logs" / f"{run_dir.name}.log", env=child_env())
-            seconds = time.time() - t0
-            log(f"{name}: {steps} steps in {seconds:.0f} s")
-        results[name] = {**results_of(name, run_dir, flags, seconds, steps, scale),
-                         "seconds": seconds}
-        write_atomic(store, json.dumps(results, indent=2) + "\n")
-    text = table({n: results[n] for n in args.levers}, args.steps, args.eval_interval)
+        for seed in args.seeds:
+            flags, vocab, scale = levers[name]
+            steps = args.steps // scale
+            key = run_key(name, seed)
+            run_dir = work / "runs" / key
+            seconds = results.get(key, {}).get("seconds")
+            if not finished(run_dir, steps):
+                if run_dir.exists():
+                    raise SystemExit(f"{run_dir}: an unfinished run; delete it to run {key} again")
+                spm, prefix = sample_data(work, vocab)
+                t0 = time.time()
+                seed_flags = () if seed == 1234 else ("--seed", str(seed))
+                run_logged(command(args, flags + seed_flags, steps, spm, prefix, run_dir),
+                           work / "logs" / f"{key}.log", env=child_env())
+                seconds = time.time() - t0
+                log(f"{key}: {steps} steps in {seconds:.0f} s")
+            results[key] = {**results_of(key, run_dir, flags, seconds, steps, scale),
+                            "seconds": seconds}
+            write_atomic(store, json.dumps(results, indent=2) + "\n")
+    text = table({n: [results[run_key(n, s)] for s in args.seeds] for n in args.levers},
+                 args.steps, args.eval_interval)
     write_atomic(work / "levers.md", text)
     print(text, flush=True)
 
     from rtd_scale.training import curves
-    runs = [curves.load_run(str(work / "runs" / n.replace("/", "_")), name=n) for n in args.levers]
+    runs = []
+    for n in args.levers:
+        for seed in args.seeds:
+            run = curves.load_run(str(work / "runs" / run_key(n, seed)), name=run_key(n, seed))
+            scale = levers[n][2]  # drawn at the main job's step: the same samples read
+            run.scalars = {tag: {k * scale: v for k, v in points.items()}
+                           for tag, points in run.scalars.items()}
+            runs.append(run)
     fig = curves.build_figure(runs)
     curves.save_figure(fig, str(work / "levers.png"))
     log(f"figure: {work / 'levers.png'}")
