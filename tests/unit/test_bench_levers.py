@@ -60,9 +60,13 @@ def test_the_table_has_a_row_per_lever_with_the_mean_over_seeds_and_marks_auc_pa
     lines = lever_study.table(results, 200, 100).splitlines()
     assert lines[0] == ("| lever | flags added to the main job | seeds | AUC @100 | AUC @200 | "
                         "last AUC of each seed | valid L_MLM | MLM acc | s/step |")
-    assert lines[2] == ("| baseline | `(none)` | 2 | 0.563 | **0.652** | 0.574, 0.730 | 6.30 | "
+    assert lines[2] == ("| baseline | (none) | 2 | 0.563 | **0.652** | 0.574, 0.730 | 6.30 | "
                         "0.140 | 0.50 |")
     assert lines[3] == "| dropout-0 | `--hidden-dropout 0` | 1 | 0.571 | — | 0.571 | 6.00 | — | — |"
     assert len(lines) == 4
+    vocab = {"flags": [], "vocab_size": 3000, "auc": {}, "valid_mlm": None,
+             "valid_mlm_accuracy": None, "s_per_step": None}
+    assert lever_study.table({"vocab-3000": [vocab]}, 100, 100).splitlines()[2] == (
+        "| vocab-3000 | a 3,000-piece tokenizer | 1 | — | — | — | — | — |")
     assert (lever_study.run_key("generator-1/3", 1234), lever_study.run_key("mask-0.25", 7)) == (
         "generator-1_3", "mask-0.25-seed7")
