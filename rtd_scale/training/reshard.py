@@ -46,6 +46,7 @@ import io
 import os
 import shutil
 import time
+from typing import Optional
 
 from rtd_scale.cli_errors import UserInputError
 
@@ -212,3 +213,246 @@ def check_converted_safe(root: str, tag: str) -> None:
     for name in sorted(os.listdir(zero)):
         if os.path.isdir(os.path.join(zero, name)):
             checkpoint.check_safe_to_load(os.path.join(zero, name))
+
+
+# ------------------------------------------- tensor- and pipeline-parallel changes, ZeRO-0 ----
+
+CANONICAL_DONE = "rtd_canonical_complete"
+# What DeepSpeed's model-states file holds besides rtd_scale's client state
+# (``DeepSpeedEngine._save_checkpoint``, 0.19.8).
+_DEEPSPEED_KEYS = frozenset({
+    "module", "buffer_names", "optimizer", "param_shapes", "frozen_param_shapes",
+    "shared_params", "frozen_param_fragments", "lr_scheduler", "data_sampler", "random_ltd",
+    "sparse_tensor_module_names", "skipped_steps", "global_steps", "global_samples",
+    "dp_world_size", "mp_world_size", "ds_config", "ds_version", "universal_checkpoint_info"})
+
+
+def uses_universal(saved: dict, layout: dict) -> bool:
+    """Whether DeepSpeed's universal checkpoint covers the change from layout ``saved`` to
+    ``layout``: TP 1 × PP 1 and ZeRO 1–3 on both sides (the rest goes through
+    :func:`convert_canonical`)."""
+    return all(d.get("tensor_model_parallel_size") == 1 and d.get("pipeline_model_parallel_size")
+               == 1 and d.get("zero_stage") in (1, 2, 3) for d in (saved, layout))
+
+
+def canonical_root(load_dir: str, tag: str) -> str:
+    """The directory holding the layout-free state of ``<load_dir>/<tag>``."""
+    return os.path.join(load_dir, f"{tag}_canonical")
+
+
+def is_canonical_converted(load_dir: str, tag: str) -> bool:
+    return os.path.isfile(os.path.join(canonical_root(load_dir, tag), CANONICAL_DONE))
+
+
+def convert_canonical(load_dir: str, tag: str, tokenizer_model: Optional[str] = None
+                      ) -> tuple[str, float, bool]:
+    """Write (or reuse) the layout-free training state of ``<load_dir>/<tag>``
+    (``hf/consolidate.consolidate_training_state``: the checkpoint's own world restarted as local
+    gloo processes, every parameter's fp32 master weights and both AdamW moments gathered over
+    ZeRO, tensor and pipeline parallel into canonical names); one process only.
+
+    Returns (its directory, seconds spent, whether it was converted now rather than reused).
+
+    Raises:
+        UserInputError: the conversion failed or the directory is not writable; nothing is
+            left under the final name.
+    """
+    from rtd_scale.hf.consolidate import consolidate_training_state
+
+    final = canonical_root(load_dir, tag)
+    if is_canonical_converted(load_dir, tag):
+        return final, 0.0, False
+    start = time.perf_counter()
+    tmp = os.path.join(load_dir, f".{tag}_canonical.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        os.makedirs(tmp)
+        try:
+            consolidate_training_state(load_dir, tag, tmp, tokenizer_model)
+        except UserInputError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        except Exception as e:  # a worker's traceback: its last line says what failed
+            shutil.rmtree(tmp, ignore_errors=True)
+            last = (str(e).strip().splitlines() or [type(e).__name__])[-1]
+            raise UserInputError(
+                f"--load {load_dir}: merging the shards of {tag} into one layout-free state "
+                f"failed ({last}); resume at the checkpoint's layout") from None
+        with open(os.path.join(tmp, CANONICAL_DONE), "w", encoding="utf-8") as f:
+            f.write(f"{tag}\n")
+        if os.path.exists(final):  # an incomplete earlier conversion (no marker)
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise UserInputError(
+            f"--load {load_dir}: cannot write the layout-free state of {tag} beside it "
+            f"({e.strerror or e}); resume at the checkpoint's layout, or make {load_dir} "
+            "writable") from None
+    return final, time.perf_counter() - start, True
+
+
+def check_canonical_safe(root: str) -> None:
+    """The conversion's ``.pt`` files hold only tensors (a reused one could have been replaced),
+    checked as ``checkpoint.check_safe_to_load`` does."""
+    from rtd_scale.training import checkpoint
+
+    checkpoint.check_safe_to_load(root)
+
+
+def _model_states(ckpt_dir: str) -> dict:
+    """The checkpoint's model-states file of model-parallel rank 0 (the client state, schedule
+    and step; every rank's file holds the same), read with ``weights_only=True``."""
+    from rtd_scale.training import checkpoint
+
+    for name in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt"):
+        path = os.path.join(ckpt_dir, name)
+        if os.path.isfile(path):
+            return checkpoint.safe_load(path)
+    raise checkpoint.CheckpointReadError(
+        f"{ckpt_dir}: no mp_rank_00 model states; resume from another checkpoint "
+        "(--load DIR/global_stepN)")
+
+
+def _step_value(base, group: dict, hp, step: float, old):
+    """AdamW's step count in the form ``base`` keeps it (torch.optim.AdamW: a float32 CPU
+    tensor, on the device when fused or capturable; rtd_scale's ``NonFiniteSkippingAdamW``: a
+    float64 device tensor; DeepSpeed's CPU Adam: an int)."""
+    import torch
+
+    from rtd_scale.training.optimizer import NonFiniteSkippingAdamW
+
+    if isinstance(base, NonFiniteSkippingAdamW):
+        return torch.tensor(float(step), dtype=torch.float64, device=hp.device)
+    if isinstance(base, torch.optim.Optimizer) and type(base).__module__.startswith("torch."):
+        from torch.optim.optimizer import _get_scalar_dtype
+
+        on_device = bool(group.get("fused") or group.get("capturable"))
+        return torch.tensor(float(step), dtype=_get_scalar_dtype(is_fused=group.get("fused")),
+                            device=hp.device if on_device else "cpu")
+    if torch.is_tensor(old):
+        return torch.full_like(old, step)
+    return int(step)
+
+
+def _init_adam_state(engine, step: float) -> None:
+    """Give every tensor the AdamW steps its state (moments zero, the step count ``step``):
+    DeepSpeed 0.19.8 and torch create it lazily at the first step, and the values below are
+    copied into it. At ZeRO-1/2 and under DeepSpeed's bf16 optimizer the parameters' views of
+    the flat state are then linked (``_lazy_init_hp_params_optimizer_state``)."""
+    import torch
+
+    opt = engine.optimizer
+    base = getattr(opt, "optimizer", opt)
+    for group in base.param_groups:
+        for hp in group["params"]:
+            state = base.state[hp]
+            for key in ("exp_avg", "exp_avg_sq"):
+                if key not in state:
+                    state[key] = torch.zeros_like(hp, memory_format=torch.preserve_format)
+            state["step"] = _step_value(base, group, hp, step, state.get("step"))
+        if "step" in group:
+            group["step"] = int(step)
+    if hasattr(opt, "_lazy_init_hp_params_optimizer_state"):
+        opt._hp_optimizer_states_linked = False
+        opt._lazy_init_hp_params_optimizer_state()
+
+
+def _set_parameter(engine, p, local: dict) -> None:
+    """This rank's share of one parameter's fp32 weights and AdamW moments (``local``: this
+    tensor-parallel rank's full slice of each), in every ZeRO stage's own storage."""
+    import torch
+    from deepspeed.utils import (safe_set_full_fp32_param, safe_set_full_optimizer_state,
+                                 safe_set_local_fp32_param, safe_set_local_optimizer_state)
+
+    opt = engine.optimizer
+    if hasattr(p, "ds_id"):  # ZeRO-3: this data-parallel rank's partition (padded at the end)
+        part = p.ds_tensor.numel()
+        rank = opt._get_param_partition_rank(p)
+        world = opt._get_param_partition_world_size(p)
+        for key, value in local.items():
+            flat = value.reshape(-1).float()
+            if part * world > flat.numel():
+                flat = torch.nn.functional.pad(flat, (0, part * world - flat.numel()))
+            mine = flat.narrow(0, part * rank, part).to(p.ds_tensor.device)
+            if key == "fp32":
+                safe_set_local_fp32_param(p, mine)
+                p.ds_tensor.data.copy_(mine.to(p.ds_tensor.dtype))
+            else:
+                safe_set_local_optimizer_state(p, mine, key)
+    elif hasattr(p, "_hp_mapping"):  # ZeRO-1/2, DeepSpeed's bf16 optimizer: the flat fragments
+        device = p.device
+        safe_set_full_fp32_param(p, local["fp32"].to(device))
+        for key in ("exp_avg", "exp_avg_sq"):
+            safe_set_full_optimizer_state(p, local[key].to(device), key)
+    else:  # ZeRO-0 in fp32: the client AdamW steps the parameter itself
+        base = getattr(opt, "optimizer", opt)
+        p.data.copy_(local["fp32"].to(p.dtype))
+        for key in ("exp_avg", "exp_avg_sq"):
+            base.state[p][key].copy_(local[key])
+
+
+def load_canonical(engine, model, ctx, root: str, choice, *, flag: str) -> dict:
+    """Load the layout-free state ``root`` (:func:`convert_canonical` of ``choice``, the
+    checkpoint ``--load`` takes) into ``engine``, built at this run's layout; returns the
+    checkpoint's client state. Collective (ZeRO-1/2 gather the updated weights).
+
+    Each parameter's canonical tensors are sliced for this tensor-parallel rank by the rules
+    that initialise and export it (``model.weights._local_slice``: vocabulary rows padded for
+    this TP size, column- and row-parallel splits along megatron-core's ``partition_dim``,
+    replicated tensors whole), then for this data-parallel rank by DeepSpeed's own fragment
+    maps. The schedule, the engine's step counters and the client state come from the
+    checkpoint's model-states file; the learning rate is then this run's schedule's
+    (``checkpoint.refresh_learning_rate``).
+
+    Raises:
+        UserInputError: the state does not fit this model (another parameter set or shape).
+    """
+    import json
+
+    import torch
+
+    from rtd_scale.hf.consolidate import TRAINING_INFO_FILE, TRAINING_STATE_FILE
+    from rtd_scale.model import weights
+    from rtd_scale.training import checkpoint
+
+    checkpoint.install_safe_loading(engine)
+    state = torch.load(os.path.join(root, TRAINING_STATE_FILE), map_location="cpu",
+                       weights_only=True, mmap=True)
+    with open(os.path.join(root, TRAINING_INFO_FILE), encoding="utf-8") as f:
+        info = json.load(f)
+    names = dict(weights._named_unique_parameters(model))
+    missing, unexpected = sorted(set(names) - set(state["fp32"])), sorted(
+        set(state["fp32"]) - set(names))
+    if missing or unexpected:
+        raise UserInputError(f"{flag}: the layout-free state {root} does not fit this model "
+                             f"(missing {missing[:3]}, unexpected {unexpected[:3]}); resume at "
+                             "the checkpoint's layout and model flags")
+    _init_adam_state(engine, float(info["adam_step"]))
+    with torch.no_grad():
+        for name, p in names.items():
+            local = {k: weights._local_slice(state[k][name], p, ctx.tp_rank)
+                     for k in ("fp32", "exp_avg", "exp_avg_sq")}
+            shape = tuple(getattr(p, "ds_shape", p.shape))
+            if tuple(local["fp32"].shape) != shape:
+                raise UserInputError(
+                    f"{flag}: {name} has shape {tuple(state['fp32'][name].shape)} in {root}, "
+                    f"which does not fit {shape} on tensor-parallel rank {ctx.tp_rank}; resume "
+                    "at the checkpoint's layout and model flags")
+            _set_parameter(engine, p, local)
+    if engine.zero_optimization_stage() != 3 and hasattr(engine.optimizer, "update_lp_params"):
+        engine.optimizer.update_lp_params()  # the fp32 partitions into every rank's weights
+    scaler = getattr(engine.optimizer, "loss_scaler", None)
+    for key, value in (info.get("loss_scaler") or {}).items():
+        if scaler is not None and hasattr(scaler, key):
+            setattr(scaler, key, value)
+    states = _model_states(choice.path)
+    if engine.lr_scheduler is not None and states.get("lr_scheduler") is not None:
+        engine.lr_scheduler.load_state_dict(states["lr_scheduler"])
+    engine.global_steps = states["global_steps"]
+    engine.global_samples = states.get("global_samples",
+                                       engine.global_steps * engine.train_batch_size())
+    engine.skipped_steps = states["skipped_steps"]
+    checkpoint.check_finite_weights(engine, choice.path)
+    checkpoint.refresh_learning_rate(engine)
+    return {k: v for k, v in states.items() if k not in _DEEPSPEED_KEYS}
