@@ -1,36 +1,62 @@
-"""Resume a checkpoint at another data-parallel size or ZeRO stage 1–3, at TP 1 and PP 1.
+"""Resume a checkpoint at another process layout: TP, PP and DP size, ZeRO stage 0–3.
 
-Choice: DeepSpeed's universal checkpoint (``deepspeed.checkpoint.ds_to_universal``, loaded with
-the ds config ``"checkpoint": {"load_universal": true}``), not our own merge of the partitions.
-In DeepSpeed 0.19.8 it covers every layout rtd_scale writes at TP 1 / PP 1: the ZeRO-1/2 path
-merges the flat fp32 partitions per parameter, the ZeRO-3 path (``_extract_zero_shard_files_stage3``,
-``_merge_zero3_slice_files``) does the same for ZeRO-3 partitions, and both write one folder per
-parameter with its fp32 master weights, ``exp_avg`` and ``exp_avg_sq`` (``zero/<name>/*.pt``),
-plus the optimizer's global state (step, hyper-parameters, loss scaler) in
-``zero/optimizer_state.pt``. On load, ``stage_1_and_2.py`` and ``stage3.py``
-(``load_hp_checkpoint_state_from_checkpoint_dir*``) slice each parameter into the new engine's
-own partition, so the AdamW step that follows is the one the old layout would have taken. The
-data position, the learning-rate schedule and rtd_scale's client state come from the copied
-``*model_states.pt`` files, as on any resume. A hand-written merge would repeat that code and
-its flat-buffer padding rules; DeepSpeed's tests keep the universal one right as ZeRO changes.
+Two routes, chosen by :func:`uses_universal`:
 
-Not yet: TP or PP changes, and DP changes at TP > 1 or PP > 1 (``checkpoint.check_convertible``
-refuses them in one line). The converter would need per-parameter TP patterns
-(``universal_checkpoint_info``: vocab-parallel rows and their 128 × TP padding, row-parallel
-dim 1, per-head QKV) that rtd_scale's engine does not write.
+1. TP 1 × PP 1 on both sides, ZeRO 1–3 on both sides (another DP size or ZeRO stage):
+   DeepSpeed's universal checkpoint (``deepspeed.checkpoint.ds_to_universal``, loaded with the
+   ds config ``"checkpoint": {"load_universal": true}``). In DeepSpeed 0.19.8 the ZeRO-1/2
+   path merges the flat fp32 partitions per parameter, the ZeRO-3 path
+   (``_extract_zero_shard_files_stage3``, ``_merge_zero3_slice_files``) does the same for ZeRO-3
+   partitions, and both write one folder per parameter with its fp32 master weights,
+   ``exp_avg`` and ``exp_avg_sq`` (``zero/<name>/*.pt``), plus the optimizer's global state in
+   ``zero/optimizer_state.pt``. On load, ``stage_1_and_2.py`` and ``stage3.py``
+   (``load_hp_checkpoint_state_from_checkpoint_dir*``) slice each parameter into the new
+   engine's own partition. The data position, the learning-rate schedule and rtd_scale's client
+   state come from the copied ``*model_states.pt`` files, as on any resume.
 
-Two gaps of DeepSpeed 0.19.8 are closed here and in ``checkpoint.load`` (each pinned by
-tests/e2e/test_resume_layout.py): the ZeRO-1/2 and ZeRO-3 universal formats differ, so the
-conversion is rewritten to carry both (:func:`_optimizer_state_for_every_stage`,
+2. Everything else — another TP or PP size, ZeRO-0 on either side, another DP size at TP > 1 or
+   PP > 1: rtd_scale's layout-free state (:func:`convert_canonical`, :func:`load_canonical`).
+   The universal checkpoint does not cover these: its TP merge needs per-parameter patterns
+   (``universal_checkpoint_info``) that rtd_scale's engine does not write, it names parameters
+   by the names each pipeline stage uses, and rtd_scale's pipeline stages number their layers
+   from 0 (stage-local names collide across stages); a ZeRO-0 engine does not load it at all
+   (``DeepSpeedEngine.load_checkpoint`` restores weights from ``zero/`` only through a ZeRO
+   optimizer). Instead the conversion reuses the export's merge (``hf/consolidate.py``): the
+   checkpoint's own world is restarted as local gloo processes that load it exactly as
+   ``--load`` at its layout would, then gather every parameter's fp32 master weights and both
+   AdamW moments (DeepSpeed's ``safe_get_full_fp32_param`` / ``safe_get_full_optimizer_state``
+   over ZeRO; the client AdamW's ``state`` at ZeRO-0) over tensor and pipeline parallel into
+   canonical names by the rules that initialise and export the model (``model/weights.py``):
+   vocabulary-parallel rows gathered and their padding dropped (the padding is a multiple of
+   ``make_vocab_size_divisible_by`` × TP and differs by TP size), column-parallel tensors
+   (megatron-core's ``linear_qkv`` too: its rows are grouped per head, [q k v] per head, so the
+   TP shards concatenated along dim 0 are the TP 1 layout) along dim 0, row-parallel ones
+   along dim 1, replicated ones whole; layers by their global ``layer_number`` − 1, the last
+   stage's copy of the tied MLM output table and every stage's copy of DeBERTa's relative
+   table under the one name (their copies are kept equal, gradients summed). The new run
+   slices each canonical tensor for its TP rank (``weights._local_slice``: vocabulary padded
+   with zero rows for the new TP size) and writes it into its own engine's storage: the ZeRO-3
+   partition, the ZeRO-1/2 (and bf16 optimizer) fragments of the flat fp32 state, or the
+   parameter and ``state[p]`` of the client AdamW at ZeRO-0; the AdamW step count is set on
+   every state. Choice: one merge for weights, export and optimizer state, in rules the
+   model's own tests pin (tests/multiproc/test_vocab_padding.py, tests/e2e/test_hf_export.py),
+   rather than a second set of TP rules in DeepSpeed's pattern language; the cost is a restart
+   of the old world at conversion time (measured in the README).
+
+Two gaps of DeepSpeed 0.19.8 in route 1 are closed here and in ``checkpoint.load`` (each
+pinned by tests/e2e/test_resume_layout.py): the ZeRO-1/2 and ZeRO-3 universal formats differ,
+so the conversion is rewritten to carry both (:func:`_optimizer_state_for_every_stage`,
 :func:`_model_states_for_every_stage`); and a ZeRO-3 universal load gives every parameter
 group the first group's hyper-parameters and one shared step tensor (AdamW then counts each
 step once per group).
 
-What is written: ``<load>/<tag>_universal/<tag>/`` beside the checkpoint, built under
-``<load>/.<tag>_universal.tmp-<pid>`` and renamed into place when complete (a marker file inside
-says so), so an interrupted conversion never counts and the next ``--load`` converts again.
-The original checkpoint is only read. A later resume at another layout reuses a complete
-conversion. Converted files are checked like any checkpoint (``checkpoint.check_safe_to_load``).
+What is written, beside the checkpoint, which is only read: route 1
+``<load>/<tag>_universal/<tag>/``, route 2 ``<load>/<tag>_canonical/`` (``state.pt``: fp32
+weights and both moments, 12 bytes per parameter; ``training_state.json``: AdamW step, loss
+scaler). Each is built under ``<load>/.<tag>_<kind>.tmp-<pid>`` and renamed into place when
+complete (a marker file inside says so), so an interrupted conversion never counts and the
+next ``--load`` converts again; a later resume at any other layout reuses a complete one.
+Converted files are checked like any checkpoint (``checkpoint.check_safe_to_load``).
 
 RNG policy. Masks and sampling noise are functions of (seed, step, global sample index): they
 continue exactly at any layout. Dropout streams are per rank (``rng_rank*.pt``) and cannot be
@@ -344,13 +370,20 @@ def _init_adam_state(engine, step: float) -> None:
 
     opt = engine.optimizer
     base = getattr(opt, "optimizer", opt)
+    if hasattr(opt, "fp32_partitioned_groups_flat"):
+        # ZeRO-3 puts each flat sub-group into its parameter group only while stepping it
+        # (stage3.py ``_optimizer_step``)
+        pairs = [(base.param_groups[opt.sub_group_to_group_id[i]], hp)
+                 for i, hp in enumerate(opt.fp32_partitioned_groups_flat)]
+    else:
+        pairs = [(group, hp) for group in base.param_groups for hp in group["params"]]
+    for group, hp in pairs:
+        state = base.state[hp]
+        for key in ("exp_avg", "exp_avg_sq"):
+            if key not in state:
+                state[key] = torch.zeros_like(hp, memory_format=torch.preserve_format)
+        state["step"] = _step_value(base, group, hp, step, state.get("step"))
     for group in base.param_groups:
-        for hp in group["params"]:
-            state = base.state[hp]
-            for key in ("exp_avg", "exp_avg_sq"):
-                if key not in state:
-                    state[key] = torch.zeros_like(hp, memory_format=torch.preserve_format)
-            state["step"] = _step_value(base, group, hp, step, state.get("step"))
         if "step" in group:
             group["step"] = int(step)
     if hasattr(opt, "_lazy_init_hp_params_optimizer_state"):
@@ -392,6 +425,17 @@ def _set_parameter(engine, p, local: dict) -> None:
             base.state[p][key].copy_(local[key])
 
 
+class _WithShape:
+    """A parameter as ``model.weights._local_slice`` reads it (its tensor-parallel attributes),
+    with its unpartitioned shape (ZeRO-3 leaves an empty placeholder in ``p.shape``)."""
+
+    def __init__(self, p, shape):
+        self._p, self.shape = p, shape
+
+    def __getattr__(self, name):
+        return getattr(self._p, name)
+
+
 def load_canonical(engine, model, ctx, root: str, choice, *, flag: str) -> dict:
     """Load the layout-free state ``root`` (:func:`convert_canonical` of ``choice``, the
     checkpoint ``--load`` takes) into ``engine``, built at this run's layout; returns the
@@ -431,9 +475,9 @@ def load_canonical(engine, model, ctx, root: str, choice, *, flag: str) -> dict:
     _init_adam_state(engine, float(info["adam_step"]))
     with torch.no_grad():
         for name, p in names.items():
-            local = {k: weights._local_slice(state[k][name], p, ctx.tp_rank)
+            shape = tuple(getattr(p, "ds_shape", p.shape))  # ZeRO-3: p itself is a placeholder
+            local = {k: weights._local_slice(state[k][name], _WithShape(p, shape), ctx.tp_rank)
                      for k in ("fp32", "exp_avg", "exp_avg_sq")}
-            shape = tuple(getattr(p, "ds_shape", p.shape))
             if tuple(local["fp32"].shape) != shape:
                 raise UserInputError(
                     f"{flag}: {name} has shape {tuple(state['fp32'][name].shape)} in {root}, "
