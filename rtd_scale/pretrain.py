@@ -490,8 +490,12 @@ def convert_for_layout(choice, ctx, meta: dict, layout: dict, print_fn,
                 root, seconds, fresh = reshard.convert(choice.load_dir, choice.tag)
                 reshard.check_converted_safe(root, choice.tag)
             else:
-                root, seconds, fresh = reshard.convert_canonical(choice.load_dir, choice.tag,
-                                                                 tokenizer_model)
+                from rtd_scale.hf.consolidate import consolidate_training_state
+
+                root, seconds, fresh = reshard.convert_canonical(
+                    choice.load_dir, choice.tag,
+                    lambda run, tag, out: consolidate_training_state(run, tag, out,
+                                                                     tokenizer_model))
                 reshard.check_canonical_safe(root)
             result = [(root, seconds, fresh, None)]
         except UserInputError as e:

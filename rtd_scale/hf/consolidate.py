@@ -293,10 +293,6 @@ def _run_world(world: int, run_dir: str, tag: str, cfg, ds_config: dict, out_dir
 
 # ----------------------------------------------------------- the whole training state ----
 
-TRAINING_STATE_FILE = "state.pt"
-TRAINING_INFO_FILE = "training_state.json"
-
-
 def ds_config_for_layout(ds_config: dict[str, Any], cfg, layout: dict[str, Any]) -> dict[str, Any]:
     """``ds_config`` (a run directory's resolved ``ds_config.json``, written by the newest run
     there, perhaps at another layout) as the run that saved a checkpoint at ``layout`` had it:
@@ -347,9 +343,10 @@ def _save_training_state(engine, model, ctx, cfg, out_dir: str, rank: int) -> No
                             if isinstance(getattr(scaler, k, None), (int, float))}}
     if rank == 0:
         from rtd_scale.training.checkpoint import torch_save
+        from rtd_scale.training.reshard import INFO_FILE, STATE_FILE
 
-        torch_save(state, os.path.join(out_dir, TRAINING_STATE_FILE))
-        with open(os.path.join(out_dir, TRAINING_INFO_FILE), "w", encoding="utf-8") as f:
+        torch_save(state, os.path.join(out_dir, STATE_FILE))
+        with open(os.path.join(out_dir, INFO_FILE), "w", encoding="utf-8") as f:
             json.dump(info, f, indent=1, sort_keys=True)
 
 

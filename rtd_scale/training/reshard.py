@@ -72,7 +72,7 @@ import io
 import os
 import shutil
 import time
-from typing import Optional
+from typing import Callable
 
 from rtd_scale.cli_errors import UserInputError
 
@@ -244,6 +244,10 @@ def check_converted_safe(root: str, tag: str) -> None:
 # ------------------------------------------- tensor- and pipeline-parallel changes, ZeRO-0 ----
 
 CANONICAL_DONE = "rtd_canonical_complete"
+# The layout-free state's files: {"fp32" | "exp_avg" | "exp_avg_sq": {canonical name: tensor}},
+# and {"adam_step": float, "loss_scaler": {...}} (written by hf/consolidate.py).
+STATE_FILE = "state.pt"
+INFO_FILE = "training_state.json"
 # What DeepSpeed's model-states file holds besides rtd_scale's client state
 # (``DeepSpeedEngine._save_checkpoint``, 0.19.8).
 _DEEPSPEED_KEYS = frozenset({
@@ -270,12 +274,14 @@ def is_canonical_converted(load_dir: str, tag: str) -> bool:
     return os.path.isfile(os.path.join(canonical_root(load_dir, tag), CANONICAL_DONE))
 
 
-def convert_canonical(load_dir: str, tag: str, tokenizer_model: Optional[str] = None
+def convert_canonical(load_dir: str, tag: str, gather: Callable[[str, str, str], None]
                       ) -> tuple[str, float, bool]:
-    """Write (or reuse) the layout-free training state of ``<load_dir>/<tag>``
-    (``hf/consolidate.consolidate_training_state``: the checkpoint's own world restarted as local
+    """Write (or reuse) the layout-free training state of ``<load_dir>/<tag>``; one process
+    only. ``gather(load_dir, tag, out_dir)`` writes it into ``out_dir``: the caller passes
+    ``hf/consolidate.consolidate_training_state`` (the checkpoint's own world restarted as local
     gloo processes, every parameter's fp32 master weights and both AdamW moments gathered over
-    ZeRO, tensor and pipeline parallel into canonical names); one process only.
+    ZeRO, tensor and pipeline parallel into canonical names; ``training/`` does not import
+    ``hf/``, tests/unit/test_layering.py).
 
     Returns (its directory, seconds spent, whether it was converted now rather than reused).
 
@@ -283,8 +289,6 @@ def convert_canonical(load_dir: str, tag: str, tokenizer_model: Optional[str] = 
         UserInputError: the conversion failed or the directory is not writable; nothing is
             left under the final name.
     """
-    from rtd_scale.hf.consolidate import consolidate_training_state
-
     final = canonical_root(load_dir, tag)
     if is_canonical_converted(load_dir, tag):
         return final, 0.0, False
@@ -294,7 +298,7 @@ def convert_canonical(load_dir: str, tag: str, tokenizer_model: Optional[str] = 
     try:
         os.makedirs(tmp)
         try:
-            consolidate_training_state(load_dir, tag, tmp, tokenizer_model)
+            gather(load_dir, tag, tmp)
         except UserInputError:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -456,14 +460,13 @@ def load_canonical(engine, model, ctx, root: str, choice, *, flag: str) -> dict:
 
     import torch
 
-    from rtd_scale.hf.consolidate import TRAINING_INFO_FILE, TRAINING_STATE_FILE
     from rtd_scale.model import weights
     from rtd_scale.training import checkpoint
 
     checkpoint.install_safe_loading(engine)
-    state = torch.load(os.path.join(root, TRAINING_STATE_FILE), map_location="cpu",
+    state = torch.load(os.path.join(root, STATE_FILE), map_location="cpu",
                        weights_only=True, mmap=True)
-    with open(os.path.join(root, TRAINING_INFO_FILE), encoding="utf-8") as f:
+    with open(os.path.join(root, INFO_FILE), encoding="utf-8") as f:
         info = json.load(f)
     names = dict(weights._named_unique_parameters(model))
     missing, unexpected = sorted(set(names) - set(state["fp32"])), sorted(

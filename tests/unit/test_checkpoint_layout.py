@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rtd_scale.cli_errors import UserInputError
+from rtd_scale.hf.consolidate import consolidate_training_state
 from rtd_scale.training import checkpoint, reshard
 
 DP2_Z3 = {"world_size": 2, "data_parallel_size": 2, "tensor_model_parallel_size": 1,
@@ -71,7 +72,7 @@ def test_a_failed_layout_free_conversion_leaves_nothing_and_the_checkpoint_untou
     tag.mkdir()
     (tag / "rtd_complete.json").write_text('{"files": {}}')  # complete, but no metadata
     with pytest.raises(UserInputError) as e:
-        reshard.convert_canonical(str(tmp_path), "global_step3")
+        reshard.convert_canonical(str(tmp_path), "global_step3", consolidate_training_state)
     assert str(e.value) == (f"--load {tmp_path}: global_step3 has no rtd_meta.json (layout and "
                             "config); it was not written by rtd_scale")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step3"]
