@@ -472,20 +472,31 @@ def prepare(cfg: RunConfig, world_size: int, print_fn=None) -> Prepared:
                     gradient_accumulation_steps=gas, layout=layout, resume=choice, meta=meta)
 
 
-def convert_for_layout(choice, ctx, meta: dict, layout: dict, print_fn) -> str:
-    """The universal conversion of ``choice`` (the checkpoint ``--load`` takes), saved at
-    another layout: rank 0 writes it (or finds it) beside the checkpoint while the others wait;
-    every rank raises the same one-line error when it fails. Returns its root
-    (``training/reshard.py``)."""
+def convert_for_layout(choice, ctx, meta: dict, layout: dict, print_fn,
+                       tokenizer_model: Optional[str] = None) -> tuple[str, bool]:
+    """The conversion of ``choice`` (the checkpoint ``--load`` takes), saved at another layout:
+    rank 0 writes it (or finds it) beside the checkpoint while the others wait; every rank
+    raises the same one-line error when it fails. Returns (its root, whether it is DeepSpeed's
+    universal checkpoint rather than rtd_scale's layout-free state; ``training/reshard.py``)."""
     import torch.distributed as dist
 
     from rtd_scale.training import checkpoint, reshard
 
+    universal = reshard.uses_universal(meta["layout"], layout)
     result: list = [None]
     if ctx.rank == 0:
         try:
-            root, seconds, fresh = reshard.convert(choice.load_dir, choice.tag)
-            reshard.check_converted_safe(root, choice.tag)
+            if universal:
+                root, seconds, fresh = reshard.convert(choice.load_dir, choice.tag)
+                reshard.check_converted_safe(root, choice.tag)
+            else:
+                from rtd_scale.hf.consolidate import consolidate_training_state
+
+                root, seconds, fresh = reshard.convert_canonical(
+                    choice.load_dir, choice.tag,
+                    lambda run, tag, out: consolidate_training_state(run, tag, out,
+                                                                     tokenizer_model))
+                reshard.check_canonical_safe(root)
             result = [(root, seconds, fresh, None)]
         except UserInputError as e:
             result = [(None, 0.0, False, str(e))]
@@ -498,9 +509,10 @@ def convert_for_layout(choice, ctx, meta: dict, layout: dict, print_fn) -> str:
         was = checkpoint.describe_layout(meta["layout"])
         now = checkpoint.describe_layout(layout)
         how = f"in {seconds:.1f} s" if fresh else "reusing the conversion made earlier"
-        print_fn(f"converted {choice.path} from {was} to {now} (DeepSpeed universal "
-                 f"checkpoint {os.path.join(root, choice.tag)}) {how}")
-    return root
+        what = (f"DeepSpeed universal checkpoint {os.path.join(root, choice.tag)}" if universal
+                else f"layout-free state {root}")
+        print_fn(f"converted {choice.path} from {was} to {now} ({what}) {how}")
+    return root, universal
 
 
 def pretrained_weights(cfg: RunConfig) -> tuple[Optional[str], Optional[str]]:
@@ -568,21 +580,35 @@ def run(cfg: RunConfig, print_fn=print, stop=None, validated=None) -> dict:
                             tp_group=ctx.tp_group, tp_rank=ctx.tp_rank, pp_group=ctx.pp_group,
                             print_fn=print_fn if ctx.is_logging_rank else None)
         distributed.seed_after_build(ctx, cfg.train.seed)
-        universal = None  # a checkpoint saved at another DP size / ZeRO stage: converted first
+        # a checkpoint saved at another layout: converted first (training/reshard.py), to
+        # DeepSpeed's universal checkpoint or to rtd_scale's layout-free state
+        universal = canonical = None
         if checkpoint.needs_conversion(meta, layout):
-            universal = convert_for_layout(prep.resume, ctx, meta, layout,
-                                           print_fn if ctx.is_logging_rank else None)
-            ds_config = {**ds_config, "checkpoint": {**ds_config.get("checkpoint", {}),
-                                                     "load_universal": True}}
+            root, is_universal = convert_for_layout(prep.resume, ctx, meta, layout,
+                                                    print_fn if ctx.is_logging_rank else None,
+                                                    cfg.data.tokenizer_model)
+            if is_universal:
+                universal = root
+                ds_config = {**ds_config, "checkpoint": {**ds_config.get("checkpoint", {}),
+                                                         "load_universal": True}}
+            else:
+                canonical = root
         eng = engine_mod.build_engine(model, cfg, ds_config, distributed.DeepSpeedMpu())
         start_step = consumed = 0
         resumed_from = None
         if cfg.train.load:
             # the chosen checkpoint; its lr and weight decay set from this run's resolved schedule
-            client = checkpoint.load(eng, cfg.train.load, rank=ctx.rank,
-                                     universal_root=universal, choice=prep.resume)
+            if canonical is not None:
+                from rtd_scale.training import reshard
+
+                client = reshard.load_canonical(eng, model, ctx, canonical, prep.resume,
+                                                flag=f"--load {cfg.train.load}")
+            else:
+                client = checkpoint.load(eng, cfg.train.load, rank=ctx.rank,
+                                         universal_root=universal, choice=prep.resume)
             start_step = int(client.get("step", 0))
-            if universal is not None:  # dropout: a fresh stream per rank (training/reshard.py)
+            if universal is not None or canonical is not None:
+                # dropout: a fresh stream per rank (training/reshard.py)
                 distributed.seed_after_build(ctx, cfg.train.seed + start_step)
             resumed_from = os.path.join(checkpoint.split_load(cfg.train.load)[0],
                                         checkpoint.tag_for(start_step))

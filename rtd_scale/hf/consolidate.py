@@ -12,6 +12,10 @@ DeepSpeed engine from ``<run>/ds_config.json`` and loads its own files through
 ``engine.load_checkpoint`` exactly as ``--load`` would; then they gather. Under ``--bf16`` (and
 ``--fp16``) the gathered weights are the optimizer's fp32 master copy, not the 16-bit compute
 weights.
+
+``consolidate_training_state``: the same restart, gathering also both AdamW moments of every
+parameter and the optimizer's step into one layout-free file, which ``training/reshard.py``
+loads into a run at another TP × PP × DP × ZeRO layout.
 """
 from __future__ import annotations
 
@@ -30,12 +34,21 @@ import torch
 from rtd_scale.cli_errors import UserInputError
 
 
+# The per-parameter optimizer state a layout change carries (torch.optim.AdamW's names), besides
+# the fp32 master weights.
+ADAM_STATE_KEYS = ("exp_avg", "exp_avg_sq")
+
+
 @torch.no_grad()
-def gather_full_state(engine, model: torch.nn.Module, ctx, vocab_size: int
-                      ) -> dict[str, torch.Tensor]:
+def gather_full_state(engine, model: torch.nn.Module, ctx, vocab_size: int,
+                      state_key: Optional[str] = None) -> dict[str, torch.Tensor]:
     """The whole model's canonical fp32 CPU state, on every rank. Collective: every rank of the
     world calls it (ZeRO-3 gathers over data parallel, TP shards over tensor parallel, stages
-    over pipeline parallel)."""
+    over pipeline parallel).
+
+    ``state_key``: instead of the weights, that AdamW state of every parameter (``exp_avg`` or
+    ``exp_avg_sq``, one of ``ADAM_STATE_KEYS``), in the same canonical names and full shapes
+    (the vocabulary's padding rows dropped like the weights')."""
     import deepspeed
     import torch.distributed as dist
 
@@ -44,7 +57,7 @@ def gather_full_state(engine, model: torch.nn.Module, ctx, vocab_size: int
     zero3 = engine is not None and engine.zero_optimization_stage() == 3
     params = list({id(p): p for p in model.parameters()}.values())
     gather = deepspeed.zero.GatheredParameters(params) if zero3 else contextlib.nullcontext()
-    with gather, _master_weights(engine, params):
+    with gather, _master_weights(engine, params, state_key):
         state = weights.full_state_dict(model, tp_group=ctx.tp_group, vocab_size=vocab_size)
     if ctx.pp_size > 1:  # every stage's share, merged by canonical (stage-independent) names
         shares = [None] * ctx.pp_size
@@ -54,19 +67,36 @@ def gather_full_state(engine, model: torch.nn.Module, ctx, vocab_size: int
 
 
 @contextlib.contextmanager
-def _master_weights(engine, params: list[torch.nn.Parameter]):
+def _master_weights(engine, params: list[torch.nn.Parameter], state_key: Optional[str] = None):
     """Under bf16 or fp16, let each parameter hold its fp32 master copy (DeepSpeed's
     ``safe_get_full_fp32_param``: the optimizer's high-precision weights, ZeRO partitions
     gathered over data parallel; collective, every rank calls it for the same parameters in the
-    same order) while the state is read, then put the 16-bit compute weights back."""
-    if engine is None or not (engine.bfloat16_enabled() or engine.fp16_enabled()):
+    same order) while the state is read, then put the 16-bit compute weights back.
+
+    ``state_key``: let each parameter hold that AdamW state instead, in any precision
+    (``safe_get_full_optimizer_state`` at ZeRO 1–3 and under DeepSpeed's bf16 optimizer; at
+    ZeRO-0 in fp32 the client optimizer's own ``state[p]``, zeros before its first step)."""
+    if state_key is None and (engine is None
+                              or not (engine.bfloat16_enabled() or engine.fp16_enabled())):
         yield
         return
-    from deepspeed.utils import safe_get_full_fp32_param
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
+    base = getattr(engine.optimizer, "optimizer", engine.optimizer)
     saved = []
     for p in params:
-        master = safe_get_full_fp32_param(p)
+        if state_key is None:
+            master = safe_get_full_fp32_param(p)
+        elif hasattr(p, "ds_id") or hasattr(p, "_hp_mapping"):
+            master = safe_get_full_optimizer_state(p, state_key)
+        else:  # ZeRO-0: the client AdamW steps the model's own fp32 parameters
+            if engine.fp16_enabled():
+                raise UserInputError(
+                    "the AdamW state of a ZeRO-0 --fp16 run lives in DeepSpeed's flat fp16 "
+                    "optimizer and cannot be read per parameter; resume it at its own layout")
+            master = base.state.get(p, {}).get(state_key)
+            if master is None:
+                master = torch.zeros_like(p)
         if master is not None:
             saved.append((p, p.data))
             p.data = master.reshape(p.data.shape)
@@ -165,7 +195,7 @@ def _export_notes(run_dir: str, choice) -> list[str]:
 
 
 def _worker(rank: int, world_size: int, port: int, run_dir: str, tag: str, cfg_dict: dict,
-            ds_config: dict, out_dir: str) -> None:
+            ds_config: dict, out_dir: str, what: str = "weights") -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
     import warnings
@@ -191,9 +221,12 @@ def _worker(rank: int, world_size: int, port: int, run_dir: str, tag: str, cfg_d
             # weights finite (a checkpoint damaged in place is refused, not exported)
             checkpoint.load_checked(eng, run_dir, tag, flag=f"--load {run_dir}",
                                     load_lr_scheduler_states=False)
-            state = gather_full_state(eng, model, ctx, cfg.model.vocab_size)
-            if rank == 0:
-                torch.save(state, os.path.join(out_dir, "state.pt"))
+            if what == "training":
+                _save_training_state(eng, model, ctx, cfg, out_dir, rank)
+            else:
+                state = gather_full_state(eng, model, ctx, cfg.model.vocab_size)
+                if rank == 0:
+                    torch.save(state, os.path.join(out_dir, "state.pt"))
             result = ("ok", None)
         finally:
             distributed.teardown()
@@ -215,37 +248,126 @@ def consolidate_checkpoint(run_dir: str, tag: Optional[str] = None,
     Raises:
         UserInputError: a missing or foreign checkpoint, or a tokenizer that cannot be found.
     """
-    import torch.multiprocessing as mp
-
-    from rtd_scale.launch_env import free_port
-
     cfg, layout, ds_config, tag = read_run(run_dir, tag)
     if tokenizer_model:
         cfg.data.tokenizer_model = tokenizer_model
     if not cfg.data.tokenizer_model or not os.path.isfile(cfg.data.tokenizer_model):
         raise UserInputError(f"--load {run_dir}: the run's tokenizer {cfg.data.tokenizer_model!r} "
                              "is not there; pass --tokenizer-model PATH")
-    world = int(layout["world_size"])
     with tempfile.TemporaryDirectory() as out_dir:
-        procs = mp.start_processes(
-            _worker, args=(world, free_port(), os.path.abspath(run_dir), tag, cfg.to_dict(),
-                           ds_config, out_dir),
-            nprocs=world, join=False, start_method="spawn")
-        deadline = time.monotonic() + timeout_s
-        while not procs.join(max(1.0, deadline - time.monotonic())):  # returns as each ends
-            if time.monotonic() > deadline:
-                for p in procs.processes:
-                    p.kill()
-                break
-        for r in range(world):
-            path = os.path.join(out_dir, f"rank{r}.json")
-            if not os.path.isfile(path):
-                raise RuntimeError(f"export worker {r} of {world} produced no result")
-            with open(path, encoding="utf-8") as f:
-                status, detail = json.load(f)
-            if status == "user":
-                raise UserInputError(detail)
-            if status != "ok":
-                raise RuntimeError(f"export worker {r} failed:\n{detail}")
+        _run_world(int(layout["world_size"]), run_dir, tag, cfg, ds_config, out_dir, "weights",
+                   timeout_s)
         state = torch.load(os.path.join(out_dir, "state.pt"), weights_only=True)
     return state, cfg, tag
+
+
+def _run_world(world: int, run_dir: str, tag: str, cfg, ds_config: dict, out_dir: str,
+               what: str, timeout_s: float) -> None:
+    """Start ``world`` local gloo processes of :func:`_worker`; raise what any of them raised."""
+    import torch.multiprocessing as mp
+
+    from rtd_scale.launch_env import free_port
+
+    procs = mp.start_processes(
+        _worker, args=(world, free_port(), os.path.abspath(run_dir), tag, cfg.to_dict(),
+                       ds_config, out_dir, what),
+        nprocs=world, join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout_s
+    while not procs.join(max(1.0, deadline - time.monotonic())):  # returns as each ends
+        if time.monotonic() > deadline:
+            for p in procs.processes:
+                p.kill()
+            break
+    for r in range(world):
+        path = os.path.join(out_dir, f"rank{r}.json")
+        if not os.path.isfile(path):
+            raise RuntimeError(f"checkpoint worker {r} of {world} produced no result")
+        with open(path, encoding="utf-8") as f:
+            status, detail = json.load(f)
+        os.remove(path)
+        if status == "user":
+            raise UserInputError(detail)
+        if status != "ok":
+            raise RuntimeError(f"checkpoint worker {r} failed:\n{detail}")
+
+
+# ----------------------------------------------------------- the whole training state ----
+
+def ds_config_for_layout(ds_config: dict[str, Any], cfg, layout: dict[str, Any]) -> dict[str, Any]:
+    """``ds_config`` (a run directory's resolved ``ds_config.json``, written by the newest run
+    there, perhaps at another layout) as the run that saved a checkpoint at ``layout`` had it:
+    that ZeRO stage, and the batch numbers of that data-parallel and pipeline size
+    (``training/ds_config.resolve_ds_config``'s rule)."""
+    t = cfg.train
+    dp = int(layout["data_parallel_size"])
+    out = {**ds_config, "zero_optimization": {**ds_config.get("zero_optimization", {}),
+                                              "stage": int(layout["zero_stage"])}}
+    if int(layout["pipeline_model_parallel_size"]) > 1:
+        out.update(train_micro_batch_size_per_gpu=t.global_batch_size // dp,
+                   gradient_accumulation_steps=1, managed_gradient_accumulation=False)
+    else:
+        out.pop("managed_gradient_accumulation", None)
+        out.update(train_micro_batch_size_per_gpu=t.micro_batch_size,
+                   gradient_accumulation_steps=t.global_batch_size // (t.micro_batch_size * dp))
+    out["train_batch_size"] = t.global_batch_size
+    return out
+
+
+def _adam_step(engine) -> float:
+    """The AdamW step count the optimizer's state holds (every state agrees; 0 before the
+    first step)."""
+    base = getattr(engine.optimizer, "optimizer", engine.optimizer)
+    steps = {float(s["step"]) for s in base.state.values() if "step" in s}
+    steps |= {float(g["step"]) for g in base.param_groups if "step" in g}
+    if len(steps) > 1:
+        raise RuntimeError(f"the optimizer's states hold different step counts {sorted(steps)}")
+    return steps.pop() if steps else 0.0
+
+
+def _save_training_state(engine, model, ctx, cfg, out_dir: str, rank: int) -> None:
+    """Rank 0 writes ``state.pt`` ({"fp32" | "exp_avg" | "exp_avg_sq": {canonical name: full
+    fp32 tensor}}) and ``training_state.json`` (the AdamW step, the loss scaler's state)."""
+    state = {"fp32": gather_full_state(engine, model, ctx, cfg.model.vocab_size)}
+    base = getattr(engine.optimizer, "optimizer", engine.optimizer)
+    if base.state and hasattr(engine.optimizer, "_lazy_init_hp_params_optimizer_state"):
+        # ZeRO-1/2 and the bf16 optimizer link each parameter's view of the flat AdamW state at
+        # their first step; a loaded state is not linked yet
+        engine.optimizer._lazy_init_hp_params_optimizer_state()
+    for key in ADAM_STATE_KEYS:
+        state[key] = gather_full_state(engine, model, ctx, cfg.model.vocab_size, state_key=key)
+    step = _adam_step(engine)
+    scaler = getattr(engine.optimizer, "loss_scaler", None)
+    info = {"adam_step": step,
+            "loss_scaler": {k: getattr(scaler, k) for k in
+                            ("cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis")
+                            if isinstance(getattr(scaler, k, None), (int, float))}}
+    if rank == 0:
+        from rtd_scale.training.checkpoint import torch_save
+        from rtd_scale.training.reshard import INFO_FILE, STATE_FILE
+
+        torch_save(state, os.path.join(out_dir, STATE_FILE))
+        with open(os.path.join(out_dir, INFO_FILE), "w", encoding="utf-8") as f:
+            json.dump(info, f, indent=1, sort_keys=True)
+
+
+def consolidate_training_state(run_dir: str, tag: str, out_dir: str,
+                               tokenizer_model: Optional[str] = None,
+                               timeout_s: float = 3600.0) -> None:
+    """Write ``run_dir``'s checkpoint ``tag`` as one layout-free training state into
+    ``out_dir`` (``state.pt``: fp32 master weights and both AdamW moments under canonical
+    names, ``training_state.json``: the AdamW step and loss scaler), read by restarting its
+    recorded world as local gloo processes that load it exactly as ``--load`` at its own layout
+    would (``training/reshard.py`` loads it at another layout).
+
+    Raises:
+        UserInputError: a missing or foreign checkpoint, a tokenizer that cannot be found, a
+            state that cannot be read per parameter.
+    """
+    cfg, layout, ds_config, tag = read_run(run_dir, tag)
+    if tokenizer_model:
+        cfg.data.tokenizer_model = tokenizer_model
+    if not cfg.data.tokenizer_model or not os.path.isfile(cfg.data.tokenizer_model):
+        raise UserInputError(f"--load {run_dir}: the run's tokenizer {cfg.data.tokenizer_model!r} "
+                             "is not there; pass --tokenizer-model PATH")
+    _run_world(int(layout["world_size"]), run_dir, tag, cfg,
+               ds_config_for_layout(ds_config, cfg, layout), out_dir, "training", timeout_s)

@@ -298,11 +298,13 @@ def needs_conversion(meta: Optional[dict[str, Any]], layout: dict[str, Any]) -> 
 
 
 def check_convertible(load_dir: str, tag: str, saved: dict[str, Any],
-                      layout: dict[str, Any]) -> None:
+                      layout: dict[str, Any], *, saved_precision: Optional[str] = None,
+                      precision: Optional[str] = None) -> None:
     """Refuse a layout change ``--load`` cannot honour, in one line naming both layouts and the
-    fix. DeepSpeed's universal checkpoint re-partitions the ZeRO state of any data-parallel
-    size and ZeRO stage 1–3; rtd_scale does not (yet) re-split tensor- or pipeline-parallel
-    shards, and ZeRO-0 writes no ZeRO partitions to convert.
+    fix. Every change of TP, PP, DP size and ZeRO stage 0–3 converts (``training/reshard.py``):
+    DeepSpeed's universal checkpoint between TP 1 × PP 1 layouts at ZeRO 1–3, rtd_scale's
+    layout-free state otherwise. Not ZeRO-0 under fp16 on either side: DeepSpeed keeps its
+    AdamW state in one flat fp16 optimizer there, not per parameter.
 
     Raises:
         UserInputError: the change is not one of those.
@@ -311,27 +313,13 @@ def check_convertible(load_dir: str, tag: str, saved: dict[str, Any],
         return
     was, now = describe_layout(saved), describe_layout(layout)
     head = f"--load {load_dir}: {tag} was saved at {was}, this run is {now}"
-    for key, flag in (("tensor_model_parallel_size", "--tensor-model-parallel-size"),
-                      ("pipeline_model_parallel_size", "--pipeline-model-parallel-size")):
-        if saved.get(key) != layout.get(key):
+    for side, lay, prec in (("the checkpoint", saved, saved_precision),
+                            ("this run", layout, precision)):
+        if lay.get("zero_stage") == 0 and prec == "fp16":
             raise UserInputError(
-                f"{head}: --load resumes at another data-parallel size or ZeRO stage, not at "
-                f"another {flag}; resume with {flag} {saved.get(key)}, or start from its "
-                f"weights only with --pretrained-checkpoint (the optimizer starts fresh)")
-    if (layout.get("tensor_model_parallel_size"), layout.get("pipeline_model_parallel_size")) != (
-            1, 1):
-        # megatron-core's row-parallel splits and the padded vocabulary need the universal
-        # checkpoint's per-parameter TP patterns, which rtd_scale does not write yet
-        raise UserInputError(
-            f"{head}: --load changes the data-parallel size or ZeRO stage at TP 1 × PP 1 only; "
-            "resume with the checkpoint's number of ranks and --ds_config, or start from its "
-            "weights only with --pretrained-checkpoint (the optimizer starts fresh)")
-    if 0 in (saved.get("zero_stage"), layout.get("zero_stage")):
-        raise UserInputError(
-            f"{head}: resuming at another data-parallel size goes through DeepSpeed's universal "
-            "checkpoint, which needs ZeRO stage 1, 2 or 3 on both sides; resume with the "
-            "checkpoint's --ds_config and number of ranks, or use a ds_configs/zero1.json-"
-            "style file on both runs")
+                f"{head}: {side} is ZeRO-0 under --fp16, whose AdamW state DeepSpeed keeps in "
+                "one flat fp16 optimizer that cannot be re-split; resume at the checkpoint's "
+                "layout, or use a ds_configs/zero1.json-style file on both runs")
 
 
 def check_compatible(load_dir: str, tag: str, config: dict[str, Any],
@@ -339,8 +327,8 @@ def check_compatible(load_dir: str, tag: str, config: dict[str, Any],
     """Refuse, before anything is built, a ``--load`` whose checkpoint cannot continue this run:
     a process layout :func:`check_convertible` refuses, or another model shape. Returns the checkpoint's metadata (None for a checkpoint without it).
 
-    A checkpoint at another data-parallel size or ZeRO stage (same TP and PP) passes: ``load``
-    resumes it through a universal conversion (``training/reshard.py``).
+    A checkpoint at another TP, PP, DP size or ZeRO stage passes: it is converted first
+    (``training/reshard.py``).
 
     Raises:
         UserInputError: naming each difference and the fix.
@@ -348,7 +336,9 @@ def check_compatible(load_dir: str, tag: str, config: dict[str, Any],
     meta = read_meta(load_dir, tag)
     if meta is None:
         return None
-    check_convertible(load_dir, tag, meta.get("layout") or {}, layout)
+    check_convertible(load_dir, tag, meta.get("layout") or {}, layout,
+                      saved_precision=(meta.get("config") or {}).get("train", {}).get("precision"),
+                      precision=config.get("train", {}).get("precision"))
     old, new = meta["config"]["model"], config["model"]
     old = {**_FIELDS_BEFORE_THEY_EXISTED, **old}
     diffs = [f"model.{k} {old.get(k)} → {new.get(k)}" for k in _SHAPE_FIELDS

@@ -1,36 +1,62 @@
-"""Resume a checkpoint at another data-parallel size or ZeRO stage 1–3, at TP 1 and PP 1.
+"""Resume a checkpoint at another process layout: TP, PP and DP size, ZeRO stage 0–3.
 
-Choice: DeepSpeed's universal checkpoint (``deepspeed.checkpoint.ds_to_universal``, loaded with
-the ds config ``"checkpoint": {"load_universal": true}``), not our own merge of the partitions.
-In DeepSpeed 0.19.8 it covers every layout rtd_scale writes at TP 1 / PP 1: the ZeRO-1/2 path
-merges the flat fp32 partitions per parameter, the ZeRO-3 path (``_extract_zero_shard_files_stage3``,
-``_merge_zero3_slice_files``) does the same for ZeRO-3 partitions, and both write one folder per
-parameter with its fp32 master weights, ``exp_avg`` and ``exp_avg_sq`` (``zero/<name>/*.pt``),
-plus the optimizer's global state (step, hyper-parameters, loss scaler) in
-``zero/optimizer_state.pt``. On load, ``stage_1_and_2.py`` and ``stage3.py``
-(``load_hp_checkpoint_state_from_checkpoint_dir*``) slice each parameter into the new engine's
-own partition, so the AdamW step that follows is the one the old layout would have taken. The
-data position, the learning-rate schedule and rtd_scale's client state come from the copied
-``*model_states.pt`` files, as on any resume. A hand-written merge would repeat that code and
-its flat-buffer padding rules; DeepSpeed's tests keep the universal one right as ZeRO changes.
+Two routes, chosen by :func:`uses_universal`:
 
-Not yet: TP or PP changes, and DP changes at TP > 1 or PP > 1 (``checkpoint.check_convertible``
-refuses them in one line). The converter would need per-parameter TP patterns
-(``universal_checkpoint_info``: vocab-parallel rows and their 128 × TP padding, row-parallel
-dim 1, per-head QKV) that rtd_scale's engine does not write.
+1. TP 1 × PP 1 on both sides, ZeRO 1–3 on both sides (another DP size or ZeRO stage):
+   DeepSpeed's universal checkpoint (``deepspeed.checkpoint.ds_to_universal``, loaded with the
+   ds config ``"checkpoint": {"load_universal": true}``). In DeepSpeed 0.19.8 the ZeRO-1/2
+   path merges the flat fp32 partitions per parameter, the ZeRO-3 path
+   (``_extract_zero_shard_files_stage3``, ``_merge_zero3_slice_files``) does the same for ZeRO-3
+   partitions, and both write one folder per parameter with its fp32 master weights,
+   ``exp_avg`` and ``exp_avg_sq`` (``zero/<name>/*.pt``), plus the optimizer's global state in
+   ``zero/optimizer_state.pt``. On load, ``stage_1_and_2.py`` and ``stage3.py``
+   (``load_hp_checkpoint_state_from_checkpoint_dir*``) slice each parameter into the new
+   engine's own partition. The data position, the learning-rate schedule and rtd_scale's client
+   state come from the copied ``*model_states.pt`` files, as on any resume.
 
-Two gaps of DeepSpeed 0.19.8 are closed here and in ``checkpoint.load`` (each pinned by
-tests/e2e/test_resume_layout.py): the ZeRO-1/2 and ZeRO-3 universal formats differ, so the
-conversion is rewritten to carry both (:func:`_optimizer_state_for_every_stage`,
+2. Everything else — another TP or PP size, ZeRO-0 on either side, another DP size at TP > 1 or
+   PP > 1: rtd_scale's layout-free state (:func:`convert_canonical`, :func:`load_canonical`).
+   The universal checkpoint does not cover these: its TP merge needs per-parameter patterns
+   (``universal_checkpoint_info``) that rtd_scale's engine does not write, it names parameters
+   by the names each pipeline stage uses, and rtd_scale's pipeline stages number their layers
+   from 0 (stage-local names collide across stages); a ZeRO-0 engine does not load it at all
+   (``DeepSpeedEngine.load_checkpoint`` restores weights from ``zero/`` only through a ZeRO
+   optimizer). Instead the conversion reuses the export's merge (``hf/consolidate.py``): the
+   checkpoint's own world is restarted as local gloo processes that load it exactly as
+   ``--load`` at its layout would, then gather every parameter's fp32 master weights and both
+   AdamW moments (DeepSpeed's ``safe_get_full_fp32_param`` / ``safe_get_full_optimizer_state``
+   over ZeRO; the client AdamW's ``state`` at ZeRO-0) over tensor and pipeline parallel into
+   canonical names by the rules that initialise and export the model (``model/weights.py``):
+   vocabulary-parallel rows gathered and their padding dropped (the padding is a multiple of
+   ``make_vocab_size_divisible_by`` × TP and differs by TP size), column-parallel tensors
+   (megatron-core's ``linear_qkv`` too: its rows are grouped per head, [q k v] per head, so the
+   TP shards concatenated along dim 0 are the TP 1 layout) along dim 0, row-parallel ones
+   along dim 1, replicated ones whole; layers by their global ``layer_number`` − 1, the last
+   stage's copy of the tied MLM output table and every stage's copy of DeBERTa's relative
+   table under the one name (their copies are kept equal, gradients summed). The new run
+   slices each canonical tensor for its TP rank (``weights._local_slice``: vocabulary padded
+   with zero rows for the new TP size) and writes it into its own engine's storage: the ZeRO-3
+   partition, the ZeRO-1/2 (and bf16 optimizer) fragments of the flat fp32 state, or the
+   parameter and ``state[p]`` of the client AdamW at ZeRO-0; the AdamW step count is set on
+   every state. Choice: one merge for weights, export and optimizer state, in rules the
+   model's own tests pin (tests/multiproc/test_vocab_padding.py, tests/e2e/test_hf_export.py),
+   rather than a second set of TP rules in DeepSpeed's pattern language; the cost is a restart
+   of the old world at conversion time (measured in the README).
+
+Two gaps of DeepSpeed 0.19.8 in route 1 are closed here and in ``checkpoint.load`` (each
+pinned by tests/e2e/test_resume_layout.py): the ZeRO-1/2 and ZeRO-3 universal formats differ,
+so the conversion is rewritten to carry both (:func:`_optimizer_state_for_every_stage`,
 :func:`_model_states_for_every_stage`); and a ZeRO-3 universal load gives every parameter
 group the first group's hyper-parameters and one shared step tensor (AdamW then counts each
 step once per group).
 
-What is written: ``<load>/<tag>_universal/<tag>/`` beside the checkpoint, built under
-``<load>/.<tag>_universal.tmp-<pid>`` and renamed into place when complete (a marker file inside
-says so), so an interrupted conversion never counts and the next ``--load`` converts again.
-The original checkpoint is only read. A later resume at another layout reuses a complete
-conversion. Converted files are checked like any checkpoint (``checkpoint.check_safe_to_load``).
+What is written, beside the checkpoint, which is only read: route 1
+``<load>/<tag>_universal/<tag>/``, route 2 ``<load>/<tag>_canonical/`` (``state.pt``: fp32
+weights and both moments, 12 bytes per parameter; ``training_state.json``: AdamW step, loss
+scaler). Each is built under ``<load>/.<tag>_<kind>.tmp-<pid>`` and renamed into place when
+complete (a marker file inside says so), so an interrupted conversion never counts and the
+next ``--load`` converts again; a later resume at any other layout reuses a complete one.
+Converted files are checked like any checkpoint (``checkpoint.check_safe_to_load``).
 
 RNG policy. Masks and sampling noise are functions of (seed, step, global sample index): they
 continue exactly at any layout. Dropout streams are per rank (``rng_rank*.pt``) and cannot be
@@ -46,6 +72,7 @@ import io
 import os
 import shutil
 import time
+from typing import Callable
 
 from rtd_scale.cli_errors import UserInputError
 
@@ -212,3 +239,267 @@ def check_converted_safe(root: str, tag: str) -> None:
     for name in sorted(os.listdir(zero)):
         if os.path.isdir(os.path.join(zero, name)):
             checkpoint.check_safe_to_load(os.path.join(zero, name))
+
+
+# ------------------------------------------- tensor- and pipeline-parallel changes, ZeRO-0 ----
+
+CANONICAL_DONE = "rtd_canonical_complete"
+# The layout-free state's files: {"fp32" | "exp_avg" | "exp_avg_sq": {canonical name: tensor}},
+# and {"adam_step": float, "loss_scaler": {...}} (written by hf/consolidate.py).
+STATE_FILE = "state.pt"
+INFO_FILE = "training_state.json"
+# What DeepSpeed's model-states file holds besides rtd_scale's client state
+# (``DeepSpeedEngine._save_checkpoint``, 0.19.8).
+_DEEPSPEED_KEYS = frozenset({
+    "module", "buffer_names", "optimizer", "param_shapes", "frozen_param_shapes",
+    "shared_params", "frozen_param_fragments", "lr_scheduler", "data_sampler", "random_ltd",
+    "sparse_tensor_module_names", "skipped_steps", "global_steps", "global_samples",
+    "dp_world_size", "mp_world_size", "ds_config", "ds_version", "universal_checkpoint_info"})
+
+
+def uses_universal(saved: dict, layout: dict) -> bool:
+    """Whether DeepSpeed's universal checkpoint covers the change from layout ``saved`` to
+    ``layout``: TP 1 × PP 1 and ZeRO 1–3 on both sides (the rest goes through
+    :func:`convert_canonical`)."""
+    return all(d.get("tensor_model_parallel_size") == 1 and d.get("pipeline_model_parallel_size")
+               == 1 and d.get("zero_stage") in (1, 2, 3) for d in (saved, layout))
+
+
+def canonical_root(load_dir: str, tag: str) -> str:
+    """The directory holding the layout-free state of ``<load_dir>/<tag>``."""
+    return os.path.join(load_dir, f"{tag}_canonical")
+
+
+def is_canonical_converted(load_dir: str, tag: str) -> bool:
+    return os.path.isfile(os.path.join(canonical_root(load_dir, tag), CANONICAL_DONE))
+
+
+def convert_canonical(load_dir: str, tag: str, gather: Callable[[str, str, str], None]
+                      ) -> tuple[str, float, bool]:
+    """Write (or reuse) the layout-free training state of ``<load_dir>/<tag>``; one process
+    only. ``gather(load_dir, tag, out_dir)`` writes it into ``out_dir``: the caller passes
+    ``hf/consolidate.consolidate_training_state`` (the checkpoint's own world restarted as local
+    gloo processes, every parameter's fp32 master weights and both AdamW moments gathered over
+    ZeRO, tensor and pipeline parallel into canonical names; ``training/`` does not import
+    ``hf/``, tests/unit/test_layering.py).
+
+    Returns (its directory, seconds spent, whether it was converted now rather than reused).
+
+    Raises:
+        UserInputError: the conversion failed or the directory is not writable; nothing is
+            left under the final name.
+    """
+    final = canonical_root(load_dir, tag)
+    if is_canonical_converted(load_dir, tag):
+        return final, 0.0, False
+    start = time.perf_counter()
+    tmp = os.path.join(load_dir, f".{tag}_canonical.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        os.makedirs(tmp)
+        try:
+            gather(load_dir, tag, tmp)
+        except UserInputError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        except Exception as e:  # a worker's traceback: its last line says what failed
+            shutil.rmtree(tmp, ignore_errors=True)
+            last = (str(e).strip().splitlines() or [type(e).__name__])[-1]
+            raise UserInputError(
+                f"--load {load_dir}: merging the shards of {tag} into one layout-free state "
+                f"failed ({last}); resume at the checkpoint's layout") from None
+        with open(os.path.join(tmp, CANONICAL_DONE), "w", encoding="utf-8") as f:
+            f.write(f"{tag}\n")
+        if os.path.exists(final):  # an incomplete earlier conversion (no marker)
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise UserInputError(
+            f"--load {load_dir}: cannot write the layout-free state of {tag} beside it "
+            f"({e.strerror or e}); resume at the checkpoint's layout, or make {load_dir} "
+            "writable") from None
+    return final, time.perf_counter() - start, True
+
+
+def check_canonical_safe(root: str) -> None:
+    """The conversion's ``.pt`` files hold only tensors (a reused one could have been replaced),
+    checked as ``checkpoint.check_safe_to_load`` does."""
+    from rtd_scale.training import checkpoint
+
+    checkpoint.check_safe_to_load(root)
+
+
+def _model_states(ckpt_dir: str) -> dict:
+    """The checkpoint's model-states file of model-parallel rank 0 (the client state, schedule
+    and step; every rank's file holds the same), read with ``weights_only=True``."""
+    from rtd_scale.training import checkpoint
+
+    for name in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt"):
+        path = os.path.join(ckpt_dir, name)
+        if os.path.isfile(path):
+            return checkpoint.safe_load(path)
+    raise checkpoint.CheckpointReadError(
+        f"{ckpt_dir}: no mp_rank_00 model states; resume from another checkpoint "
+        "(--load DIR/global_stepN)")
+
+
+def _step_value(base, group: dict, hp, step: float, old):
+    """AdamW's step count in the form ``base`` keeps it (torch.optim.AdamW: a float32 CPU
+    tensor, on the device when fused or capturable; rtd_scale's ``NonFiniteSkippingAdamW``: a
+    float64 device tensor; DeepSpeed's CPU Adam: an int)."""
+    import torch
+
+    from rtd_scale.training.optimizer import NonFiniteSkippingAdamW
+
+    if isinstance(base, NonFiniteSkippingAdamW):
+        return torch.tensor(float(step), dtype=torch.float64, device=hp.device)
+    if isinstance(base, torch.optim.Optimizer) and type(base).__module__.startswith("torch."):
+        from torch.optim.optimizer import _get_scalar_dtype
+
+        on_device = bool(group.get("fused") or group.get("capturable"))
+        return torch.tensor(float(step), dtype=_get_scalar_dtype(is_fused=group.get("fused")),
+                            device=hp.device if on_device else "cpu")
+    if torch.is_tensor(old):
+        return torch.full_like(old, step)
+    return int(step)
+
+
+def _init_adam_state(engine, step: float) -> None:
+    """Give every tensor the AdamW steps its state (moments zero, the step count ``step``):
+    DeepSpeed 0.19.8 and torch create it lazily at the first step, and the values below are
+    copied into it. At ZeRO-1/2 and under DeepSpeed's bf16 optimizer the parameters' views of
+    the flat state are then linked (``_lazy_init_hp_params_optimizer_state``)."""
+    import torch
+
+    opt = engine.optimizer
+    base = getattr(opt, "optimizer", opt)
+    if hasattr(opt, "fp32_partitioned_groups_flat"):
+        # ZeRO-3 puts each flat sub-group into its parameter group only while stepping it
+        # (stage3.py ``_optimizer_step``)
+        pairs = [(base.param_groups[opt.sub_group_to_group_id[i]], hp)
+                 for i, hp in enumerate(opt.fp32_partitioned_groups_flat)]
+    else:
+        pairs = [(group, hp) for group in base.param_groups for hp in group["params"]]
+    for group, hp in pairs:
+        state = base.state[hp]
+        for key in ("exp_avg", "exp_avg_sq"):
+            if key not in state:
+                state[key] = torch.zeros_like(hp, memory_format=torch.preserve_format)
+        state["step"] = _step_value(base, group, hp, step, state.get("step"))
+    for group in base.param_groups:
+        if "step" in group:
+            group["step"] = int(step)
+    if hasattr(opt, "_lazy_init_hp_params_optimizer_state"):
+        opt._hp_optimizer_states_linked = False
+        opt._lazy_init_hp_params_optimizer_state()
+
+
+def _set_parameter(engine, p, local: dict) -> None:
+    """This rank's share of one parameter's fp32 weights and AdamW moments (``local``: this
+    tensor-parallel rank's full slice of each), in every ZeRO stage's own storage."""
+    import torch
+    from deepspeed.utils import (safe_set_full_fp32_param, safe_set_full_optimizer_state,
+                                 safe_set_local_fp32_param, safe_set_local_optimizer_state)
+
+    opt = engine.optimizer
+    if hasattr(p, "ds_id"):  # ZeRO-3: this data-parallel rank's partition (padded at the end)
+        part = p.ds_tensor.numel()
+        rank = opt._get_param_partition_rank(p)
+        world = opt._get_param_partition_world_size(p)
+        for key, value in local.items():
+            flat = value.reshape(-1).float()
+            if part * world > flat.numel():
+                flat = torch.nn.functional.pad(flat, (0, part * world - flat.numel()))
+            mine = flat.narrow(0, part * rank, part).to(p.ds_tensor.device)
+            if key == "fp32":
+                safe_set_local_fp32_param(p, mine)
+                p.ds_tensor.data.copy_(mine.to(p.ds_tensor.dtype))
+            else:
+                safe_set_local_optimizer_state(p, mine, key)
+    elif hasattr(p, "_hp_mapping"):  # ZeRO-1/2, DeepSpeed's bf16 optimizer: the flat fragments
+        device = p.device
+        safe_set_full_fp32_param(p, local["fp32"].to(device))
+        for key in ("exp_avg", "exp_avg_sq"):
+            safe_set_full_optimizer_state(p, local[key].to(device), key)
+    else:  # ZeRO-0 in fp32: the client AdamW steps the parameter itself
+        base = getattr(opt, "optimizer", opt)
+        p.data.copy_(local["fp32"].to(p.dtype))
+        for key in ("exp_avg", "exp_avg_sq"):
+            base.state[p][key].copy_(local[key])
+
+
+class _WithShape:
+    """A parameter as ``model.weights._local_slice`` reads it (its tensor-parallel attributes),
+    with its unpartitioned shape (ZeRO-3 leaves an empty placeholder in ``p.shape``)."""
+
+    def __init__(self, p, shape):
+        self._p, self.shape = p, shape
+
+    def __getattr__(self, name):
+        return getattr(self._p, name)
+
+
+def load_canonical(engine, model, ctx, root: str, choice, *, flag: str) -> dict:
+    """Load the layout-free state ``root`` (:func:`convert_canonical` of ``choice``, the
+    checkpoint ``--load`` takes) into ``engine``, built at this run's layout; returns the
+    checkpoint's client state. Collective (ZeRO-1/2 gather the updated weights).
+
+    Each parameter's canonical tensors are sliced for this tensor-parallel rank by the rules
+    that initialise and export it (``model.weights._local_slice``: vocabulary rows padded for
+    this TP size, column- and row-parallel splits along megatron-core's ``partition_dim``,
+    replicated tensors whole), then for this data-parallel rank by DeepSpeed's own fragment
+    maps. The schedule, the engine's step counters and the client state come from the
+    checkpoint's model-states file; the learning rate is then this run's schedule's
+    (``checkpoint.refresh_learning_rate``).
+
+    Raises:
+        UserInputError: the state does not fit this model (another parameter set or shape).
+    """
+    import json
+
+    import torch
+
+    from rtd_scale.model import weights
+    from rtd_scale.training import checkpoint
+
+    checkpoint.install_safe_loading(engine)
+    state = torch.load(os.path.join(root, STATE_FILE), map_location="cpu",
+                       weights_only=True, mmap=True)
+    with open(os.path.join(root, INFO_FILE), encoding="utf-8") as f:
+        info = json.load(f)
+    names = dict(weights._named_unique_parameters(model))
+    missing, unexpected = sorted(set(names) - set(state["fp32"])), sorted(
+        set(state["fp32"]) - set(names))
+    if missing or unexpected:
+        raise UserInputError(f"{flag}: the layout-free state {root} does not fit this model "
+                             f"(missing {missing[:3]}, unexpected {unexpected[:3]}); resume at "
+                             "the checkpoint's layout and model flags")
+    _init_adam_state(engine, float(info["adam_step"]))
+    with torch.no_grad():
+        for name, p in names.items():
+            shape = tuple(getattr(p, "ds_shape", p.shape))  # ZeRO-3: p itself is a placeholder
+            local = {k: weights._local_slice(state[k][name], _WithShape(p, shape), ctx.tp_rank)
+                     for k in ("fp32", "exp_avg", "exp_avg_sq")}
+            if tuple(local["fp32"].shape) != shape:
+                raise UserInputError(
+                    f"{flag}: {name} has shape {tuple(state['fp32'][name].shape)} in {root}, "
+                    f"which does not fit {shape} on tensor-parallel rank {ctx.tp_rank}; resume "
+                    "at the checkpoint's layout and model flags")
+            _set_parameter(engine, p, local)
+    if engine.zero_optimization_stage() != 3 and hasattr(engine.optimizer, "update_lp_params"):
+        engine.optimizer.update_lp_params()  # the fp32 partitions into every rank's weights
+    scaler = getattr(engine.optimizer, "loss_scaler", None)
+    for key, value in (info.get("loss_scaler") or {}).items():
+        if scaler is not None and hasattr(scaler, key):
+            setattr(scaler, key, value)
+    states = _model_states(choice.path)
+    if engine.lr_scheduler is not None and states.get("lr_scheduler") is not None:
+        engine.lr_scheduler.load_state_dict(states["lr_scheduler"])
+    engine.global_steps = states["global_steps"]
+    engine.global_samples = states.get("global_samples",
+                                       engine.global_steps * engine.train_batch_size())
+    engine.skipped_steps = states["skipped_steps"]
+    checkpoint.check_finite_weights(engine, choice.path)
+    checkpoint.refresh_learning_rate(engine)
+    return {k: v for k, v in states.items() if k not in _DEEPSPEED_KEYS}

@@ -1,12 +1,21 @@
-"""``--load`` of a checkpoint saved at another data-parallel size and ZeRO stage (TP 1, PP 1),
-through the real ``deepspeed`` launcher: the resumed steps repeat the uninterrupted run's losses
-and final fp32 weights within 1e-5 relative, in both directions (DP 2 ZeRO-3 → DP 1 ZeRO-1 and
-DP 1 ZeRO-1 → DP 2 ZeRO-3), through DeepSpeed's universal checkpoint (training/reshard.py).
+"""``--load`` of a checkpoint saved at another process layout, through the real ``deepspeed``
+launcher: the resumed steps 4–6 repeat the uninterrupted run's losses, learning rate and
+gradient norm within 1e-5 relative, and its final fp32 weights (and, where the layout changes
+tensor or pipeline parallelism, both AdamW moments) too (training/reshard.py).
 
-One uninterrupted run (DP 2, ZeRO-3, 6 steps, a checkpoint at 3) is the reference for both
-directions: rtd_scale's samples, masks and sampling noise are functions of the global sample
-index and step, and its losses are normalised over the global batch, so the run is the same at
-every DP size (its DP 1 ZeRO-1 twin gives the same losses).
+- TP 1 × PP 1, DP and ZeRO 1–3 changes: DeepSpeed's universal checkpoint (DP 2 ZeRO-3 ↔ DP 1
+  ZeRO-1);
+- TP, PP and ZeRO-0 changes: rtd_scale's layout-free state (TP 2 × DP 2 ZeRO-3 → TP 1 ZeRO-0,
+  PP 2 ZeRO-1 → PP 1 ZeRO-2, TP 1 → TP 2 ZeRO-1; DeBERTa's layout TP 1 → TP 2 ZeRO-3).
+Each path has a control: its converted AdamW moments zeroed, step 5 (the first update) differs.
+
+Runs are shared: one uninterrupted run per model layout (post-LN BERT attention: TP 1 × DP 2,
+ZeRO-3; DeBERTa: TP 1 × DP 1, ZeRO-1; 6 steps, checkpoints at 3 and 6) is the reference of
+every pair in that layout, and also the source of the pairs that start from it. rtd_scale's
+samples, masks and sampling noise are functions of the global sample index and step, its
+initial weights of (seed, parameter name) at any TP size, and its losses are normalised over
+the global batch, so steps 1–3 are the same at every layout (dropout 0: megatron-core's dropout
+RNG depends on the TP rank).
 """
 from __future__ import annotations
 
@@ -21,41 +30,83 @@ from tests.helpers.launcher import (NO_DROPOUT, assert_close, common, cut_back, 
 pytestmark = pytest.mark.e2e
 
 REL = 1e-5
+POST_LN = ["--layernorm-position", "post"]
+DEBERTA = ["--attention-type", "disentangled", "--layernorm-position", "post"]
 
 
-def _args(wiki_shards, save, iters, zero, extra=()):
-    args = common(wiki_shards, save, iters, [*NO_DROPOUT, *extra])
+def _args(wiki_shards, save, iters, zero, extra=(), layout=POST_LN, tp=1, pp=1):
+    args = common(wiki_shards, save, iters, [*NO_DROPOUT, *layout, *extra,
+                                             "--tensor-model-parallel-size", str(tp),
+                                             "--pipeline-model-parallel-size", str(pp)])
     args[args.index("--ds_config") + 1] = f"ds_configs/zero{zero}.json"
     return args
 
 
+def _canonical(run, tag, tmp_path_factory) -> dict:
+    """The layout-free training state of ``run``'s checkpoint ``tag`` (fp32 weights and both
+    AdamW moments under canonical names), gathered by restarting its layout."""
+    from rtd_scale.hf.consolidate import consolidate_training_state
+
+    out = tmp_path_factory.mktemp("canonical")
+    consolidate_training_state(str(run), tag, str(out))
+    return torch.load(out / "state.pt", weights_only=True)
+
+
 @pytest.fixture(scope="module")
 def straight(wiki_shards, tmp_path_factory):
-    """(run directory, TensorBoard scalars, fp32 weights at step 6) of the uninterrupted run."""
+    """(run directory, TensorBoard scalars, fp32 weights at step 6) of the uninterrupted
+    post-LN run at TP 1 × DP 2, ZeRO-3."""
     run = tmp_path_factory.mktemp("layout") / "straight"
     r = launch(_args(wiki_shards, run, 6, 3), ranks=2)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     return run, scalars(str(run / "tensorboard")), fp32_weights(run, "global_step6")
 
 
-def _assert_continues(r, run, straight, was: str, now: str) -> float:
-    """The resumed run converted once, then repeated steps 4–6 and the final weights; returns
-    the conversion's seconds."""
+@pytest.fixture(scope="module")
+def straight_state(straight, tmp_path_factory):
+    """Its layout-free state at step 6."""
+    return _canonical(straight[0], "global_step6", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def deberta(wiki_shards, tmp_path_factory):
+    """(run directory, scalars, layout-free state at step 6) of the uninterrupted DeBERTa-layout
+    run at TP 1 × DP 1, ZeRO-1."""
+    run = tmp_path_factory.mktemp("layout") / "deberta"
+    r = launch(_args(wiki_shards, run, 6, 1, layout=DEBERTA), ranks=1)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    lines = [line for line in r.stdout.splitlines() if line.startswith("converted ")]
-    assert len(lines) == 1, lines
-    m = re.fullmatch(rf"converted {re.escape(str(run))}/global_step3 from {re.escape(was)} to "
-                     rf"{re.escape(now)} \(DeepSpeed universal checkpoint "
-                     rf"{re.escape(str(run))}/global_step3_universal/global_step3\) in "
-                     r"(\d+\.\d) s", lines[0])
-    assert m, lines[0]
+    return (run, scalars(str(run / "tensorboard")),
+            _canonical(run, "global_step6", tmp_path_factory))
+
+
+def _assert_steps(r, run, ref: dict) -> None:
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert f"resumed from {run} at iteration 3 (48 samples consumed)" in r.stdout
-    ref_dir, ref, ref_weights = straight
     resumed = scalars(str(run / "tensorboard"))
     assert max(resumed["loss/mlm"]) == 6 and {4, 5, 6} <= set(resumed["loss/mlm"])
     for step in (4, 5, 6):
         for tag in ("loss/mlm", "loss/rtd", "optim/lr", "optim/grad_norm"):
             assert_close(resumed[tag][step], ref[tag][step], REL, (tag, step))
+
+
+def _conversion_seconds(r, run, was: str, now: str, universal: bool) -> float:
+    lines = [line for line in r.stdout.splitlines() if line.startswith("converted ")]
+    assert len(lines) == 1, lines
+    what = (rf"DeepSpeed universal checkpoint {re.escape(str(run))}/global_step3_universal/"
+            r"global_step3" if universal else
+            rf"layout-free state {re.escape(str(run))}/global_step3_canonical")
+    m = re.fullmatch(rf"converted {re.escape(str(run))}/global_step3 from {re.escape(was)} to "
+                     rf"{re.escape(now)} \({what}\) in (\d+\.\d) s", lines[0])
+    assert m, lines[0]
+    return float(m.group(1))
+
+
+def _assert_continues(r, run, straight, was: str, now: str) -> float:
+    """The resumed run converted once through the universal checkpoint, then repeated steps
+    4–6 and the final weights; returns the conversion's seconds."""
+    seconds = _conversion_seconds(r, run, was, now, universal=True)
+    _assert_steps(r, run, straight[1])
+    ref_weights = straight[2]
     weights = fp32_weights(run, "global_step6")
     assert sorted(weights) == sorted(ref_weights)
     for name, w in weights.items():
@@ -63,7 +114,40 @@ def _assert_continues(r, run, straight, was: str, now: str) -> float:
         assert torch.allclose(w, ref_weights[name], rtol=REL, atol=REL * scale), name
     assert not list(run.glob(".global_step3_universal.tmp-*"))  # renamed when complete
     assert (run / "global_step3_universal" / "global_step3" / "rtd_universal_complete").is_file()
-    return float(m.group(1))
+    return seconds
+
+
+def _max_rel(got: dict, ref: dict) -> dict[str, float]:
+    """Per kind (fp32, exp_avg, exp_avg_sq): the largest |got − ref| / max|ref| over tensors."""
+    out = {}
+    for kind in ("fp32", "exp_avg", "exp_avg_sq"):
+        assert sorted(got[kind]) == sorted(ref[kind]), kind
+        out[kind] = max(((got[kind][n] - ref[kind][n]).abs().max()
+                         / ref[kind][n].abs().max().clamp_min(1e-30)).item() for n in ref[kind])
+    return out
+
+
+def _assert_state_close(run, ref_state: dict, tmp_path_factory, what: str) -> None:
+    """The resumed run's final fp32 weights and both AdamW moments, merged from its own layout,
+    equal the reference's as the weights of the universal pairs do (``torch.allclose`` with
+    rtol REL and atol REL × the tensor's largest value)."""
+    got = _canonical(run, "global_step6", tmp_path_factory)
+    print(f"{what}: max |difference| / max |reference| per tensor at step 6: "
+          f"{_max_rel(got, ref_state)}")
+    for kind, tensors in ref_state.items():
+        for name, ref in tensors.items():
+            scale = ref.abs().max().item()
+            assert torch.allclose(got[kind][name], ref, rtol=REL, atol=REL * scale), (kind, name)
+
+
+def _assert_canonical_resume(r, run, ref, ref_state, tmp_path_factory, was, now, before):
+    seconds = _conversion_seconds(r, run, was, now, universal=False)
+    print(f"conversion {was} -> {now}: {seconds} s")
+    _assert_steps(r, run, ref)
+    _assert_state_close(run, ref_state, tmp_path_factory, f"{was} -> {now}")
+    assert file_digests(run / "global_step3") == before  # the original is only read
+    assert not list(run.glob(".global_step3_canonical.tmp-*"))  # renamed when complete
+    assert (run / "global_step3_canonical" / "rtd_canonical_complete").is_file()
 
 
 def test_zero3_two_ranks_resumes_at_zero1_one_rank_with_its_adam_moments(
@@ -107,3 +191,65 @@ def test_zero1_one_rank_resumes_at_zero3_two_ranks_exactly(wiki_shards, straight
     _assert_continues(r, run, straight, "TP 1 × PP 1 × DP 1, ZeRO-1",
                       "TP 1 × PP 1 × DP 2, ZeRO-3")
     assert file_digests(run / "global_step3") == before
+
+
+def test_tp2_dp2_zero3_resumes_at_tp1_zero0_with_its_adam_moments(
+        wiki_shards, straight, straight_state, tmp_path, tmp_path_factory):
+    """TP 2 × DP 2 ZeRO-3 (3 steps, 4 ranks) → TP 1 × DP 1 ZeRO-0 to step 6: equals the
+    reference, moments included. Then the same resume with the layout-free state's moments
+    zeroed (reused): step 4 matches, step 5 does not."""
+    run = tmp_path / "tp2_to_tp1"
+    r = launch(_args(wiki_shards, run, 3, 3, tp=2), ranks=4)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    before = file_digests(run / "global_step3")
+    r = launch(_args(wiki_shards, run, 6, 0, ["--load", str(run)]), ranks=1)
+    _assert_canonical_resume(r, run, straight[1], straight_state, tmp_path_factory,
+                             "TP 2 × PP 1 × DP 2, ZeRO-3", "TP 1 × PP 1 × DP 1, ZeRO-0", before)
+
+    zeroed = cut_back(run, tmp_path / "zeroed_moments", 3)
+    path = zeroed / "global_step3_canonical" / "state.pt"
+    state = torch.load(path, weights_only=True)
+    for kind in ("exp_avg", "exp_avg_sq"):
+        assert len(state[kind]) > 20 and all(t.abs().max() > 0 for t in state[kind].values())
+        state[kind] = {n: torch.zeros_like(t) for n, t in state[kind].items()}
+    torch.save(state, path)
+    r = launch(_args(wiki_shards, zeroed, 6, 0, ["--load", str(zeroed)]), ranks=1)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "reusing the conversion made earlier" in r.stdout
+    ref, got = straight[1], scalars(str(zeroed / "tensorboard"))
+    assert_close(got["loss/mlm"][4], ref["loss/mlm"][4], REL, "step 4")
+    assert abs(got["loss/mlm"][5] - ref["loss/mlm"][5]) > 10 * REL * abs(ref["loss/mlm"][5])
+
+
+def test_pp2_zero1_resumes_at_pp1_zero2(wiki_shards, straight, straight_state, tmp_path,
+                                        tmp_path_factory):
+    """PP 2 ZeRO-1 (3 steps; stage-local layer names, the tied MLM output on the last stage;
+    the pipeline step runs ZeRO-1 only) → PP 1 × DP 1 ZeRO-2 to step 6: equals the reference,
+    moments included."""
+    run = tmp_path / "pp2_to_pp1"
+    r = launch(_args(wiki_shards, run, 3, 1, pp=2), ranks=2)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    before = file_digests(run / "global_step3")
+    r = launch(_args(wiki_shards, run, 6, 2, ["--load", str(run)]), ranks=1)
+    _assert_canonical_resume(r, run, straight[1], straight_state, tmp_path_factory,
+                             "TP 1 × PP 2 × DP 1, ZeRO-1", "TP 1 × PP 1 × DP 1, ZeRO-2", before)
+
+
+def test_tp1_resumes_at_tp2(wiki_shards, straight, straight_state, tmp_path, tmp_path_factory):
+    """The reference's own checkpoint (TP 1 × DP 2 ZeRO-3) → TP 2 × DP 1 ZeRO-1 to step 6."""
+    run = cut_back(straight[0], tmp_path / "tp1_to_tp2", 3)
+    before = file_digests(run / "global_step3")
+    r = launch(_args(wiki_shards, run, 6, 1, ["--load", str(run)], tp=2), ranks=2)
+    _assert_canonical_resume(r, run, straight[1], straight_state, tmp_path_factory,
+                             "TP 1 × PP 1 × DP 2, ZeRO-3", "TP 2 × PP 1 × DP 1, ZeRO-1", before)
+
+
+def test_deberta_tp1_resumes_at_tp2_zero3(wiki_shards, deberta, tmp_path, tmp_path_factory):
+    """DeBERTa's layout (disentangled attention, its relative tables; post-LN): TP 1 ZeRO-1 →
+    TP 2 × DP 1 ZeRO-3 to step 6."""
+    run = cut_back(deberta[0], tmp_path / "deberta_tp1_to_tp2", 3)
+    before = file_digests(run / "global_step3")
+    r = launch(_args(wiki_shards, run, 6, 3, ["--load", str(run)], layout=DEBERTA, tp=2),
+               ranks=2)
+    _assert_canonical_resume(r, run, deberta[1], deberta[2], tmp_path_factory,
+                             "TP 1 × PP 1 × DP 1, ZeRO-1", "TP 2 × PP 1 × DP 1, ZeRO-3", before)

@@ -1,11 +1,12 @@
-"""The layout rules of ``--load`` (training/checkpoint.py) and the universal conversion's
-all-or-nothing write (training/reshard.py); the conversions themselves run in
+"""The layout rules of ``--load`` (training/checkpoint.py) and the conversions' all-or-nothing
+writes (training/reshard.py); the conversions themselves run in
 tests/e2e/test_resume_layout.py."""
 from __future__ import annotations
 
 import pytest
 
 from rtd_scale.cli_errors import UserInputError
+from rtd_scale.hf.consolidate import consolidate_training_state
 from rtd_scale.training import checkpoint, reshard
 
 DP2_Z3 = {"world_size": 2, "data_parallel_size": 2, "tensor_model_parallel_size": 1,
@@ -21,17 +22,35 @@ def test_another_dp_size_or_zero_stage_needs_a_conversion_and_passes():
     checkpoint.check_convertible("run", "global_step3", DP2_Z3, DP1_Z1)  # no error
 
 
-def test_another_tp_size_is_one_line_naming_both_layouts():
-    # a vocabulary padded for TP 2 (128 × 2) cannot be re-split for TP 3 by a DP conversion
+def test_another_tp_pp_size_or_zero0_now_converts_and_picks_its_route():
+    # TP 2 → 3: the layout-free state holds the real vocabulary rows, padded again for TP 3
     tp2 = {**DP2_Z3, "data_parallel_size": 1, "tensor_model_parallel_size": 2}
     tp3 = {**DP2_Z3, "world_size": 3, "data_parallel_size": 1, "tensor_model_parallel_size": 3}
+    pp2 = {**DP1_Z1, "world_size": 2, "pipeline_model_parallel_size": 2}
+    dp1_z0 = {**DP1_Z1, "zero_stage": 0}
+    tp2_dp2 = {**DP2_Z3, "world_size": 4, "tensor_model_parallel_size": 2}
+    for saved, layout in ((tp2, tp3), (pp2, DP1_Z1), (DP2_Z3, dp1_z0), (tp2_dp2, tp2),
+                          (dp1_z0, DP2_Z3)):
+        checkpoint.check_convertible("run", "global_step3", saved, layout)  # no error
+        assert not reshard.uses_universal(saved, layout)
+    assert reshard.uses_universal(DP2_Z3, DP1_Z1) and reshard.uses_universal(DP1_Z1, DP2_Z3)
+
+
+def test_zero0_under_fp16_is_one_line_naming_both_layouts():
+    dp1_z0 = {**DP1_Z1, "zero_stage": 0}
     with pytest.raises(UserInputError) as e:
-        checkpoint.check_convertible("run", "global_step3", tp2, tp3)
-    assert str(e.value).startswith(
-        "--load run: global_step3 was saved at TP 2 × PP 1 × DP 1, ZeRO-3, this run is "
-        "TP 3 × PP 1 × DP 1, ZeRO-3: ")
-    assert "resume with --tensor-model-parallel-size 2" in str(e.value)
-    assert "\n" not in str(e.value)
+        checkpoint.check_convertible("run", "global_step3", dp1_z0, DP2_Z3,
+                                     saved_precision="fp16", precision="fp16")
+    assert str(e.value) == (
+        "--load run: global_step3 was saved at TP 1 × PP 1 × DP 1, ZeRO-0, this run is "
+        "TP 1 × PP 1 × DP 2, ZeRO-3: the checkpoint is ZeRO-0 under --fp16, whose AdamW state "
+        "DeepSpeed keeps in one flat fp16 optimizer that cannot be re-split; resume at the "
+        "checkpoint's layout, or use a ds_configs/zero1.json-style file on both runs")
+    with pytest.raises(UserInputError, match=r"^--load run: .*: this run is ZeRO-0 under --fp16"):
+        checkpoint.check_convertible("run", "global_step3", DP2_Z3, dp1_z0,
+                                     saved_precision="fp16", precision="fp16")
+    checkpoint.check_convertible("run", "global_step3", dp1_z0, DP2_Z3,
+                                 saved_precision="bf16", precision="bf16")  # no error
 
 
 def test_a_failed_conversion_leaves_nothing_and_the_checkpoint_untouched(tmp_path):
@@ -48,13 +67,14 @@ def test_a_failed_conversion_leaves_nothing_and_the_checkpoint_untouched(tmp_pat
     assert not reshard.is_converted(str(tmp_path), "global_step3")
 
 
-def test_another_dp_size_at_tp_2_is_refused_until_tp_patterns_exist():
-    tp2_dp2 = {**DP2_Z3, "world_size": 4, "tensor_model_parallel_size": 2}
-    tp2_dp1 = {**tp2_dp2, "world_size": 2, "data_parallel_size": 1}
+def test_a_failed_layout_free_conversion_leaves_nothing_and_the_checkpoint_untouched(tmp_path):
+    tag = tmp_path / "global_step3"
+    tag.mkdir()
+    (tag / "rtd_complete.json").write_text('{"files": {}}')  # complete, but no metadata
     with pytest.raises(UserInputError) as e:
-        checkpoint.check_convertible("run", "global_step3", tp2_dp2, tp2_dp1)
-    assert str(e.value) == (
-        "--load run: global_step3 was saved at TP 2 × PP 1 × DP 2, ZeRO-3, this run is "
-        "TP 2 × PP 1 × DP 1, ZeRO-3: --load changes the data-parallel size or ZeRO stage at "
-        "TP 1 × PP 1 only; resume with the checkpoint's number of ranks and --ds_config, or "
-        "start from its weights only with --pretrained-checkpoint (the optimizer starts fresh)")
+        reshard.convert_canonical(str(tmp_path), "global_step3", consolidate_training_state)
+    assert str(e.value) == (f"--load {tmp_path}: global_step3 has no rtd_meta.json (layout and "
+                            "config); it was not written by rtd_scale")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step3"]
+    assert sorted(p.name for p in tag.iterdir()) == ["rtd_complete.json"]
+    assert not reshard.is_canonical_converted(str(tmp_path), "global_step3")
