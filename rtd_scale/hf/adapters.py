@@ -2,11 +2,12 @@
 under the config enums it exports. A new target is one module (``common.Adapter`` filled in) and
 one line here.
 
-| ``--layernorm-position``, ``--attention-type`` | discriminator (``DIR``) | generator (``DIR/generator``) |
-|---|---|---|
-| post, bert | ``ElectraForPreTraining`` (RTD head included) | ``ElectraForMaskedLM`` |
-| pre, bert | ``RobertaPreLayerNormModel`` (no pooler) + ``rtd_head.safetensors`` | ``RobertaPreLayerNormForMaskedLM`` |
-| post, disentangled | ``DebertaV2Model`` + ``rtd_head.safetensors`` | ``DebertaV2ForMaskedLM`` |
+- post-LayerNorm, BERT attention (``electra``): ``ElectraForPreTraining`` (RTD head included)
+  at ``DIR``, ``ElectraForMaskedLM`` at ``DIR/generator``;
+- pre-LayerNorm, BERT attention (``roberta_preln``): ``RobertaPreLayerNormModel`` (no pooler) +
+  ``rtd_head.safetensors``, ``RobertaPreLayerNormForMaskedLM``;
+- post-LayerNorm, disentangled attention (``debertav2``): ``DebertaV2Model`` +
+  ``rtd_head.safetensors``, ``DebertaV2ForMaskedLM``.
 """
 from __future__ import annotations
 

@@ -152,8 +152,8 @@ def read_pretrained(path: str, model: ModelConfig, *, pad_id: int
 
         disc.extra = load_file(head_file)
     gen_dir = os.path.join(path, GENERATOR_DIR)
-    gen = (_load_hf(adapter.generator_class, gen_dir) if os.path.isfile(os.path.join(gen_dir, "config.json"))
-           else None)
+    gen = (_load_hf(adapter.generator_class, gen_dir)
+           if os.path.isfile(os.path.join(gen_dir, "config.json")) else None)
     try:
         state, notes = convert.from_hf(model, discriminator=disc, generator=gen, pad_id=pad_id,
                                        flag=FLAG)

@@ -59,8 +59,8 @@ class RobertaPreLayerNorm(Adapter):
 
     def encoder_pairs(self, num_layers, projected):
         assert not projected, "RobertaPreLayerNorm has no embedding projection"
-        return (wb("embeddings.norm", "embeddings.LayerNorm") + layer_pairs(num_layers, PRE_LN_NORMS)
-                + wb("block.final_layernorm", "LayerNorm"))
+        return (wb("embeddings.norm", "embeddings.LayerNorm")
+                + layer_pairs(num_layers, PRE_LN_NORMS) + wb("block.final_layernorm", "LayerNorm"))
 
     def positions_to_hf(self, take, pad_id):
         position = take("embeddings.position.weight")  # [P, E]

@@ -17,8 +17,8 @@ residual branch (attention ``linear_proj``, MLP ``linear_fc2``) N(0, (std / sqrt
 post-LayerNorm layout N(0, std²) like every other weight (BERT / ELECTRA, whose LayerNorm after
 each add rescales the residual stream); biases 0; LayerNorm weight 1, bias 0 (also the norms that
 TransformerEngine fuses into a linear, ``layer_norm_weight`` / ``layer_norm_bias``); a parameter
-marked ``mark_zero_init`` exactly 0 (the sharing rules of ``model/embeddings.py`` mark theirs: GDES's
-E_Δ and P_Δ, arXiv 2111.09543 §3.3); vocabulary padding rows 0. Disentangled attention's
+marked ``mark_zero_init`` exactly 0 (the sharing rules of ``model/embeddings.py`` mark theirs:
+GDES's E_Δ and P_Δ, arXiv 2111.09543 §3.3); vocabulary padding rows 0. Disentangled attention's
 relative table ``<encoder>.rel_embeddings.weight`` [2k, H] is N(0, std²) and its norm
 ``rel_embeddings_norm`` 1 / 0 (Hugging Face ``DebertaV2PreTrainedModel`` draws every embedding
 N(0, initializer_range²)); its name carries no stage, so every pipeline stage's copy starts equal.

@@ -267,11 +267,11 @@ def scope_shapes_parameters(model: dict[str, Any]) -> bool:
     """Whether ``model.sharing_scope`` changes the parameters of a recorded model config (its
     sharing mode shares something past the token table, ``model/embeddings.py``
     ``SharingRule.layer_components``; never under disentangled attention)."""
-    from rtd_scale.config import AttentionType, Sharing, SharingScope
+    from rtd_scale.config import AttentionType, ModelConfig, SharingScope
     from rtd_scale.model.embeddings import sharing_rule
 
     relative = AttentionType(model.get("attention_type", "bert")) is AttentionType.DISENTANGLED
-    rule = sharing_rule(Sharing(model.get("sharing", Sharing.GDES.value)))
+    rule = sharing_rule(model.get("sharing", ModelConfig.sharing))  # the field's default
     return bool(rule.layer_components(SharingScope.EMBEDDINGS, relative))
 
 

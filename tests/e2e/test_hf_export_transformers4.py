@@ -33,10 +33,12 @@ from tests.helpers.env import REPO, TEST_DATA
 from tests.helpers.hf4 import HF4_VERSION, Unreachable, hf4_python
 from tests.helpers.hf_models import build_model, canonical_state, layout_config, perturb
 
+POST, PRE = LayerNormPosition.POST, LayerNormPosition.PRE
+DISENTANGLED = AttentionType.DISENTANGLED
 pytestmark = pytest.mark.e2e
 
 TOL = 1e-5
-LAYOUTS = [LayerNormPosition.POST, LayerNormPosition.PRE, AttentionType.DISENTANGLED]
+LAYOUTS = [POST, PRE, DISENTANGLED]
 WORKER = REPO / "tests" / "helpers" / "hf_load_worker.py"
 
 
@@ -92,7 +94,7 @@ def test_export_loads_under_transformers_4_as_under_5(single_process_group, wiki
     pipeline = [[tok.cls_id] + tok.encode(t) + [tok.sep_id] for t in texts]
     assert v4["ids"] == pipeline and v5["ids"] == pipeline
     assert v4["pair_ids"] == v5["pair_ids"] == pipeline[0] + pipeline[1][1:]
-    if layout == AttentionType.DISENTANGLED:
+    if layout == DISENTANGLED:
         assert v4["slow_ids"] == pipeline
     else:
         assert "slow_ids" not in v4

@@ -28,7 +28,8 @@ def hf_outputs(directory, ids, pad_id, head=None):
     d_hidden = disc(ids, attention_mask=attention).last_hidden_state
     head = load_file(directory / convert.RTD_HEAD_FILE) if head is None else head
     head = {k: v.to(ids.device) for k, v in head.items()}
-    gen = load_checked(debertav2.ADAPTER.generator_class, directory / convert.GENERATOR_DIR).to(ids.device)
+    gen = load_checked(debertav2.ADAPTER.generator_class,
+                       directory / convert.GENERATOR_DIR).to(ids.device)
     g_hidden = gen.deberta(ids, attention_mask=attention).last_hidden_state
     mlm = gen(ids, attention_mask=attention).logits
     return d_hidden, _rtd_logits(d_hidden, head), g_hidden, mlm
