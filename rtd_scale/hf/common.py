@@ -3,8 +3,8 @@ TransformerEngine renamings, the encoder's tensor walk, the RTD head's names, th
 common to all targets, and ``Adapter``, the one interface a target module (``electra.py``,
 ``roberta_preln.py``, ``debertav2.py``) fills in. ``convert.py`` drives an adapter both ways.
 
-A target states each name map once, ours → Hugging Face's; import inverts the same map
-(``invert``). Names: ours relative to an encoder (``generator.`` / ``discriminator.`` stripped),
+A target states each name map once, ours → Hugging Face's; import reads the same map the
+other way (``encoder_from_hf``, ``convert.from_hf``). Names: ours relative to an encoder (``generator.`` / ``discriminator.`` stripped),
 Hugging Face's relative to the class's base model (``Adapter.discriminator_base`` /
 ``generator_base`` stripped), heads relative to the class.
 """
@@ -54,11 +54,6 @@ class HFSource:
     state: dict[str, torch.Tensor]
     extra: dict[str, torch.Tensor] = field(default_factory=dict)
     where: str = ""  # for messages: the directory it came from
-
-
-def invert(names: dict[str, str]) -> dict[str, str]:
-    """theirs → ours of an ours → theirs map."""
-    return {theirs: ours for ours, theirs in names.items()}
 
 
 def wb(ours: str, theirs: str) -> list[tuple[str, str]]:

@@ -67,7 +67,6 @@ from rtd_scale.hf.common import (  # noqa: F401  (the public names of the export
     encoder_from_hf,
     encoder_to_hf,
     fuse_qkv,
-    invert,
     split_qkv,
     unfused_names,
 )

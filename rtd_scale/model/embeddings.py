@@ -35,7 +35,17 @@ E_G and E_Δ, summed — the tables themselves are never added) and one all-redu
 tensor-parallel group (megatron-core's ``reduce_from_tensor_model_parallel_region``). Position
 tables, token-type rows and LayerNorms are replicated on every tensor-parallel rank (their
 gradients are equal there: the first layer's column-parallel linear all-reduces its input
-gradient). The modes differ only here.
+gradient).
+
+The modes differ only here: ``SHARING_RULES`` gives each mode one ``SharingRule``, a ``Tie``
+(``Own`` / ``Same`` / ``Residual``) for its token table and for each embedding component it
+shares. The builder below, the Hugging Face export and import (``rtd_scale/hf/convert.py``:
+``export_state`` materialises the discriminator's effective tensors, ``import_state`` splits an
+imported pair back, E_Δ = E_D − E_G exactly), Table 1's diagnostic
+(``training/diagnostics.py``: ``Tie.diagnostic_rows``), the initialisation (``mark_zero_init``
+on each Δ, read by ``model/weights.py``) and the checkpoint checks
+(``SharingRule.layer_components``) all read the rule. A new mode is a ``config.Sharing`` member
+and a rule here (tests/unit/test_sharing_rules.py adds one in a test).
 """
 from __future__ import annotations
 
@@ -122,7 +132,7 @@ class TiedOutputTable(TokenTable):
 class GDESTable(torch.nn.Module):
     """E_D = stopgrad(E_G) + E_Δ (arXiv 2111.09543 §3.3), vocab-parallel with E_G's partition.
 
-    ``delta`` is zero at initialisation. forward(ids [b, s]) -> [b, s, E].
+    ``delta`` is zero at initialisation (``mark_zero_init``). forward(ids [b, s]) -> [b, s, E].
     """
 
     def __init__(self, generator_table: TokenTable):
@@ -152,8 +162,8 @@ class GDESPositions(torch.nn.Module):
     ``rtd_task.py`` treats ``position_embeddings`` as it treats ``word_embeddings``).
 
     Replicated on every tensor-parallel rank, as the generator's table. ``delta`` [P, E] is zero
-    at initialisation (``model/weights.py``), so both models start with the same positions.
-    forward(positions [s] int64) -> [s, E].
+    at initialisation (``mark_zero_init``, read by ``model/weights.py``), so both models start
+    with the same positions. forward(positions [s] int64) -> [s, E].
     """
 
     def __init__(self, generator_position: torch.nn.Embedding):
@@ -377,7 +387,7 @@ class SharingRule:
 
 
 # A new mode: a member of ``config.Sharing`` and its rule here (with a new ``Tie`` if its
-# relation is none of these). tests/unit/test_sharing_rules.py adds one in a test.
+# relation is none of these).
 SHARING_RULES: dict[Sharing, SharingRule] = {
     # ELECTRA: the whole ``electra/embeddings`` scope (module docstring)
     Sharing.ES: SharingRule(SAME, {"position": SAME, "token_type": SAME, "norm": SAME}),
