@@ -28,7 +28,9 @@ VOCAB_PAD_MULTIPLE = 128
 
 
 class Sharing(str, enum.Enum):
-    """Embedding sharing between generator and discriminator (arXiv 2111.09543 §3.2–3.3)."""
+    """Embedding sharing between generator and discriminator (arXiv 2111.09543 §3.2–3.3). What
+    each mode means is its rule in ``rtd_scale/model/embeddings.py`` (``SHARING_RULES``); a new
+    mode is a member here and a rule there."""
 
     ES = "es"  # one table, trained by L_MLM + λ L_RTD (ELECTRA)
     NES = "nes"  # two separate tables

@@ -744,14 +744,16 @@ def export_consolidated(engine, model, cfg: RunConfig, ctx, path: str) -> None:
 
 def export_hint(cfg: RunConfig) -> Optional[str]:
     """The summary's line that exports this run to Hugging Face, and what the export loads as
-    (``rtd_scale.hf.convert.class_names``); None without ``--save``."""
-    from rtd_scale.hf.convert import ELECTRA_DISCRIMINATOR, RTD_HEAD_FILE, class_names
+    (``rtd_scale.hf.adapters.adapter_for``); None without ``--save``."""
+    from rtd_scale.hf.adapters import adapter_for
+    from rtd_scale.hf.common import RTD_HEAD_FILE
 
     if not cfg.train.save:
         return None
     out = os.path.join("hf", os.path.basename(os.path.normpath(cfg.train.save)))
-    disc, _ = class_names(cfg.model)
-    head = ("RTD head included" if disc == ELECTRA_DISCRIMINATOR
+    adapter = adapter_for(cfg.model)
+    disc = adapter.discriminator_class
+    head = ("RTD head included" if adapter.rtd_head_in_model
             else f"its RTD head in {out}/{RTD_HEAD_FILE}")
     return (f"python tools/export_hf.py --load {cfg.train.save} --output {out}   "
             f"(loads as {disc}, {head}; the generator in {out}/generator)")

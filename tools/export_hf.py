@@ -16,9 +16,10 @@ processes on CPU, each loads its own DeepSpeed files, and they gather one consol
                      DebertaV2ForMaskedLM
 
 Both load offline with ``AutoTokenizer.from_pretrained(DIR)`` and
-``AutoModel….from_pretrained(DIR)``, under transformers 4.x and 5.x. See rtd_scale/hf/convert.py
-for the exact mapping. An existing export at DIR is refused unless --overwrite, which replaces
-it only once the new one is complete (a failure on the way leaves the old one as it was).
+``AutoModel….from_pretrained(DIR)``, under transformers 4.x and 5.x. See rtd_scale/hf/adapters.py
+(one module per target class) for the exact mapping. An existing export at DIR is refused unless
+--overwrite, which replaces it only once the new one is complete (a failure on the way leaves the
+old one as it was).
 """
 from __future__ import annotations
 

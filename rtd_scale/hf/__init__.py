@@ -3,17 +3,17 @@
 
 - ``convert``: our canonical state dict (``rtd_scale.model.weights.full_state_dict``: TP shards
   gathered, vocabulary padding removed, names independent of the pipeline split) ↔ Hugging Face
-  state dicts and configs, one mapping per target class. Pure torch, no megatron-core.
+  state dicts and configs, driven by the target's adapter and the sharing mode's rule
+  (``rtd_scale/model/embeddings.py``, ``SHARING_RULES``).
+- ``adapters``: the registry, (``LayerNormPosition``, ``AttentionType``) → the target's adapter;
+  ``electra``, ``roberta_preln``, ``debertav2``: one module per target, each stating its name
+  maps once (ours → Hugging Face's; import inverts them); ``common``: what they share (fused
+  QKV, TransformerEngine names, the encoder walk, the RTD head, the config checks).
 - ``export``: writes an export directory (safetensors, config.json, tokenizer files).
-- ``pretrained``: reads an export directory, an ``--export`` .pt file or a Hugging Face ELECTRA
-  or DeBERTaV3 directory into a canonical state dict and loads it into a model at any TP / PP
-  layout.
+- ``pretrained``: reads an export directory, an ``--export`` .pt file or a Hugging Face ELECTRA,
+  RoBERTa-PreLayerNorm or DeBERTaV3 directory into a canonical state dict and loads it into a
+  model at any TP / PP layout.
+- ``consolidate``: one canonical state from a DeepSpeed checkpoint of any TP × PP × ZeRO layout.
 
-Targets, by ``model.attention_type`` and ``model.layernorm_position``:
-
-| attention, layout | discriminator (``DIR``)                               | generator (``DIR/generator``)   |
-|-------------------|-------------------------------------------------------|---------------------------------|
-| bert, post   | ``ElectraForPreTraining`` (RTD head included)          | ``ElectraForMaskedLM``          |
-| bert, pre    | ``RobertaPreLayerNormModel`` (no pooler) + ``rtd_head.safetensors`` | ``RobertaPreLayerNormForMaskedLM`` |
-| disentangled, post | ``DebertaV2Model`` + ``rtd_head.safetensors``   | ``DebertaV2ForMaskedLM``        |
+Targets: the table in ``adapters``.
 """

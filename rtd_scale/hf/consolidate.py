@@ -111,11 +111,11 @@ def run_config_from_dict(d: dict[str, Any]):
     """The ``RunConfig`` a run recorded (``config.json`` / ``rtd_meta.json``): its preset, then
     every recorded field (fields this version does not know are ignored)."""
     from rtd_scale.config import preset
+    from rtd_scale.training import checkpoint
 
     cfg = preset(d.get("preset", "tiny"))
     m = d.get("model", {})
-    if ("sharing_scope" not in m and m.get("sharing", "gdes") != "nes"
-            and m.get("attention_type", "bert") != "disentangled"):
+    if "sharing_scope" not in m and checkpoint.scope_shapes_parameters(m):
         # recorded before model.sharing_scope existed: ES / GDES shared the token table only
         # (elsewhere the scope changes nothing, config.SharingScope)
         d = {**d, "model": {**m, "sharing_scope": "tokens"}}

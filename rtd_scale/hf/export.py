@@ -35,6 +35,8 @@ import torch
 from rtd_scale.cli_errors import UserInputError
 from rtd_scale.config import ModelConfig
 from rtd_scale.hf import convert
+from rtd_scale.hf.adapters import adapter_for
+from rtd_scale.hf.common import GENERATOR_DIR, RTD_HEAD_FILE, HFModel
 
 MANIFEST = "rtd_scale.json"
 
@@ -64,7 +66,7 @@ def check_output_dir(path: str, flag: str, *, overwrite_flag: Optional[str] = No
         raise UserInputError(f"{flag} {path}: {parent} is not writable; pass a writable place")
 
 
-def build_hf_model(m: convert.HFModel) -> torch.nn.Module:
+def build_hf_model(m: HFModel) -> torch.nn.Module:
     """The transformers model of ``m`` with its weights (every parameter set: the state covers
     all but the class's tied copies)."""
     import transformers
@@ -78,11 +80,12 @@ def build_hf_model(m: convert.HFModel) -> torch.nn.Module:
 
 
 TOKENIZER_CLASS = "PreTrainedTokenizerFast"  # loads tokenizer.json as written, in 4.x and 5.x
-SLOW_DEBERTA_VOCAB = "spm.model"  # DebertaV2Tokenizer.vocab_files_names["vocab_file"]
 
 
 def _save_tokenizer(tokenizer_model: Optional[str], directory: str, max_length: int,
-                    class_name: str, note: Callable) -> None:
+                    slow_tokenizer_file: Optional[str], note: Callable) -> None:
+    """The tokenizer files in ``directory``; ``slow_tokenizer_file``: where to copy a
+    SentencePiece model for the target's slow tokenizer (``Adapter.slow_tokenizer_file``)."""
     if not tokenizer_model:
         return
     from rtd_scale.data.tokenizer import Tokenizer
@@ -100,8 +103,8 @@ def _save_tokenizer(tokenizer_model: Optional[str], directory: str, max_length: 
     with open(config_path, "w", encoding="utf-8") as f:
         json.dump(tok_config, f, indent=2, sort_keys=True)
         f.write("\n")
-    if class_name.startswith("DebertaV2") and tok.kind == "sentencepiece":
-        shutil.copyfile(tokenizer_model, os.path.join(directory, SLOW_DEBERTA_VOCAB))
+    if slow_tokenizer_file and tok.kind == "sentencepiece":
+        shutil.copyfile(tokenizer_model, os.path.join(directory, slow_tokenizer_file))
 
 
 def _plain_file_modes(root: str) -> None:
@@ -125,7 +128,7 @@ def write_export(state: dict[str, torch.Tensor], model: ModelConfig, output_dir:
     only. ``overwrite_flag``: as :func:`check_output_dir`.
 
     Raises:
-        convert.ExportError: a shape the target class cannot hold (nothing is written).
+        ExportError: a shape the target class cannot hold (nothing is written).
         UserInputError: ``output_dir`` exists and is not an export (or is one, under
             ``overwrite_flag``).
     """
@@ -141,18 +144,18 @@ def write_export(state: dict[str, torch.Tensor], model: ModelConfig, output_dir:
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     try:
-        for m, where in ((disc, tmp), (gen, os.path.join(tmp, convert.GENERATOR_DIR))):
+        slow = adapter_for(model).slow_tokenizer_file
+        for m, where in ((disc, tmp), (gen, os.path.join(tmp, GENERATOR_DIR))):
             hf_model = build_hf_model(m)
             hf_model.save_pretrained(where)
             for name, tensors in m.extra_files.items():
                 save_file({k: v.contiguous() for k, v in tensors.items()},
                           os.path.join(where, name), metadata={"format": "pt"})
-            _save_tokenizer(tokenizer_model, where, model.max_position_embeddings,
-                            m.class_name, note)
+            _save_tokenizer(tokenizer_model, where, model.max_position_embeddings, slow, note)
             del hf_model
         manifest = {"format": "rtd_scale hf export 1", "discriminator": disc.class_name,
-                    "generator": gen.class_name, "generator_dir": convert.GENERATOR_DIR,
-                    "rtd_head_file": convert.RTD_HEAD_FILE if disc.extra_files else None,
+                    "generator": gen.class_name, "generator_dir": GENERATOR_DIR,
+                    "rtd_head_file": RTD_HEAD_FILE if disc.extra_files else None,
                     "pad_id": pad_id, "model": _model_dict(model)}
         with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:
             json.dump(manifest, f, indent=2, sort_keys=True)

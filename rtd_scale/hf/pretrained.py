@@ -21,54 +21,51 @@ from __future__ import annotations
 
 import os
 import re
-from types import SimpleNamespace
 from typing import Callable, Optional
 
 import torch
 
 from rtd_scale.cli_errors import UserInputError
-from rtd_scale.config import ModelConfig
-from rtd_scale.hf import convert
+from rtd_scale.config import AttentionType, LayerNormPosition, ModelConfig, SharingScope
+from rtd_scale.hf import adapters, convert
+from rtd_scale.hf.common import (GENERATOR_DIR, RTD_HEAD_FILE, RTD_HEAD_PREFIX, TE_NAMES, Adapter,
+                                 HFSource, unfused_names)
+from rtd_scale.model.embeddings import sharing_rule
 
 FLAG = "--pretrained-checkpoint"
 
-def _hf_class(model_type: str, path: str, model: ModelConfig) -> tuple[str, str]:
-    want = convert.layout(model)
-    have = {"electra": convert.POST, "roberta-prelayernorm": convert.PRE,
-            "deberta-v2": convert.POST}.get(model_type)
-    if have is None:
+def _hf_adapter(model_type: str, path: str, model: ModelConfig) -> Adapter:
+    """The adapter that reads a checkpoint of ``model_type`` into ``model``.
+
+    Raises:
+        UserInputError: a model type no target reads, or one of another layout than ``model``'s
+            (one line naming the flag that fixes it).
+    """
+    theirs = adapters.key_for_model_type(model_type)
+    if theirs is None:
         raise UserInputError(
             f"{FLAG} {path}: model_type {model_type!r}; rtd_scale imports ELECTRA (post-LayerNorm), "
             "RoBERTa-PreLayerNorm (pre-LayerNorm) and DeBERTaV3 (deberta-v2) checkpoints, its "
             "own exports and --export .pt files")
-    theirs = convert.DISENTANGLED if model_type == "deberta-v2" else convert.BERT_ATTENTION
-    if theirs != convert.attention_type(model):
-        what = "disentangled" if theirs == convert.DISENTANGLED else "BERT-style"
-        raise UserInputError(f"{FLAG} {path}: a {model_type} checkpoint has {what} attention; "
-                             f"pass --attention-type {theirs}")
-    if model_type == "deberta-v2":
-        if want != convert.POST:
-            raise UserInputError(f"{FLAG} {path}: a deberta-v2 checkpoint has the "
-                                 "post-LayerNorm layout; pass --layernorm-position post")
-        return convert.DEBERTA_DISCRIMINATOR, convert.DEBERTA_GENERATOR
-    if have != want:
+    (layout, attention), (want_layout, want_attention) = theirs, adapters.key_of(model)
+    adapter = adapters.ADAPTERS[theirs]
+    if attention is not want_attention:
+        raise UserInputError(f"{FLAG} {path}: a {model_type} checkpoint has "
+                             f"{adapter.attention_words} attention; pass --attention-type "
+                             f"{attention.value}")
+    if layout is not want_layout:
         raise UserInputError(
-            f"{FLAG} {path}: a {model_type} checkpoint has the {have}-LayerNorm layout; pass "
-            f"--layernorm-position {have}")
-    return (convert.ELECTRA_DISCRIMINATOR, convert.ELECTRA_GENERATOR) if have == convert.POST \
-        else (convert.ROBERTA_PRE_DISCRIMINATOR, convert.ROBERTA_PRE_GENERATOR)
-
-
-# Heads a DebertaV2Model read from a DebertaV2For… checkpoint leaves aside (the pooler of
-# sequence classification, the MLM heads, DeBERTa's own RTD head, a task classifier).
-_DEBERTA_HEADS = ("pooler.", "cls.", "lm_predictions.", "mask_predictions.", "classifier.")
+            f"{FLAG} {path}: a {model_type} checkpoint has the {layout.value}-LayerNorm layout; "
+            f"pass --layernorm-position {layout.value}")
+    return adapter
 
 
 def _load_hf(cls_name: str, path: str, fresh_ok: tuple[str, ...] = (),
-             **kwargs) -> convert.HFSource:
+             ignored: tuple[str, ...] = (), **kwargs) -> HFSource:
     """A transformers model's state dict through ``from_pretrained`` (any file format it reads),
     refusing missing tensors other than ``fresh_ok`` prefixes and unexpected ones other than
-    RoBERTa's untrained pooler (and, for ``DebertaV2Model``, the heads of a DebertaV2For…)."""
+    RoBERTa's untrained pooler and the ``ignored`` prefixes (``Adapter.ignored_heads``: for
+    ``DebertaV2Model``, the heads of a DebertaV2For…)."""
     import transformers
 
     try:
@@ -78,9 +75,8 @@ def _load_hf(cls_name: str, path: str, fresh_ok: tuple[str, ...] = (),
         raise UserInputError(f"{FLAG} {path}: transformers cannot load it as {cls_name} "
                              f"({str(e).splitlines()[0]})") from None
     missing = [k for k in info["missing_keys"] if not k.startswith(fresh_ok)]
-    unexpected = [k for k in info["unexpected_keys"] if ".pooler." not in f".{k}"]
-    if cls_name == convert.DEBERTA_DISCRIMINATOR:
-        unexpected = [k for k in unexpected if not k.startswith(_DEBERTA_HEADS)]
+    unexpected = [k for k in info["unexpected_keys"]
+                  if ".pooler." not in f".{k}" and not k.startswith(ignored)]
     bad = info.get("mismatched_keys") or []
     if missing or unexpected or bad:
         what = (f"missing {missing[0]}" if missing else
@@ -90,7 +86,7 @@ def _load_hf(cls_name: str, path: str, fresh_ok: tuple[str, ...] = (),
                              "directory written by save_pretrained of that class")
     absent = set(info["missing_keys"])  # freshly drawn by transformers: ours start fresh instead
     state = {k: v.detach() for k, v in hf.state_dict().items() if k not in absent}
-    return convert.HFSource(config=hf.config, state=state, where=path)
+    return HFSource(config=hf.config, state=state, where=path)
 
 
 def read_pretrained(path: str, model: ModelConfig, *, pad_id: int
@@ -111,28 +107,29 @@ def read_pretrained(path: str, model: ModelConfig, *, pad_id: int
             raise UserInputError(f"{FLAG} {path}: no 'model' entry; pass a file written by "
                                  "--export, an export directory or a Hugging Face directory")
         old = (blob.get("config") or {}).get("model", {})
-        have = old.get("layernorm_position", convert.PRE)
-        if have != convert.layout(model):
-            raise UserInputError(f"{FLAG} {path}: saved with the {have}-LayerNorm layout; pass "
-                                 f"--layernorm-position {have}")
-        att = old.get("attention_type", convert.BERT_ATTENTION)
-        if att != convert.attention_type(model):
-            raise UserInputError(f"{FLAG} {path}: saved with --attention-type {att}; pass "
-                                 f"--attention-type {att}")
+        have = LayerNormPosition(old.get("layernorm_position", LayerNormPosition.PRE.value))
+        if have is not LayerNormPosition(model.layernorm_position):
+            raise UserInputError(f"{FLAG} {path}: saved with the {have.value}-LayerNorm layout; "
+                                 f"pass --layernorm-position {have.value}")
+        att = AttentionType(old.get("attention_type", AttentionType.BERT.value))
+        if att is not AttentionType(model.attention_type):
+            raise UserInputError(f"{FLAG} {path}: saved with --attention-type {att.value}; pass "
+                                 f"--attention-type {att.value}")
         if old.get("sharing", model.sharing.value) != model.sharing.value:
             raise UserInputError(f"{FLAG} {path}: saved with --sharing {old['sharing']}; pass "
                                  f"--sharing {old['sharing']} (or load its Hugging Face export, "
                                  "which converts between sharing modes)")
         # a file whose config predates model.sharing_scope shared the token table only
         scope = old.get("sharing_scope", "tokens" if old else model.sharing_scope)
-        theirs = convert.shared_embedding_layer(SimpleNamespace(
-            sharing=model.sharing, attention_type=att, sharing_scope=scope))
-        if theirs != convert.shared_embedding_layer(model):
+        rule = sharing_rule(model.sharing)
+        theirs = bool(rule.layer_components(SharingScope(scope),
+                                            att is AttentionType.DISENTANGLED))
+        if theirs != bool(convert.shared_components(model)):
             scope = "embeddings" if theirs else "tokens"
             raise UserInputError(f"{FLAG} {path}: saved with --sharing-scope {scope}; pass "
                                  f"--sharing-scope {scope} (or load its Hugging Face export, "
                                  "which converts between sharing scopes)")
-        return convert.unfused_names(blob["model"]), []
+        return unfused_names(blob["model"]), []
     if not os.path.isdir(path):
         raise UserInputError(f"{FLAG} {path}: no such file or directory")
     config_path = os.path.join(path, "config.json")
@@ -145,17 +142,18 @@ def read_pretrained(path: str, model: ModelConfig, *, pad_id: int
 
     with open(config_path, encoding="utf-8") as f:
         model_type = json.load(f).get("model_type", "")
-    disc_cls, gen_cls = _hf_class(model_type, path, model)
-    kwargs = {"add_pooling_layer": False} if disc_cls == convert.ROBERTA_PRE_DISCRIMINATOR else {}
-    disc = _load_hf(disc_cls, path, fresh_ok=(convert.RTD_HEAD_PREFIX,), **kwargs)
-    head_file = os.path.join(path, convert.RTD_HEAD_FILE)
+    adapter = _hf_adapter(model_type, path, model)
+    disc_cls = adapter.discriminator_class
+    disc = _load_hf(disc_cls, path, fresh_ok=(RTD_HEAD_PREFIX,), ignored=adapter.ignored_heads,
+                    **adapter.model_kwargs)
+    head_file = os.path.join(path, RTD_HEAD_FILE)
     if os.path.isfile(head_file):
         from safetensors.torch import load_file
 
         disc.extra = load_file(head_file)
-    gen_dir = os.path.join(path, convert.GENERATOR_DIR)
-    gen = (_load_hf(gen_cls, gen_dir) if os.path.isfile(os.path.join(gen_dir, "config.json"))
-           else None)
+    gen_dir = os.path.join(path, GENERATOR_DIR)
+    gen = (_load_hf(adapter.generator_class, gen_dir)
+           if os.path.isfile(os.path.join(gen_dir, "config.json")) else None)
     try:
         state, notes = convert.from_hf(model, discriminator=disc, generator=gen, pad_id=pad_id,
                                        flag=FLAG)
@@ -242,8 +240,8 @@ def load_pretrained(model: torch.nn.Module, path: str, model_cfg: ModelConfig, *
     from rtd_scale.model import weights
 
     fresh = weights.full_state_dict(model, tp_group=tp_group, vocab_size=model_cfg.vocab_size)
-    uses_te = any(k.endswith(tuple(convert.TE_NAMES)) for k in fresh)
-    fresh = convert.unfused_names(fresh)
+    uses_te = any(k.endswith(tuple(TE_NAMES)) for k in fresh)
+    fresh = unfused_names(fresh)
     shapes = {k: tuple(v.shape) for k, v in fresh.items()}
     if pp_group is not None and dist.get_world_size(pp_group) > 1:  # the whole model's names
         shares = [None] * dist.get_world_size(pp_group)
@@ -261,7 +259,7 @@ def load_pretrained(model: torch.nn.Module, path: str, model_cfg: ModelConfig, *
     check_against(state, shapes, model_cfg, path, may_start_fresh)
     mine = {k: (state[k] if k in state else fresh[k]) for k in fresh}
     if uses_te:
-        back = {v: k for k, v in convert.TE_NAMES.items()}
+        back = {v: k for k, v in TE_NAMES.items()}
         mine = {next((k[: -len(p)] + back[p] for p in back if k.endswith("." + p)), k): v
                 for k, v in mine.items()}
     weights.load_full_state_dict(model, mine, tp_rank=tp_rank)

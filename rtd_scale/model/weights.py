@@ -16,8 +16,9 @@ residual branch (attention ``linear_proj``, MLP ``linear_fc2``) N(0, (std / sqrt
 (megatron-core's ``output_layer_init_method``, GPT-2's rule for pre-LN stacks), in the
 post-LayerNorm layout N(0, std²) like every other weight (BERT / ELECTRA, whose LayerNorm after
 each add rescales the residual stream); biases 0; LayerNorm weight 1, bias 0 (also the norms that
-TransformerEngine fuses into a linear, ``layer_norm_weight`` / ``layer_norm_bias``); the GDES
-residuals E_Δ and P_Δ (every ``delta``) exactly 0 (arXiv 2111.09543 §3.3); vocabulary padding rows 0. Disentangled attention's
+TransformerEngine fuses into a linear, ``layer_norm_weight`` / ``layer_norm_bias``); a parameter
+marked ``mark_zero_init`` exactly 0 (the sharing rules of ``model/embeddings.py`` mark theirs:
+GDES's E_Δ and P_Δ, arXiv 2111.09543 §3.3); vocabulary padding rows 0. Disentangled attention's
 relative table ``<encoder>.rel_embeddings.weight`` [2k, H] is N(0, std²) and its norm
 ``rel_embeddings_norm`` 1 / 0 (Hugging Face ``DebertaV2PreTrainedModel`` draws every embedding
 N(0, initializer_range²)); its name carries no stage, so every pipeline stage's copy starts equal.
@@ -34,11 +35,19 @@ import torch.distributed as dist
 
 # Attribute set on parameters whose ``vocab_dim`` indexes the (padded) vocabulary.
 VOCAB_DIM_ATTR = "rtd_vocab_dim"
+# Attribute set on parameters that ``initialize`` sets to exactly 0.
+ZERO_INIT_ATTR = "rtd_zero_init"
 
 
 def mark_vocab_parallel(param: torch.nn.Parameter, dim: int = 0) -> None:
     """Record that ``param``'s dimension ``dim`` is the padded, vocab-parallel vocabulary."""
     setattr(param, VOCAB_DIM_ATTR, dim)
+
+
+def mark_zero_init(param: torch.nn.Parameter) -> None:
+    """Record that ``initialize`` sets ``param`` to exactly 0 (a residual that starts at 0, as a
+    sharing rule of ``model/embeddings.py`` says)."""
+    setattr(param, ZERO_INIT_ATTR, True)
 
 
 def _is_tp(p: torch.Tensor) -> bool:
@@ -129,7 +138,7 @@ def initialize(model: torch.nn.Module, *, seed: int, std: float, num_layers: dic
     for name, p in _named_unique_parameters(model):
         leaf = name.rsplit(".", 1)[-1]
         shape = _full_shape(p, tp_size, vocab_size)
-        if leaf == "delta":
+        if getattr(p, ZERO_INIT_ATTR, False):
             full = torch.zeros(shape)
         elif id(p) in norms or leaf in ("layer_norm_weight", "layer_norm_bias"):
             full = torch.ones(shape) if leaf.endswith("weight") else torch.zeros(shape)

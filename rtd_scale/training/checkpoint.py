@@ -263,11 +263,23 @@ _SCOPE_BEFORE_IT_EXISTED = "tokens"
 _ENCODER_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size")
 
 
+def scope_shapes_parameters(model: dict[str, Any]) -> bool:
+    """Whether ``model.sharing_scope`` changes the parameters of a recorded model config (its
+    sharing mode shares something past the token table, ``model/embeddings.py``
+    ``SharingRule.layer_components``; never under disentangled attention)."""
+    from rtd_scale.config import AttentionType, ModelConfig, SharingScope
+    from rtd_scale.model.embeddings import sharing_rule
+
+    relative = AttentionType(model.get("attention_type", "bert")) is AttentionType.DISENTANGLED
+    rule = sharing_rule(model.get("sharing", ModelConfig.sharing))  # the field's default
+    return bool(rule.layer_components(SharingScope.EMBEDDINGS, relative))
+
+
 def _sharing_scope(model: dict[str, Any]) -> str:
     """The sharing scope that shapes the parameters: "tokens" wherever the scope changes nothing
     (NES, disentangled attention: ``config.SharingScope``), so a checkpoint written before the
     field existed still resumes those models."""
-    if model.get("sharing") == "nes" or model.get("attention_type") == "disentangled":
+    if not scope_shapes_parameters(model):
         return "tokens"
     return model.get("sharing_scope", _SCOPE_BEFORE_IT_EXISTED)
 

@@ -4,7 +4,8 @@ Table 1 (DeBERTaV3, arXiv 2111.09543 §3.2–3.3) reports, for each model, the *
 similarity among the word embeddings of its own table*: ES 0.02 (generator) / 0.02
 (discriminator), NES 0.45 / 0.02, GDES 0.45 / 0.29. ``table_cosines`` measures that quantity on
 this run's tables (``embedding/avg_cosine_generator``, ``embedding/avg_cosine_discriminator``;
-under GDES the discriminator's table is E_G + E_Δ, under ES it is E_G itself), and, under its own
+the discriminator's table as its sharing mode's rule reads it, ``model/embeddings.py``
+``Tie.diagnostic_rows``: under GDES E_G + E_Δ, under ES E_G itself), and, under its own
 name, the row-wise cosine between a token's generator row and its discriminator row
 (``embedding/rowwise_cosine_generator_discriminator``: 1 under ES; not a Table-1 number).
 
@@ -87,12 +88,11 @@ def table_cosines(model, tp_group: Optional[dist.ProcessGroup],
     """
     if not model.pre_process:
         return None
+    from rtd_scale.model.embeddings import sharing_rule
+
     g_table, d_mod = model.generator_table, model.discriminator_table
-    delta = getattr(d_mod, "delta", None)  # GDES: E_D = stopgrad(E_G) + E_Δ
-    shared = d_mod is g_table  # ES: one table
-    params = [g_table.weight]
-    if not shared:
-        params.append(delta if delta is not None else d_mod.weight)
+    tie = sharing_rule(model.cfg.sharing).table  # the mode's view of the discriminator's table
+    params = [g_table.weight, *tie.diagnostic_parameters(d_mod)]
     gather = contextlib.nullcontext()
     if zero3:
         import deepspeed
@@ -107,12 +107,7 @@ def table_cosines(model, tp_group: Optional[dist.ProcessGroup],
         for lo in range(0, n_real, ROW_CHUNK):  # float64 copies of ROW_CHUNK rows at a time
             hi = min(lo + ROW_CHUNK, n_real)
             g = g_table.weight[lo:hi].double()
-            if shared:
-                d = g
-            elif delta is not None:
-                d = g + delta[lo:hi].double()
-            else:
-                d = d_mod.weight[lo:hi].double()
+            d = tie.diagnostic_rows(g, d_mod, lo, hi)  # ES: g; NES: its own; GDES: g + E_Δ
             rowwise = torch.nn.functional.cosine_similarity(g, d, dim=-1).sum().reshape(1)
             stats += torch.cat([cosine_parts(g), cosine_parts(d), rowwise])
     if dist.is_initialized() and dist.get_world_size(tp_group) > 1:

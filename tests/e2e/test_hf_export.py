@@ -16,11 +16,13 @@ import sys
 import pytest
 import torch
 
+from rtd_scale.config import LayerNormPosition
 from rtd_scale.hf import convert
 from tests.helpers.env import REPO
 from tests.helpers.hf_models import TOL, hf_outputs, max_diffs, ours, real_batch
 from tests.helpers.launcher import launch
 
+POST, PRE = LayerNormPosition.POST, LayerNormPosition.PRE
 pytestmark = pytest.mark.e2e
 
 
@@ -111,7 +113,7 @@ def test_export_from_tp2_and_pp2_and_import_at_another_layout(single_process_gro
     assert "world 2 = TP 1 × PP 2 × DP 1" in r.stdout and "bf16" in r.stdout
     exported = torch.load(b / "w.pt", weights_only=True)["model"]  # the fp32 masters, not bf16
     assert any(not torch.equal(t, t.bfloat16().float()) for t in exported.values())
-    _check_parity("PP=2 ZeRO-1 pre nes", b / "hf", b / "w.pt", tok, convert.PRE)
+    _check_parity("PP=2 ZeRO-1 pre nes", b / "hf", b / "w.pt", tok, PRE)
     assert (b / "hf" / convert.RTD_HEAD_FILE).is_file()
     _export_tool(b, tmp_path / "pp2_tool")
     _assert_same(_tensors(b / "hf"), _tensors(tmp_path / "pp2_tool"))

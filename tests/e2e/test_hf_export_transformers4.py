@@ -26,16 +26,19 @@ import sys
 import pytest
 import torch
 
+from rtd_scale.config import AttentionType, LayerNormPosition
 from rtd_scale.hf import convert
 from rtd_scale.hf.export import write_export
 from tests.helpers.env import REPO, TEST_DATA
 from tests.helpers.hf4 import HF4_VERSION, Unreachable, hf4_python
 from tests.helpers.hf_models import build_model, canonical_state, layout_config, perturb
 
+POST, PRE = LayerNormPosition.POST, LayerNormPosition.PRE
+DISENTANGLED = AttentionType.DISENTANGLED
 pytestmark = pytest.mark.e2e
 
 TOL = 1e-5
-LAYOUTS = [convert.POST, convert.PRE, convert.DISENTANGLED]
+LAYOUTS = [POST, PRE, DISENTANGLED]
 WORKER = REPO / "tests" / "helpers" / "hf_load_worker.py"
 
 
@@ -64,7 +67,7 @@ def _load(python, export, spec, out):
     return torch.load(out, weights_only=False)
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("layout", LAYOUTS, ids=[l.value for l in LAYOUTS])
 def test_export_loads_under_transformers_4_as_under_5(single_process_group, wiki_shards, hf4,
                                                       tmp_path, layout):
     from rtd_scale.data.tokenizer import Tokenizer
@@ -91,7 +94,7 @@ def test_export_loads_under_transformers_4_as_under_5(single_process_group, wiki
     pipeline = [[tok.cls_id] + tok.encode(t) + [tok.sep_id] for t in texts]
     assert v4["ids"] == pipeline and v5["ids"] == pipeline
     assert v4["pair_ids"] == v5["pair_ids"] == pipeline[0] + pipeline[1][1:]
-    if layout == convert.DISENTANGLED:
+    if layout == DISENTANGLED:
         assert v4["slow_ids"] == pipeline
     else:
         assert "slow_ids" not in v4
@@ -107,6 +110,6 @@ def test_export_loads_under_transformers_4_as_under_5(single_process_group, wiki
             a, b = v4[role][name][keep], v5[role][name][keep]
             assert a.abs().max() > 0.01, (role, name)  # not a comparison of zeros
             diffs[f"{role}.{name}"] = (a - b).abs().max().item()
-    print(f"transformers {v4['transformers']} vs {v5['transformers']}, {layout}: " +
+    print(f"transformers {v4['transformers']} vs {v5['transformers']}, {layout.value}: " +
           " ".join(f"{k} {v:.1e}" for k, v in diffs.items()))
     assert max(diffs.values()) < TOL, diffs

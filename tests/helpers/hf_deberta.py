@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from rtd_scale.hf import convert
+from rtd_scale.hf import convert, debertav2
 from tests.helpers.hf_models import load_checked
 
 
@@ -24,11 +24,12 @@ def hf_outputs(directory, ids, pad_id, head=None):
     from safetensors.torch import load_file
 
     attention = (ids != pad_id).long()
-    disc = load_checked(convert.DEBERTA_DISCRIMINATOR, directory).to(ids.device)
+    disc = load_checked(debertav2.ADAPTER.discriminator_class, directory).to(ids.device)
     d_hidden = disc(ids, attention_mask=attention).last_hidden_state
     head = load_file(directory / convert.RTD_HEAD_FILE) if head is None else head
     head = {k: v.to(ids.device) for k, v in head.items()}
-    gen = load_checked(convert.DEBERTA_GENERATOR, directory / convert.GENERATOR_DIR).to(ids.device)
+    gen = load_checked(debertav2.ADAPTER.generator_class,
+                       directory / convert.GENERATOR_DIR).to(ids.device)
     g_hidden = gen.deberta(ids, attention_mask=attention).last_hidden_state
     mlm = gen(ids, attention_mask=attention).logits
     return d_hidden, _rtd_logits(d_hidden, head), g_hidden, mlm

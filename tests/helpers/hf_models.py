@@ -7,10 +7,13 @@ import json
 
 import torch
 
-from rtd_scale.config import Sharing, preset
+from rtd_scale.config import AttentionType, LayerNormPosition, Sharing, preset
 from rtd_scale.hf import convert
 from rtd_scale.model import weights
 from tests.helpers.env import TEST_DATA
+
+POST, PRE = LayerNormPosition.POST, LayerNormPosition.PRE
+DISENTANGLED = AttentionType.DISENTANGLED
 
 
 def tiny_config(layout: str, sharing: Sharing, projected: bool, vocab_size: int):
@@ -71,15 +74,13 @@ def canonical_state(model, ctx):
 
 
 def layout_config(layout: str, vocab_size: int):
-    """``tiny_config`` (GDES, E = H) of one export layout: ``convert.POST``, ``convert.PRE`` or
-    ``convert.DISENTANGLED`` (post-LayerNorm, 8 log buckets: most distances up to 40 go through
-    them)."""
-    from rtd_scale.hf import convert
-
-    if layout != convert.DISENTANGLED:
+    """``tiny_config`` (GDES, E = H) of one export target: ``POST`` (ELECTRA), ``PRE``
+    (RoBERTa-PreLayerNorm) or ``DISENTANGLED`` (DebertaV2: post-LayerNorm, 8 log buckets: most
+    distances up to 40 go through them)."""
+    if layout != DISENTANGLED:
         return tiny_config(layout, Sharing.GDES, False, vocab_size)
-    cfg = tiny_config(convert.POST, Sharing.GDES, False, vocab_size)
-    cfg.model.attention_type = convert.DISENTANGLED
+    cfg = tiny_config(POST, Sharing.GDES, False, vocab_size)
+    cfg.model.attention_type = DISENTANGLED
     cfg.model.position_buckets = 8
     cfg.model.max_relative_positions = 64
     cfg.validate()
@@ -119,9 +120,9 @@ def hf_outputs(out_dir, layout, ids, pad_id, with_positions=True, with_generator
 
     attention = (ids != pad_id).long()
     kw = {}
-    if layout == convert.PRE and with_positions:  # RoBERTa's offset positions, at pads too
+    if layout == PRE and with_positions:  # RoBERTa's offset positions, at pads too
         kw["position_ids"] = (pad_id + 1 + torch.arange(ids.shape[1])).expand_as(ids)
-    if layout == convert.POST:
+    if layout == POST:
         disc = load_checked("ElectraForPreTraining", out_dir)
         d_hidden = disc.electra(ids, attention_mask=attention, **kw).last_hidden_state
         rtd = disc(ids, attention_mask=attention, **kw).logits

@@ -23,8 +23,8 @@ import pytest
 import torch
 
 from rtd_scale.cli_errors import UserInputError
-from rtd_scale.config import Sharing
-from rtd_scale.hf import convert
+from rtd_scale.config import AttentionType, LayerNormPosition, Sharing
+from rtd_scale.hf import convert, debertav2
 from rtd_scale.hf.export import write_export
 from rtd_scale.hf.pretrained import load_pretrained
 from tests.helpers.hf_deberta import _assert_bitwise, _diffs, _tensors, hf_outputs
@@ -39,6 +39,8 @@ from tests.helpers.hf_models import (
     tiny_config,
 )
 
+POST, PRE = LayerNormPosition.POST, LayerNormPosition.PRE
+DISENTANGLED = AttentionType.DISENTANGLED
 BUCKETS, SPAN = 8, 64  # position_buckets, max_relative_positions (= max positions)
 
 
@@ -46,8 +48,8 @@ def deberta_config(sharing: Sharing, vocab_size: int, projected: bool = False):
     """``tiny_config``'s post layout (4 heads of 8; discriminator 2 layers of 32, generator 1;
     E = H = 32, or ``projected``: E 24, generator 16 wide) with disentangled attention over 8
     log buckets."""
-    cfg = tiny_config(convert.POST, sharing, projected, vocab_size)
-    cfg.model.attention_type = convert.DISENTANGLED
+    cfg = tiny_config(POST, sharing, projected, vocab_size)
+    cfg.model.attention_type = DISENTANGLED
     cfg.model.position_buckets = BUCKETS
     cfg.model.max_relative_positions = SPAN
     cfg.validate()
@@ -94,7 +96,7 @@ def test_export_parity_with_transformers(single_process_group, tok, wiki_shards,
     _export(model, cfg, single_process_group, tok, out, tokenizer_model=wiki_shards[0])
 
     config = json.loads((out / "config.json").read_text())
-    want = dict(model_type="deberta-v2", architectures=[convert.DEBERTA_DISCRIMINATOR],
+    want = dict(model_type="deberta-v2", architectures=[debertav2.ADAPTER.discriminator_class],
                 relative_attention=True, position_buckets=BUCKETS, max_relative_positions=SPAN,
                 pos_att_type=["p2c", "c2p"], norm_rel_ebd="layer_norm", share_att_key=True,
                 position_biased_input=False, type_vocab_size=0, hidden_act="gelu",
@@ -106,7 +108,8 @@ def test_export_parity_with_transformers(single_process_group, tok, wiki_shards,
     g_config = json.loads((out / convert.GENERATOR_DIR / "config.json").read_text())
     assert (g_config["architectures"], g_config["num_hidden_layers"], g_config["legacy"],
             g_config["hidden_size"], g_config["embedding_size"]) == (
-        [convert.DEBERTA_GENERATOR], 1, True, 16 if projected else 32, 24 if projected else 32)
+        [debertav2.ADAPTER.generator_class], 1, True, 16 if projected else 32,
+        24 if projected else 32)
 
     theirs = hf_outputs(out, ids, tok.pad_id)
     diffs = _diffs(mine, theirs, keep)
@@ -213,7 +216,7 @@ def test_legacy_false_generator_gives_the_same_logits(single_process_group, tok,
     _load(model, cfg, ctx, tok, src)
     ids = real_batch(tok)
     keep = ids != tok.pad_id
-    gen = load_checked(convert.DEBERTA_GENERATOR, src / convert.GENERATOR_DIR)
+    gen = load_checked(debertav2.ADAPTER.generator_class, src / convert.GENERATOR_DIR)
     with torch.no_grad():
         logits = gen(ids, attention_mask=keep.long()).logits
     assert (ours(model, ids, tok.pad_id)[3][keep] - logits[keep]).abs().max() < TOL
@@ -272,7 +275,7 @@ def test_mismatched_checkpoints_are_one_line(single_process_group, tok, tmp_path
     cfg = deberta_config(Sharing.GDES, tok.vocab_size)
     model = build_model(cfg, tok)
     _export(model, cfg, ctx, tok, tmp_path / "deb")
-    bert = tiny_config(convert.POST, Sharing.GDES, False, tok.vocab_size)
+    bert = tiny_config(POST, Sharing.GDES, False, tok.vocab_size)
     with pytest.raises(UserInputError) as e:
         _load(build_model(bert, tok), bert, ctx, tok, tmp_path / "deb")
     assert _message(e) == (f"--pretrained-checkpoint {tmp_path / 'deb'}: a deberta-v2 checkpoint "

@@ -13,9 +13,10 @@ import json
 import pytest
 import torch
 
-from rtd_scale.config import Sharing
+from rtd_scale.config import AttentionType, LayerNormPosition, Sharing
 from rtd_scale.hf import convert
 from rtd_scale.hf.export import write_export
+from rtd_scale.model.embeddings import exact_residual
 from tests.helpers.env import TEST_DATA
 from tests.helpers.hf_models import (  # noqa: F401
     TOL,
@@ -31,10 +32,12 @@ from tests.helpers.hf_models import (  # noqa: F401
     tiny_config,
 )
 
-CASES = [(convert.POST, s, proj) for s in Sharing for proj in (False, True)] + \
-        [(convert.PRE, s, False) for s in Sharing]
+POST, PRE = LayerNormPosition.POST, LayerNormPosition.PRE
+DISENTANGLED = AttentionType.DISENTANGLED
+CASES = [(POST, s, proj) for s in Sharing for proj in (False, True)] + \
+        [(PRE, s, False) for s in Sharing]
 # the same exports with --sharing-scope tokens (each model its own positions, LayerNorm)
-TOKEN_SCOPE_CASES = [(convert.POST, Sharing.ES, True), (convert.PRE, Sharing.GDES, False)]
+TOKEN_SCOPE_CASES = [(POST, Sharing.ES, True), (PRE, Sharing.GDES, False)]
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +50,8 @@ def tok(wiki_shards):
 @pytest.mark.parametrize(
     "layout,sharing,projected,scope",
     [c + ("embeddings",) for c in CASES] + [c + ("tokens",) for c in TOKEN_SCOPE_CASES],
-    ids=[f"{l}-{s.value}-{'E!=H' if p else 'E=H'}" for l, s, p in CASES]
-    + [f"{l}-{s.value}-{'E!=H' if p else 'E=H'}-tokens" for l, s, p in TOKEN_SCOPE_CASES])
+    ids=[f"{l.value}-{s.value}-{'E!=H' if p else 'E=H'}" for l, s, p in CASES]
+    + [f"{l.value}-{s.value}-{'E!=H' if p else 'E=H'}-tokens" for l, s, p in TOKEN_SCOPE_CASES])
 def test_export_parity(single_process_group, tok, wiki_shards, tmp_path, layout, sharing,
                        projected, scope):
     """Every weight perturbed (E_Δ and P_Δ included), exported, loaded by transformers: the same
@@ -67,18 +70,18 @@ def test_export_parity(single_process_group, tok, wiki_shards, tmp_path, layout,
                  tokenizer_model=wiki_shards[0], note=lambda m: None)
     theirs = hf_outputs(out, layout, ids, tok.pad_id)
     diffs = max_diffs(mine, theirs)
-    print(f"parity {layout} {sharing.value} projected={projected} scope={scope}: " +
+    print(f"parity {layout.value} {sharing.value} projected={projected} scope={scope}: " +
           " ".join(f"{n} {d:.2e}" for n, d in zip(("disc_hidden", "rtd", "gen_hidden", "mlm"),
                                                   diffs)))
     assert max(diffs) < TOL, diffs
     assert mine[1].abs().max() > 0.1  # not a trivially zero comparison
-    if layout == convert.PRE:  # without position_ids: equal at every non-pad position
+    if layout == PRE:  # without position_ids: equal at every non-pad position
         theirs = hf_outputs(out, layout, ids, tok.pad_id, with_positions=False)
         assert max(max_diffs(mine, theirs, mask=ids != tok.pad_id)) < TOL
 
 
 def test_pre_layout_with_projection_is_refused(single_process_group, tok, tmp_path):
-    cfg = tiny_config(convert.PRE, Sharing.GDES, True, tok.vocab_size)
+    cfg = tiny_config(PRE, Sharing.GDES, True, tok.vocab_size)
     model = build_model(cfg, tok)
     with pytest.raises(convert.ExportError, match="model.embedding_size 24 != "
                                                   "model.discriminator.hidden_size 32"):
@@ -97,24 +100,24 @@ def test_qkv_split_is_per_head():
     assert torch.equal(convert.fuse_qkv(q, k, v, heads), fused)
 
 
-def test_gdes_delta_round_trips_bitwise():
+def test_gdes_residual_round_trips_bitwise():
     """A discriminator table that is some fp32 E_G + E_Δ (any GDES export) gives back an E_Δ
     with E_G + E_Δ equal to it bitwise, at scales 1e-6 … 1e2 of either."""
     g = torch.Generator().manual_seed(0)
     gen = torch.randn(500, 64, generator=g) * torch.logspace(-6, 2, 64)
     disc = gen + torch.randn(500, 64, generator=g) * torch.logspace(2, -6, 64)
-    delta = convert.gdes_delta(disc, gen)
+    delta = exact_residual(disc, gen)
     assert torch.equal(gen + delta, disc)
 
 
-@pytest.mark.parametrize("layout", [convert.POST, convert.PRE])
+@pytest.mark.parametrize("layout", [POST, PRE])
 def test_sequence_classification_fine_tunes(single_process_group, tok, wiki_shards, tmp_path,
                                             layout):
     """The export is what users fine-tune: AutoTokenizer + AutoModelForSequenceClassification
     from the directory alone, a few AdamW steps on a tiny labelled set, and the loss falls."""
     import transformers
 
-    cfg = tiny_config(layout, Sharing.GDES, layout == convert.POST, tok.vocab_size)
+    cfg = tiny_config(layout, Sharing.GDES, layout == POST, tok.vocab_size)
     model = build_model(cfg, tok)
     out = tmp_path / "export"
     write_export(canonical_state(model, single_process_group), cfg.model, str(out),
@@ -128,7 +131,7 @@ def test_sequence_classification_fine_tunes(single_process_group, tok, wiki_shar
     labels = torch.tensor([0, 1] * 4)
     torch.manual_seed(0)
     clf = transformers.AutoModelForSequenceClassification.from_pretrained(out, num_labels=2)
-    assert type(clf).__name__ == ("ElectraForSequenceClassification" if layout == convert.POST
+    assert type(clf).__name__ == ("ElectraForSequenceClassification" if layout == POST
                                   else "RobertaPreLayerNormForSequenceClassification")
     opt = torch.optim.AdamW(clf.parameters(), lr=3e-3)
     losses = []
@@ -188,11 +191,11 @@ def test_export_files_take_the_umask_and_a_tokenizer_class_both_majors_load(
 
     old = os.umask(umask)
     try:
-        for layout in (convert.POST, convert.DISENTANGLED):
+        for layout in (POST, DISENTANGLED):
             _write(single_process_group, tok, wiki_shards[0], layout, tmp_path / layout)
     finally:
         os.umask(old)
-    for layout in (convert.POST, convert.DISENTANGLED):
+    for layout in (POST, DISENTANGLED):
         out = tmp_path / layout
         paths = [out, *out.rglob("*")]
         assert {p.name for p in paths} >= {"model.safetensors", "tokenizer.json", "generator"}
@@ -203,7 +206,7 @@ def test_export_files_take_the_umask_and_a_tokenizer_class_both_majors_load(
             config = json.loads((where / "tokenizer_config.json").read_text(encoding="utf-8"))
             assert config["tokenizer_class"] == "PreTrainedTokenizerFast"
             spm = where / "spm.model"
-            if layout == convert.DISENTANGLED:
+            if layout == DISENTANGLED:
                 assert spm.read_bytes() == open(wiki_shards[0], "rb").read()
             else:
                 assert not spm.exists()
@@ -218,10 +221,10 @@ def test_replacing_an_export_is_refused_or_atomic(single_process_group, tok, wik
     from rtd_scale.hf import export
 
     out = tmp_path / "hf"
-    _write(single_process_group, tok, wiki_shards[0], convert.POST, out)
+    _write(single_process_group, tok, wiki_shards[0], POST, out)
     before = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     with pytest.raises(UserInputError) as e:
-        _write(single_process_group, tok, wiki_shards[0], convert.POST, out,
+        _write(single_process_group, tok, wiki_shards[0], POST, out,
                overwrite_flag="--overwrite")
     assert str(e.value) == (f"--output {out}: already holds an export; pass --overwrite to "
                             "replace it, or a new directory")
@@ -235,12 +238,12 @@ def test_replacing_an_export_is_refused_or_atomic(single_process_group, tok, wik
 
     monkeypatch.setattr(export, "build_hf_model", fail_on_generator)
     with pytest.raises(OSError, match="disk full"):
-        _write(single_process_group, tok, wiki_shards[0], convert.POST, out)
+        _write(single_process_group, tok, wiki_shards[0], POST, out)
     after = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     assert after == before and sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
 
     monkeypatch.setattr(export, "build_hf_model", real)
-    _write(single_process_group, tok, wiki_shards[0], convert.PRE, out)  # replaced
+    _write(single_process_group, tok, wiki_shards[0], PRE, out)  # replaced
     assert (out / convert.RTD_HEAD_FILE).is_file()
     assert (out / "model.safetensors").read_bytes() != before["model.safetensors"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rtd_scale.cli_errors import UserInputError
-from rtd_scale.config import Sharing
+from rtd_scale.config import LayerNormPosition, Sharing
 from rtd_scale.hf import convert
 from rtd_scale.hf.export import write_export
 from rtd_scale.hf.pretrained import load_pretrained
@@ -41,16 +41,15 @@ def _load(model, cfg, ctx, tok, path):
                     tp_rank=0)
 
 
+POST, PRE = LayerNormPosition.POST, LayerNormPosition.PRE
 # (layout, sharing, E != H, sharing scope)
-CASES = [(convert.POST, Sharing.ES, True, "embeddings"), (convert.POST, Sharing.NES, False,
-                                                          "embeddings"),
-         (convert.POST, Sharing.GDES, True, "embeddings"),
-         (convert.PRE, Sharing.GDES, False, "embeddings"),
-         (convert.POST, Sharing.ES, True, "tokens"), (convert.POST, Sharing.GDES, False, "tokens")]
+CASES = [(POST, Sharing.ES, True, "embeddings"), (POST, Sharing.NES, False, "embeddings"),
+         (POST, Sharing.GDES, True, "embeddings"), (PRE, Sharing.GDES, False, "embeddings"),
+         (POST, Sharing.ES, True, "tokens"), (POST, Sharing.GDES, False, "tokens")]
 
 
 @pytest.mark.parametrize("layout,sharing,projected,scope", CASES,
-                         ids=[f"{l}-{s.value}-{'E!=H' if p else 'E=H'}-{c}"
+                         ids=[f"{l.value}-{s.value}-{'E!=H' if p else 'E=H'}-{c}"
                               for l, s, p, c in CASES])
 def test_export_import_export_is_bitwise(single_process_group, tok, tmp_path, layout, sharing,
                                          projected, scope):
@@ -97,14 +96,14 @@ def test_foreign_electra_round_trips_bitwise(single_process_group, tok, tmp_path
     """HF → rtd_scale → HF: an ELECTRA pair saved by transformers comes back tensor for tensor
     (NES: two tables; E ≠ H: embeddings_project), and computes the same logits."""
     ctx = single_process_group
-    cfg = tiny_config(convert.POST, Sharing.NES, True, tok.vocab_size)
+    cfg = tiny_config(POST, Sharing.NES, True, tok.vocab_size)
     src = _foreign_electra(tmp_path, tok, cfg)
     model = build_model(cfg, tok)
     _load(model, cfg, ctx, tok, src)
     _export(model, cfg, ctx, tok, tmp_path / "back")
     _assert_bitwise(_tensors(src), _tensors(tmp_path / "back"))
     ids = real_batch(tok)
-    mine, theirs = ours(model, ids, tok.pad_id), hf_outputs(src, convert.POST, ids, tok.pad_id)
+    mine, theirs = ours(model, ids, tok.pad_id), hf_outputs(src, POST, ids, tok.pad_id)
     assert max((a - b).abs().max().item() for a, b in zip(mine, theirs)) < 1e-4
 
 
@@ -116,7 +115,7 @@ def test_discriminator_alone_gives_a_fresh_generator(single_process_group, tok, 
     as the discriminator's with both Δ exactly 0, under ES the one embedding layer is the
     discriminator's; under NES nothing is shared."""
     ctx = single_process_group
-    cfg = tiny_config(convert.POST, sharing, False, tok.vocab_size)
+    cfg = tiny_config(POST, sharing, False, tok.vocab_size)
     src = _foreign_electra(tmp_path, tok, cfg, with_generator=False)
     model = build_model(cfg, tok, seed=4)
     fresh = canonical_state(model, ctx)
@@ -142,7 +141,7 @@ def test_discriminator_alone_gives_a_fresh_generator(single_process_group, tok, 
                            hf["electra.embeddings.LayerNorm.weight"])
     ids = real_batch(tok)
     mine = ours(model, ids, tok.pad_id)
-    theirs = hf_outputs(src, convert.POST, ids, tok.pad_id, with_generator=False)
+    theirs = hf_outputs(src, POST, ids, tok.pad_id, with_generator=False)
     assert (mine[0] - theirs[0]).abs().max() < 1e-4 and (mine[1] - theirs[1]).abs().max() < 1e-4
     if sharing is Sharing.GDES:  # the generator's table starts as the discriminator's, E_Δ = 0
         assert torch.count_nonzero(got["discriminator.embeddings.table.delta"]) == 0
@@ -153,7 +152,7 @@ def test_discriminator_alone_gives_a_fresh_generator(single_process_group, tok, 
 
 def test_export_pt_file_loads(single_process_group, tok, tmp_path):
     ctx = single_process_group
-    cfg = tiny_config(convert.PRE, Sharing.GDES, False, tok.vocab_size)
+    cfg = tiny_config(PRE, Sharing.GDES, False, tok.vocab_size)
     first = build_model(cfg, tok, seed=3)
     perturb(first)
     state = canonical_state(first, ctx)
@@ -173,13 +172,13 @@ def _message(excinfo) -> str:
 
 def test_mismatches_are_one_line_naming_tensor_and_flag(single_process_group, tok, tmp_path):
     ctx = single_process_group
-    cfg = tiny_config(convert.POST, Sharing.ES, False, tok.vocab_size)
+    cfg = tiny_config(POST, Sharing.ES, False, tok.vocab_size)
     small = build_model(cfg, tok)
     _export(small, cfg, ctx, tok, tmp_path / "hf")
     torch.save({"config": cfg.to_dict(), "model": canonical_state(small, ctx)}, tmp_path / "w.pt")
 
     wide = dataclasses.replace(cfg.model.discriminator, ffn_hidden_size=96)
-    big = tiny_config(convert.POST, Sharing.ES, False, tok.vocab_size)
+    big = tiny_config(POST, Sharing.ES, False, tok.vocab_size)
     big.model.discriminator = wide
     model = build_model(big, tok)
     with pytest.raises(UserInputError) as e:
@@ -195,7 +194,7 @@ def test_mismatches_are_one_line_naming_tensor_and_flag(single_process_group, to
                            "there but (96, 32) in this model; pass --set "
                            "model.discriminator.ffn_hidden_size=64")
 
-    pre = tiny_config(convert.PRE, Sharing.ES, False, tok.vocab_size)
+    pre = tiny_config(PRE, Sharing.ES, False, tok.vocab_size)
     with pytest.raises(UserInputError) as e:
         _load(build_model(pre, tok), pre, ctx, tok, tmp_path / "hf")
     assert _message(e).endswith("a electra checkpoint has the post-LayerNorm layout; pass "
@@ -203,9 +202,9 @@ def test_mismatches_are_one_line_naming_tensor_and_flag(single_process_group, to
 
 
 def test_es_refuses_two_different_tables(single_process_group, tok, tmp_path):
-    cfg = tiny_config(convert.POST, Sharing.NES, False, tok.vocab_size)
+    cfg = tiny_config(POST, Sharing.NES, False, tok.vocab_size)
     src = _foreign_electra(tmp_path, tok, cfg)
-    es = tiny_config(convert.POST, Sharing.ES, False, tok.vocab_size)
+    es = tiny_config(POST, Sharing.ES, False, tok.vocab_size)
     with pytest.raises(UserInputError, match="tables differ, which one shared table "
                                              r"\(--sharing es\) cannot hold"):
         _load(build_model(es, tok), es, single_process_group, tok, src)
@@ -218,7 +217,7 @@ def test_es_refuses_two_different_position_tables_unless_scope_tokens(single_pro
     with --sharing-scope tokens it loads, each model keeping its own positions."""
     import transformers
 
-    cfg = tiny_config(convert.POST, Sharing.ES, False, tok.vocab_size)
+    cfg = tiny_config(POST, Sharing.ES, False, tok.vocab_size)
     torch.manual_seed(0)
     disc = transformers.ElectraForPreTraining(
         convert.hf_config(cfg.model, "discriminator", pad_id=tok.pad_id))
@@ -251,7 +250,7 @@ def test_export_pt_file_of_the_other_scope_is_refused(single_process_group, tok,
     only: it loads under --sharing-scope tokens and is refused, naming the flag, under the
     default."""
     ctx = single_process_group
-    cfg = tiny_config(convert.POST, Sharing.GDES, False, tok.vocab_size)
+    cfg = tiny_config(POST, Sharing.GDES, False, tok.vocab_size)
     cfg.model.sharing_scope = "tokens"
     cfg.validate()
     first = build_model(cfg, tok)
@@ -259,7 +258,7 @@ def test_export_pt_file_of_the_other_scope_is_refused(single_process_group, tok,
     del old["model"]["sharing_scope"]
     torch.save({"config": old, "model": canonical_state(first, ctx)}, tmp_path / "w.pt")
     _load(build_model(cfg, tok), cfg, ctx, tok, tmp_path / "w.pt")
-    new = tiny_config(convert.POST, Sharing.GDES, False, tok.vocab_size)
+    new = tiny_config(POST, Sharing.GDES, False, tok.vocab_size)
     with pytest.raises(UserInputError) as e:
         _load(build_model(new, tok), new, ctx, tok, tmp_path / "w.pt")
     assert _message(e) == (f"--pretrained-checkpoint {tmp_path / 'w.pt'}: saved with "
@@ -286,7 +285,7 @@ def test_load_and_pretrained_checkpoint_together_resolve_to_load():
 def test_transformer_engine_norm_names_map_to_the_same_export(single_process_group, tok):
     """On GPU with TransformerEngine the pre-layout norms live inside linear_qkv / linear_fc1
     (``layer_norm_weight``); the export is the same tensors under the same names."""
-    cfg = tiny_config(convert.PRE, Sharing.GDES, False, tok.vocab_size)
+    cfg = tiny_config(PRE, Sharing.GDES, False, tok.vocab_size)
     model = build_model(cfg, tok)
     perturb(model)
     plain = canonical_state(model, single_process_group)
@@ -308,7 +307,7 @@ def test_released_electra_layout_loads_with_notes(single_process_group, tok, tmp
     every pretraining sequence uses), and both differences are said in one note each."""
     import transformers
 
-    cfg = tiny_config(convert.POST, Sharing.ES, False, tok.vocab_size)
+    cfg = tiny_config(POST, Sharing.ES, False, tok.vocab_size)
     hf_cfg = convert.hf_config(cfg.model, "discriminator", pad_id=tok.pad_id)
     hf_cfg.type_vocab_size, hf_cfg.layer_norm_eps = 2, 1e-12
     torch.manual_seed(0)

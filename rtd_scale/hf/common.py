@@ -1,0 +1,274 @@
+"""What every Hugging Face target shares: the export / import records, the fused-QKV and
+TransformerEngine renamings, the encoder's tensor walk, the RTD head's names, the config checks
+common to all targets, and ``Adapter``, the one interface a target module (``electra.py``,
+``roberta_preln.py``, ``debertav2.py``) fills in. ``convert.py`` drives an adapter both ways.
+
+A target states each name map once, ours → Hugging Face's; import reads the same map the
+other way (``encoder_from_hf``, ``convert.from_hf``). Names: ours relative to an encoder (``generator.`` / ``discriminator.`` stripped),
+Hugging Face's relative to the class's base model (``Adapter.discriminator_base`` /
+``generator_base`` stripped), heads relative to the class.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+
+from rtd_scale.cli_errors import UserInputError
+from rtd_scale.config import EncoderConfig, ModelConfig
+
+GENERATOR_DIR = "generator"  # the generator's export, under the discriminator's directory
+RTD_HEAD_FILE = "rtd_head.safetensors"  # the RTD head beside a class that has none
+RTD_HEAD_PREFIX = "discriminator_predictions."  # its tensors carry ELECTRA's names
+# RTD head = ELECTRA's ``discriminator_predictions`` (dense H→H, GELU, dense H→1), every target
+RTD_HEAD_NAMES = {"rtd_head.dense.weight": RTD_HEAD_PREFIX + "dense.weight",
+                  "rtd_head.dense.bias": RTD_HEAD_PREFIX + "dense.bias",
+                  "rtd_head.out.weight": RTD_HEAD_PREFIX + "dense_prediction.weight",
+                  "rtd_head.out.bias": RTD_HEAD_PREFIX + "dense_prediction.bias"}
+
+
+class ExportError(UserInputError):
+    """The model has a shape the Hugging Face target class cannot hold."""
+
+
+@dataclass
+class HFModel:
+    """One model of an export: the class, its config, its full state dict (tied copies
+    included) and extra safetensors files written beside it (file name → tensors)."""
+
+    class_name: str
+    config: Any  # transformers PretrainedConfig
+    state: dict[str, torch.Tensor]
+    extra_files: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+    # keyword arguments the class is built / loaded with (RobertaPreLayerNormModel: no pooler)
+    model_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class HFSource:
+    """A loaded Hugging Face model: its config, its state dict (``state_dict()`` of the class,
+    tied copies included) and the extra tensors found beside it (RTD head)."""
+
+    config: Any
+    state: dict[str, torch.Tensor]
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)
+    where: str = ""  # for messages: the directory it came from
+
+
+def wb(ours: str, theirs: str) -> list[tuple[str, str]]:
+    """The (weight, bias) pairs of one module."""
+    return [(f"{ours}.weight", f"{theirs}.weight"), (f"{ours}.bias", f"{theirs}.bias")]
+
+
+# (our name under ``block.layers.{i}.``, Hugging Face's under ``encoder.layer.{i}.``): BERT's
+# sub-module names, which every target uses
+LAYER_LINEARS = [("self_attention.linear_proj", "attention.output.dense"),
+                 ("mlp.linear_fc1", "intermediate.dense"),
+                 ("mlp.linear_fc2", "output.dense")]
+POST_LN_NORMS = [("post_self_attn_layernorm", "attention.output.LayerNorm"),
+                 ("post_mlp_layernorm", "output.LayerNorm")]
+
+
+def layer_pairs(num_layers: int, norms: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The 1:1 pairs of every layer's linears and ``norms`` (all but the fused QKV)."""
+    return [pair for i in range(num_layers) for ours, theirs in LAYER_LINEARS + norms
+            for pair in wb(f"block.layers.{i}.{ours}", f"encoder.layer.{i}.{theirs}")]
+
+
+# TransformerEngine fuses the pre-layout norms into the next linear (``model/specs.py``); the
+# canonical names are the unfused ones.
+TE_NAMES = {"self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
+            "self_attention.linear_qkv.layer_norm_bias": "input_layernorm.bias",
+            "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight",
+            "mlp.linear_fc1.layer_norm_bias": "pre_mlp_layernorm.bias"}
+
+
+def unfused_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` with TransformerEngine's fused-norm names replaced by the plain ones."""
+    out = {}
+    for k, v in state.items():
+        for te, plain in TE_NAMES.items():
+            if k.endswith("." + te):
+                k = k[: -len(te)] + plain
+                break
+        out[k] = v
+    return out
+
+
+def split_qkv(fused: torch.Tensor, num_heads: int) -> tuple[torch.Tensor, ...]:
+    """megatron-core's fused QKV ([3H, H] weight or [3H] bias, per head q, k, v) → (q, k, v),
+    each [H, H] / [H] with head h at rows [d·h, d·(h+1))."""
+    rest = fused.shape[1:]
+    per_head = fused.reshape(num_heads, 3, fused.shape[0] // (3 * num_heads), *rest)
+    return tuple(per_head[:, j].reshape(-1, *rest).contiguous() for j in range(3))
+
+
+def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Inverse of ``split_qkv``."""
+    rest = q.shape[1:]
+    heads = [t.reshape(num_heads, q.shape[0] // num_heads, *rest) for t in (q, k, v)]
+    return torch.stack(heads, dim=1).reshape(3 * q.shape[0], *rest).contiguous()
+
+
+def base_config_kwargs(model: ModelConfig, enc: EncoderConfig, *, pad_id: int,
+                       architecture: str) -> dict[str, Any]:
+    """The transformers config fields every target's config takes alike."""
+    return dict(vocab_size=model.vocab_size, hidden_size=enc.hidden_size,
+                num_hidden_layers=enc.num_layers, num_attention_heads=enc.num_attention_heads,
+                intermediate_size=enc.ffn_hidden_size, hidden_act="gelu",  # exact (erf) GELU
+                hidden_dropout_prob=enc.hidden_dropout,
+                attention_probs_dropout_prob=enc.attention_dropout, type_vocab_size=1,
+                initializer_range=model.init_method_std, layer_norm_eps=enc.layernorm_epsilon,
+                pad_token_id=pad_id, architectures=[architecture])
+
+
+class Adapter:
+    """One Hugging Face target: its classes, config, name maps and the few rules that are not
+    renamings. A target module makes one instance, ``ADAPTER``; ``adapters.ADAPTERS`` registers
+    it under the (LayerNormPosition, AttentionType) it exports."""
+
+    model_type: str  # the transformers ``model_type`` an import reads
+    attention_words: str  # for messages: "BERT-style" / "disentangled"
+    discriminator_class: str
+    generator_class: str
+    discriminator_base: str  # the class's base-model prefix ("" : the class is the base model)
+    generator_base: str
+    rtd_head_in_model: bool = False  # ELECTRA: in the class; else RTD_HEAD_FILE beside it
+    model_kwargs: dict[str, Any] = {}  # the discriminator class's, to build and load it
+    qkv_names: tuple[str, str, str] = ("query", "key", "value")  # attention.self.<name>
+    # ours (under ``mlm_head.``) → theirs (the generator class's); the first map is the
+    # export's, the others are read too (import takes the first whose bias is there)
+    mlm_head_maps: tuple[dict[str, str], ...] = ()
+    tied_to_table: tuple[str, ...] = ()  # generator names that hold the token table (decoder)
+    tied_to_bias: tuple[str, ...] = ()  # and copies of the MLM bias
+    # unexpected keys a discriminator import leaves aside (heads of another class)
+    ignored_heads: tuple[str, ...] = ()
+    checks_embedding_size: bool = True  # whether the config holds embedding_size
+    slow_tokenizer_file: Optional[str] = None  # SentencePiece model copy for a slow tokenizer
+
+    def class_of(self, which: str) -> str:
+        """The class of the ``which`` ("discriminator" / "generator") export."""
+        return self.discriminator_class if which == "discriminator" else self.generator_class
+
+    def base_of(self, which: str) -> str:
+        return self.discriminator_base if which == "discriminator" else self.generator_base
+
+    # -- export side -------------------------------------------------------------------------
+    def check_exportable(self, model: ModelConfig) -> None:
+        """Refuse a model this target cannot hold (one line: ``ExportError``)."""
+
+    def hf_config(self, model: ModelConfig, which: str, *, pad_id: int,
+                  cls_id: Optional[int], sep_id: Optional[int]):
+        raise NotImplementedError
+
+    def encoder_pairs(self, num_layers: int, projected: bool) -> list[tuple[str, str]]:
+        """Every 1:1 tensor pair of one encoder but its token table, positions and fused QKV."""
+        raise NotImplementedError
+
+    def projection_names(self) -> tuple[str, ...]:
+        """Hugging Face's names of the embedding projection (E ≠ H), whose presence an import
+        reads; () when the target has none."""
+        return ()
+
+    def positions_to_hf(self, take: Callable[[str], torch.Tensor], pad_id: int
+                        ) -> dict[str, torch.Tensor]:
+        """Hugging Face's position (and token-type) tensors from ours (``take`` reads a name
+        relative to the encoder); the inverse is ``positions_from_hf``."""
+        return {}
+
+    def positions_from_hf(self, s: dict[str, torch.Tensor], pad_id: int, which: str,
+                          notes: list[str]) -> dict[str, torch.Tensor]:
+        return {}
+
+    # -- import side -------------------------------------------------------------------------
+    def check_source(self, src: HFSource, model: ModelConfig, where: str) -> None:
+        """Refuse a config whose computation is not ours (``where``: "FLAG PATH: the X's")."""
+
+
+def encoder_to_hf(adapter: Adapter, take: Callable[[str], torch.Tensor], enc: EncoderConfig,
+                  projected: bool, pad_id: int) -> dict[str, torch.Tensor]:
+    """One encoder's tensors under the target's base-model names (``take``: ours, relative to
+    the encoder; its token table at ``embeddings.table.weight`` is the effective one)."""
+    out = {theirs: take(ours) for ours, theirs in adapter.encoder_pairs(enc.num_layers, projected)}
+    out["embeddings.word_embeddings.weight"] = take("embeddings.table.weight")
+    out.update(adapter.positions_to_hf(take, pad_id))
+    for i in range(enc.num_layers):
+        for leaf in ("weight", "bias"):
+            qkv = split_qkv(take(f"block.layers.{i}.self_attention.linear_qkv.{leaf}"),
+                            enc.num_attention_heads)
+            for part, t in zip(adapter.qkv_names, qkv):
+                out[f"encoder.layer.{i}.attention.self.{part}.{leaf}"] = t
+    return out
+
+
+def encoder_from_hf(adapter: Adapter, src: HFSource, base: str, which: str, model: ModelConfig,
+                    pad_id: int, notes: list[str]) -> dict[str, torch.Tensor]:
+    """Inverse of ``encoder_to_hf``: one encoder's canonical tensors (``which.``-prefixed), its
+    token table the effective one (padding rows past the tokenizer's ids dropped)."""
+    s = {k[len(base):]: v for k, v in src.state.items() if k.startswith(base)}
+    layers, heads = src.config.num_hidden_layers, src.config.num_attention_heads
+    names = adapter.projection_names()
+    projected = bool(names) and all(n in s for n in names)
+    out = {ours: s[theirs] for ours, theirs in adapter.encoder_pairs(layers, projected)}
+    out["embeddings.table.weight"] = s["embeddings.word_embeddings.weight"][:model.vocab_size]
+    out.update(adapter.positions_from_hf(s, pad_id, which, notes))
+    for i in range(layers):
+        for leaf in ("weight", "bias"):
+            q, k, v = (s[f"encoder.layer.{i}.attention.self.{p}.{leaf}"]
+                       for p in adapter.qkv_names)
+            out[f"block.layers.{i}.self_attention.linear_qkv.{leaf}"] = fuse_qkv(q, k, v, heads)
+    return {f"{which}.{k}": v for k, v in out.items()}
+
+
+def padded_rows(vocab_size: int, multiple: int = 128) -> int:
+    """The most rows a foreign token table may have for ``vocab_size`` ids and still count as
+    that vocabulary plus padding: ``vocab_size`` rounded up to a multiple of 128 (Megatron's
+    padding at TP = 1)."""
+    return -(-vocab_size // multiple) * multiple
+
+
+def check_config(adapter: Adapter, src: HFSource, model: ModelConfig, which: str, *,
+                 flag: str) -> list[str]:
+    """Refuse a Hugging Face config this model cannot take; return notes for harmless
+    differences.
+
+    Raises:
+        UserInputError: one line naming the field, both values and the ``--set`` that fixes it.
+    """
+    enc: EncoderConfig = getattr(model, which)
+    c = src.config
+    checks = [("num_hidden_layers", enc.num_layers, f"model.{which}.num_layers"),
+              ("hidden_size", enc.hidden_size, f"model.{which}.hidden_size"),
+              ("num_attention_heads", enc.num_attention_heads,
+               f"model.{which}.num_attention_heads"),
+              ("intermediate_size", enc.ffn_hidden_size, f"model.{which}.ffn_hidden_size")]
+    adapter.check_source(src, model, f"{flag} {src.where}: the {which}'s")
+    if adapter.checks_embedding_size:
+        checks.append(("embedding_size", model.embedding_size, "model.embedding_size"))
+    for key, ours, field_name in checks:
+        theirs = getattr(c, key, c.hidden_size if key == "embedding_size" else None)
+        if theirs != ours:
+            raise UserInputError(
+                f"{flag} {src.where}: the {which}'s {key} is {theirs} there but {ours} in this "
+                f"model; pass --set {field_name}={theirs} (or the preset it was trained with)")
+    if getattr(c, "hidden_act", "gelu") != "gelu":
+        raise UserInputError(f"{flag} {src.where}: hidden_act {c.hidden_act!r}; rtd_scale's "
+                             "encoders use the exact GELU ('gelu') only")
+    notes = []
+    if model.vocab_size < c.vocab_size <= padded_rows(model.vocab_size):
+        # padding rows past the tokenizer's ids, as the released DeBERTaV3 tables hold (128,100
+        # rows for 128,001 ids): no token reaches them, so dropping them changes no output
+        notes.append(f"the {which}'s token table has {c.vocab_size} rows there, the tokenizer "
+                     f"{model.vocab_size} ids: rows {model.vocab_size}…{c.vocab_size - 1} "
+                     "(padding) are dropped")
+    elif c.vocab_size != model.vocab_size:
+        raise UserInputError(
+            f"{flag} {src.where}: vocabulary of {c.vocab_size} ids there, {model.vocab_size} "
+            f"in --tokenizer-model; pass the tokenizer the checkpoint was trained with "
+            f"(an export holds it: tokenizer.json / spm.model in {src.where})")
+    if abs(getattr(c, "layer_norm_eps", enc.layernorm_epsilon) - enc.layernorm_epsilon) > 0:
+        notes.append(f"the {which}'s layer_norm_eps is {c.layer_norm_eps} there, "
+                     f"{enc.layernorm_epsilon} here (--set model.{which}.layernorm_epsilon="
+                     f"{c.layer_norm_eps} to keep it)")
+    return notes

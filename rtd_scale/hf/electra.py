@@ -1,0 +1,59 @@
+"""Post-LN encoders with BERT attention → ELECTRA (``ElectraForPreTraining`` /
+``ElectraForMaskedLM``, transformers ``models/electra/modeling_electra.py``).
+
+Embedding LayerNorm, ``embeddings_project`` when E ≠ H, LayerNorm after each residual add;
+positions 0…s−1 as ours; our one token-type row is ELECTRA's row 0 (an import drops rows 1…,
+which rtd_scale's encoders never read). The RTD head is the class's own
+``discriminator_predictions``; the MLM head is ``generator_predictions`` (dense H→E, GELU,
+LayerNorm) + ``generator_lm_head`` tied to the table, with bias.
+"""
+from __future__ import annotations
+
+from rtd_scale.hf.common import POST_LN_NORMS, Adapter, base_config_kwargs, layer_pairs, wb
+
+
+class Electra(Adapter):
+    model_type = "electra"
+    attention_words = "BERT-style"
+    discriminator_class = "ElectraForPreTraining"
+    generator_class = "ElectraForMaskedLM"
+    discriminator_base = generator_base = "electra."
+    rtd_head_in_model = True
+    mlm_head_maps = ({"dense.weight": "generator_predictions.dense.weight",
+                      "dense.bias": "generator_predictions.dense.bias",
+                      "norm.weight": "generator_predictions.LayerNorm.weight",
+                      "norm.bias": "generator_predictions.LayerNorm.bias",
+                      "bias": "generator_lm_head.bias"},)
+    tied_to_table = ("generator_lm_head.weight",)
+
+    def hf_config(self, model, which, *, pad_id, cls_id, sep_id):
+        from transformers import ElectraConfig
+
+        return ElectraConfig(embedding_size=model.embedding_size,
+                             max_position_embeddings=model.max_position_embeddings,
+                             **base_config_kwargs(model, getattr(model, which), pad_id=pad_id,
+                                                  architecture=self.class_of(which)))
+
+    def encoder_pairs(self, num_layers, projected):
+        pairs = wb("embeddings.norm", "embeddings.LayerNorm")
+        if projected:
+            pairs += wb("embeddings.projection", "embeddings_project")
+        return pairs + layer_pairs(num_layers, POST_LN_NORMS)
+
+    def projection_names(self):
+        return ("embeddings_project.weight",)
+
+    def positions_to_hf(self, take, pad_id):
+        return {"embeddings.position_embeddings.weight": take("embeddings.position.weight"),
+                "embeddings.token_type_embeddings.weight": take("embeddings.token_type.weight")}
+
+    def positions_from_hf(self, s, pad_id, which, notes):
+        token_type = s["embeddings.token_type_embeddings.weight"]
+        if token_type.shape[0] > 1:
+            notes.append(f"the {which}'s token-type rows 1…{token_type.shape[0] - 1} are dropped "
+                         "(rtd_scale's encoders have one token type)")
+        return {"embeddings.position.weight": s["embeddings.position_embeddings.weight"],
+                "embeddings.token_type.weight": token_type[:1]}
+
+
+ADAPTER = Electra()

@@ -1,0 +1,82 @@
+"""Pre-LN encoders with BERT attention → RoBERTa-PreLayerNorm (``RobertaPreLayerNormModel`` /
+``RobertaPreLayerNormForMaskedLM``, transformers ``models/roberta_prelayernorm/``).
+
+The one Hugging Face encoder with an embedding LayerNorm, a LayerNorm on each residual branch's
+input and a final LayerNorm — our pre layout exactly. It has no embedding projection, so E must
+equal H. Its position ids start at ``pad_id + 1`` (RoBERTa's
+``create_position_ids_from_input_ids``: a non-pad token at index i gets ``pad_id + 1 + i`` when
+padding only trails, as in our packed samples), so our position row i is written to row
+``pad_id + 1 + i`` and rows 0…pad_id are zero; ``max_position_embeddings`` grows by
+``pad_id + 1``. At pad positions RoBERTa reads row ``pad_id`` where we read row i: hidden states
+differ there (only there — keys at pads are masked) unless ``position_ids = pad_id + 1 +
+arange(s)`` are passed, with which every position agrees. Its one token-type row is written as
+zeros (we have none); an import folds a non-zero row into every position. The RTD head goes to
+``rtd_head.safetensors``; the MLM head is RoBERTa's ``lm_head`` (dense, GELU, ``layer_norm``,
+decoder tied, ``bias``).
+"""
+from __future__ import annotations
+
+from rtd_scale.hf.common import Adapter, ExportError, base_config_kwargs, layer_pairs, wb
+
+PRE_LN_NORMS = [("input_layernorm", "attention.LayerNorm"),
+                ("pre_mlp_layernorm", "intermediate.LayerNorm")]
+
+
+class RobertaPreLayerNorm(Adapter):
+    model_type = "roberta-prelayernorm"
+    attention_words = "BERT-style"
+    discriminator_class = "RobertaPreLayerNormModel"
+    generator_class = "RobertaPreLayerNormForMaskedLM"
+    discriminator_base = ""
+    generator_base = "roberta_prelayernorm."
+    model_kwargs = {"add_pooling_layer": False}
+    mlm_head_maps = ({"dense.weight": "lm_head.dense.weight", "dense.bias": "lm_head.dense.bias",
+                      "norm.weight": "lm_head.layer_norm.weight",
+                      "norm.bias": "lm_head.layer_norm.bias", "bias": "lm_head.bias"},)
+    tied_to_table = ("lm_head.decoder.weight",)
+    tied_to_bias = ("lm_head.decoder.bias",)
+    checks_embedding_size = False  # no embedding_size: E = H
+
+    def check_exportable(self, model):
+        for name in ("discriminator", "generator"):
+            h = getattr(model, name).hidden_size
+            if h != model.embedding_size:
+                raise ExportError(
+                    f"cannot export: the pre-LayerNorm layout's Hugging Face class "
+                    f"(RobertaPreLayerNorm) has no embedding projection, but model.embedding_size "
+                    f"{model.embedding_size} != model.{name}.hidden_size {h}; train with "
+                    f"--layernorm-position post (ELECTRA classes) or an embedding size equal to "
+                    f"both hidden sizes")
+
+    def hf_config(self, model, which, *, pad_id, cls_id, sep_id):
+        from transformers import RobertaPreLayerNormConfig
+
+        return RobertaPreLayerNormConfig(
+            max_position_embeddings=model.max_position_embeddings + pad_id + 1,
+            bos_token_id=cls_id, eos_token_id=sep_id,
+            **base_config_kwargs(model, getattr(model, which), pad_id=pad_id,
+                                 architecture=self.class_of(which)))
+
+    def encoder_pairs(self, num_layers, projected):
+        assert not projected, "RobertaPreLayerNorm has no embedding projection"
+        return (wb("embeddings.norm", "embeddings.LayerNorm")
+                + layer_pairs(num_layers, PRE_LN_NORMS) + wb("block.final_layernorm", "LayerNorm"))
+
+    def positions_to_hf(self, take, pad_id):
+        position = take("embeddings.position.weight")  # [P, E]
+        shifted = position.new_zeros(position.shape[0] + pad_id + 1, position.shape[1])
+        shifted[pad_id + 1:] = position
+        return {"embeddings.position_embeddings.weight": shifted,
+                "embeddings.token_type_embeddings.weight": position.new_zeros(
+                    1, position.shape[1])}
+
+    def positions_from_hf(self, s, pad_id, which, notes):
+        position = s["embeddings.position_embeddings.weight"][pad_id + 1:]
+        token_type = s["embeddings.token_type_embeddings.weight"]
+        if bool(token_type[0].ne(0).any()):  # fold the type-0 row into every position
+            position = position + token_type[0]
+            notes.append(f"the {which}'s token-type row 0 is folded into its position table")
+        return {"embeddings.position.weight": position}
+
+
+ADAPTER = RobertaPreLayerNorm()
