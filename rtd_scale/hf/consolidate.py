@@ -238,6 +238,18 @@ def _worker(rank: int, world_size: int, port: int, run_dir: str, tag: str, cfg_d
         json.dump(result, f)
 
 
+
+def _read_run_with_tokenizer(run_dir: str, tag: Optional[str], tokenizer_model: Optional[str]):
+    """``read_run``, with the tokenizer moved to ``tokenizer_model`` when given, and refused in
+    one line when it is not there."""
+    cfg, layout, ds_config, tag = read_run(run_dir, tag)
+    if tokenizer_model:
+        cfg.data.tokenizer_model = tokenizer_model
+    if not cfg.data.tokenizer_model or not os.path.isfile(cfg.data.tokenizer_model):
+        raise UserInputError(f"--load {run_dir}: the run's tokenizer {cfg.data.tokenizer_model!r} "
+                             "is not there; pass --tokenizer-model PATH")
+    return cfg, layout, ds_config, tag
+
 def consolidate_checkpoint(run_dir: str, tag: Optional[str] = None,
                            tokenizer_model: Optional[str] = None, timeout_s: float = 3600.0):
     """(canonical state, RunConfig, tag) of ``run_dir``'s checkpoint ``tag`` (default: latest),
@@ -248,12 +260,7 @@ def consolidate_checkpoint(run_dir: str, tag: Optional[str] = None,
     Raises:
         UserInputError: a missing or foreign checkpoint, or a tokenizer that cannot be found.
     """
-    cfg, layout, ds_config, tag = read_run(run_dir, tag)
-    if tokenizer_model:
-        cfg.data.tokenizer_model = tokenizer_model
-    if not cfg.data.tokenizer_model or not os.path.isfile(cfg.data.tokenizer_model):
-        raise UserInputError(f"--load {run_dir}: the run's tokenizer {cfg.data.tokenizer_model!r} "
-                             "is not there; pass --tokenizer-model PATH")
+    cfg, layout, ds_config, tag = _read_run_with_tokenizer(run_dir, tag, tokenizer_model)
     with tempfile.TemporaryDirectory() as out_dir:
         _run_world(int(layout["world_size"]), run_dir, tag, cfg, ds_config, out_dir, "weights",
                    timeout_s)
@@ -363,11 +370,6 @@ def consolidate_training_state(run_dir: str, tag: str, out_dir: str,
         UserInputError: a missing or foreign checkpoint, a tokenizer that cannot be found, a
             state that cannot be read per parameter.
     """
-    cfg, layout, ds_config, tag = read_run(run_dir, tag)
-    if tokenizer_model:
-        cfg.data.tokenizer_model = tokenizer_model
-    if not cfg.data.tokenizer_model or not os.path.isfile(cfg.data.tokenizer_model):
-        raise UserInputError(f"--load {run_dir}: the run's tokenizer {cfg.data.tokenizer_model!r} "
-                             "is not there; pass --tokenizer-model PATH")
+    cfg, layout, ds_config, tag = _read_run_with_tokenizer(run_dir, tag, tokenizer_model)
     _run_world(int(layout["world_size"]), run_dir, tag, cfg,
                ds_config_for_layout(ds_config, cfg, layout), out_dir, "training", timeout_s)
