@@ -38,9 +38,10 @@
 # send it up to a minute early); the ranks finish the current step, save a checkpoint to RTD_SAVE
 # and exit, and the job requeues itself. A requeued (or resubmitted) job resumes from
 # its newest complete checkpoint by itself. Try it by hand: scancel --signal=USR1 --batch JOBID.
-# Elastic: a requeued job given fewer nodes (scontrol update JobId=J NumNodes=4 NumTasks=32
-# while it is held, or a new sbatch --nodes=4 with the same RTD_SAVE) continues from the same
-# checkpoint at the new data-parallel size (converted at TP 1; the global batch must divide).
+# Elastic: a requeued job given fewer nodes (scontrol update JobId=J NumNodes=4-4 NumTasks=32
+# NumCPUs=<new total> while it is held, or a new sbatch --nodes=4 with the same RTD_SAVE)
+# continues from the same checkpoint at the new data-parallel size (converted at TP 1; the
+# global batch must divide).
 # Details: slurm/lib/pretrain_job.sh.
 #
 # Environment (all optional; relative paths are relative to the job's working directory):

@@ -19,8 +19,8 @@
 # whichever phase it stopped in, and the job that finishes phase 1 goes straight on to phase 2.
 #
 # Elastic requeue: the batch arithmetic is redone at every start, so a requeued job given
-# fewer (or more) nodes — `scontrol update JobId=… NumNodes=1 NumTasks=…` while it waits, or a
-# new sbatch with the same RTD_SAVE — continues from the same checkpoint at the new
+# fewer (or more) nodes (`scontrol update JobId=… NumNodes=1-1 NumTasks=… NumCPUs=…` while it
+# waits, or a new sbatch with the same RTD_SAVE) continues from the same checkpoint at the new
 # data-parallel size (pretrain.py --load converts the checkpoint at TP 1 and PP 1; see README,
 # "Resume at another size"), as long as the global batch still divides.
 #
@@ -149,8 +149,27 @@ rtd_pretrain_main() {
   export PYTHONUNBUFFERED=1
   export OMP_NUM_THREADS="${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}"
 
-  # Redone at every start: a requeued job may have been given another node count
+  # Redone at every start: a requeued job may have been given another node count. Its
+  # SLURM_NTASKS is then the submission's (Slurm keeps the job's first environment; measured on
+  # 22.05), while SLURM_TASKS_PER_NODE ("2(x3),1") describes this allocation: count from that,
+  # and tell srun, which would otherwise ask for the old number of tasks.
   world="${SLURM_NTASKS:?SLURM_NTASKS is not set: give the job --ntasks-per-node}"
+  if [ -n "${SLURM_TASKS_PER_NODE:-}" ]; then
+    local group allocated=0 resized=""
+    for group in ${SLURM_TASKS_PER_NODE//,/ }; do
+      if [[ "$group" =~ ^([0-9]+)\(x([0-9]+)\)$ ]]; then
+        allocated=$(( allocated + BASH_REMATCH[1] * BASH_REMATCH[2] ))
+      elif [[ "$group" =~ ^[0-9]+$ ]]; then
+        allocated=$(( allocated + group ))
+      fi
+    done
+    if (( allocated > 0 && allocated != world )); then
+      resized="this allocation holds $allocated tasks (SLURM_TASKS_PER_NODE=$SLURM_TASKS_PER_NODE),"
+      resized+=" not the submission's SLURM_NTASKS=$world: the job was resized; using $allocated"
+      world="$allocated"
+      export SLURM_NTASKS="$world" SLURM_NPROCS="$world"
+    fi
+  fi
   tp="$RTD_TP"
   per_node="${SLURM_TASKS_PER_NODE:-$world}"
   per_node="${per_node%%[(,]*}"
@@ -212,6 +231,7 @@ rtd_pretrain_main() {
 
   rtd_log "job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NUM_NODES node(s)" \
     "$SLURM_JOB_NODELIST: $world tasks, master $MASTER_ADDR:$MASTER_PORT, device $RTD_DEVICE"
+  if [ -n "${resized:-}" ]; then rtd_log "$resized"; fi
 
   local precision_args=()
   if [ "$RTD_BF16" = 1 ]; then precision_args=(--bf16); fi
