@@ -17,19 +17,26 @@ Read once, by :func:`read`, from the first of these that applies:
    port (so a node where 29500 is taken still runs).
 
 Nothing here imports torch: ``pretrain.main`` reads the rank before anything heavy is loaded.
+
+``python -m rtd_scale.launch_env batch-arithmetic WORLD TP GLOBAL MICRO [RANKS_PER_NODE]`` prints
+"DP ACCUMULATION" for a Slurm job (``rtd_scale.config.batch_layout`` in the job's RTD_* words;
+``--phase1``: RTD_PHASE1_GLOBAL_BATCH and RTD_PHASE1_MICRO_BATCH), or one ``error:`` line and
+exit status 1; slurm/lib/pretrain_job.sh runs it before ``srun``.
 """
 from __future__ import annotations
 
 import os
 import re
 import socket
-from dataclasses import dataclass
-from typing import Mapping, MutableMapping, Optional
+import sys
+from dataclasses import dataclass, replace
+from typing import Mapping, MutableMapping, Optional, Sequence
 
-from rtd_scale.cli_errors import UserInputError
+from rtd_scale.cli_errors import OneLineArgumentParser, UserInputError, run_cli
+from rtd_scale.config import BatchNames, batch_layout
 
 __all__ = ["LaunchEnv", "read", "export", "expand_hostlist", "slurm_port", "free_port",
-           "cpu_threads_per_rank"]
+           "cpu_threads_per_rank", "SLURM_NAMES"]
 
 _LAUNCHER_VARS = ("RANK", "WORLD_SIZE")
 
@@ -222,3 +229,43 @@ def expand_hostlist(spec: str) -> list[str]:
     if not hosts:
         raise UserInputError(f"node list {spec!r} names no host")
     return hosts
+
+
+# slurm/lib/pretrain_job.sh's words for the numbers in batch_layout's errors
+SLURM_NAMES = BatchNames(
+    global_batch="global batch RTD_GLOBAL_BATCH={}", micro_batch="RTD_MICRO_BATCH={}",
+    tp="RTD_TP={}", ranks="tasks", ranks_per_node="tasks",
+    global_fix="choose a node count whose task count / TP divides it, or change RTD_GLOBAL_BATCH",
+    per_node_fix="; use a TP size that divides --ntasks-per-node")
+
+
+def _batch_arithmetic(argv: Optional[Sequence[str]]) -> None:
+    p = OneLineArgumentParser(prog="python -m rtd_scale.launch_env batch-arithmetic",
+                              description="DP size and gradient accumulation of a Slurm job")
+    for name in ("world", "tp", "global_batch", "micro_batch"):
+        p.add_argument(name, type=int)
+    p.add_argument("ranks_per_node", type=int, nargs="?")
+    p.add_argument("--phase1", action="store_true",
+                   help="the numbers are RTD_PHASE1_GLOBAL_BATCH and RTD_PHASE1_MICRO_BATCH")
+    a = p.parse_args(argv)
+    names = SLURM_NAMES
+    if a.phase1:
+        names = replace(names, global_batch="global batch RTD_PHASE1_GLOBAL_BATCH={}",
+                        micro_batch="RTD_PHASE1_MICRO_BATCH={}",
+                        global_fix=names.global_fix.replace("RTD_", "RTD_PHASE1_"))
+    dp, gas = batch_layout(a.world, a.global_batch, a.micro_batch, tp=a.tp,
+                           ranks_per_node=a.ranks_per_node, names=names)
+    print(dp, gas)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] != ["batch-arithmetic"]:
+        print("usage: python -m rtd_scale.launch_env batch-arithmetic WORLD TP GLOBAL MICRO "
+              "[RANKS_PER_NODE]", file=sys.stderr)
+        return 2
+    return run_cli(_batch_arithmetic, argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

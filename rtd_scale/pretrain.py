@@ -613,13 +613,16 @@ def run(cfg: RunConfig, print_fn=print, stop=None, validated=None) -> dict:
             resumed_from = os.path.join(checkpoint.split_load(cfg.train.load)[0],
                                         checkpoint.tag_for(start_step))
             consumed = int(client.get("consumed_samples", start_step * cfg.train.global_batch_size))
+            old_batch = (client.get("config") or {}).get("train", {}).get("global_batch_size")
+            if old_batch is not None and old_batch != cfg.train.global_batch_size:
+                # the schedule continues at the step it reached, not at the samples it read
+                eng.lr_scheduler.keep_iterations(old_batch, cfg.optim)
             old_data, new_data = client.get("data"), dataset["train"].state()
             read, consumed, repacked_note = consumed, *dataset["train"].continue_after(
                 consumed, old_data)
             if ctx.is_logging_rank:
                 print_fn(f"resumed from {cfg.train.load} at iteration {start_step} "
                          f"({read} samples consumed)")
-                old_batch = (client.get("config") or {}).get("train", {}).get("global_batch_size")
                 if old_batch is not None and old_batch != cfg.train.global_batch_size:
                     print_fn(f"note: --global-batch-size {cfg.train.global_batch_size} (the "
                              f"checkpoint's {old_batch}): iterations from {start_step + 1} on "
@@ -633,9 +636,16 @@ def run(cfg: RunConfig, print_fn=print, stop=None, validated=None) -> dict:
                              "data's order, not where the old order would have gone")
                 old_iters = (client.get("config") or {}).get("train", {}).get("train_iters")
                 if old_iters is not None and old_iters != cfg.train.train_iters:
+                    if cfg.optim.lr_decay_iters is None and cfg.optim.lr_decay_samples is None:
+                        follows = "the learning-rate schedule follows the new value from this " \
+                                  "step on"
+                    else:  # e.g. phase 2 of a two-phase run: the decay spans the whole run
+                        follows = ("the learning-rate schedule keeps its length, "
+                                   + (f"--lr-decay-iters {cfg.optim.lr_decay_iters}"
+                                      if cfg.optim.lr_decay_iters is not None else
+                                      f"--lr-decay-samples {cfg.optim.lr_decay_samples}"))
                     print_fn(f"note: --train-iters changed from {old_iters} to "
-                             f"{cfg.train.train_iters}; the learning-rate schedule follows the "
-                             "new value from this step on")
+                             f"{cfg.train.train_iters}; {follows}")
                 if schedule_note:
                     print_fn(schedule_note)
                 saved_seed = (client.get("config") or {}).get("train", {}).get("seed")

@@ -16,8 +16,11 @@
 # value of rtd_scale's debertav3-base preset; set RTD_LR=5e-4 to follow §4.
 # TODO(verify): arXiv 2111.09543 Table 10 and §4, both learning rates.
 #
-# Gradient accumulation, preemption and requeue, and resuming work as in slurm/pretrain_large.sh
-# (slurm/lib/pretrain_job.sh). With 4 × 8 GPUs: micro-batch 16 × accumulation 16 × 32 = 8192.
+# The job passes --preset and the regime's knobs only; the recipe is the preset's
+# (rtd_scale/config.py). Gradient accumulation, the optional two phases (RTD_PHASE1_*),
+# preemption and requeue (at another node count too), and resuming work as in
+# slurm/pretrain_large.sh (slurm/lib/pretrain_job.sh). With 4 × 8 GPUs: micro-batch 16 ×
+# accumulation 16 × 32 = 8192.
 #
 # Environment (all optional; relative paths are relative to the job's working directory):
 #   RTD_PRESET         debertav3-base       model preset (rtd_scale/config.py)
@@ -34,6 +37,10 @@
 #   RTD_SEQ_LENGTH     512
 #   RTD_LR             6e-4                 peak learning rate
 #   RTD_WARMUP_ITERS   10000
+#   RTD_PHASE1_ITERS   (unset: one phase)   two phases: steps of phase 1, below RTD_TRAIN_ITERS
+#   RTD_PHASE1_SEQ_LENGTH 128               phase 1's sequence length
+#   RTD_PHASE1_GLOBAL_BATCH <global batch>  phase 1's sequences per step
+#   RTD_PHASE1_MICRO_BATCH  <micro-batch>   phase 1's sequences per GPU per forward
 #   RTD_TP             1                    tensor-parallel size; divides the tasks per node
 #   RTD_SAVE_INTERVAL  1000                 steps between checkpoints (and one on preemption)
 #   RTD_LOG_INTERVAL   10

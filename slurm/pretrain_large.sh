@@ -11,7 +11,10 @@
 # Optimisation (arXiv 2111.09543 Table 10): global batch 8192 sequences, 500,000 steps, linear
 # warm-up over 10,000 steps then linear decay to 0, AdamW β1 0.9, β2 0.98, ε 1e-6, weight decay
 # 0.01, gradient clipping 1.0; ZeRO-3 (ds_configs/zero3.json), bf16 compute with fp32 master
-# weights.
+# weights. The model and the recipe (GDES, λ, masking, AdamW, weight decay, clipping, decay to 0)
+# are the preset's: the job passes --preset and only the regime's knobs below (steps, batch,
+# micro-batch, sequence length, lr, warm-up, TP), so rtd_scale/config.py is the one place that
+# holds them.
 # Peak learning rate 3e-4. The paper's §4 prose and Table 10 disagree for the *base* model (5e-4
 # vs 6e-4; see slurm/pretrain_base.sh); for large we take Table 10's large column, 3e-4, the value
 # of rtd_scale's debertav3-large preset. We could not reopen the paper from the machine this was
@@ -21,13 +24,24 @@
 # slurm/preprocess.sh into RTD_SHARD_DIR; every *_text_document shard there is used.
 #
 # Gradient accumulation is derived: accumulation = 8192 / (micro-batch × data-parallel size),
-# data-parallel size = tasks / RTD_TP. A node count for which that is not an integer stops the job
-# with an error naming the numbers that work (with 8 GPUs per node: 1, 2, 4, 8, 16 … nodes).
+# data-parallel size = tasks / RTD_TP (rtd_scale.config.batch_layout, which pretrain.py and
+# tools/estimate_cost.py use too). A node count for which that is not an integer stops the job
+# with an error naming the node counts that work (with 8 GPUs per node: 1, 2, 4, 8, 16 … nodes).
+#
+# Two phases (optional; BERT's 128-then-512 schedule): RTD_PHASE1_ITERS=450000 trains steps
+# 1-450,000 at RTD_PHASE1_SEQ_LENGTH (128) tokens and RTD_PHASE1_GLOBAL_BATCH sequences, then
+# the rest at RTD_SEQ_LENGTH and RTD_GLOBAL_BATCH in the same job; the learning-rate schedule
+# spans all RTD_TRAIN_ITERS steps, and the optimizer state and step carry over. A requeued job
+# resumes in the phase its checkpoint is in.
 #
 # Preemption: Slurm sends SIGUSR1 to the batch shell 10 minutes before the time limit (Slurm may
 # send it up to a minute early); the ranks finish the current step, save a checkpoint to RTD_SAVE
 # and exit, and the job requeues itself. A requeued (or resubmitted) job resumes from
-# RTD_SAVE/latest by itself. Try it by hand: scancel --signal=USR1 --batch JOBID.
+# its newest complete checkpoint by itself. Try it by hand: scancel --signal=USR1 --batch JOBID.
+# Elastic: a requeued job given fewer nodes (scontrol update JobId=J NumNodes=4-4 NumTasks=32
+# NumCPUs=<new total> while it is held, or a new sbatch --nodes=4 with the same RTD_SAVE)
+# continues from the same checkpoint at the new data-parallel size (converted at TP 1; the
+# global batch must divide).
 # Details: slurm/lib/pretrain_job.sh.
 #
 # Environment (all optional; relative paths are relative to the job's working directory):
@@ -45,6 +59,10 @@
 #   RTD_SEQ_LENGTH     512
 #   RTD_LR             3e-4                 peak learning rate
 #   RTD_WARMUP_ITERS   10000
+#   RTD_PHASE1_ITERS   (unset: one phase)   two phases: steps of phase 1, below RTD_TRAIN_ITERS
+#   RTD_PHASE1_SEQ_LENGTH 128               phase 1's sequence length
+#   RTD_PHASE1_GLOBAL_BATCH <global batch>  phase 1's sequences per step
+#   RTD_PHASE1_MICRO_BATCH  <micro-batch>   phase 1's sequences per GPU per forward
 #   RTD_TP             1                    tensor-parallel size; divides the tasks per node
 #   RTD_SAVE_INTERVAL  1000                 steps between checkpoints (and one on preemption)
 #   RTD_LOG_INTERVAL   10

@@ -53,7 +53,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rtd_scale import flops  # noqa: E402
 from rtd_scale.cli_errors import OneLineArgumentParser  # noqa: E402
-from rtd_scale.config import PRESETS, RunConfig, preset  # noqa: E402
+from rtd_scale.config import PRESETS, BatchNames, RunConfig, preset  # noqa: E402
+from rtd_scale.config import batch_layout as config_batch_layout  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -102,31 +103,26 @@ def gpu_hours(total_flops: float, total_tokens: float, *, tokens_per_s: Optional
     return gpu_h, (gpu_h / gpus if gpus else None)
 
 
+# the tool's words for the numbers in rtd_scale.config.batch_layout's errors
+TOOL_NAMES = BatchNames(global_batch="global batch {}", micro_batch="micro-batch {}", tp="--tp {}",
+                        ranks="ranks", ranks_per_node="GPUs",
+                        global_fix="change --global-batch-size or --nodes")
+
+
 def batch_layout(nodes: int, gpus_per_node: int, tp: int, global_batch: int,
                  micro_batch: int) -> tuple[int, int, int]:
     """(ranks, data-parallel size, gradient-accumulation steps) of a job of ``nodes`` nodes ×
-    ``gpus_per_node`` ranks at tensor-parallel size ``tp``: global = micro × accumulation × DP,
-    DP = ranks / TP — the arithmetic slurm/lib/pretrain_job.sh (rtd_batch_arithmetic) applies
-    and prints, with the same refusals. TP must also divide the ranks per node, so that no
-    tensor-parallel group (consecutive ranks, megatron-core's order) spans two nodes.
+    ``gpus_per_node`` ranks at tensor-parallel size ``tp``: rtd_scale.config.batch_layout, the
+    arithmetic slurm/lib/pretrain_job.sh applies and prints, with the same refusals.
 
     Raises:
-        ValueError: a TP that does not divide the ranks per node, a global batch that the DP
+        ConfigError: a TP that does not divide the ranks per node, a global batch that the DP
             size does not divide, or a micro-batch that does not divide the per-rank samples.
     """
     world = nodes * gpus_per_node
-    if gpus_per_node % tp:
-        raise ValueError(f"--tp {tp} does not divide the {gpus_per_node} GPUs per node: "
-                         "tensor-parallel groups would span nodes")
-    dp = world // tp
-    if global_batch % dp:
-        raise ValueError(f"global batch {global_batch} is not divisible by the data-parallel "
-                         f"size {dp} (= {world} ranks / TP {tp})")
-    if (global_batch // dp) % micro_batch:
-        raise ValueError(f"micro-batch {micro_batch} does not divide the {global_batch // dp} "
-                         f"samples per data-parallel rank per step (global {global_batch} / DP "
-                         f"{dp})")
-    return world, dp, global_batch // dp // micro_batch
+    dp, gas = config_batch_layout(world, global_batch, micro_batch, tp=tp,
+                                  ranks_per_node=gpus_per_node, names=TOOL_NAMES)
+    return world, dp, gas
 
 
 def _product(text: str) -> int:

@@ -138,6 +138,24 @@ class MegatronLRScheduler(OptimizerParamScheduler):
         self.settle()
         return super().state_dict()
 
+    def keep_iterations(self, saved_samples_per_step: int, optim: OptimConfig) -> bool:
+        """After a resume at another global batch size: move the restored position (samples at
+        the checkpoint's batch) to the same number of applied optimizer steps at this run's
+        batch, so that a schedule given in iterations (--lr-warmup-iters, --lr-decay-iters, the
+        default decay over --train-iters) continues at the step it reached, in warm-up and
+        decay alike, instead of at the samples it read (megatron-core counts samples: a phase 1
+        at twice phase 2's batch would otherwise resume twice as far into the schedule). A
+        schedule with any length in samples (``--lr-*-samples``) keeps its sample position.
+        Returns whether the position moved."""
+        if (saved_samples_per_step == self.samples_per_step or optim.lr_warmup_samples
+                or optim.lr_decay_samples is not None or optim.lr_wsd_decay_samples is not None):
+            return False
+        self.settle()
+        steps = self.num_steps / saved_samples_per_step
+        self.num_steps = 0
+        self.step(round(steps * self.samples_per_step))
+        return True
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore the position only (see the module docstring)."""
         if "num_steps" in state_dict:

@@ -1,8 +1,28 @@
 # shellcheck shell=bash
 # The body of slurm/pretrain_*.sh, sourced after they set their regime's defaults (RTD_* below).
-# Runs inside the batch step of an sbatch job (or an salloc shell): checks the batch arithmetic,
+# Runs inside the batch step of an sbatch job (or an salloc shell): checks the batch arithmetic
+# (rtd_scale.config.batch_layout, through `python -m rtd_scale.launch_env batch-arithmetic`),
 # starts one training process per task with srun, and turns a preemption signal into a
 # checkpoint, a requeue and, in the requeued job, a resume.
+#
+# pretrain.py gets --preset and the regime's knobs (steps, global batch, micro-batch, sequence
+# length, peak lr, warm-up, TP); everything else of the recipe (GDES, λ 50, 15% masked, AdamW
+# β/ε, weight decay, clipping, linear decay to 0) is the preset's (rtd_scale/config.py).
+#
+# Two phases (BERT's schedule, arXiv 1810.04805 §A.2), with RTD_PHASE1_ITERS set: steps
+# 1..RTD_PHASE1_ITERS at RTD_PHASE1_SEQ_LENGTH tokens and RTD_PHASE1_GLOBAL_BATCH sequences
+# (RTD_PHASE1_MICRO_BATCH per forward), then the rest to RTD_TRAIN_ITERS at RTD_SEQ_LENGTH and
+# RTD_GLOBAL_BATCH. The learning-rate schedule spans the whole run in both phases
+# (--lr-decay-iters RTD_TRAIN_ITERS); phase 2 is a --load of phase 1's last checkpoint, which
+# keeps the optimizer state and the step and continues at the same fraction of the data. The
+# phase is chosen from the newest complete checkpoint's step, so a requeued job resumes in
+# whichever phase it stopped in, and the job that finishes phase 1 goes straight on to phase 2.
+#
+# Elastic requeue: the batch arithmetic is redone at every start, so a requeued job given
+# fewer (or more) nodes (`scontrol update JobId=… NumNodes=1-1 NumTasks=… NumCPUs=…` while it
+# waits, or a new sbatch with the same RTD_SAVE) continues from the same checkpoint at the new
+# data-parallel size (pretrain.py --load converts the checkpoint at TP 1 and PP 1; see README,
+# "Resume at another size"), as long as the global batch still divides.
 #
 # Preemption, step by step:
 #   1. Slurm sends SIGUSR1 to this shell ahead of the time limit (#SBATCH --signal=B:USR1@600),
@@ -44,6 +64,10 @@ rtd_log() { echo "[rtd-slurm $(date '+%F %T')] $*"; }
 : "${RTD_MAX_REQUEUES:=100}"
 : "${RTD_VENV:=$RTD_REPO/.venv}"
 : "${RTD_LAUNCHER:=srun}"
+: "${RTD_PHASE1_ITERS:=}"  # unset: one phase
+: "${RTD_PHASE1_SEQ_LENGTH:=128}"
+: "${RTD_PHASE1_GLOBAL_BATCH:=$RTD_GLOBAL_BATCH}"
+: "${RTD_PHASE1_MICRO_BATCH:=$RTD_MICRO_BATCH}"
 # The tokenizer size the regime needs; empty disables the check (other presets, small tests).
 if [[ "$RTD_PRESET" == debertav3-* ]]; then : "${RTD_EXPECT_VOCAB=128100}"; fi
 : "${RTD_EXPECT_VOCAB:=}"
@@ -57,27 +81,12 @@ rtd_count() {  # NAME VALUE: a whole number, 0 included
 }
 
 # ---------------------------------------------------------------------- batch arithmetic ----
-# rtd_batch_arithmetic WORLD TP GLOBAL MICRO: prints "DP ACCUMULATION", or exits with an error
-# that says which numbers would work. global = micro × accumulation × DP, DP = world / TP.
+# rtd_batch_arithmetic WORLD TP GLOBAL MICRO [TASKS_PER_NODE]: prints "DP ACCUMULATION", or one
+# error line (which numbers would work) on stderr and status 1. global = micro × accumulation ×
+# DP, DP = world / TP; TP must divide the tasks per node. rtd_scale.config.batch_layout, the
+# arithmetic pretrain.py and tools/estimate_cost.py apply too.
 rtd_batch_arithmetic() {
-  local world="$1" tp="$2" global="$3" micro="$4" dp ok="" m
-  (( world % tp == 0 )) || rtd_die "$world tasks are not divisible by RTD_TP=$tp" \
-    "(tensor-parallel size); launch a multiple of $tp tasks"
-  dp=$(( world / tp ))
-  if (( global % dp != 0 )); then
-    rtd_die "global batch RTD_GLOBAL_BATCH=$global is not divisible by the data-parallel size" \
-      "$dp (= $world tasks / TP $tp): no micro-batch and accumulation give exactly $global." \
-      "Choose a node count whose task count / TP divides $global (for 8 GPUs per node and" \
-      "TP 1: 1, 2, 4, 8, 16 … nodes), or change RTD_GLOBAL_BATCH"
-  fi
-  if (( (global / dp) % micro != 0 )); then
-    for m in 1 2 4 8 16 32 64 128; do
-      if (( (global / dp) % m == 0 )); then ok="$ok $m"; fi
-    done
-    rtd_die "RTD_MICRO_BATCH=$micro does not divide the $(( global / dp )) samples per" \
-      "data-parallel rank per step (global $global / DP $dp); micro-batch sizes that do:$ok"
-  fi
-  echo "$dp $(( global / dp / micro ))"
+  (cd "$RTD_REPO" && python -m rtd_scale.launch_env batch-arithmetic "$@")
 }
 
 rtd_latest_tag() {  # the checkpoint --load RTD_SAVE takes (the newest complete one), or nothing
@@ -88,14 +97,18 @@ rtd_holds_run() {  # true when RTD_SAVE holds an earlier run's checkpoints, comp
   compgen -G "$RTD_SAVE/global_step*" >/dev/null || [ -f "$RTD_SAVE/latest" ]
 }
 
+rtd_step_of() {  # TAG: N of global_step<N>; 0 for no checkpoint
+  if [[ "$1" =~ ^global_step([0-9]+)$ ]]; then echo "${BASH_REMATCH[1]}"; else echo 0; fi
+}
+
 rtd_is_final() {  # TAG: true when global_step<N> has N >= RTD_TRAIN_ITERS (training is done)
-  [[ "$1" =~ ^global_step([0-9]+)$ ]] && (( BASH_REMATCH[1] >= RTD_TRAIN_ITERS ))
+  (( $(rtd_step_of "$1") >= RTD_TRAIN_ITERS ))
 }
 
 # --------------------------------------------------------------------------------- main ----
 rtd_pretrain_main() {
-  local world tp dp gas master_addr tag_at_start load_args=() data_paths=() srun_pid="" rc=0
-  local preempted=0 signals=0 before
+  local world tp dp gas master_addr tag_at_start data_paths=() srun_pid="" rc=0
+  local preempted=0 signals=0 before per_node
   # First thing: a SIGUSR1 before srun starts must not kill this shell (bash's default action).
   # A trapped signal interrupts `wait` (status > 128) while srun keeps running: count signals so
   # the loop below waits again and rc is srun's own status.
@@ -104,8 +117,18 @@ rtd_pretrain_main() {
   rtd_positive_int RTD_TRAIN_ITERS "$RTD_TRAIN_ITERS"
   rtd_positive_int RTD_GLOBAL_BATCH "$RTD_GLOBAL_BATCH"
   rtd_positive_int RTD_MICRO_BATCH "$RTD_MICRO_BATCH"
+  rtd_positive_int RTD_SEQ_LENGTH "$RTD_SEQ_LENGTH"
   rtd_positive_int RTD_TP "$RTD_TP"
   rtd_count RTD_MAX_REQUEUES "$RTD_MAX_REQUEUES"  # else `-ge` fails and every stop requeues
+  if [ -n "$RTD_PHASE1_ITERS" ]; then
+    rtd_positive_int RTD_PHASE1_ITERS "$RTD_PHASE1_ITERS"
+    (( RTD_PHASE1_ITERS < RTD_TRAIN_ITERS )) || rtd_die "RTD_PHASE1_ITERS=$RTD_PHASE1_ITERS" \
+      "must be below RTD_TRAIN_ITERS=$RTD_TRAIN_ITERS (phase 2 trains the steps after it);" \
+      "unset it for one phase"
+    rtd_positive_int RTD_PHASE1_SEQ_LENGTH "$RTD_PHASE1_SEQ_LENGTH"
+    rtd_positive_int RTD_PHASE1_GLOBAL_BATCH "$RTD_PHASE1_GLOBAL_BATCH"
+    rtd_positive_int RTD_PHASE1_MICRO_BATCH "$RTD_PHASE1_MICRO_BATCH"
+  fi
   if [ -n "${RTD_MASTER_PORT:-}" ]; then
     if ! [[ "$RTD_MASTER_PORT" =~ ^[1-9][0-9]*$ ]] || (( RTD_MASTER_PORT > 65535 )); then
       rtd_die "RTD_MASTER_PORT=$RTD_MASTER_PORT: expected a TCP port, 1-65535"
@@ -126,18 +149,30 @@ rtd_pretrain_main() {
   export PYTHONUNBUFFERED=1
   export OMP_NUM_THREADS="${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}"
 
+  # Redone at every start: a requeued job may have been given another node count. Its
+  # SLURM_NTASKS is then the submission's (Slurm keeps the job's first environment; measured on
+  # 22.05), while SLURM_TASKS_PER_NODE ("2(x3),1") describes this allocation: count from that,
+  # and tell srun, which would otherwise ask for the old number of tasks.
   world="${SLURM_NTASKS:?SLURM_NTASKS is not set: give the job --ntasks-per-node}"
-  tp="$RTD_TP"
-  read -r dp gas <<<"$(rtd_batch_arithmetic "$world" "$tp" "$RTD_GLOBAL_BATCH" "$RTD_MICRO_BATCH")"
-  [ -n "$gas" ] || exit 1  # the error is already printed
-  # megatron-core puts consecutive ranks in one TP group and Slurm numbers ranks node by node
-  # (block distribution): TP groups stay inside a node only when TP divides the tasks per node
-  local per_node="${SLURM_TASKS_PER_NODE:-$world}"
-  per_node="${per_node%%[(,]*}"
-  if [ "${SLURM_JOB_NUM_NODES:-1}" -gt 1 ] && (( per_node % tp != 0 )); then
-    rtd_die "RTD_TP=$tp does not divide the $per_node tasks per node: tensor-parallel groups" \
-      "would span nodes; use a TP size that divides --ntasks-per-node"
+  if [ -n "${SLURM_TASKS_PER_NODE:-}" ]; then
+    local group allocated=0 resized=""
+    for group in ${SLURM_TASKS_PER_NODE//,/ }; do
+      if [[ "$group" =~ ^([0-9]+)\(x([0-9]+)\)$ ]]; then
+        allocated=$(( allocated + BASH_REMATCH[1] * BASH_REMATCH[2] ))
+      elif [[ "$group" =~ ^[0-9]+$ ]]; then
+        allocated=$(( allocated + group ))
+      fi
+    done
+    if (( allocated > 0 && allocated != world )); then
+      resized="this allocation holds $allocated tasks (SLURM_TASKS_PER_NODE=$SLURM_TASKS_PER_NODE),"
+      resized+=" not the submission's SLURM_NTASKS=$world: the job was resized; using $allocated"
+      world="$allocated"
+      export SLURM_NTASKS="$world" SLURM_NPROCS="$world"
+    fi
   fi
+  tp="$RTD_TP"
+  per_node="${SLURM_TASKS_PER_NODE:-$world}"
+  per_node="${per_node%%[(,]*}"
   export RTD_TP  # slurm/lib/rank_env.sh logs each rank's TP and DP coordinates
   case "$RTD_LAUNCHER" in
     srun|torchrun) ;;
@@ -174,93 +209,134 @@ rtd_pretrain_main() {
       "--vocab-size $RTD_EXPECT_VOCAB), or set RTD_EXPECT_VOCAB= to accept it"
   fi
 
-  master_addr="$(scontrol show hostnames "$SLURM_JOB_NODELIST")"  # one host per line
-  export MASTER_ADDR="${master_addr%%$'\n'*}"  # the first (no pipe: no SIGPIPE under pipefail)
-  export MASTER_PORT="${RTD_MASTER_PORT:-$(( 10000 + SLURM_JOB_ID % 20000 ))}"
-
   tag_at_start="$(rtd_latest_tag)"
   if rtd_is_final "$tag_at_start"; then
     rtd_log "$RTD_SAVE already holds the final checkpoint ($tag_at_start): nothing to do"
     return 0
   fi
-  if [ -n "$tag_at_start" ] || rtd_holds_run; then
-    load_args=(--load "$RTD_SAVE")
+  # Both phases' arithmetic before anything starts (phase 1's while it is still to train), so a
+  # layout that cannot do phase 2 stops now, not after phase 1
+  local dp1="" gas1=""
+  if [ -n "$RTD_PHASE1_ITERS" ] && (( $(rtd_step_of "$tag_at_start") < RTD_PHASE1_ITERS )); then
+    read -r dp1 gas1 <<<"$(rtd_batch_arithmetic "$world" "$tp" "$RTD_PHASE1_GLOBAL_BATCH" \
+      "$RTD_PHASE1_MICRO_BATCH" "$per_node" --phase1)"
+    [ -n "$gas1" ] || exit 1  # the error is already printed
   fi
+  read -r dp gas <<<"$(rtd_batch_arithmetic "$world" "$tp" "$RTD_GLOBAL_BATCH" "$RTD_MICRO_BATCH" "$per_node")"
+  [ -n "$gas" ] || exit 1
+
+  master_addr="$(scontrol show hostnames "$SLURM_JOB_NODELIST")"  # one host per line
+  export MASTER_ADDR="${master_addr%%$'\n'*}"  # the first (no pipe: no SIGPIPE under pipefail)
+  export MASTER_PORT="${RTD_MASTER_PORT:-$(( 10000 + SLURM_JOB_ID % 20000 ))}"
+
+  rtd_log "job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NUM_NODES node(s)" \
+    "$SLURM_JOB_NODELIST: $world tasks, master $MASTER_ADDR:$MASTER_PORT, device $RTD_DEVICE"
+  if [ -n "${resized:-}" ]; then rtd_log "$resized"; fi
 
   local precision_args=()
   if [ "$RTD_BF16" = 1 ]; then precision_args=(--bf16); fi
   local extra_args=()
   read -r -a extra_args <<<"$RTD_EXTRA_ARGS"
-  local cmd=(
-    python -u "$RTD_REPO/rtd_scale/pretrain.py"
-    --ds_config "$RTD_DS_CONFIG"
-    --preset "$RTD_PRESET"
-    --data-path "${data_paths[@]}"
-    --tokenizer-model "$RTD_TOKENIZER"
-    --save "$RTD_SAVE" ${load_args[@]+"${load_args[@]}"}
-    --tensorboard-dir "$RTD_TENSORBOARD_DIR"
-    --train-iters "$RTD_TRAIN_ITERS"
-    --seq-length "$RTD_SEQ_LENGTH"
-    --micro-batch-size "$RTD_MICRO_BATCH"
-    --global-batch-size "$RTD_GLOBAL_BATCH"
-    --tensor-model-parallel-size "$RTD_TP"
-    --sharing gdes --rtd-lambda 50 --mask-prob 0.15
-    --lr "$RTD_LR" --min-lr 0 --lr-warmup-iters "$RTD_WARMUP_ITERS"
-    --lr-decay-iters "$RTD_TRAIN_ITERS"
-    --weight-decay 0.01 --clip-grad 1.0
-    --set optim.adam_beta1=0.9 --set optim.adam_beta2=0.98 --set optim.adam_eps=1e-6
-    ${precision_args[@]+"${precision_args[@]}"}
-    --log-interval "$RTD_LOG_INTERVAL" --save-interval "$RTD_SAVE_INTERVAL"
-    --seed "$RTD_SEED"
-    --exit-signal-handler --exit-signal SIGUSR1
-    ${extra_args[@]+"${extra_args[@]}"}
-  )
-
-  rtd_log "job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NUM_NODES node(s)" \
-    "$SLURM_JOB_NODELIST: $world tasks, master $MASTER_ADDR:$MASTER_PORT, device $RTD_DEVICE"
-  rtd_log "batch: micro-batch $RTD_MICRO_BATCH × accumulation $gas × data-parallel $dp" \
-    "= global $RTD_GLOBAL_BATCH (TP $tp)"
-  if [ -n "$tag_at_start" ]; then
-    rtd_log "resuming: the newest complete checkpoint in $RTD_SAVE is $tag_at_start"
-  elif rtd_holds_run; then
-    rtd_log "warning: $RTD_SAVE holds checkpoints but none is complete; --load says why"
-  else
-    rtd_log "starting fresh: no checkpoint in $RTD_SAVE"
-  fi
-  if [ "$RTD_LAUNCHER" = torchrun ]; then
-    rtd_log "running: srun ... torchrun ... ${cmd[*]}"
-  else
-    rtd_log "running: srun ... ${cmd[*]}"
-  fi
-
-  if [ "$preempted" = 0 ]; then
-    if [ "$RTD_LAUNCHER" = torchrun ]; then
-      # Megatron-LM's habit: one torchrun per node, which starts the node's ranks and meets the
-      # others at a c10d rendezvous on the first node. torchrun passes SIGUSR1 on to its workers
-      # only when told to, and then gives them --shutdown-timeout seconds to save and exit.
-      srun --kill-on-bad-exit=1 --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" \
-        --ntasks-per-node=1 torchrun --nnodes="$SLURM_JOB_NUM_NODES" \
-        --nproc-per-node="$(( world / SLURM_JOB_NUM_NODES ))" --rdzv-backend=c10d \
-        --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID" \
-        --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 --shutdown-timeout=300 \
-        --no-python "${cmd[@]}" &
+  local tag="$tag_at_start" step phase iters seq global micro pdp pgas load_args cmd
+  while :; do
+    step="$(rtd_step_of "$tag")"
+    if [ -n "$RTD_PHASE1_ITERS" ] && (( step < RTD_PHASE1_ITERS )); then
+      phase=1 iters="$RTD_PHASE1_ITERS" seq="$RTD_PHASE1_SEQ_LENGTH" pdp="$dp1" pgas="$gas1"
+      global="$RTD_PHASE1_GLOBAL_BATCH" micro="$RTD_PHASE1_MICRO_BATCH"
     else
-      srun --kill-on-bad-exit=1 bash "$RTD_REPO/slurm/lib/rank_env.sh" "${cmd[@]}" &
+      phase=2 iters="$RTD_TRAIN_ITERS" seq="$RTD_SEQ_LENGTH" pdp="$dp" pgas="$gas"
+      global="$RTD_GLOBAL_BATCH" micro="$RTD_MICRO_BATCH"
     fi
-    srun_pid=$!
-    while :; do
-      before="$signals"
-      set +e
-      wait "$srun_pid"
-      rc=$?
-      set -e
-      if [ "$signals" != "$before" ] && [ "$rc" -gt 128 ]; then continue; fi
-      break
-    done
-  fi
+    load_args=()
+    if [ -n "$tag" ] || rtd_holds_run; then
+      load_args=(--load "$RTD_SAVE")
+    fi
+    # The preset holds the recipe; these are the regime's knobs and the job's plumbing. The
+    # schedule's length is the whole run's, in phase 1 too: --lr-decay-iters RTD_TRAIN_ITERS.
+    cmd=(
+      python -u "$RTD_REPO/rtd_scale/pretrain.py"
+      --ds_config "$RTD_DS_CONFIG"
+      --preset "$RTD_PRESET"
+      --data-path "${data_paths[@]}"
+      --tokenizer-model "$RTD_TOKENIZER"
+      --save "$RTD_SAVE" ${load_args[@]+"${load_args[@]}"}
+      --tensorboard-dir "$RTD_TENSORBOARD_DIR"
+      --train-iters "$iters"
+      --lr-decay-iters "$RTD_TRAIN_ITERS"
+      --seq-length "$seq"
+      --micro-batch-size "$micro"
+      --global-batch-size "$global"
+      --tensor-model-parallel-size "$RTD_TP"
+      --lr "$RTD_LR" --lr-warmup-iters "$RTD_WARMUP_ITERS"
+      ${precision_args[@]+"${precision_args[@]}"}
+      --log-interval "$RTD_LOG_INTERVAL" --save-interval "$RTD_SAVE_INTERVAL"
+      --seed "$RTD_SEED"
+      --exit-signal-handler --exit-signal SIGUSR1
+      ${extra_args[@]+"${extra_args[@]}"}
+    )
 
-  local tag
-  tag="$(rtd_latest_tag)"
+    if [ -n "$RTD_PHASE1_ITERS" ]; then
+      if [ "$phase" = 1 ]; then
+        rtd_log "phase 1 of 2: steps $(( step + 1 ))-$RTD_PHASE1_ITERS at sequence length $seq," \
+          "global batch $global (RTD_PHASE1_*); the learning-rate schedule spans all" \
+          "$RTD_TRAIN_ITERS steps"
+      else
+        rtd_log "phase 2 of 2: steps $(( step + 1 ))-$RTD_TRAIN_ITERS at sequence length $seq," \
+          "global batch $global"
+      fi
+    fi
+    rtd_log "batch: micro-batch $micro × accumulation $pgas × data-parallel $pdp" \
+      "= global $global (TP $tp)"
+    if [ -n "$tag" ]; then
+      rtd_log "resuming: the newest complete checkpoint in $RTD_SAVE is $tag"
+    elif rtd_holds_run; then
+      rtd_log "warning: $RTD_SAVE holds checkpoints but none is complete; --load says why"
+    else
+      rtd_log "starting fresh: no checkpoint in $RTD_SAVE"
+    fi
+    if [ "$RTD_LAUNCHER" = torchrun ]; then
+      rtd_log "running: srun ... torchrun ... ${cmd[*]}"
+    else
+      rtd_log "running: srun ... ${cmd[*]}"
+    fi
+
+    if [ "$preempted" = 0 ]; then
+      if [ "$RTD_LAUNCHER" = torchrun ]; then
+        # Megatron-LM's habit: one torchrun per node, which starts the node's ranks and meets the
+        # others at a c10d rendezvous on the first node. torchrun passes SIGUSR1 on to its workers
+        # only when told to, and then gives them --shutdown-timeout seconds to save and exit.
+        srun --kill-on-bad-exit=1 --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" \
+          --ntasks-per-node=1 torchrun --nnodes="$SLURM_JOB_NUM_NODES" \
+          --nproc-per-node="$(( world / SLURM_JOB_NUM_NODES ))" --rdzv-backend=c10d \
+          --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID" \
+          --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 --shutdown-timeout=300 \
+          --no-python "${cmd[@]}" &
+      else
+        srun --kill-on-bad-exit=1 bash "$RTD_REPO/slurm/lib/rank_env.sh" "${cmd[@]}" &
+      fi
+      srun_pid=$!
+      while :; do
+        before="$signals"
+        set +e
+        wait "$srun_pid"
+        rc=$?
+        set -e
+        if [ "$signals" != "$before" ] && [ "$rc" -gt 128 ]; then continue; fi
+        break
+      done
+      srun_pid=""
+    fi
+
+    tag="$(rtd_latest_tag)"
+    # phase 1 done (not stopped early): the same job goes on to phase 2
+    if [ "$phase" = 1 ] && [ "$rc" = 0 ] && [ "$preempted" = 0 ] && \
+        (( $(rtd_step_of "$tag") >= RTD_PHASE1_ITERS )); then
+      rtd_log "phase 1 finished: $RTD_SAVE/$tag"
+      continue
+    fi
+    break
+  done
+
   if [ "$rc" = 0 ] && rtd_is_final "$tag"; then
     rtd_log "training finished: $RTD_SAVE/$tag"
     return 0

@@ -11,6 +11,9 @@
   equal a single-node run of the same layout (the `deepspeed` launcher, 4 local ranks);
 - the same job with RTD_LAUNCHER=torchrun (one `torchrun --nnodes 2 --rdzv-backend c10d` per
   node, started by srun): the same losses;
+- an elastic requeue at TP 1: preempted on 2 nodes (DP 4), shrunk to 1 node (DP 2) with
+  `scontrol update` while Slurm holds it, continued from the same checkpoint; its losses equal
+  an uninterrupted run's within 1e-5 relative;
 - tools/estimate_cost.py prints the node counts and batch arithmetic the job prints.
 
 The cluster tests skip, with one line, only where the cluster cannot be made (not root, no
@@ -33,7 +36,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.env import REPO
-from tests.helpers.launcher import scalars
+from tests.helpers.launcher import NO_DROPOUT, scalars
 from tests.helpers.slurm import shellcheck, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -339,14 +342,11 @@ def preempted_job(cluster, job_env, tmp_path_factory) -> Preempted:
     return Preempted(job=job, out=out, save=save)
 
 
-@pytest.fixture(scope="module")
-def single_node_losses(preempted_job, tmp_path_factory) -> dict[str, dict[int, float]]:
-    """The job's own pretrain.py command, run on this machine by the `deepspeed` launcher as 4
-    local ranks (one node, the same TP 2 × DP 2): TensorBoard losses per step."""
-    line = re.search(r"running: srun \.\.\. python -u (\S+/pretrain\.py) (.*)$", preempted_job.out,
-                     re.M)
+def _local_run(out: str, ranks: int, save: Path) -> subprocess.CompletedProcess:
+    """A job's first pretrain.py command (from its `running:` line), run on this machine by the
+    `deepspeed` launcher as ``ranks`` local ranks, saving to ``save``."""
+    line = re.search(r"running: srun \.\.\. python -u (\S+/pretrain\.py) (.*)$", out, re.M)
     args = line[2].split()
-    save = tmp_path_factory.mktemp("mn_single") / "run"
     for flag, value in (("--save", str(save)), ("--tensorboard-dir", str(save / "tensorboard"))):
         args[args.index(flag) + 1] = value
     port = subprocess.run([sys.executable, "-c", "from rtd_scale.launch_env import free_port; "
@@ -354,12 +354,21 @@ def single_node_losses(preempted_job, tmp_path_factory) -> dict[str, dict[int, f
                           check=True).stdout.strip()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
-    t0 = time.monotonic()
-    r = subprocess.run([str(Path(sys.executable).with_name("deepspeed")), "--num_gpus", "4",
-                        "--master_port", port, line[1], *args], cwd=REPO, env=env,
+    r = subprocess.run([str(Path(sys.executable).with_name("deepspeed")), "--num_gpus",
+                        str(ranks), "--master_port", port, line[1], *args], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=600)
-    print(f"[multinode] single-node reference (4 local ranks): {time.monotonic() - t0:.1f} s")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r
+
+
+@pytest.fixture(scope="module")
+def single_node_losses(preempted_job, tmp_path_factory) -> dict[str, dict[int, float]]:
+    """The job's own pretrain.py command, run on this machine by the `deepspeed` launcher as 4
+    local ranks (one node, the same TP 2 × DP 2): TensorBoard losses per step."""
+    save = tmp_path_factory.mktemp("mn_single") / "run"
+    t0 = time.monotonic()
+    r = _local_run(preempted_job.out, 4, save)
+    print(f"[multinode] single-node reference (4 local ranks): {time.monotonic() - t0:.1f} s")
     assert "world 4 = TP 2 × PP 1 × DP 2" in r.stdout and "ZeRO stage 3" in r.stdout
     losses = _losses(save / "tensorboard")
     assert sorted(losses["loss/total"]) == list(range(1, ITERS + 1))
@@ -529,3 +538,84 @@ def test_estimate_cost_agrees_with_the_two_node_job(cluster, preempted_job):
     assert world.groups() == (tool[2], tool[3], tool[4]) == ("4", "2", "2")
     batch = re.search(r"^batch:     (.*)$", r.stdout, re.M)[1]
     assert f"] batch: {batch}\n" in preempted_job.out, batch
+
+
+# ------------------------------------------------- elastic requeue: 2 nodes, then 1 node ----
+
+def test_elastic_requeue_continues_on_fewer_nodes(cluster, job_env, tmp_path_factory):
+    """TP 1 on 2 nodes × 2 tasks (DP 4, accumulation 1): SIGUSR1, save, requeue; while Slurm
+    holds the requeued job it is shrunk to 1 node × 2 tasks (`scontrol update NumNodes=1
+    NumTasks=2`). The same job id then redoes the batch arithmetic (DP 2, accumulation 2),
+    converts the checkpoint (DeepSpeed universal checkpoint) and continues at the saved step.
+    Every step's losses equal an uninterrupted run's (2 local ranks) within 1e-5 relative; the
+    two sizes sum the global batch's gradients in different orders. Dropout is off: at a new
+    size each rank seeds a fresh dropout stream (rtd_scale/training/reshard.py)."""
+    work = tmp_path_factory.mktemp("mn_elastic")
+    save = work / "run"
+    env = {**job_env, "RTD_SAVE": str(save), "RTD_TP": "1", "RTD_EXTRA_ARGS": " ".join(NO_DROPOUT)}
+    t0 = time.monotonic()
+    job = _sbatch(cluster, env, work, *TWO_NODES, BASE)
+    log = work / f"slurm-rtd-debertav3-base-{job}.out"
+    try:
+        wait_for("iteration 2", lambda: log.exists() and
+              any(int(m[1]) >= 2 for m in ITERATION.finditer(log.read_text())), 400, log)
+        cluster.client("scancel", "--signal=USR1", "--batch", str(job))
+        wait_for("the job to be requeued",
+              lambda: _queued(cluster, job) in ("PENDING BeginTime", ""), 300, log)
+        assert _queued(cluster, job) == "PENDING BeginTime", \
+            f"the job ended instead of requeueing: {_job(cluster, job)}\n{log.read_text()[-3000:]}"
+        # NumNodes=1 alone sets the minimum only, and the old CPU count stays required: the job
+        # would pend with Reason BadConstraints (measured on Slurm 22.05)
+        cluster.client("scontrol", "update", f"JobId={job}", "NumNodes=1-1", "NumTasks=2",
+                       "NumCPUs=2")
+        held = _job(cluster, job)
+        assert held["NumTasks"] == "2" and "cpu=2," in held["TRES"] and "node=1," in \
+            held["TRES"], held
+        time.sleep(2.5)  # see test_slurm.py: a start in the same second as the revocation fails
+        cluster.client("scontrol", "update", f"JobId={job}", "StartTime=now")
+        wait_for("the requeued job to end", lambda: not _queued(cluster, job), 480, log)
+    finally:
+        cluster.client("scancel", str(job), check=False)
+    print(f"\n[multinode] elastic job, 2 nodes then 1: {time.monotonic() - t0:.1f} s")
+    out = log.read_text()
+    state = _job(cluster, job)
+    assert state["JobState"] == "COMPLETED" and state["ExitCode"] == "0:0", (state, out[-3000:])
+    assert state["Restarts"] == "1", state
+
+    first, second = out.split(f"job {job} (restart 1)")
+    assert f"job {job} (restart 0) on 2 node(s) " in first and ": 4 tasks, " in first
+    assert "batch: micro-batch 4 × accumulation 1 × data-parallel 4 = global 16 (TP 1)" in first
+    assert "world 4 = TP 1 × PP 1 × DP 4" in first
+    saved = int(re.search(r"exit signal SIGUSR1 received: stopped after iteration (\d+)",
+                          first)[1])
+    assert 2 <= saved < ITERS, first[-3000:]
+    assert f"stopped at global_step{saved} (was none): requeueing job {job}" in first
+    assert re.match(rf" on 1 node\(s\) {cluster.nodes[0][:-1]}[12]: 2 tasks, ", second), \
+        second[:300]
+    assert "this allocation holds 2 tasks (SLURM_TASKS_PER_NODE=2), not the submission's " \
+        "SLURM_NTASKS=4: the job was resized; using 2" in second
+    assert "batch: micro-batch 4 × accumulation 2 × data-parallel 2 = global 16 (TP 1)" in second
+    assert "world 2 = TP 1 × PP 1 × DP 2" in second
+    assert re.search(rf"^converted {re.escape(str(save))}/global_step{saved} from TP 1 × PP 1 × "
+                     r"DP 4, ZeRO-3 to TP 1 × PP 1 × DP 2, ZeRO-3 ", second, re.M), second[-3000:]
+    assert f"resumed from {save} at iteration {saved} ({saved * 16} samples consumed)" in second
+    assert [int(m[1]) for m in ITERATION.finditer(second)] == list(range(saved + 1, ITERS + 1))
+    assert (save / "latest").read_text().strip() == f"global_step{ITERS}"
+
+    ref_save = tmp_path_factory.mktemp("mn_elastic_ref") / "run"
+    t0 = time.monotonic()
+    r = _local_run(out, 2, ref_save)
+    print(f"[multinode] uninterrupted reference (2 local ranks): {time.monotonic() - t0:.1f} s")
+    assert "world 2 = TP 1 × PP 1 × DP 2" in r.stdout
+    ref, got = _losses(ref_save / "tensorboard"), _losses(save / "tensorboard")
+    rel = {(t, s): abs(got[t][s] - v) / max(abs(got[t][s]), abs(v))
+           for t in LOSSES for s, v in ref[t].items()}
+    worst = max(rel.values())
+    print(f"[multinode] elastic (DP 4 to step {saved}, then DP 2) vs uninterrupted DP 2: largest "
+          f"relative loss difference {worst:.3g} (after the resume "
+          f"{max(v for (t, s), v in rel.items() if s > saved):.3g}); total loss "
+          + " ".join(f"{s}:{got['loss/total'][s]:.7g}/{v:.7g}"
+                     for s, v in sorted(ref["loss/total"].items())))
+    for tag in LOSSES:
+        assert sorted(got[tag]) == sorted(ref[tag]) == list(range(1, ITERS + 1)), tag
+    assert worst <= 1e-5, sorted(rel.items(), key=lambda kv: -kv[1])[:5]

@@ -56,8 +56,9 @@ def test_missing_shards_and_bad_batch(wiki_shards, tmp_path, capsys, monkeypatch
     argv[3] = str(tmp_path / "nope_text_document")
     assert "nope_text_document" in _error(capsys, argv, monkeypatch)
     argv = _args(wiki_shards, tmp_path / "run", "--global-batch-size", "12")
-    assert "--global-batch-size 12 is not divisible by --micro-batch-size 4" in _error(
-        capsys, argv, monkeypatch)
+    assert "--micro-batch-size 4 does not divide the 6 samples per data-parallel rank per step " \
+        "(global 12 / DP 2); micro-batch sizes that do: 1 2 3 6" in _error(capsys, argv,
+                                                                           monkeypatch)
 
 
 def test_launcher_reports_a_user_error_without_traceback(wiki_shards, tmp_path):

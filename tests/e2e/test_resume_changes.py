@@ -11,9 +11,8 @@ import re
 import shutil
 
 import pytest
-import torch
 
-from tests.helpers.launcher import common, launch, pretrain_error
+from tests.helpers.launcher import adam_steps, common, launch, pretrain_error
 
 ITERATION = re.compile(r"^ iteration\s+(\d+)/\s*\d+ \| consumed samples:\s+(\d+) \|", re.M)
 
@@ -52,13 +51,6 @@ def test_resume_with_another_seed_is_refused_unless_overridden(wiki_shards, two_
     assert [int(m[0]) for m in ITERATION.findall(r.stdout)] == [3]
 
 
-def _adam_steps(ckpt_dir) -> set[float]:
-    """The AdamW step count of every parameter group in a ZeRO checkpoint's optimizer state."""
-    states = torch.load(next(ckpt_dir.glob("*optim_states.pt")), map_location="cpu",
-                        weights_only=False)["optimizer_state_dict"]["optimizer_state_dict"]
-    return {float(s["step"]) for s in states["state"].values()}
-
-
 def test_second_phase_at_a_longer_sequence_and_another_batch(wiki_shards, two_steps, tmp_path):
     save = shutil.copytree(two_steps, tmp_path / "run")
     phase2 = common(wiki_shards, save, 4, ["--eval-iters", "0", "--load", str(save),
@@ -81,6 +73,10 @@ def test_second_phase_at_a_longer_sequence_and_another_batch(wiki_shards, two_st
     # steps 3 and 4 read 8 samples each from the new position
     assert [(int(i), int(c)) for i, c in ITERATION.findall(r.stdout)] == [(3, start + 8),
                                                                           (4, start + 16)]
+    # the schedule (warm-up 4 steps to 1e-3) continues at the step, not at the samples read:
+    # iteration 3 is 2/4 of the way up, where 32 samples at the new batch of 8 would be 4/4
+    lr = float(re.search(r"^learning rate of iteration 3: (\S+)$", r.stdout, re.M)[1])
+    assert lr == pytest.approx(1e-3 * 2 / 4, rel=1e-12), lr
     # the AdamW moments came along: their step count is the run's, not the phase's
-    assert _adam_steps(save / "global_step2") == {2.0}
-    assert _adam_steps(save / "global_step4") == {4.0}
+    assert adam_steps(save / "global_step2") == {2.0}
+    assert adam_steps(save / "global_step4") == {4.0}

@@ -4,8 +4,11 @@ packages by tools/slurm_local_start.sh (stopped again at the end of this module)
 - slurm/preprocess.sh as a 2-task array job makes the shards the training jobs read;
 - slurm/pretrain_large.sh with the small-test overrides (tiny preset, CPU, 2 tasks) trains 20
   steps and checkpoints;
-- a second job gets the preemption signal (scancel --signal=USR1 --batch, as Slurm's
-  --signal=B:USR1@600 would send it): it saves, requeues itself and resumes at the saved step.
+- a second job, in two phases (BERT's schedule: steps 1-10 at 32 tokens and global batch 32,
+  11-20 at 64 tokens and batch 16), gets the preemption signal in phase 1 (scancel
+  --signal=USR1 --batch, as Slurm's --signal=B:USR1@600 would send it): it saves, requeues
+  itself, resumes in phase 1 at the saved step and goes on to phase 2 in the same job, with the
+  AdamW step count and the learning-rate schedule of one run.
 
 The Slurm tests skip only when Slurm cannot be installed (no root/sudo, no apt-get, no package
 mirror); any other failure fails. The script checks (bash -n, shellcheck) need no Slurm.
@@ -24,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.env import REPO, TEST_DATA
+from tests.helpers.launcher import adam_steps
 from tests.helpers.slurm import shellcheck, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -259,10 +263,15 @@ def test_pretrain_large_small_overrides_two_ranks(slurm_shards, tmp_path):
     assert "running: srun" not in out
 
 
-def test_preemption_saves_requeues_and_resumes(slurm_shards, tmp_path):
+PHASE1 = 10  # the two-phase job: steps 1-10 in phase 1, 11-20 in phase 2
+
+
+def test_preemption_saves_requeues_and_resumes_in_two_phases(slurm_shards, tmp_path):
     env, _ = slurm_shards
     save = tmp_path / "run"
-    env = {**env, "RTD_TRAIN_ITERS": "20", "RTD_SAVE_INTERVAL": "100", "RTD_SAVE": str(save)}
+    env = {**env, "RTD_TRAIN_ITERS": "20", "RTD_SAVE_INTERVAL": "100", "RTD_SAVE": str(save),
+           "RTD_PHASE1_ITERS": str(PHASE1), "RTD_PHASE1_SEQ_LENGTH": "32",
+           "RTD_PHASE1_GLOBAL_BATCH": "32", "RTD_LR": "3e-4"}
     t0 = time.monotonic()
     job = _sbatch(env, tmp_path, *SMALL_TEST, LARGE)
     log = tmp_path / f"slurm-rtd-debertav3-large-{job}.out"
@@ -282,10 +291,10 @@ def test_preemption_saves_requeues_and_resumes(slurm_shards, tmp_path):
             f"the job ended instead of requeueing: {_job(env, job)}\n{log.read_text()[-3000:]}"
         time.sleep(2.5)
         _run(env, "scontrol", "update", f"JobId={job}", "StartTime=now")
-        wait_for("the requeued job to end", lambda: not _queued(env, job), 480, log)
+        wait_for("the requeued job to end", lambda: not _queued(env, job), 600, log)
     finally:
         subprocess.run(["scancel", str(job)], env=env, capture_output=True, timeout=30)
-    print(f"[slurm] preempted, requeued and resumed job: {time.monotonic() - t0:.1f} s")
+    print(f"[slurm] two-phase job, preempted, requeued and resumed: {time.monotonic() - t0:.1f} s")
     out = log.read_text()
     state = _job(env, job)
     assert state["JobState"] == "COMPLETED" and state["ExitCode"] == "0:0", (state, out[-3000:])
@@ -294,16 +303,46 @@ def test_preemption_saves_requeues_and_resumes(slurm_shards, tmp_path):
     first, second = out.split(f"job {job} (restart 1)")  # one output file, appended on requeue
     saved = int(re.search(r"exit signal SIGUSR1 received: stopped after iteration (\d+)",
                           first)[1])
-    assert 2 <= saved < 20, first[-3000:]
+    assert 2 <= saved < PHASE1, first[-3000:]
+    assert (f"phase 1 of 2: steps 1-{PHASE1} at sequence length 32, global batch 32 "
+            "(RTD_PHASE1_*); the learning-rate schedule spans all 20 steps") in first
+    assert "micro-batch 4 × accumulation 4 × data-parallel 2 = global 32 (TP 1)" in first
+    running = [line for line in first.splitlines() if "] running: srun" in line]
+    assert len(running) == 1 and "--train-iters 10 --lr-decay-iters 20 --seq-length 32 " \
+        "--micro-batch-size 4 --global-batch-size 32 " in running[0], running
     assert f"saved checkpoint at iteration {saved:8d} to {save}/global_step{saved}" in first
     assert f"stopped at global_step{saved} (was none): requeueing job {job}" in first
     assert [int(m[1]) for m in ITERATION.finditer(first)] == list(range(1, saved + 1))
 
-    assert f"resuming: the newest complete checkpoint in {save} is global_step{saved}" in second
-    assert f"--load {save}" in second
-    assert f"resumed from {save} at iteration {saved}" in second
-    resumed = [(int(m[1]), float(m[3])) for m in ITERATION.finditer(second)]
-    assert [s for s, _ in resumed] == list(range(saved + 1, 21)), second[-3000:]
-    assert all(math.isfinite(loss) for _, loss in resumed)
-    assert "training finished" in second
+    # the requeued job resumes in phase 1 (its checkpoint's), then goes on to phase 2 itself
+    resume1, phase2 = second.split("phase 1 finished: ")
+    assert f"phase 1 of 2: steps {saved + 1}-{PHASE1} at sequence length 32" in resume1
+    assert f"resuming: the newest complete checkpoint in {save} is global_step{saved}" in resume1
+    assert f"--load {save}" in resume1
+    assert f"resumed from {save} at iteration {saved}" in resume1
+    assert [(int(m[1]), int(m[2])) for m in ITERATION.finditer(resume1)] == \
+        [(s, PHASE1) for s in range(saved + 1, PHASE1 + 1)], resume1[-3000:]
+    assert phase2.startswith(f"{save}/global_step{PHASE1}\n"), phase2[:300]
+    assert "phase 2 of 2: steps 11-20 at sequence length 64, global batch 16" in phase2
+    assert "micro-batch 4 × accumulation 2 × data-parallel 2 = global 16 (TP 1)" in phase2
+    assert f"resuming: the newest complete checkpoint in {save} is global_step{PHASE1}" in phase2
+    assert re.search(r"^note: --seq-length 64 \(the checkpoint's 32\): the checkpoint had read "
+                     r"320 of the [\d,]+ samples an epoch of its packing; the run continues at "
+                     r"the same fraction of the data", phase2, re.M), phase2[-3000:]
+    assert ("note: --global-batch-size 16 (the checkpoint's 32): iterations from 11 on read 16 "
+            "samples each; the optimizer state, the step count and the schedule carry on"
+            in phase2)
+    assert ("note: --train-iters changed from 10 to 20; the learning-rate schedule keeps its "
+            "length, --lr-decay-iters 20") in phase2
+    # the schedule is the whole run's, at its step: warm-up 5, linear decay to 0 at step 20, so
+    # iteration 11 has 3e-4 × (1 − (10 − 5) / (20 − 5)) (at the 320 samples read it would be 0)
+    lr = float(re.search(r"^learning rate of iteration 11: (\S+)$", phase2, re.M)[1])
+    assert lr == pytest.approx(3e-4 * (1 - 5 / 15), rel=1e-9), lr
+    resumed = [(int(m[1]), int(m[2]), float(m[3])) for m in ITERATION.finditer(phase2)]
+    assert [(s, t) for s, t, _ in resumed] == [(s, 20) for s in range(11, 21)], phase2[-3000:]
+    assert all(math.isfinite(loss) for _, _, loss in resumed)
+    assert "training finished" in phase2
     assert (save / "latest").read_text().strip() == "global_step20"
+    # one optimizer over both phases: AdamW's step count is the run's
+    assert adam_steps(save / f"global_step{PHASE1}") == {float(PHASE1)}
+    assert adam_steps(save / "global_step20") == {20.0}

@@ -112,6 +112,19 @@ def fp32_weights(run_dir: Path, tag: str) -> dict:
     return get_fp32_state_dict_from_zero_checkpoint(str(run_dir), tag=tag)
 
 
+def adam_steps(ckpt_dir: Path) -> set[float]:
+    """The AdamW step count of every parameter group in a ZeRO checkpoint's optimizer state
+    (every rank's partition file)."""
+    import torch
+
+    steps: set[float] = set()
+    for path in sorted(ckpt_dir.glob("*optim_states.pt")):
+        states = torch.load(path, map_location="cpu", weights_only=False)
+        states = states["optimizer_state_dict"]["optimizer_state_dict"]
+        steps |= {float(s["step"]) for s in states["state"].values()}
+    return steps
+
+
 def assert_close(a: float, b: float, rel: float, what) -> None:
     assert abs(a - b) <= rel * max(abs(a), abs(b)), (what, a, b)
 

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from rtd_scale.config import ConfigError, Precision, Sharing, apply_override, preset, PRESETS
+from rtd_scale.config import (ConfigError, Precision, Sharing, apply_override, batch_layout,
+                              preset, PRESETS)
 from rtd_scale.training.engine import load_ds_config, resolve_ds_config
 
 
@@ -99,8 +100,34 @@ def test_batch_arithmetic():
     cfg.train.micro_batch_size, cfg.train.global_batch_size = 4, 32
     assert cfg.batch_arithmetic(2) == (2, 4)  # dp 2, accumulation 4
     cfg.train.global_batch_size = 30
-    with pytest.raises(ConfigError, match="--global-batch-size 30 is not divisible"):
+    with pytest.raises(ConfigError, match=r"^--micro-batch-size 4 does not divide the 15 samples "
+                       r"per data-parallel rank per step \(global 30 / DP 2\); micro-batch sizes "
+                       r"that do: 1 3 5 15$"):
         cfg.batch_arithmetic(2)
+    cfg.train.global_batch_size = 33
+    with pytest.raises(ConfigError, match=r"^--global-batch-size 33 is not divisible by the "
+                       r"data-parallel size 2 \(= 2 ranks / TP 1\)"):
+        cfg.batch_arithmetic(2)
+    cfg.parallel.tensor_model_parallel_size = 2
+    cfg.parallel.pipeline_model_parallel_size = 2
+    with pytest.raises(ConfigError, match=r"^6 ranks are not divisible by "
+                       r"--tensor-model-parallel-size 2 × --pipeline-model-parallel-size 2 "
+                       r"\(model-parallel size 4\); launch a multiple of 4 ranks$"):
+        cfg.batch_arithmetic(6)
+
+
+def test_batch_layout_names_the_numbers_and_what_works():
+    """One arithmetic for pretrain.py, the Slurm job and tools/estimate_cost.py, in each one's
+    words (the Slurm job's are pinned by tests/e2e/test_slurm.py)."""
+    assert batch_layout(64, 8192, 8, tp=2, ranks_per_node=8) == (32, 32)
+    assert batch_layout(1024, 8192, 8, ranks_per_node=8) == (1024, 1)
+    with pytest.raises(ConfigError, match=r"^--tensor-model-parallel-size 4 does not divide the 2 "
+                       r"ranks per node: tensor-parallel groups would span nodes$"):
+        batch_layout(8, 64, 1, tp=4, ranks_per_node=2)
+    with pytest.raises(ConfigError) as e:  # 6 nodes × 8: the node counts that would work
+        batch_layout(48, 8192, 8, ranks_per_node=8)
+    assert str(e.value).endswith("change --global-batch-size or the number of ranks (node counts "
+                                 "that work at 8 ranks per node: 1 2 4 8 16 32 64 128)")
 
 
 def test_ds_config_contradictions_are_errors(tmp_path):

@@ -156,6 +156,30 @@ def test_resume_restores_the_position_and_this_runs_values():
     assert d.num_steps == 7 * G and d.lr() == straight[0]
 
 
+def test_resume_at_another_batch_keeps_the_step_of_an_iteration_schedule():
+    """Phase 2 of a two-phase run (batch 2G after 6 steps at G): an iteration-based schedule
+    (warm-up 4, linear decay over 20 steps) continues at step 6, where the restored sample
+    position alone (6 G samples = 3 steps of 2G) would put it back in the warm-up; a schedule
+    with a length in samples keeps the sample position."""
+    optim = OptimConfig(lr=1e-3, lr_warmup_iters=4)
+    a = MegatronLRScheduler(_sgd(), optim, train_iters=20, global_batch_size=G)
+    for _ in range(6):
+        a.step()
+    state = a.state_dict()
+    b = MegatronLRScheduler(_sgd(), optim, train_iters=20, global_batch_size=2 * G)
+    b.load_state_dict(state)
+    assert b.lr() == pytest.approx(1e-3 * 3 / 4)  # 6 G samples: step 3 of 2G, warming up
+    assert b.keep_iterations(G, optim) is True
+    assert b.num_steps == 6 * 2 * G and b.iterations == 6
+    assert b.lr() == pytest.approx(1e-3 * (1 - (6 - 4) / (20 - 4)))  # step 6: decaying
+    assert a.lr() == pytest.approx(b.lr(), rel=1e-12)  # the run that kept its batch
+    assert b.keep_iterations(2 * G, optim) is False  # the same batch: nothing to move
+    samples = OptimConfig(lr=1e-3, lr_warmup_samples=4 * G, lr_decay_samples=20 * G)
+    c = MegatronLRScheduler(_sgd(), samples, train_iters=20, global_batch_size=2 * G)
+    c.load_state_dict(state)
+    assert c.keep_iterations(G, samples) is False and c.num_steps == 6 * G
+
+
 def test_weight_decay_groups_keep_their_decay():
     opt = _sgd()
     sched = MegatronLRScheduler(opt, OptimConfig(weight_decay=0.05), train_iters=10,
