@@ -98,26 +98,49 @@ def convert(load_dir: str, tag: str) -> tuple[str, float, bool]:
         UserInputError: the conversion failed or the directory is not writable; nothing is
             left under the final name.
     """
-    final = universal_root(load_dir, tag)
-    if is_converted(load_dir, tag):
+    def write(tmp: str) -> None:
+        out = os.path.join(tmp, tag)
+        _ds_to_universal(os.path.join(load_dir, tag), out)
+        _model_states_for_every_stage(out)
+        _optimizer_state_for_every_stage(out)
+
+    # DeepSpeed's converter asserts on what it cannot read: its first line says what
+    return _convert_beside(
+        load_dir, tag, "universal", write, os.path.join(tag, DONE_FILE), "the universal conversion",
+        lambda e: f"DeepSpeed's universal conversion of {tag} failed ({_line(e, 0)})")
+
+
+def _line(e: BaseException, index: int) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[index]
+
+
+def _convert_beside(load_dir: str, tag: str, kind: str, write: Callable[[str], None],
+                    marker: str, what: str, failed: Callable[[Exception], str]
+                    ) -> tuple[str, float, bool]:
+    """Write (or reuse) ``<load_dir>/<tag>_<kind>``: ``write(tmp)`` fills a temporary
+    ``<load_dir>/.<tag>_<kind>.tmp-<pid>``, the ``marker`` file (relative to it) is written when
+    it is complete, and then it is renamed into place, so an interrupted conversion never counts
+    and the checkpoint itself is only read. A failure removes the temporary and is one
+    ``UserInputError`` line: ``failed(e)`` for what ``write`` raised, "cannot write ``what``"
+    for the directory."""
+    final = os.path.join(load_dir, f"{tag}_{kind}")
+    if os.path.isfile(os.path.join(final, marker)):
         return final, 0.0, False
     start = time.perf_counter()
-    tmp = os.path.join(load_dir, f".{tag}_universal.tmp-{os.getpid()}")
+    tmp = os.path.join(load_dir, f".{tag}_{kind}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         os.makedirs(tmp)
-        out = os.path.join(tmp, tag)
         try:
-            _ds_to_universal(os.path.join(load_dir, tag), out)
-            _model_states_for_every_stage(out)
-            _optimizer_state_for_every_stage(out)
-        except Exception as e:  # DeepSpeed's converter asserts on what it cannot read
+            write(tmp)
+        except UserInputError:
             shutil.rmtree(tmp, ignore_errors=True)
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise UserInputError(
-                f"--load {load_dir}: DeepSpeed's universal conversion of {tag} failed ({first}); "
-                "resume at the checkpoint's layout") from None
-        with open(os.path.join(out, DONE_FILE), "w", encoding="utf-8") as f:
+            raise
+        except Exception as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise UserInputError(f"--load {load_dir}: {failed(e)}; resume at the checkpoint's "
+                                 "layout") from None
+        with open(os.path.join(tmp, marker), "w", encoding="utf-8") as f:
             f.write(f"{tag}\n")
         if os.path.exists(final):  # an incomplete earlier conversion (no marker)
             shutil.rmtree(final)
@@ -125,9 +148,8 @@ def convert(load_dir: str, tag: str) -> tuple[str, float, bool]:
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise UserInputError(
-            f"--load {load_dir}: cannot write the universal conversion of {tag} beside it "
-            f"({e.strerror or e}); resume at the checkpoint's layout, or make {load_dir} "
-            "writable") from None
+            f"--load {load_dir}: cannot write {what} of {tag} beside it ({e.strerror or e}); "
+            f"resume at the checkpoint's layout, or make {load_dir} writable") from None
     return final, time.perf_counter() - start, True
 
 
@@ -289,37 +311,11 @@ def convert_canonical(load_dir: str, tag: str, gather: Callable[[str, str, str],
         UserInputError: the conversion failed or the directory is not writable; nothing is
             left under the final name.
     """
-    final = canonical_root(load_dir, tag)
-    if is_canonical_converted(load_dir, tag):
-        return final, 0.0, False
-    start = time.perf_counter()
-    tmp = os.path.join(load_dir, f".{tag}_canonical.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        os.makedirs(tmp)
-        try:
-            gather(load_dir, tag, tmp)
-        except UserInputError:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        except Exception as e:  # a worker's traceback: its last line says what failed
-            shutil.rmtree(tmp, ignore_errors=True)
-            last = (str(e).strip().splitlines() or [type(e).__name__])[-1]
-            raise UserInputError(
-                f"--load {load_dir}: merging the shards of {tag} into one layout-free state "
-                f"failed ({last}); resume at the checkpoint's layout") from None
-        with open(os.path.join(tmp, CANONICAL_DONE), "w", encoding="utf-8") as f:
-            f.write(f"{tag}\n")
-        if os.path.exists(final):  # an incomplete earlier conversion (no marker)
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise UserInputError(
-            f"--load {load_dir}: cannot write the layout-free state of {tag} beside it "
-            f"({e.strerror or e}); resume at the checkpoint's layout, or make {load_dir} "
-            "writable") from None
-    return final, time.perf_counter() - start, True
+    # a worker's traceback: its last line says what failed
+    return _convert_beside(
+        load_dir, tag, "canonical", lambda tmp: gather(load_dir, tag, tmp), CANONICAL_DONE,
+        "the layout-free state",
+        lambda e: f"merging the shards of {tag} into one layout-free state failed ({_line(e, -1)})")
 
 
 def check_canonical_safe(root: str) -> None:
