@@ -13,7 +13,7 @@ import pytest
 
 from tests.helpers.env import REPO
 from tests.helpers.images import png_size, synthetic_scalars, write_events
-from tests.helpers.slurm import shellcheck
+from tests.helpers.slurm import debian_program, shellcheck
 
 pytestmark = pytest.mark.e2e
 
@@ -75,9 +75,8 @@ def test_screenshot_script_passes_shellcheck_and_refuses_a_logdir_without_events
     assert not (tmp_path / "x.png").exists()
 
 
-@pytest.mark.skipif(not (shutil.which("chromium") or shutil.which("chromium-browser")),
-                    reason="needs Debian's chromium (apt-get install -y chromium)")
 def test_screenshot_of_a_runs_scalars_in_headless_chromium(tmp_path):
+    debian_program(("chromium", "chromium-browser"), "chromium")  # the script finds it on PATH
     run = tmp_path / "run-a"
     write_events(run / "tensorboard", synthetic_scalars())
     out = tmp_path / "shots" / "scalars.png"
