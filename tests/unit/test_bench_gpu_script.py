@@ -107,3 +107,28 @@ def test_rows_past_the_deadline_are_skipped():
     b.t0 -= 10_000  # the deadline has passed
     row = b.run(run.Item("electra-large", "hf-eager"))
     assert row.status == "skipped" and "deadline" in row.note
+
+
+def test_the_sync_census_counts_device_waits_not_the_data_wait_host_work():
+    """``train_step`` decides ``has_padding`` on the host batch in its data-wait phase: host
+    work, not a wait for the device; the same read in the forward, an ``.item()`` and a
+    boolean-mask index are counted (on CPU, where host and device are one)."""
+    from bench.gpu.timing import Stepper
+    from rtd_scale.phases import PHASE_DATA_WAIT, PHASE_FORWARD
+
+    host = torch.tensor([[1, 7, 0], [1, 8, 2]])
+    x = torch.tensor([1.0, -2.0, 3.0])
+
+    def run(i, timers):
+        with timers(PHASE_DATA_WAIT):
+            assert bool((host == 0).any())
+        with timers(PHASE_FORWARD):
+            assert bool((host == 0).any())
+            assert x.sum().item() == 2.0
+            assert x[x > 0].tolist() == [1.0, 3.0]
+
+    res = census.SyncCensus.run(Stepper(run), 0, torch.device("cpu"))
+    ops = sorted(site.rsplit("[", 1)[1].rstrip("]") for site, n in res["sites"].items()
+                 for _ in range(n))
+    assert ops == ["aten::_local_scalar_dense", "aten::_local_scalar_dense", "aten::index"], ops
+    assert res["sync_ops"] == 3
