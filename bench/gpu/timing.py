@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
+from torch.profiler import record_function
 
 from bench.common import sync
 from bench.gpu.workloads import Settings
-from rtd_scale.model.rtd import untimed
 from rtd_scale.phases import PHASE_BACKWARD, PHASE_DATA_WAIT, PHASE_FORWARD, PHASE_OPTIMIZER_STEP
 
 
@@ -48,7 +48,8 @@ class Stepper:
     run: Callable[[int, Any], Any]
     keep: list = field(default_factory=list)  # objects to free with the row
 
-    def __call__(self, i: int, timers=untimed) -> None:
+    # by default each phase is a torch.profiler range, as ``model/rtd.py``'s ``untimed``
+    def __call__(self, i: int, timers=record_function) -> None:
         self.run(i, timers)
 
 
