@@ -1,7 +1,8 @@
 """What the bench scripts share: rtd_scale's special ids, world-1 parallel state, the host
-batches, rtd_scale's training step without DeepSpeed, the Hugging Face reference RTD step's
-masking / sampling / loss, and the interleaved step timer (the launcher benches' tokenized test
-corpus: bench/tiny_data.py, which needs no torch).
+batches, rtd_scale's model (``model/build.py``'s ``build_model``) and its training step without
+DeepSpeed, the Hugging Face reference models (ELECTRA and DebertaV2 pairs at rtd_scale's
+dimensions) and the reference RTD step's masking / sampling / loss, and the interleaved step
+timer (the launcher benches' tokenized test corpus: bench/tiny_data.py, which needs no torch).
 
 A bench script is run as ``python bench/X.py`` from the repository root; it puts the root on
 ``sys.path`` and imports this module as ``bench.common`` (as the tests import bench scripts).
@@ -12,16 +13,36 @@ import contextlib
 import dataclasses
 import os
 import time
-from typing import Any, Callable, Optional
+from pathlib import Path
+from typing import Any, Callable, Literal, Optional
 
 import torch
+
+REPO = Path(__file__).resolve().parents[1]  # the checkout
 
 
 # rtd_scale's fixed special ids (rtd_scale/data/tokenizer.py); the HF steps use the same ids.
 PAD_ID, CLS_ID, SEP_ID, UNK_ID, MASK_ID = 0, 1, 2, 3, 4
 SPECIAL_IDS = (PAD_ID, CLS_ID, SEP_ID, UNK_ID, MASK_ID)
 RTD_LAMBDA = 50.0  # L_MLM + 50 · L_RTD (arXiv 2003.10555 §3)
-SEED = 1234
+SEED = 1234  # = TrainConfig.seed's default: build_model's initial weights
+
+
+@dataclasses.dataclass(frozen=True)
+class FixedIds:
+    """What ``rtd_scale.model.build.build_model`` reads of a tokenizer, for the benches' random
+    ids: the fixed layout tools/train_tokenizer.py writes (rtd_scale/data/tokenizer.py). The
+    bench configs mask by token, so no word-start table is asked for."""
+
+    special_ids: tuple = SPECIAL_IDS
+    pad_id: int = PAD_ID
+    mask_id: int = MASK_ID
+
+    def word_start_table(self):
+        raise ValueError("the bench's random ids have no words: keep rtd.mask_strategy 'token'")
+
+
+FIXED_IDS = FixedIds()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -48,6 +69,16 @@ def world_one():
         os.environ.setdefault(k, v)
     _CTX = distributed.initialize(ParallelConfig(), seed=SEED)
     return _CTX
+
+
+def teardown_world() -> None:
+    """Undo ``world_one`` (nothing when it never ran)."""
+    global _CTX
+    if _CTX is not None:
+        from rtd_scale import distributed
+
+        distributed.teardown()
+        _CTX = None
 
 
 def sync(device: torch.device) -> None:
@@ -85,6 +116,7 @@ def run_config(dims: str, *, micro_batch: int, seq_length: int, tiny: bool):
     m.max_position_embeddings = max(m.max_position_embeddings, seq_length)
     cfg.data.seq_length = seq_length
     cfg.train.micro_batch_size = cfg.train.global_batch_size = micro_batch
+    cfg.train.seed = SEED
     cfg.validate()
     return cfg
 
@@ -110,15 +142,21 @@ def host_batches(cfg, count: int = 4) -> list[tuple[torch.Tensor, torch.Tensor]]
     return [(x, torch.arange(k * b, (k + 1) * b)) for k, x in enumerate(ids)]
 
 
-def build_rtd_model(cfg, device: torch.device):
-    """rtd_scale's ``RTDModel`` of ``cfg`` on ``device`` (world 1), dropout's model-parallel RNG
-    seeded after the build as ``pretrain.py`` does."""
-    from rtd_scale import distributed
-    from rtd_scale.model.rtd import RTDModel
+def parallel_context(device: torch.device):
+    """``world_one()``'s context with ``device`` as the training device (``--device cpu`` on a
+    machine with a GPU)."""
+    return dataclasses.replace(world_one(), device=torch.device(device))
 
-    ctx = world_one()
-    model = RTDModel(cfg.model, cfg.rtd, tensor_model_parallel_size=1, special_ids=SPECIAL_IDS,
-                     pad_id=PAD_ID, mask_id=MASK_ID, seed=SEED).to(device)
+
+def build_rtd_model(cfg, device: torch.device):
+    """rtd_scale's ``RTDModel`` of ``cfg`` on ``device`` (world 1) by ``model/build.py``'s
+    ``build_model``, as ``pretrain.py`` builds it (initial weights from ``cfg.train.seed``), and
+    dropout's model-parallel RNG seeded after the build as ``pretrain.py`` does."""
+    from rtd_scale import distributed
+    from rtd_scale.model.build import build_model
+
+    ctx = parallel_context(device)
+    model = build_model(cfg, ctx, FIXED_IDS)
     distributed.seed_after_build(ctx, SEED)
     return model
 
@@ -195,21 +233,114 @@ def ours(cfg, device: torch.device, *, bf16_params: bool = False,
     return Step(run, model, opt)
 
 
-def hf_rtd_run(cfg, device: torch.device, gen: torch.nn.Module,
-               rtd_loss: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
-               opt: torch.optim.Optimizer, autocast: Callable[[], Any]) -> Callable[[int], None]:
-    """The Hugging Face reference RTD step as a ``transformers`` user writes it, around a
-    generator ``*ForMaskedLM`` ``gen`` and a discriminator loss ``rtd_loss(corrupted [b, s],
-    attention_mask [b, s], labels [b, s] float)``: masking with ``torch.bernoulli`` (``mask_prob``
-    of the non-special ids, ``mask_token_prob`` of those shown as ``[MASK]``), the generator's
-    MLM loss with ``labels=-100`` outside the masked slots, replacements by Gumbel-max over the
-    full vocabulary at the masked rows (``argmax(logits - log(-log(torch.rand)))``),
-    ``L_MLM + 50 · L_RTD`` under ``autocast()``, backward, ``opt``'s step. ``run(i)`` trains on
-    ``host_batches(cfg)[i % 4]``."""
+@dataclasses.dataclass
+class HFPair:
+    """A Hugging Face reference generator + discriminator at rtd_scale's dimensions, as a
+    ``transformers`` user builds them: ``gen`` (``*ForMaskedLM``), ``modules`` (every trained
+    module and the GDES residual ``delta``, one ``ModuleDict`` for the optimizer) and
+    ``rtd_loss(corrupted [b, s], attention_mask [b, s], labels [b, s] float)``."""
+
+    gen: torch.nn.Module
+    modules: torch.nn.Module
+    rtd_loss: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _compiled(module: torch.nn.Module, backend: Optional[str]):
+    # as users do: compile each model whole (the loss around them may graph-break)
+    return torch.compile(module, backend=backend) if backend else module
+
+
+def hf_electra(cfg, device: torch.device, *, compile_backend: Optional[str] = None) -> HFPair:
+    """``ElectraForMaskedLM`` + ``ElectraForPreTraining`` (SDPA attention) at ``cfg``'s
+    dimensions (the export's ``ElectraConfig``, ``rtd_scale/hf/convert.py``; absolute positions
+    whatever ``cfg``'s attention). The discriminator holds the generator's ``word_embeddings``
+    module (ES); under GDES it is fed ``inputs_embeds = embedding(ids, E_G.detach() + E_Δ)``
+    (NES would be two tables; the presets use ES or GDES). ``compile_backend``: both models
+    under ``torch.compile``."""
+    import transformers as T
+    import torch.nn.functional as F
+
+    from rtd_scale.config import AttentionType, LayerNormPosition
+    from rtd_scale.hf import convert
+
+    electra = dataclasses.replace(cfg.model, layernorm_position=LayerNormPosition.POST,
+                                  attention_type=AttentionType.BERT)
+    built = []
+    with torch.device(device):
+        for cls, which in ((T.ElectraForMaskedLM, "generator"),
+                           (T.ElectraForPreTraining, "discriminator")):
+            c = convert.hf_config(electra, which, pad_id=PAD_ID)
+            try:
+                built.append(cls._from_config(c, attn_implementation="sdpa"))
+            except (ValueError, TypeError, ImportError):  # a version without SDPA for ELECTRA
+                built.append(cls._from_config(c))
+    gen, disc = built
+    table = gen.electra.embeddings.word_embeddings
+    both = torch.nn.ModuleDict({"generator": gen, "discriminator": disc})
+    delta = None
+    if cfg.model.sharing.value == "gdes":
+        delta = torch.nn.Parameter(torch.zeros_like(table.weight))
+        both.register_parameter("delta", delta)
+    else:
+        disc.electra.embeddings.word_embeddings = table
+    gen_c, disc_c = _compiled(gen, compile_backend), _compiled(disc, compile_backend)
+
+    def rtd_loss(corrupted, attn, labels):
+        kw = (dict(inputs_embeds=F.embedding(corrupted, table.weight.detach() + delta))
+              if delta is not None else dict(input_ids=corrupted))
+        return disc_c(attention_mask=attn, labels=labels, **kw).loss
+
+    return HFPair(gen_c, both, rtd_loss)
+
+
+def hf_deberta(cfg, device: torch.device, *, compile_backend: Optional[str] = None) -> HFPair:
+    """``DebertaV2ForMaskedLM`` + ``DebertaV2Model`` with an RTD head (dense, GELU, dense → 1)
+    at ``cfg``'s dimensions (the export's ``DebertaV2Config``), GDES written plainly:
+    ``inputs_embeds = embedding(ids, E_G.detach() + E_Δ)``, BCE over the non-pad positions."""
+    import transformers as T
+    import torch.nn.functional as F
+
+    from rtd_scale.hf import convert
+
+    m = cfg.model
+    with torch.device(device):
+        gen = T.DebertaV2ForMaskedLM(convert.hf_config(m, "generator", pad_id=PAD_ID))
+        disc = T.DebertaV2Model(convert.hf_config(m, "discriminator", pad_id=PAD_ID))
+        h = m.discriminator.hidden_size
+        head = torch.nn.Sequential(torch.nn.Linear(h, h), torch.nn.GELU(), torch.nn.Linear(h, 1))
+    table = gen.deberta.embeddings.word_embeddings
+    both = torch.nn.ModuleDict({"generator": gen, "discriminator": disc, "head": head})
+    delta = torch.nn.Parameter(torch.zeros_like(table.weight))
+    both.register_parameter("delta", delta)
+    gen_c, disc_c = _compiled(gen, compile_backend), _compiled(disc, compile_backend)
+
+    def rtd_loss(corrupted, attn, labels):
+        emb = F.embedding(corrupted, table.weight.detach() + delta)
+        hidden = disc_c(inputs_embeds=emb, attention_mask=attn).last_hidden_state
+        logits = head(hidden).squeeze(-1).float()
+        active = attn.bool()
+        return F.binary_cross_entropy_with_logits(logits[active], labels[active])
+
+    return HFPair(gen_c, both, rtd_loss)
+
+
+def hf_rtd_forward(cfg, device: torch.device, gen: torch.nn.Module,
+                   rtd_loss: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+                   autocast: Callable[[], Any],
+                   sample: Literal["gumbel", "multinomial"] = "gumbel"
+                   ) -> Callable[[int], torch.Tensor]:
+    """The forward of the Hugging Face reference RTD step as a ``transformers`` user writes it,
+    around a generator ``*ForMaskedLM`` ``gen`` and a discriminator loss ``rtd_loss`` (``HFPair``):
+    masking with ``torch.bernoulli`` (``mask_prob`` of the non-special ids, ``mask_token_prob``
+    of those shown as ``[MASK]``), the generator's MLM loss with ``labels=-100`` outside the
+    masked slots, replacements at the masked rows from the full vocabulary — ``sample``
+    "gumbel": Gumbel-max (``argmax(logits - log(-log(torch.rand)))``), "multinomial":
+    ``torch.multinomial`` of the softmax — and ``L_MLM + 50 · L_RTD`` under ``autocast()``.
+    ``forward(i)`` returns that loss on ``host_batches(cfg)[i % 4]``."""
     batches = host_batches(cfg)
     mask_prob, mask_token_prob = cfg.rtd.mask_prob, cfg.rtd.mask_token_prob
 
-    def run(i: int) -> None:
+    def forward(i: int) -> torch.Tensor:
         ids = batches[i % len(batches)][0].to(device, non_blocking=True)
         attn = torch.ones_like(ids)
         prob = torch.full(ids.shape, mask_prob, device=device)
@@ -220,15 +351,30 @@ def hf_rtd_run(cfg, device: torch.device, gen: torch.nn.Module,
         with autocast():
             out = gen(input_ids=ids.masked_fill(to_mask, MASK_ID), attention_mask=attn,
                       labels=ids.masked_fill(~masked, -100))
-            with torch.no_grad():  # Gumbel-max over the full vocabulary at the masked rows
+            with torch.no_grad():
                 logits = out.logits[masked].float()
-                gumbel = -torch.log(-torch.log(torch.rand_like(logits).clamp_(1e-20, 1.0)))
-                sampled = (logits + gumbel).argmax(-1)
+                if sample == "multinomial":
+                    sampled = torch.multinomial(torch.softmax(logits, dim=-1), 1).squeeze(-1)
+                else:
+                    gumbel = -torch.log(-torch.log(torch.rand_like(logits).clamp_(1e-20, 1.0)))
+                    sampled = (logits + gumbel).argmax(-1)
             corrupted = ids.clone()
             corrupted[masked] = sampled
             labels = (corrupted != ids).float()
-            loss = out.loss + RTD_LAMBDA * rtd_loss(corrupted, attn, labels)
-        loss.backward()
+            return out.loss + RTD_LAMBDA * rtd_loss(corrupted, attn, labels)
+
+    return forward
+
+
+def hf_rtd_run(cfg, device: torch.device, gen: torch.nn.Module,
+               rtd_loss: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+               opt: torch.optim.Optimizer, autocast: Callable[[], Any]) -> Callable[[int], None]:
+    """The whole Hugging Face reference RTD step: ``hf_rtd_forward`` (Gumbel-max sampling),
+    backward, ``opt``'s step. ``run(i)`` trains on ``host_batches(cfg)[i % 4]``."""
+    forward = hf_rtd_forward(cfg, device, gen, rtd_loss, autocast)
+
+    def run(i: int) -> None:
+        forward(i).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 

@@ -43,7 +43,6 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 
 from bench import common  # noqa: E402
@@ -84,36 +83,21 @@ def ours(cfg, device: torch.device, impl: str, bf16_params: bool = False,
 
 
 def hf(cfg, device: torch.device, bf16: bool):
-    """The Hugging Face DebertaV2 recipe (module docstring), with rtd_scale's AdamW."""
-    import transformers as T
-
-    from rtd_scale.hf import convert
+    """The Hugging Face DebertaV2 recipe (module docstring; the models: ``common.hf_deberta``),
+    with rtd_scale's AdamW."""
     from rtd_scale.training.optimizer import build_optimizer
 
-    m = cfg.model
     torch.manual_seed(common.SEED)
-    with torch.device(device):
-        gen = T.DebertaV2ForMaskedLM(convert.hf_config(m, "generator", pad_id=common.PAD_ID))
-        disc = T.DebertaV2Model(convert.hf_config(m, "discriminator", pad_id=common.PAD_ID))
-        h = m.discriminator.hidden_size
-        head = torch.nn.Sequential(torch.nn.Linear(h, h), torch.nn.GELU(), torch.nn.Linear(h, 1))
-    table = gen.deberta.embeddings.word_embeddings
-    both = torch.nn.ModuleDict({"generator": gen, "discriminator": disc, "head": head})
-    delta = torch.nn.Parameter(torch.zeros_like(table.weight))  # GDES: E_D = E_G.detach() + E_Δ
-    both.register_parameter("delta", delta)
-    both.train()
-    opt = build_optimizer(both, cfg.optim)
-
-    def rtd_loss(corrupted, attn, labels):
-        emb = F.embedding(corrupted, table.weight.detach() + delta)
-        hidden = disc(inputs_embeds=emb, attention_mask=attn).last_hidden_state
-        return F.binary_cross_entropy_with_logits(head(hidden).squeeze(-1).float(), labels)
+    pair = common.hf_deberta(cfg, device)
+    pair.modules.train()
+    opt = build_optimizer(pair.modules, cfg.optim)
 
     def autocast():
         return (torch.autocast(device.type, dtype=torch.bfloat16) if bf16
                 else torch.autocast(device.type, enabled=False))
 
-    return common.Step(common.hf_rtd_run(cfg, device, gen, rtd_loss, opt, autocast), None, opt)
+    return common.Step(common.hf_rtd_run(cfg, device, pair.gen, pair.rtd_loss, opt, autocast),
+                       None, opt)
 
 
 def measure(args, device: torch.device) -> dict:

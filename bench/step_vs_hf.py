@@ -32,7 +32,6 @@ and the optimizer, each backward op charged to the range of the forward op that 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import sys
@@ -45,10 +44,9 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
-from bench.common import (PAD_ID, SEED, Step, cuda_bf16_autocast, hf_rtd_run,  # noqa: E402
-                          interleaved_ms, ours, run_config, sync)
+from bench.common import (SEED, Step, cuda_bf16_autocast, hf_electra,  # noqa: E402
+                          hf_rtd_run, interleaved_ms, ours, run_config, sync)
 
 DIMS = ("electra-small", "debertav3-xsmall")
 # The profile's ranges, in the table's order; "other" is what no range holds (gradient
@@ -62,45 +60,15 @@ PARTS = ("encoders", "mlm head + loss", "sampling", "masking", "discriminator he
 # ----------------------------------------------------------------------------------------------
 
 def hf(cfg, device: torch.device) -> Step:
-    """The HF recipe (module docstring; masking, sampling and loss: ``common.hf_rtd_run``), with
-    the same optimizer as rtd_scale's step."""
-    import transformers as T
+    """The HF recipe (module docstring; the models: ``common.hf_electra``, masking, sampling and
+    loss: ``common.hf_rtd_run``), with the same optimizer as rtd_scale's step."""
     from rtd_scale.training.optimizer import build_optimizer
 
-    m = cfg.model
-
-    from rtd_scale.config import LayerNormPosition
-    from rtd_scale.hf import convert
-
-    # the recipe is ELECTRA at every preset's dimensions: the export's ElectraConfig
-    electra = dataclasses.replace(m, layernorm_position=LayerNormPosition.POST)
-
-    def electra_config(which: str):
-        return convert.hf_config(electra, which, pad_id=PAD_ID)
-
     torch.manual_seed(SEED)
-    with torch.device(device):
-        gen = T.ElectraForMaskedLM._from_config(electra_config("generator"),
-                                                attn_implementation="sdpa")
-        disc = T.ElectraForPreTraining._from_config(electra_config("discriminator"),
-                                                    attn_implementation="sdpa")
-    table = gen.electra.embeddings.word_embeddings
-    both = torch.nn.ModuleDict({"generator": gen, "discriminator": disc})
-    delta = None
-    if m.sharing.value == "gdes":  # E_D = E_G.detach() + E_Δ, written plainly
-        delta = torch.nn.Parameter(torch.zeros_like(table.weight))
-        both.register_parameter("delta", delta)
-    else:  # ES: one table object (NES would be two tables; the presets here use ES or GDES)
-        disc.electra.embeddings.word_embeddings = table
-    both.train()
-    opt = build_optimizer(both, cfg.optim)
-
-    def rtd_loss(corrupted, attn, labels):
-        kw = (dict(inputs_embeds=F.embedding(corrupted, table.weight.detach() + delta))
-              if delta is not None else dict(input_ids=corrupted))
-        return disc(attention_mask=attn, labels=labels, **kw).loss
-
-    run = hf_rtd_run(cfg, device, gen, rtd_loss, opt, lambda: cuda_bf16_autocast(device))
+    pair = hf_electra(cfg, device)
+    pair.modules.train()
+    opt = build_optimizer(pair.modules, cfg.optim)
+    run = hf_rtd_run(cfg, device, pair.gen, pair.rtd_loss, opt, lambda: cuda_bf16_autocast(device))
     return Step(run, None, opt)
 
 

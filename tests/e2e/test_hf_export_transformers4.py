@@ -74,7 +74,7 @@ def test_export_loads_under_transformers_4_as_under_5(single_process_group, wiki
 
     tok = Tokenizer(wiki_shards[0])
     cfg = layout_config(layout, tok.vocab_size)
-    model = build_model(cfg, tok)
+    model = build_model(cfg, single_process_group, tok)
     perturb(model)
     export = tmp_path / "export"
     state = canonical_state(model, single_process_group)

@@ -2,6 +2,7 @@
 moved off its initial value, its canonical state, and a padded batch of real text."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 
@@ -37,13 +38,16 @@ def tiny_config(layout: str, sharing: Sharing, projected: bool, vocab_size: int)
     return cfg
 
 
-def build_model(cfg, tok, seed=3):
-    from rtd_scale.model.rtd import RTDModel
+def build_model(cfg, ctx, tok, seed=3):
+    """``cfg``'s model by rtd_scale's one builder (``model/build.py``), on the CPU and in eval
+    mode, its initial weights from ``seed`` (as ``--seed``: ``cfg.train.seed`` of a copy; ``cfg``
+    itself is left as it is) and the global torch seed set to ``seed`` first."""
+    from rtd_scale.model.build import build_model as build
 
+    cfg = copy.deepcopy(cfg)
+    cfg.train.seed = seed
     torch.manual_seed(seed)
-    return RTDModel(cfg.model, cfg.rtd, tensor_model_parallel_size=1,
-                    special_ids=tok.special_ids, pad_id=tok.pad_id, mask_id=tok.mask_id,
-                    seed=seed).eval()
+    return build(cfg, dataclasses.replace(ctx, device=torch.device("cpu")), tok).eval()
 
 
 @torch.no_grad()

@@ -1,12 +1,14 @@
-"""bench/gpu_rtd_step.py: the FLOP formula against its reference H200 measurements, the kernel
-families, a failing row reported instead of raised. The whole script at tiny sizes on CPU is in
-tests/tools/test_bench_gpu_script.py."""
+"""bench/gpu_rtd_step.py (and its pieces in bench/gpu/): the FLOP formula against its reference
+H200 measurements, the kernel families, a failing row reported instead of raised. The whole
+script at tiny sizes on CPU is in tests/tools/test_bench_gpu_script.py."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from bench import gpu_rtd_step as bench
+from bench.gpu import census, run, workloads
+from bench.gpu.report import results_table
 from rtd_scale.flops import EncoderDims, RTDDims, mfu, rtd_flops_per_token, stack_flops_per_token
 
 ELECTRA_LARGE = RTDDims(
@@ -38,16 +40,16 @@ def test_flops_count_the_mlm_head_at_masked_positions_only():
 def test_the_bench_rows_use_the_presets_dimensions():
     from rtd_scale.config import preset
 
-    cfg = bench.rtd_config(bench.WORKLOADS["electra-large"], tiny=False)
+    cfg = workloads.rtd_config(workloads.WORKLOADS["electra-large"], tiny=False)
     assert cfg.rtd.mask_prob == 0.15 and cfg.train.micro_batch_size == 32
-    assert bench.rtd_dims(cfg) == ELECTRA_LARGE
-    deberta = bench.rtd_config(bench.WORKLOADS["debertav3-large"], tiny=False)
+    assert workloads.rtd_dims(cfg) == ELECTRA_LARGE
+    deberta = workloads.rtd_config(workloads.WORKLOADS["debertav3-large"], tiny=False)
     assert deberta.model.discriminator == preset("debertav3-large").model.discriminator
     assert deberta.model.sharing.value == "gdes" and deberta.train.micro_batch_size == 16
     # disentangled attention: 511 relative rows at seq 512 (256 buckets), credited as 4Rh per layer
-    assert bench.rtd_dims(deberta).relative_rows == 511
-    assert rtd_flops_per_token(bench.rtd_dims(deberta)) == pytest.approx(3_295_749_734.4)
-    tiny = bench.rtd_config(bench.WORKLOADS["electra-large"], tiny=True)
+    assert workloads.rtd_dims(deberta).relative_rows == 511
+    assert rtd_flops_per_token(workloads.rtd_dims(deberta)) == pytest.approx(3_295_749_734.4)
+    tiny = workloads.rtd_config(workloads.WORKLOADS["electra-large"], tiny=True)
     assert tiny.data.seq_length == 64
     assert tiny.model.generator.hidden_size < tiny.model.discriminator.hidden_size
 
@@ -74,7 +76,7 @@ def test_the_bench_rows_use_the_presets_dimensions():
     ("aten::native_layer_norm_backward", "layernorm"),
 ])
 def test_kernel_families(name, family):
-    assert bench.kernel_family(name) == family
+    assert census.kernel_family(name) == family
 
 
 def _tiny_settings():
@@ -87,21 +89,46 @@ def _tiny_settings():
     (RuntimeError("boom"), "error"),
 ])
 def test_a_failing_row_is_reported_not_raised(monkeypatch, error, status):
-    b = bench.Bench(_tiny_settings(), None)
+    b = run.Bench(_tiny_settings(), None)
     b.log = lambda *a, **k: None
 
     def fail(item):
         raise error
 
     monkeypatch.setattr(b, "build", fail)
-    row = b.run(bench.Item("electra-base", "rtd-engine"))
+    row = b.run(run.Item("electra-base", "rtd-engine"))
     assert row.status == status and row.tokens_per_s is None
     assert type(error).__name__ in row.note
-    assert status in bench.results_table(b)
+    assert status in results_table(b)
 
 
 def test_rows_past_the_deadline_are_skipped():
-    b = bench.Bench(_tiny_settings(), None)
+    b = run.Bench(_tiny_settings(), None)
     b.t0 -= 10_000  # the deadline has passed
-    row = b.run(bench.Item("electra-large", "hf-eager"))
+    row = b.run(run.Item("electra-large", "hf-eager"))
     assert row.status == "skipped" and "deadline" in row.note
+
+
+def test_the_sync_census_counts_device_waits_not_the_data_wait_host_work():
+    """``train_step`` decides ``has_padding`` on the host batch in its data-wait phase: host
+    work, not a wait for the device; the same read in the forward, an ``.item()`` and a
+    boolean-mask index are counted (on CPU, where host and device are one)."""
+    from bench.gpu.timing import Stepper
+    from rtd_scale.phases import PHASE_DATA_WAIT, PHASE_FORWARD
+
+    host = torch.tensor([[1, 7, 0], [1, 8, 2]])
+    x = torch.tensor([1.0, -2.0, 3.0])
+
+    def run(i, timers):
+        with timers(PHASE_DATA_WAIT):
+            assert bool((host == 0).any())
+        with timers(PHASE_FORWARD):
+            assert bool((host == 0).any())
+            assert x.sum().item() == 2.0
+            assert x[x > 0].tolist() == [1.0, 3.0]
+
+    res = census.SyncCensus.run(Stepper(run), 0, torch.device("cpu"))
+    ops = sorted(site.rsplit("[", 1)[1].rstrip("]") for site, n in res["sites"].items()
+                 for _ in range(n))
+    assert ops == ["aten::_local_scalar_dense", "aten::_local_scalar_dense", "aten::index"], ops
+    assert res["sync_ops"] == 3

@@ -86,7 +86,7 @@ def test_export_parity_with_transformers(single_process_group, tok, wiki_shards,
     import transformers
 
     cfg = deberta_config(sharing, tok.vocab_size, projected)
-    model = build_model(cfg, tok)
+    model = build_model(cfg, single_process_group, tok)
     perturb(model)
     ids = real_batch(tok)
     keep = ids != tok.pad_id
@@ -174,7 +174,7 @@ def test_transformers_checkpoint_round_trips_bitwise(single_process_group, tok, 
     cfg = deberta_config(sharing, tok.vocab_size)
     src = _foreign_deberta(tmp_path, tok, cfg,
                            table="own" if sharing is Sharing.NES else "residual")
-    model = build_model(cfg, tok, seed=5)
+    model = build_model(cfg, single_process_group, tok, seed=5)
     lines = []
     _load(model, cfg, ctx, tok, src, lines)
     assert "note: no RTD head found (discriminator_predictions.*): it starts fresh" in lines
@@ -194,10 +194,10 @@ def test_transformers_checkpoint_round_trips_bitwise(single_process_group, tok, 
 def test_export_import_export_is_bitwise(single_process_group, tok, tmp_path):
     ctx = single_process_group
     cfg = deberta_config(Sharing.GDES, tok.vocab_size)
-    first = build_model(cfg, tok, seed=3)
+    first = build_model(cfg, single_process_group, tok, seed=3)
     perturb(first)
     _export(first, cfg, ctx, tok, tmp_path / "a")
-    second = build_model(cfg, tok, seed=9)
+    second = build_model(cfg, single_process_group, tok, seed=9)
     _load(second, cfg, ctx, tok, tmp_path / "a")
     _export(second, cfg, ctx, tok, tmp_path / "b")
     _assert_bitwise(_tensors(tmp_path / "a"), _tensors(tmp_path / "b"))
@@ -212,7 +212,7 @@ def test_legacy_false_generator_gives_the_same_logits(single_process_group, tok,
     ctx = single_process_group
     cfg = deberta_config(Sharing.ES, tok.vocab_size)
     src = _foreign_deberta(tmp_path, tok, cfg, legacy=False, table="same")
-    model = build_model(cfg, tok)
+    model = build_model(cfg, single_process_group, tok)
     _load(model, cfg, ctx, tok, src)
     ids = real_batch(tok)
     keep = ids != tok.pad_id
@@ -250,7 +250,7 @@ def test_released_deberta_v3_layout_loads(single_process_group, tok, tmp_path):
                     "mask_predictions.classifier.weight": torch.randn(1, h),
                     "mask_predictions.classifier.bias": torch.randn(1)})
     save_file(tensors, tmp_path / "v3" / "model.safetensors", metadata={"format": "pt"})
-    model = build_model(cfg, tok, seed=6)
+    model = build_model(cfg, single_process_group, tok, seed=6)
     lines = []
     _load(model, cfg, ctx, tok, tmp_path / "v3", lines)
     assert (f"note: the discriminator's token table has {tok.vocab_size + 7} rows there, the "
@@ -273,14 +273,14 @@ def _message(excinfo) -> str:
 def test_mismatched_checkpoints_are_one_line(single_process_group, tok, tmp_path):
     ctx = single_process_group
     cfg = deberta_config(Sharing.GDES, tok.vocab_size)
-    model = build_model(cfg, tok)
+    model = build_model(cfg, single_process_group, tok)
     _export(model, cfg, ctx, tok, tmp_path / "deb")
     bert = tiny_config(POST, Sharing.GDES, False, tok.vocab_size)
     with pytest.raises(UserInputError) as e:
-        _load(build_model(bert, tok), bert, ctx, tok, tmp_path / "deb")
+        _load(build_model(bert, single_process_group, tok), bert, ctx, tok, tmp_path / "deb")
     assert _message(e) == (f"--pretrained-checkpoint {tmp_path / 'deb'}: a deberta-v2 checkpoint "
                            "has disentangled attention; pass --attention-type disentangled")
-    _export(build_model(bert, tok), bert, ctx, tok, tmp_path / "electra")
+    _export(build_model(bert, single_process_group, tok), bert, ctx, tok, tmp_path / "electra")
     with pytest.raises(UserInputError) as e:
         _load(model, cfg, ctx, tok, tmp_path / "electra")
     assert _message(e) == (f"--pretrained-checkpoint {tmp_path / 'electra'}: a electra "
@@ -288,11 +288,11 @@ def test_mismatched_checkpoints_are_one_line(single_process_group, tok, tmp_path
     wide = deberta_config(Sharing.GDES, tok.vocab_size)
     wide.model.position_buckets = 16
     with pytest.raises(UserInputError) as e:
-        _load(build_model(wide, tok), wide, ctx, tok, tmp_path / "deb")
+        _load(build_model(wide, single_process_group, tok), wide, ctx, tok, tmp_path / "deb")
     assert _message(e) == (f"--pretrained-checkpoint {tmp_path / 'deb'}: the discriminator's "
                            "position_buckets is 8 there but 16 in this model; pass --set "
                            "model.position_buckets=8")
-    torch.save({"config": bert.to_dict(), "model": canonical_state(build_model(bert, tok), ctx)},
+    torch.save({"config": bert.to_dict(), "model": canonical_state(build_model(bert, single_process_group, tok), ctx)},
                tmp_path / "w.pt")
     with pytest.raises(UserInputError) as e:
         _load(model, cfg, ctx, tok, tmp_path / "w.pt")
@@ -309,7 +309,7 @@ def test_absolute_position_deberta_is_refused(single_process_group, tok, tmp_pat
     hf_cfg.position_biased_input = True
     transformers.DebertaV2Model(hf_cfg).save_pretrained(tmp_path / "v1")
     with pytest.raises(UserInputError) as e:
-        _load(build_model(cfg, tok), cfg, single_process_group, tok, tmp_path / "v1")
+        _load(build_model(cfg, single_process_group, tok), cfg, single_process_group, tok, tmp_path / "v1")
     assert _message(e) == (f"--pretrained-checkpoint {tmp_path / 'v1'}: the discriminator's "
                            "position_biased_input is True there; rtd_scale's disentangled "
                            "attention is DeBERTaV3's (position_biased_input=False): pass a "
@@ -324,7 +324,7 @@ def test_export_parity_on_gpu(single_process_group, tok, tmp_path):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     cfg = deberta_config(Sharing.GDES, tok.vocab_size)
-    model = build_model(cfg, tok)
+    model = build_model(cfg, single_process_group, tok)
     perturb(model)
     _export(model, cfg, single_process_group, tok, tmp_path / "export")
     model = model.cuda()

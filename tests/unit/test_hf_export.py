@@ -60,7 +60,7 @@ def test_export_parity(single_process_group, tok, wiki_shards, tmp_path, layout,
     cfg = tiny_config(layout, sharing, projected, tok.vocab_size)
     cfg.model.sharing_scope = scope
     cfg.validate()
-    model = build_model(cfg, tok)
+    model = build_model(cfg, single_process_group, tok)
     perturb(model)
     ids = real_batch(tok)
     mine = ours(model, ids, tok.pad_id)
@@ -82,7 +82,7 @@ def test_export_parity(single_process_group, tok, wiki_shards, tmp_path, layout,
 
 def test_pre_layout_with_projection_is_refused(single_process_group, tok, tmp_path):
     cfg = tiny_config(PRE, Sharing.GDES, True, tok.vocab_size)
-    model = build_model(cfg, tok)
+    model = build_model(cfg, single_process_group, tok)
     with pytest.raises(convert.ExportError, match="model.embedding_size 24 != "
                                                   "model.discriminator.hidden_size 32"):
         write_export(canonical_state(model, single_process_group), cfg.model,
@@ -118,7 +118,7 @@ def test_sequence_classification_fine_tunes(single_process_group, tok, wiki_shar
     import transformers
 
     cfg = tiny_config(layout, Sharing.GDES, layout == POST, tok.vocab_size)
-    model = build_model(cfg, tok)
+    model = build_model(cfg, single_process_group, tok)
     out = tmp_path / "export"
     write_export(canonical_state(model, single_process_group), cfg.model, str(out),
                  pad_id=tok.pad_id, cls_id=tok.cls_id, sep_id=tok.sep_id,
@@ -172,7 +172,7 @@ def test_export_tool_errors_are_one_line(tmp_path, capsys):
 
 def _write(ctx, tok, spm_model, layout, out, **kwargs):
     cfg = layout_config(layout, tok.vocab_size)
-    model = build_model(cfg, tok)
+    model = build_model(cfg, ctx, tok)
     perturb(model)
     write_export(canonical_state(model, ctx), cfg.model, str(out), pad_id=tok.pad_id,
                  cls_id=tok.cls_id, sep_id=tok.sep_id, tokenizer_model=spm_model,

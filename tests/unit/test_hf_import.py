@@ -60,10 +60,10 @@ def test_export_import_export_is_bitwise(single_process_group, tok, tmp_path, la
     cfg = tiny_config(layout, sharing, projected, tok.vocab_size)
     cfg.model.sharing_scope = scope
     cfg.validate()
-    first = build_model(cfg, tok, seed=3)
+    first = build_model(cfg, single_process_group, tok, seed=3)
     perturb(first)
     _export(first, cfg, ctx, tok, tmp_path / "a")
-    second = build_model(cfg, tok, seed=9)
+    second = build_model(cfg, single_process_group, tok, seed=9)
     _load(second, cfg, ctx, tok, tmp_path / "a")
     _export(second, cfg, ctx, tok, tmp_path / "b")
     _assert_bitwise(_tensors(tmp_path / "a"), _tensors(tmp_path / "b"))
@@ -98,7 +98,7 @@ def test_foreign_electra_round_trips_bitwise(single_process_group, tok, tmp_path
     ctx = single_process_group
     cfg = tiny_config(POST, Sharing.NES, True, tok.vocab_size)
     src = _foreign_electra(tmp_path, tok, cfg)
-    model = build_model(cfg, tok)
+    model = build_model(cfg, single_process_group, tok)
     _load(model, cfg, ctx, tok, src)
     _export(model, cfg, ctx, tok, tmp_path / "back")
     _assert_bitwise(_tensors(src), _tensors(tmp_path / "back"))
@@ -117,7 +117,7 @@ def test_discriminator_alone_gives_a_fresh_generator(single_process_group, tok, 
     ctx = single_process_group
     cfg = tiny_config(POST, sharing, False, tok.vocab_size)
     src = _foreign_electra(tmp_path, tok, cfg, with_generator=False)
-    model = build_model(cfg, tok, seed=4)
+    model = build_model(cfg, single_process_group, tok, seed=4)
     fresh = canonical_state(model, ctx)
     _load(model, cfg, ctx, tok, src)
     got = canonical_state(model, ctx)
@@ -153,11 +153,11 @@ def test_discriminator_alone_gives_a_fresh_generator(single_process_group, tok, 
 def test_export_pt_file_loads(single_process_group, tok, tmp_path):
     ctx = single_process_group
     cfg = tiny_config(PRE, Sharing.GDES, False, tok.vocab_size)
-    first = build_model(cfg, tok, seed=3)
+    first = build_model(cfg, single_process_group, tok, seed=3)
     perturb(first)
     state = canonical_state(first, ctx)
     torch.save({"config": cfg.to_dict(), "model": state}, tmp_path / "w.pt")
-    second = build_model(cfg, tok, seed=8)
+    second = build_model(cfg, single_process_group, tok, seed=8)
     _load(second, cfg, ctx, tok, tmp_path / "w.pt")
     got = canonical_state(second, ctx)
     assert sorted(got) == sorted(state)
@@ -173,14 +173,14 @@ def _message(excinfo) -> str:
 def test_mismatches_are_one_line_naming_tensor_and_flag(single_process_group, tok, tmp_path):
     ctx = single_process_group
     cfg = tiny_config(POST, Sharing.ES, False, tok.vocab_size)
-    small = build_model(cfg, tok)
+    small = build_model(cfg, single_process_group, tok)
     _export(small, cfg, ctx, tok, tmp_path / "hf")
     torch.save({"config": cfg.to_dict(), "model": canonical_state(small, ctx)}, tmp_path / "w.pt")
 
     wide = dataclasses.replace(cfg.model.discriminator, ffn_hidden_size=96)
     big = tiny_config(POST, Sharing.ES, False, tok.vocab_size)
     big.model.discriminator = wide
-    model = build_model(big, tok)
+    model = build_model(big, single_process_group, tok)
     with pytest.raises(UserInputError) as e:
         _load(model, big, ctx, tok, tmp_path / "hf")
     assert _message(e) == (f"--pretrained-checkpoint {tmp_path / 'hf'}: the discriminator's "
@@ -196,7 +196,7 @@ def test_mismatches_are_one_line_naming_tensor_and_flag(single_process_group, to
 
     pre = tiny_config(PRE, Sharing.ES, False, tok.vocab_size)
     with pytest.raises(UserInputError) as e:
-        _load(build_model(pre, tok), pre, ctx, tok, tmp_path / "hf")
+        _load(build_model(pre, single_process_group, tok), pre, ctx, tok, tmp_path / "hf")
     assert _message(e).endswith("a electra checkpoint has the post-LayerNorm layout; pass "
                                 "--layernorm-position post")
 
@@ -207,7 +207,7 @@ def test_es_refuses_two_different_tables(single_process_group, tok, tmp_path):
     es = tiny_config(POST, Sharing.ES, False, tok.vocab_size)
     with pytest.raises(UserInputError, match="tables differ, which one shared table "
                                              r"\(--sharing es\) cannot hold"):
-        _load(build_model(es, tok), es, single_process_group, tok, src)
+        _load(build_model(es, single_process_group, tok), es, single_process_group, tok, src)
 
 
 def test_es_refuses_two_different_position_tables_unless_scope_tokens(single_process_group,
@@ -229,7 +229,7 @@ def test_es_refuses_two_different_position_tables_unless_scope_tokens(single_pro
     disc.save_pretrained(tmp_path / "hf")
     gen.save_pretrained(tmp_path / "hf" / "generator")
     with pytest.raises(UserInputError) as e:
-        _load(build_model(cfg, tok), cfg, single_process_group, tok, tmp_path / "hf")
+        _load(build_model(cfg, single_process_group, tok), cfg, single_process_group, tok, tmp_path / "hf")
     assert _message(e) == (
         f"--pretrained-checkpoint {tmp_path / 'hf'}: the discriminator's and the generator's "
         "embeddings.position.weight differ, which one shared embedding layer (--sharing es) "
@@ -237,7 +237,7 @@ def test_es_refuses_two_different_position_tables_unless_scope_tokens(single_pro
         "or --sharing gdes")
     cfg.model.sharing_scope = "tokens"
     cfg.validate()
-    model = build_model(cfg, tok)
+    model = build_model(cfg, single_process_group, tok)
     _load(model, cfg, single_process_group, tok, tmp_path / "hf")
     assert torch.equal(model.discriminator.embeddings.position.weight,
                        disc.electra.embeddings.position_embeddings.weight)
@@ -253,14 +253,14 @@ def test_export_pt_file_of_the_other_scope_is_refused(single_process_group, tok,
     cfg = tiny_config(POST, Sharing.GDES, False, tok.vocab_size)
     cfg.model.sharing_scope = "tokens"
     cfg.validate()
-    first = build_model(cfg, tok)
+    first = build_model(cfg, single_process_group, tok)
     old = cfg.to_dict()
     del old["model"]["sharing_scope"]
     torch.save({"config": old, "model": canonical_state(first, ctx)}, tmp_path / "w.pt")
-    _load(build_model(cfg, tok), cfg, ctx, tok, tmp_path / "w.pt")
+    _load(build_model(cfg, single_process_group, tok), cfg, ctx, tok, tmp_path / "w.pt")
     new = tiny_config(POST, Sharing.GDES, False, tok.vocab_size)
     with pytest.raises(UserInputError) as e:
-        _load(build_model(new, tok), new, ctx, tok, tmp_path / "w.pt")
+        _load(build_model(new, single_process_group, tok), new, ctx, tok, tmp_path / "w.pt")
     assert _message(e) == (f"--pretrained-checkpoint {tmp_path / 'w.pt'}: saved with "
                            "--sharing-scope tokens; pass --sharing-scope tokens (or load its "
                            "Hugging Face export, which converts between sharing scopes)")
@@ -286,7 +286,7 @@ def test_transformer_engine_norm_names_map_to_the_same_export(single_process_gro
     """On GPU with TransformerEngine the pre-layout norms live inside linear_qkv / linear_fc1
     (``layer_norm_weight``); the export is the same tensors under the same names."""
     cfg = tiny_config(PRE, Sharing.GDES, False, tok.vocab_size)
-    model = build_model(cfg, tok)
+    model = build_model(cfg, single_process_group, tok)
     perturb(model)
     plain = canonical_state(model, single_process_group)
     te = {}
@@ -312,7 +312,7 @@ def test_released_electra_layout_loads_with_notes(single_process_group, tok, tmp
     hf_cfg.type_vocab_size, hf_cfg.layer_norm_eps = 2, 1e-12
     torch.manual_seed(0)
     transformers.ElectraForPreTraining(hf_cfg).save_pretrained(tmp_path / "hf")
-    model = build_model(cfg, tok)
+    model = build_model(cfg, single_process_group, tok)
     lines = []
     load_pretrained(model, str(tmp_path / "hf"), cfg.model, pad_id=tok.pad_id,
                     tp_group=single_process_group.tp_group, tp_rank=0, print_fn=lines.append)

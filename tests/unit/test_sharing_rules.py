@@ -128,7 +128,7 @@ def test_a_fourth_mode_is_one_rule(single_process_group, tok, tmp_path, half_mod
     cfg = tiny_config(LayerNormPosition.POST, half_mode, True, tok.vocab_size)
     assert cfg.model.sharing is half_mode
     # builds, the residual zero-initialised (weights.initialize reads the rule's mark)
-    model = build_model(cfg, tok)
+    model = build_model(cfg, single_process_group, tok)
     d_table, g_table = model.discriminator_table, model.generator_table
     assert isinstance(d_table, HalfTable) and d_table.generator_table is g_table
     assert torch.count_nonzero(d_table.offset).item() == 0
@@ -179,7 +179,7 @@ def test_a_fourth_mode_is_one_rule(single_process_group, tok, tmp_path, half_mod
 
     # and imports back: E_O split out so that ½·E_G + E_O is the exported table bitwise (E_O
     # itself to an ulp of E_D: fp32 addition has several exact residuals), the rest as it was
-    back = build_model(cfg, tok, seed=11)
+    back = build_model(cfg, single_process_group, tok, seed=11)
     load_pretrained(back, str(out_dir), cfg.model, pad_id=tok.pad_id, tp_group=ctx.tp_group,
                     tp_rank=0)
     again = canonical_state(back, ctx)

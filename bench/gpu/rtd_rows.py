@@ -1,0 +1,123 @@
+"""rtd_scale's rows: ``training/step.py``'s ``train_step`` in a DeepSpeed engine (as
+``pretrain.py --bf16`` trains), the same model without DeepSpeed (which isolates the engine's
+cost), and the megatron-core layer stack alone. The model is ``model/build.py``'s
+``build_model`` (``bench.common.build_rtd_model``)."""
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+
+import torch
+
+from bench import common
+from bench.gpu.timing import Stepper, stack_stepper
+from bench.gpu.workloads import Settings
+from rtd_scale.phases import PHASE_BACKWARD, PHASE_DATA_WAIT, PHASE_FORWARD, PHASE_OPTIMIZER_STEP
+
+
+def parallel_context(s: Settings):
+    """megatron-core's parallel state at world 1 (``bench.common.world_one``, started once), with
+    ``s.device`` as the training device."""
+    from deepspeed.utils import logger as ds_logger
+
+    ds_logger.setLevel(logging.WARNING)  # keep DeepSpeed's per-engine banners out of the table
+    return common.parallel_context(s.device)
+
+
+def micro_batches(cfg, s: Settings):
+    """``bench.common.host_batches`` as the loader yields them: ``MicroBatch``es, in pinned memory
+    on CUDA (``data/loader.py``'s ``pin_memory``), so that their copy waits for nothing."""
+    from rtd_scale.data.packed import MicroBatch
+
+    out = [MicroBatch(ids, idx) for ids, idx in common.host_batches(cfg)]
+    return [mb.pin_memory() for mb in out] if s.cuda else out
+
+
+def rtd_engine_step(cfg, s: Settings, zero_stage: int) -> tuple[Stepper, tuple]:
+    """rtd_scale's step as ``pretrain.py --bf16`` runs it: ``training/step.py``'s ``train_step``
+    over one micro-batch (gradient accumulation 1), called as ``training/loop.py`` calls it at
+    pipeline_model_parallel_size 1 — the counts of the global batch, ``engine(...)``,
+    ``engine.backward``, ``engine.step`` — without the loop's non-finite gate and norm read.
+    DeepSpeed casts the model to bf16 and keeps fp32 master weights in its optimizer wrapper
+    around rtd_scale's AdamW (fused on GPU)."""
+    from rtd_scale import distributed
+    from rtd_scale.training.engine import build_engine, resolve_ds_config
+    from rtd_scale.training.step import train_step
+
+    ctx = parallel_context(s)
+    model = common.build_rtd_model(cfg, s.device)
+    ds = resolve_ds_config({"zero_optimization": {"stage": zero_stage}}, cfg,
+                           data_parallel_size=1, gradient_accumulation_steps=1)
+    with contextlib.redirect_stdout(io.StringIO()):  # BF16_Optimizer prints memory banners
+        eng = build_engine(model, cfg, ds, distributed.DeepSpeedMpu())
+    batches = micro_batches(cfg, s)
+
+    def run(i: int, timers) -> None:
+        train_step(eng, [batches[i % len(batches)]], step=i, ctx=ctx, timers=timers)
+
+    note = f"{type(eng.optimizer).__name__} over {type(eng.basic_optimizer).__name__}"
+    return Stepper(run, keep=[eng, model]), (model, note)
+
+
+def rtd_autocast_step(cfg, s: Settings) -> tuple[Stepper, tuple]:
+    """rtd_scale's model without DeepSpeed: ``train_step``'s forward (its batch copy and the
+    global batch's counts, ``training/step.py``) on fp32 weights under bf16 autocast, backward,
+    rtd_scale's AdamW (``training.optimizer.build_optimizer``: fused on GPU), no clipping — the
+    HF step's recipe. On CPU autocast is entered around backward as well: megatron-core's linear
+    layers restore autocast in backward only for CUDA (``custom_bwd(device_type="cuda")``)."""
+    from rtd_scale.training.normalise import global_counts
+    from rtd_scale.training.optimizer import build_optimizer
+    from rtd_scale.training.step import micro_batch_kwargs
+
+    ctx = parallel_context(s)
+    model = common.build_rtd_model(cfg, s.device)
+    opt = build_optimizer(model, cfg.optim)
+    batches = micro_batches(cfg, s)
+    autocast = lambda: torch.autocast(s.device.type, dtype=torch.bfloat16)  # noqa: E731
+
+    def run(i: int, timers) -> None:
+        with timers(PHASE_DATA_WAIT):
+            kw = micro_batch_kwargs(batches[i % len(batches)], s.device, model.pad_id)
+        with timers(PHASE_FORWARD):
+            counts = global_counts(model, [(kw["input_ids"], kw["sample_index"])], ctx)
+            with autocast():
+                loss = model(**kw, step=i, global_counts=counts, num_micro_batches=ctx.dp_size,
+                             timers=timers).loss
+        with timers(PHASE_BACKWARD):
+            with autocast() if not s.cuda else contextlib.nullcontext():
+                loss.backward()
+        with timers(PHASE_OPTIMIZER_STEP):
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+    return Stepper(run, keep=[model, opt]), (model, "")
+
+
+def stack_mcore_step(impl: str, shape: dict, s: Settings) -> tuple[Stepper, str]:
+    """rtd_scale's megatron-core layer spec alone (``model/specs.py``), forward + backward of a
+    fixed input; "stack-mcore-mask" passes the all-False [b, 1, 1, s] padding mask that
+    ``Encoder.forward`` gives a micro-batch with [PAD]."""
+    from megatron.core.transformer.transformer_block import TransformerBlock
+
+    from rtd_scale.config import EncoderConfig
+    from rtd_scale.model.encoder import transformer_config
+    from rtd_scale.model.specs import _have_transformer_engine, encoder_layer_spec
+
+    L, h, heads, f = (shape[k] for k in ("num_layers", "hidden_size", "num_attention_heads",
+                                         "ffn_hidden_size"))
+    seq, b, dev = shape["seq_length"], shape["micro_batch"], s.device
+    g = torch.Generator(device=dev).manual_seed(0)
+    parallel_context(s)
+    enc = EncoderConfig(num_layers=L, hidden_size=h, num_attention_heads=heads,
+                        ffn_hidden_size=f)
+    tc = transformer_config(enc, init_std=0.02, tensor_model_parallel_size=1)
+    module = TransformerBlock(config=tc, spec=encoder_layer_spec(), post_layer_norm=True,
+                              pre_process=True, post_process=True).to(dev)
+    note = "TransformerEngine" if _have_transformer_engine() else "local layers, no TE"
+    x = torch.randn(seq, b, h, device=dev, dtype=torch.bfloat16, generator=g)
+    mask = None
+    if impl == "stack-mcore-mask":
+        mask = torch.zeros(b, 1, 1, seq, dtype=torch.bool, device=dev)
+    return stack_stepper(module, lambda inp: module(hidden_states=inp, attention_mask=mask),
+                         x), note
