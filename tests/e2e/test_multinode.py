@@ -311,13 +311,12 @@ class Preempted:
     save: Path
 
 
-@pytest.fixture(scope="module")
-def preempted_job(cluster, job_env, tmp_path_factory) -> Preempted:
-    """slurm/pretrain_base.sh on 2 nodes × 2 tasks, TP 2: SIGUSR1 once training runs, requeue,
-    resume, finish (Slurm's requeue hold is cut short as in tests/e2e/test_slurm.py)."""
-    work = tmp_path_factory.mktemp("mn_preempt")
-    save = work / "run"
-    env = {**job_env, "RTD_SAVE": str(save)}
+def _preempt_and_requeue(cluster, env: dict, work: Path, while_held=None
+                         ) -> tuple[int, str, float]:
+    """slurm/pretrain_base.sh on TWO_NODES with ``env``: SIGUSR1 once iteration 2 is logged,
+    wait for the requeue, call ``while_held(job)`` while Slurm holds it, cut the hold short
+    (as tests/e2e/test_slurm.py does) and wait for the end. The job must have completed after
+    one restart. Returns (job id, its log, seconds)."""
     t0 = time.monotonic()
     job = _sbatch(cluster, env, work, *TWO_NODES, BASE)
     log = work / f"slurm-rtd-debertav3-base-{job}.out"
@@ -329,16 +328,30 @@ def preempted_job(cluster, job_env, tmp_path_factory) -> Preempted:
               lambda: _queued(cluster, job) in ("PENDING BeginTime", ""), 300, log)
         assert _queued(cluster, job) == "PENDING BeginTime", \
             f"the job ended instead of requeueing: {_job(cluster, job)}\n{log.read_text()[-3000:]}"
+        if while_held is not None:
+            while_held(job)
         time.sleep(2.5)  # see test_slurm.py: a start in the same second as the revocation fails
         cluster.client("scontrol", "update", f"JobId={job}", "StartTime=now")
         wait_for("the requeued job to end", lambda: not _queued(cluster, job), 480, log)
     finally:
         cluster.client("scancel", str(job), check=False)
-    print(f"[multinode] preempted, requeued and resumed 2-node job: {time.monotonic() - t0:.1f} s")
+    seconds = time.monotonic() - t0
     state = _job(cluster, job)
     out = log.read_text()
     assert state["JobState"] == "COMPLETED" and state["ExitCode"] == "0:0", (state, out[-3000:])
     assert state["Restarts"] == "1", state
+    return job, out, seconds
+
+
+@pytest.fixture(scope="module")
+def preempted_job(cluster, job_env, tmp_path_factory) -> Preempted:
+    """slurm/pretrain_base.sh on 2 nodes × 2 tasks, TP 2: SIGUSR1 once training runs, requeue,
+    resume, finish (Slurm's requeue hold is cut short as in tests/e2e/test_slurm.py)."""
+    work = tmp_path_factory.mktemp("mn_preempt")
+    save = work / "run"
+    env = {**job_env, "RTD_SAVE": str(save)}
+    job, out, seconds = _preempt_and_requeue(cluster, env, work)
+    print(f"[multinode] preempted, requeued and resumed 2-node job: {seconds:.1f} s")
     return Preempted(job=job, out=out, save=save)
 
 
@@ -553,17 +566,8 @@ def test_elastic_requeue_continues_on_fewer_nodes(cluster, job_env, tmp_path_fac
     work = tmp_path_factory.mktemp("mn_elastic")
     save = work / "run"
     env = {**job_env, "RTD_SAVE": str(save), "RTD_TP": "1", "RTD_EXTRA_ARGS": " ".join(NO_DROPOUT)}
-    t0 = time.monotonic()
-    job = _sbatch(cluster, env, work, *TWO_NODES, BASE)
-    log = work / f"slurm-rtd-debertav3-base-{job}.out"
-    try:
-        wait_for("iteration 2", lambda: log.exists() and
-              any(int(m[1]) >= 2 for m in ITERATION.finditer(log.read_text())), 400, log)
-        cluster.client("scancel", "--signal=USR1", "--batch", str(job))
-        wait_for("the job to be requeued",
-              lambda: _queued(cluster, job) in ("PENDING BeginTime", ""), 300, log)
-        assert _queued(cluster, job) == "PENDING BeginTime", \
-            f"the job ended instead of requeueing: {_job(cluster, job)}\n{log.read_text()[-3000:]}"
+
+    def shrink(job: int) -> None:
         # NumNodes=1 alone sets the minimum only, and the old CPU count stays required: the job
         # would pend with Reason BadConstraints (measured on Slurm 22.05)
         cluster.client("scontrol", "update", f"JobId={job}", "NumNodes=1-1", "NumTasks=2",
@@ -571,16 +575,9 @@ def test_elastic_requeue_continues_on_fewer_nodes(cluster, job_env, tmp_path_fac
         held = _job(cluster, job)
         assert held["NumTasks"] == "2" and "cpu=2," in held["TRES"] and "node=1," in \
             held["TRES"], held
-        time.sleep(2.5)  # see test_slurm.py: a start in the same second as the revocation fails
-        cluster.client("scontrol", "update", f"JobId={job}", "StartTime=now")
-        wait_for("the requeued job to end", lambda: not _queued(cluster, job), 480, log)
-    finally:
-        cluster.client("scancel", str(job), check=False)
-    print(f"\n[multinode] elastic job, 2 nodes then 1: {time.monotonic() - t0:.1f} s")
-    out = log.read_text()
-    state = _job(cluster, job)
-    assert state["JobState"] == "COMPLETED" and state["ExitCode"] == "0:0", (state, out[-3000:])
-    assert state["Restarts"] == "1", state
+
+    job, out, seconds = _preempt_and_requeue(cluster, env, work, shrink)
+    print(f"\n[multinode] elastic job, 2 nodes then 1: {seconds:.1f} s")
 
     first, second = out.split(f"job {job} (restart 1)")
     assert f"job {job} (restart 0) on 2 node(s) " in first and ": 4 tasks, " in first

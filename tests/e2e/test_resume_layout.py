@@ -150,6 +150,27 @@ def _assert_canonical_resume(r, run, ref, ref_state, tmp_path_factory, was, now,
     assert (run / "global_step3_canonical" / "rtd_canonical_complete").is_file()
 
 
+def _saved_at_step3(wiki_shards, run, zero: int, ranks: int, **layout) -> dict:
+    """A 3-step run at ZeRO-``zero`` on ``ranks`` ranks (``tp=``/``pp=``) saving into ``run``;
+    returns the digests of its global_step3, which the resume must leave as they are."""
+    r = launch(_args(wiki_shards, run, 3, zero, **layout), ranks=ranks)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    return file_digests(run / "global_step3")
+
+
+def _zeroed_moments_part_at_step5(wiki_shards, zeroed, zero: int, ref: dict) -> None:
+    """``zeroed``, a cut-back copy whose conversion's AdamW moments were zeroed, resumed at one
+    rank and ZeRO-``zero``: the conversion is reused, step 4 (the restored weights) still
+    matches the reference ``ref``, step 5 (the first update) no longer does: the moments, not
+    the weights alone, carried the continuation."""
+    r = launch(_args(wiki_shards, zeroed, 6, zero, ["--load", str(zeroed)]), ranks=1)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "reusing the conversion made earlier" in r.stdout
+    got = scalars(str(zeroed / "tensorboard"))
+    assert_close(got["loss/mlm"][4], ref["loss/mlm"][4], REL, "step 4")
+    assert abs(got["loss/mlm"][5] - ref["loss/mlm"][5]) > 10 * REL * abs(ref["loss/mlm"][5])
+
+
 def test_zero3_two_ranks_resumes_at_zero1_one_rank_with_its_adam_moments(
         wiki_shards, straight, tmp_path):
     """DP 2 ZeRO-3 → DP 1 ZeRO-1; the original checkpoint's files stay byte-identical. Then the
@@ -173,20 +194,13 @@ def test_zero3_two_ranks_resumes_at_zero1_one_rank_with_its_adam_moments(
         state = torch.load(path, weights_only=False)
         assert state["param"].abs().max() > 0, path  # what the conversion carried
         torch.save({"param": torch.zeros_like(state["param"])}, path)
-    r = launch(_args(wiki_shards, zeroed, 6, 1, ["--load", str(zeroed)]), ranks=1)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "reusing the conversion made earlier" in r.stdout
-    ref, got = straight[1], scalars(str(zeroed / "tensorboard"))
-    assert_close(got["loss/mlm"][4], ref["loss/mlm"][4], REL, "step 4")
-    assert abs(got["loss/mlm"][5] - ref["loss/mlm"][5]) > 10 * REL * abs(ref["loss/mlm"][5])
+    _zeroed_moments_part_at_step5(wiki_shards, zeroed, 1, straight[1])
 
 
 def test_zero1_one_rank_resumes_at_zero3_two_ranks_exactly(wiki_shards, straight, tmp_path):
     """DP 1 ZeRO-1 (3 steps, saved at 3) → DP 2 ZeRO-3 to step 6: equals the DP 2 run."""
     run = tmp_path / "z1_to_z3"
-    r = launch(_args(wiki_shards, run, 3, 1), ranks=1)
-    assert r.returncode == 0, r.stderr[-3000:]
-    before = file_digests(run / "global_step3")
+    before = _saved_at_step3(wiki_shards, run, 1, 1)
     r = launch(_args(wiki_shards, run, 6, 3, ["--load", str(run)]), ranks=2)
     _assert_continues(r, run, straight, "TP 1 × PP 1 × DP 1, ZeRO-1",
                       "TP 1 × PP 1 × DP 2, ZeRO-3")
@@ -199,9 +213,7 @@ def test_tp2_dp2_zero3_resumes_at_tp1_zero0_with_its_adam_moments(
     reference, moments included. Then the same resume with the layout-free state's moments
     zeroed (reused): step 4 matches, step 5 does not."""
     run = tmp_path / "tp2_to_tp1"
-    r = launch(_args(wiki_shards, run, 3, 3, tp=2), ranks=4)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    before = file_digests(run / "global_step3")
+    before = _saved_at_step3(wiki_shards, run, 3, 4, tp=2)
     r = launch(_args(wiki_shards, run, 6, 0, ["--load", str(run)]), ranks=1)
     _assert_canonical_resume(r, run, straight[1], straight_state, tmp_path_factory,
                              "TP 2 × PP 1 × DP 2, ZeRO-3", "TP 1 × PP 1 × DP 1, ZeRO-0", before)
@@ -213,12 +225,7 @@ def test_tp2_dp2_zero3_resumes_at_tp1_zero0_with_its_adam_moments(
         assert len(state[kind]) > 20 and all(t.abs().max() > 0 for t in state[kind].values())
         state[kind] = {n: torch.zeros_like(t) for n, t in state[kind].items()}
     torch.save(state, path)
-    r = launch(_args(wiki_shards, zeroed, 6, 0, ["--load", str(zeroed)]), ranks=1)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "reusing the conversion made earlier" in r.stdout
-    ref, got = straight[1], scalars(str(zeroed / "tensorboard"))
-    assert_close(got["loss/mlm"][4], ref["loss/mlm"][4], REL, "step 4")
-    assert abs(got["loss/mlm"][5] - ref["loss/mlm"][5]) > 10 * REL * abs(ref["loss/mlm"][5])
+    _zeroed_moments_part_at_step5(wiki_shards, zeroed, 0, straight[1])
 
 
 def test_pp2_zero1_resumes_at_pp1_zero2(wiki_shards, straight, straight_state, tmp_path,
@@ -227,9 +234,7 @@ def test_pp2_zero1_resumes_at_pp1_zero2(wiki_shards, straight, straight_state, t
     the pipeline step runs ZeRO-1 only) → PP 1 × DP 1 ZeRO-2 to step 6: equals the reference,
     moments included."""
     run = tmp_path / "pp2_to_pp1"
-    r = launch(_args(wiki_shards, run, 3, 1, pp=2), ranks=2)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    before = file_digests(run / "global_step3")
+    before = _saved_at_step3(wiki_shards, run, 1, 2, pp=2)
     r = launch(_args(wiki_shards, run, 6, 2, ["--load", str(run)]), ranks=1)
     _assert_canonical_resume(r, run, straight[1], straight_state, tmp_path_factory,
                              "TP 1 × PP 2 × DP 1, ZeRO-1", "TP 1 × PP 1 × DP 1, ZeRO-2", before)
