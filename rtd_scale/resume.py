@@ -3,9 +3,11 @@ saved at another layout (:func:`convert_for_layout`, before the engine is built)
 into the engine and the data position, step and notes taken from it (:func:`resume`).
 
 The learning rate and weight decay after the load are this run's schedule's at the restored
-position (``checkpoint.refresh_learning_rate``, inside ``checkpoint.load`` and
-``reshard.load_canonical``). The conversion reads ``hf/consolidate.py``'s layout-free state, so
-this module stays outside ``training/``.
+position, set once (``checkpoint.refresh_learning_rate``, inside ``checkpoint.load`` and
+``reshard.load_canonical``); at another global batch the scheduler restores the position moved
+to the step the run reached (``MegatronLRScheduler.expect_checkpoint_batch``) before that.
+The conversion reads ``hf/consolidate.py``'s layout-free state, so this module stays outside
+``training/``.
 """
 from __future__ import annotations
 
@@ -109,6 +111,12 @@ def resume(cfg: RunConfig, ctx, eng, model, prep, converted: Converted, *,
 
     if not cfg.train.load:
         return Resumed()
+    # the schedule continues at the step it reached, not at the samples it read: told the
+    # checkpoint's batch (rtd_meta.json) before the load, the scheduler restores the moved
+    # position, and the load's one lr refresh reads it
+    meta_batch = ((prep.meta or {}).get("config") or {}).get("train", {}).get("global_batch_size")
+    if meta_batch is not None:
+        eng.lr_scheduler.expect_checkpoint_batch(meta_batch, cfg.optim)
     if converted.canonical is not None:
         from rtd_scale.training import reshard
 
@@ -126,9 +134,8 @@ def resume(cfg: RunConfig, ctx, eng, model, prep, converted: Converted, *,
     consumed = int(client.get("consumed_samples", start_step * cfg.train.global_batch_size))
     saved = (client.get("config") or {}).get("train", {})
     old_batch = saved.get("global_batch_size")
-    if old_batch is not None and old_batch != cfg.train.global_batch_size:
-        # the schedule continues at the step it reached, not at the samples it read
-        eng.lr_scheduler.keep_iterations(old_batch, cfg.optim)
+    if meta_batch is None and old_batch is not None and old_batch != cfg.train.global_batch_size:
+        eng.lr_scheduler.keep_iterations(old_batch, cfg.optim)  # a checkpoint without metadata
     train_data = prep.data["train"]
     old_data, new_data = client.get("data"), train_data.state()
     read, consumed, repacked_note = consumed, *train_data.continue_after(consumed, old_data)
