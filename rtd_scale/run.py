@@ -5,8 +5,9 @@ layout conversion, DeepSpeed engine) → :func:`resume.resume` (``--load``) →
 :func:`write_run_files` → :func:`train_phase` → :func:`finish` (test split inside the loop,
 exports, summary, curves).
 
-``rtd_scale/pretrain.py`` parses the flags and calls :func:`run`; ``hf/`` is read here and in
-``exports.py`` / ``resume.py``, never from ``training/``.
+``rtd_scale/pretrain.py`` parses the flags and calls :func:`run`. ``hf/`` is read here and in
+``prepare.py``, ``resume.py`` and ``exports.py``, never from ``training/`` (DESIGN.md §2,
+tests/unit/test_layering.py).
 """
 from __future__ import annotations
 
