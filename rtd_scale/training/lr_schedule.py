@@ -30,7 +30,10 @@ Resume: the checkpoint (DeepSpeed's ``lr_scheduler`` entry) restores the positio
 ``engine.resolve_resume_schedule`` already reconciled with the checkpoint's
 (``--override-opt_param-scheduler`` / ``--use-checkpoint-opt_param-scheduler``). A checkpoint of
 the earlier LambdaLR schedule (``last_epoch`` counted iterations) resumes at ``last_epoch`` ×
-global batch size.
+global batch size. A resume at another global batch keeps an iteration schedule at the step it
+reached (``keep_iterations``), moved inside the load when the checkpoint's batch is known
+beforehand (``expect_checkpoint_batch``), so the one lr refresh after the load
+(``checkpoint.refresh_learning_rate``) sets the lr the next update uses.
 """
 from __future__ import annotations
 
@@ -89,6 +92,7 @@ class MegatronLRScheduler(OptimizerParamScheduler):
                          for g in optimizer.param_groups]
         self._flag_source = device_skip_flag
         self._pending: Optional[_DeviceFlag] = None
+        self._checkpoint_batch: Optional[tuple[int, OptimConfig]] = None
         super().__init__(
             optimizer, init_lr=optim.lr_warmup_init, max_lr=optim.lr, min_lr=optim.min_lr,
             lr_warmup_steps=warmup, lr_decay_steps=decay if warmup < decay else warmup + 1,
@@ -138,6 +142,13 @@ class MegatronLRScheduler(OptimizerParamScheduler):
         self.settle()
         return super().state_dict()
 
+    def _moves(self, saved_samples_per_step: int, optim: OptimConfig) -> bool:
+        """Whether a position saved at ``saved_samples_per_step`` samples per step moves to the
+        same number of applied steps at this run's batch (:meth:`keep_iterations`)."""
+        return not (saved_samples_per_step == self.samples_per_step or optim.lr_warmup_samples
+                    or optim.lr_decay_samples is not None
+                    or optim.lr_wsd_decay_samples is not None)
+
     def keep_iterations(self, saved_samples_per_step: int, optim: OptimConfig) -> bool:
         """After a resume at another global batch size: move the restored position (samples at
         the checkpoint's batch) to the same number of applied optimizer steps at this run's
@@ -146,9 +157,9 @@ class MegatronLRScheduler(OptimizerParamScheduler):
         decay alike, instead of at the samples it read (megatron-core counts samples: a phase 1
         at twice phase 2's batch would otherwise resume twice as far into the schedule). A
         schedule with any length in samples (``--lr-*-samples``) keeps its sample position.
-        Returns whether the position moved."""
-        if (saved_samples_per_step == self.samples_per_step or optim.lr_warmup_samples
-                or optim.lr_decay_samples is not None or optim.lr_wsd_decay_samples is not None):
+        Returns whether the position moved. Before a load, :meth:`expect_checkpoint_batch`
+        makes the same move inside ``load_state_dict``."""
+        if not self._moves(saved_samples_per_step, optim):
             return False
         self.settle()
         steps = self.num_steps / saved_samples_per_step
@@ -156,12 +167,23 @@ class MegatronLRScheduler(OptimizerParamScheduler):
         self.step(round(steps * self.samples_per_step))
         return True
 
+    def expect_checkpoint_batch(self, saved_samples_per_step: int, optim: OptimConfig) -> None:
+        """Before a load: the checkpoint was saved at ``saved_samples_per_step`` samples per
+        step. The next ``load_state_dict`` restores the position already moved as
+        :meth:`keep_iterations` moves it, so the one lr refresh after the load
+        (``checkpoint.refresh_learning_rate``) reads the position the run continues at."""
+        self._checkpoint_batch = (saved_samples_per_step, optim)
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore the position only (see the module docstring)."""
+        """Restore the position only (see the module docstring), moved to this run's batch
+        when :meth:`expect_checkpoint_batch` said the checkpoint's."""
         if "num_steps" in state_dict:
             num_steps = state_dict["num_steps"]
         else:  # the earlier LambdaLR schedule counted iterations, skipped ones included
             num_steps = int(state_dict["last_epoch"]) * self.samples_per_step
+        saved, self._checkpoint_batch = self._checkpoint_batch, None
+        if "num_steps" in state_dict and saved is not None and self._moves(*saved):
+            num_steps = round(num_steps / saved[0] * self.samples_per_step)
         self._pending = None
         self.num_steps = 0
         self.step(num_steps)

@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 
-from rtd_scale import pretrain
+from rtd_scale import arguments, prepare
 from tests.helpers.env import REPO
 from tests.helpers.launcher import launch, scalars
 
@@ -41,9 +41,9 @@ def test_validation_reads_the_valid_data_path(wiki_shards, tmp_path, monkeypatch
     tok_path, prefix = wiki_shards
     valid, test = _corpus(tmp_path, tok_path, "valid"), _corpus(tmp_path, tok_path, "test")
     monkeypatch.chdir(REPO)
-    cfg = pretrain.config_from_args(pretrain.build_parser().parse_args(_argv(
+    cfg = arguments.config_from_args(arguments.build_parser().parse_args(_argv(
         wiki_shards, tmp_path / "run", "--valid-data-path", valid, "--test-data-path", test)))
-    prep = pretrain.prepare(cfg, world_size=1)
+    prep = prepare.prepare(cfg, world_size=1)
     tok, data = prep.tokenizer, prep.data
     held_out = set(Tokenizer(tok_path).encode(HELD_OUT_TEXT)) | set(tok.special_ids)
     wanted = np.arange(cfg.train.eval_iters * cfg.train.global_batch_size)
@@ -60,9 +60,9 @@ def test_validation_reads_the_valid_data_path(wiki_shards, tmp_path, monkeypatch
     assert train.datasets[0].num_documents == train.datasets[0].total_documents
     assert len(set(np.unique(train.host_batch(wanted).input_ids).tolist()) - held_out) > 50
     # without the flags, validation is --split's validation share of the training data
-    cfg = pretrain.config_from_args(pretrain.build_parser().parse_args(_argv(
+    cfg = arguments.config_from_args(arguments.build_parser().parse_args(_argv(
         wiki_shards, tmp_path / "run2")))
-    data = pretrain.prepare(cfg, world_size=1).data
+    data = prepare.prepare(cfg, world_size=1).data
     assert sorted(data) == ["train", "valid"]
     assert data["valid"].datasets[0].name == prefix.rsplit("/", 1)[1]
     assert 0 < data["valid"].datasets[0].num_documents < data["valid"].datasets[0].total_documents

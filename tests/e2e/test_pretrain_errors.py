@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from rtd_scale import pretrain
+from rtd_scale import arguments, cli_errors, pretrain
 from tests.helpers.env import REPO, TEST_DATA
 from tests.helpers.launcher import launch, pretrain_error as _error
 
@@ -120,7 +120,7 @@ def test_refused_run_prints_no_config_warning(wiki_shards, tmp_path, capsys, mon
     (--load of a directory that does not exist): one stderr line, the error, and no warning."""
     argv = _args(wiki_shards, tmp_path / "run", "--load", str(tmp_path / "missing"))
     with pytest.warns(UserWarning, match="the learning-rate warm-up"):  # the config does warn
-        pretrain.config_from_args(pretrain.build_parser().parse_args(argv))
+        arguments.config_from_args(arguments.build_parser().parse_args(argv))
     recwarn.clear()
     msg = _error(capsys, argv, monkeypatch)
     assert msg.startswith(f"error: --load {tmp_path / 'missing'}: no such directory"), msg
@@ -154,7 +154,7 @@ def test_unwritable_tensorboard_dir(wiki_shards, tmp_path, capsys, monkeypatch):
     # a writable one passes this check, and the probe leaves nothing behind
     ok = tmp_path / "tb_parent"
     ok.mkdir()
-    pretrain.check_writable_dir(str(ok / "tb"), "--tensorboard-dir")
+    cli_errors.check_writable_dir(str(ok / "tb"), "--tensorboard-dir")
     assert list(ok.iterdir()) == []
 
 

@@ -34,7 +34,7 @@ def tiny_run(wiki_shards, tmp_path_factory):
 
 
 def test_mfu_in_the_log_is_flops_py_formula_for_the_step(tiny_run):
-    from rtd_scale.pretrain import build_parser, config_from_args
+    from rtd_scale.arguments import build_parser, config_from_args
 
     args, save, stdout = tiny_run
     cfg = config_from_args(build_parser().parse_args(args))

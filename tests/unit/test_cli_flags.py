@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-from rtd_scale import pretrain
+from rtd_scale import arguments, pretrain
 from rtd_scale.cli_errors import OneLineArgumentParser
 from rtd_scale.config import ConfigError, DataConfig, ParallelConfig
 from tests.helpers.env import REPO
@@ -17,12 +17,12 @@ BASE = ["--ds_config", "ds_configs/zero3.json", "--data-path", "D", "--tokenizer
 
 def test_pretrain_refuses_an_abbreviated_flag(capsys):
     with pytest.raises(SystemExit) as e:
-        pretrain.build_parser().parse_args([*BASE, "--train-iter", "2"])
+        arguments.build_parser().parse_args([*BASE, "--train-iter", "2"])
     assert e.value.code == 2
     assert capsys.readouterr().err == (
         "error: unrecognized arguments: --train-iter 2 (did you mean --train-iters?); "
         "rtd_scale/pretrain.py --help lists every flag\n")
-    assert pretrain.build_parser().parse_args([*BASE, "--train-iters", "2"]).train_iters == 2
+    assert arguments.build_parser().parse_args([*BASE, "--train-iters", "2"]).train_iters == 2
 
 
 def test_pretrain_flag_error_prints_on_rank_0_only(capsys, monkeypatch):
@@ -39,7 +39,7 @@ def test_pretrain_flag_error_prints_on_rank_0_only(capsys, monkeypatch):
                        "--train-iters?); rtd_scale/pretrain.py --help lists every flag\n"
                        if printed else ""), (rank, err)
     with pytest.raises(SystemExit) as e:  # --help too: rank 1 prints nothing, exits 0
-        pretrain.build_parser(quiet=True).parse_args(["--help"])
+        arguments.build_parser(quiet=True).parse_args(["--help"])
     assert e.value.code == 0 and capsys.readouterr() == ("", "")
 
 
@@ -50,15 +50,15 @@ def test_preset_help_and_choices_list_every_preset(capsys, monkeypatch):
 
     monkeypatch.setenv("COLUMNS", "60")
     with pytest.raises(SystemExit):
-        pretrain.build_parser().parse_args(["--help"])
+        arguments.build_parser().parse_args(["--help"])
     words = capsys.readouterr().out.replace(",", " ").split()
     assert "debertav3-tiny" in PRESETS
     for name in PRESETS:
         assert name in words, name
     for name in PRESETS:
-        assert pretrain.build_parser().parse_args([*BASE, "--preset", name]).preset == name
+        assert arguments.build_parser().parse_args([*BASE, "--preset", name]).preset == name
     with pytest.raises(SystemExit) as e:
-        pretrain.build_parser().parse_args([*BASE, "--preset", "debertav3-huge"])
+        arguments.build_parser().parse_args([*BASE, "--preset", "debertav3-huge"])
     assert e.value.code == 2
     assert "invalid choice: 'debertav3-huge' (choose from 'tiny', 'debertav3-tiny'," in \
         capsys.readouterr().err
@@ -91,12 +91,12 @@ def test_one_line_parser_has_no_abbreviations_unless_asked():
 
 def test_distributed_timeout_minutes_flag():
     assert ParallelConfig().distributed_timeout_minutes == 10  # Megatron-LM's default
-    args = pretrain.build_parser().parse_args([*BASE, "--distributed-timeout-minutes", "3"])
-    assert pretrain.config_from_args(args).parallel.distributed_timeout_minutes == 3
-    args = pretrain.build_parser().parse_args([*BASE, "--distributed-timeout-minutes", "0"])
+    args = arguments.build_parser().parse_args([*BASE, "--distributed-timeout-minutes", "3"])
+    assert arguments.config_from_args(args).parallel.distributed_timeout_minutes == 3
+    args = arguments.build_parser().parse_args([*BASE, "--distributed-timeout-minutes", "0"])
     with pytest.raises(ConfigError, match=r"--distributed-timeout-minutes "
                                           r"\(parallel.distributed_timeout_minutes\) must be > 0"):
-        pretrain.config_from_args(args)
+        arguments.config_from_args(args)
 
 
 class _Stop(Exception):
@@ -135,9 +135,9 @@ def test_distributed_timeout_reaches_torch_and_megatron(monkeypatch):
 
 
 def test_held_out_corpora_take_the_blend_syntax():
-    args = pretrain.build_parser().parse_args(
+    args = arguments.build_parser().parse_args(
         [*BASE, "--valid-data-path", "3", "V1", "1", "V2", "--test-data-path", "T"])
-    data = pretrain.config_from_args(args).data
+    data = arguments.config_from_args(args).data
     assert data.valid_sources() == [(0.75, ["V1"]), (0.25, ["V2"])]
     assert data.test_sources() == [(1.0, ["T"])]
     # their shares of --split go back to training: the held-out text is elsewhere
@@ -148,16 +148,16 @@ def test_held_out_corpora_take_the_blend_syntax():
     with pytest.raises(ConfigError, match=r"^--valid-data-path 0.5 V W: expected either prefixes "
                                           r"only, or positive WEIGHT PREFIX pairs \(e.g. "
                                           r"--valid-data-path 0.7 A 0.3 B\)$"):
-        pretrain.config_from_args(pretrain.build_parser().parse_args(
+        arguments.config_from_args(arguments.build_parser().parse_args(
             [*BASE, "--valid-data-path", "0.5", "V", "W"]))
 
 
 def test_train_data_path_is_data_path():
-    args = pretrain.build_parser().parse_args(
+    args = arguments.build_parser().parse_args(
         ["--ds_config", "x.json", "--tokenizer-model", "t.model", "--train-data-path", "0.6", "A",
          "0.4", "B"])
-    assert pretrain.config_from_args(args).data.sources() == [(0.6, ["A"]), (0.4, ["B"])]
-    args = pretrain.build_parser().parse_args([*BASE, "--train-data-path", "E"])
+    assert arguments.config_from_args(args).data.sources() == [(0.6, ["A"]), (0.4, ["B"])]
+    args = arguments.build_parser().parse_args([*BASE, "--train-data-path", "E"])
     with pytest.raises(ValueError, match="--data-path and --train-data-path name two training "
                                          "corpora; pass one of them"):
-        pretrain.config_from_args(args)
+        arguments.config_from_args(args)

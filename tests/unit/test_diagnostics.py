@@ -111,7 +111,7 @@ def _summary(aucs):
 
 
 def test_summary_verdict_reads_the_last_auc_against_chance():
-    from rtd_scale.pretrain import summary_text
+    from rtd_scale.training.summary import summary_text
 
     text = summary_text(_summary([0.51, 0.53, 0.565]))
     assert "held-out RTD AUC 0.5650 at iteration 300 (0.5 = chance, ± 0.0100" in text
@@ -138,7 +138,8 @@ def test_summary_verdict_reads_the_last_auc_against_chance():
 ])
 def test_summary_names_the_export_command_of_its_own_run(preset, flags, cls, head):
     from rtd_scale import config
-    from rtd_scale.pretrain import export_hint, summary_text
+    from rtd_scale.exports import export_hint
+    from rtd_scale.training.summary import summary_text
 
     cfg = config.preset(preset)
     for k, v in flags.items():

@@ -337,7 +337,7 @@ def test_presets_flag_and_validation():
     assert preset("tiny").model.attention_type is AttentionType.BERT
     assert preset("electra-base").model.attention_type is AttentionType.BERT
 
-    from rtd_scale.pretrain import build_parser, config_from_args
+    from rtd_scale.arguments import build_parser, config_from_args
 
     base = ["--ds_config", "x.json", "--data-path", "d", "--tokenizer-model", "t.model"]
     args = build_parser().parse_args(base + ["--preset", "debertav3-xsmall",

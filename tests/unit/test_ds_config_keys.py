@@ -11,7 +11,7 @@ import pytest
 
 from rtd_scale.cli_errors import UserInputError
 from rtd_scale.config import Precision, preset
-from rtd_scale.pretrain import build_parser, config_from_args
+from rtd_scale.arguments import build_parser, config_from_args
 from rtd_scale.training import ds_config as dsc
 from tests.helpers.env import REPO
 

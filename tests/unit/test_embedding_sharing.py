@@ -152,7 +152,7 @@ def test_scope_config_field_flag_and_validation():
     """The default is "embeddings"; the flag and --set select "tokens"; a bad value is one
     ConfigError naming the field; "tokens" under NES warns; ES with two embedding LayerNorm
     epsilons cannot share one LayerNorm."""
-    from rtd_scale.pretrain import build_parser, config_from_args
+    from rtd_scale.arguments import build_parser, config_from_args
 
     assert preset("tiny").model.sharing_scope is SharingScope.EMBEDDINGS
     base = ["--ds_config", "ds_configs/zero0.json", "--data-path", "x", "--tokenizer-model", "t"]

@@ -1,5 +1,5 @@
 """--eval-dump-dir: a warning when validation is off (it would never write), and the start-up
-check it shares with --tensorboard-dir (the refusal through pretrain.prepare is
+check it shares with --tensorboard-dir (the refusal through prepare.prepare is
 tests/e2e/test_pretrain_errors.py::test_unwritable_eval_dump_dir)."""
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import warnings
 
 import pytest
 
-from rtd_scale import pretrain
+from rtd_scale import arguments
 
 BASE = ["--ds_config", "ds_configs/zero3.json", "--data-path", "D", "--tokenizer-model", "t.model",
         "--preset", "tiny"]
 
 
 def _config(*extra):
-    return pretrain.config_from_args(pretrain.build_parser().parse_args([*BASE, *extra]))
+    return arguments.config_from_args(arguments.build_parser().parse_args([*BASE, *extra]))
 
 
 @pytest.mark.parametrize("off, interval, iters", [(["--eval-iters", "0"], 1000, 0),

@@ -268,7 +268,8 @@ def test_export_pt_file_of_the_other_scope_is_refused(single_process_group, tok,
 
 def test_load_and_pretrained_checkpoint_together_resolve_to_load():
     """Megatron-LM's rule (a requeued job passes both): --load wins, with a one-line note."""
-    from rtd_scale.pretrain import build_parser, config_from_args, pretrained_weights
+    from rtd_scale.arguments import build_parser, config_from_args
+    from rtd_scale.run import pretrained_weights
 
     args = build_parser().parse_args([
         "--ds_config", "ds_configs/zero0.json", "--data-path", "x", "--tokenizer-model", "t",

@@ -11,7 +11,8 @@ import pytest
 
 from rtd_scale.config import PRESETS, ConfigError, apply_override, preset
 from rtd_scale.megatron_args import REFUSED
-from rtd_scale.pretrain import build_parser, config_from_args, main
+from rtd_scale.arguments import build_parser, config_from_args
+from rtd_scale.pretrain import main
 
 BASE = ["--ds_config", "ds_configs/zero0.json", "--data-path", "data/x_text_document",
         "--tokenizer-model", "spm.model"]

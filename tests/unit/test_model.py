@@ -314,7 +314,7 @@ def test_post_ln_equals_hf_electra_model(single_process_group, sharing, embeddin
 
 def test_layout_presets_flag_and_validation():
     from rtd_scale.config import ConfigError
-    from rtd_scale.pretrain import build_parser, config_from_args
+    from rtd_scale.arguments import build_parser, config_from_args
 
     for name in ("electra-small", "electra-base", "electra-large"):
         cfg = preset(name)

@@ -180,6 +180,49 @@ def test_resume_at_another_batch_keeps_the_step_of_an_iteration_schedule():
     assert c.keep_iterations(G, samples) is False and c.num_steps == 6 * G
 
 
+
+def test_a_load_told_the_checkpoints_batch_refreshes_the_lr_once_at_the_moved_step():
+    """``--load`` at another global batch (resume.resume): the scheduler told the checkpoint's
+    batch before the load restores the position already at the step it reached, so the one lr
+    refresh of ``checkpoint.load`` (``refresh_learning_rate``) sets step 6's lr, with no move
+    after it; the same position as ``keep_iterations`` after a plain load. A schedule with a
+    length in samples, and a checkpoint of the earlier LambdaLR schedule (its ``last_epoch``
+    counts iterations already), keep their positions."""
+    from types import SimpleNamespace
+
+    from rtd_scale.training.checkpoint import refresh_learning_rate
+
+    optim = OptimConfig(lr=1e-3, lr_warmup_iters=4)
+    a = MegatronLRScheduler(_sgd(), optim, train_iters=20, global_batch_size=G)
+    for _ in range(6):
+        a.step()
+    state = a.state_dict()
+    b = MegatronLRScheduler(_sgd(), optim, train_iters=20, global_batch_size=2 * G)
+    b.expect_checkpoint_batch(G, optim)
+    b.load_state_dict(state)
+    step6 = 1e-3 * (1 - (6 - 4) / (20 - 4))
+    assert b.num_steps == 6 * 2 * G
+    assert b.optimizer.param_groups[0]["lr"] == pytest.approx(step6, rel=1e-12)
+    refresh_learning_rate(SimpleNamespace(lr_scheduler=b))
+    assert b.num_steps == 6 * 2 * G and b.iterations == 6
+    assert b.lr() == pytest.approx(step6, rel=1e-12) and b.lr() == pytest.approx(a.lr(), rel=1e-12)
+    moved_after = MegatronLRScheduler(_sgd(), optim, train_iters=20, global_batch_size=2 * G)
+    moved_after.load_state_dict(state)
+    assert moved_after.keep_iterations(G, optim) is True
+    assert moved_after.num_steps == b.num_steps
+    # told once: a later load restores the position as saved
+    b.load_state_dict(state)
+    assert b.num_steps == 6 * G
+    samples = OptimConfig(lr=1e-3, lr_warmup_samples=4 * G, lr_decay_samples=20 * G)
+    c = MegatronLRScheduler(_sgd(), samples, train_iters=20, global_batch_size=2 * G)
+    c.expect_checkpoint_batch(G, samples)
+    c.load_state_dict(state)
+    assert c.num_steps == 6 * G
+    d = MegatronLRScheduler(_sgd(), optim, train_iters=20, global_batch_size=2 * G)
+    d.expect_checkpoint_batch(G, optim)
+    d.load_state_dict({"last_epoch": 6, "base_lrs": [1e-3, 1e-3]})
+    assert d.num_steps == 6 * 2 * G and d.lr() == pytest.approx(step6, rel=1e-12)
+
 def test_weight_decay_groups_keep_their_decay():
     opt = _sgd()
     sched = MegatronLRScheduler(opt, OptimConfig(weight_decay=0.05), train_iters=10,

@@ -210,7 +210,7 @@ def test_log_line_field():
 
 
 def test_timing_log_level_is_checked():
-    from rtd_scale.pretrain import build_parser, config_from_args
+    from rtd_scale.arguments import build_parser, config_from_args
 
     base = ["--ds_config", "x.json", "--data-path", "p", "--tokenizer-model", "t.model"]
     cfg = config_from_args(build_parser().parse_args(base + ["--timing-log-level", "2"]))

@@ -144,6 +144,7 @@ def test_pretrain_warns_once_at_start_before_building_anything(cjk_shards, tmp_p
     assert lines[0].startswith("--mask-strategy span masks 0.")
     assert "34 MLM slots per sample (round(mask_prob · 64) + 24)" in lines[0]
     assert "use --mask-strategy token, or pre-segment the text" in lines[0]
-    # attributed to pretrain.py, a file of the package: cli_errors.one_line_warnings shows it as
-    # one "warning: …" line when pretrain.py runs as a program
-    assert found[0].filename.endswith("rtd_scale/pretrain.py")
+    # attributed to run.py (run.check_before_start), a file of the package:
+    # cli_errors.one_line_warnings shows it as one "warning: …" line when pretrain.py runs as a
+    # program
+    assert found[0].filename.endswith("rtd_scale/run.py")

@@ -1,0 +1,319 @@
+"""The entry point's flags and the run configuration they give (Megatron-LM's
+``megatron/training/arguments.py``: ``parse_args``, then ``validate_args``).
+
+:func:`build_parser` holds every flag of ``rtd_scale/pretrain.py`` (its ``--help``), with
+Megatron-LM's names where one exists; the Megatron-LM model and optimizer flags, their
+``--generator-`` twins and the refused ones are ``megatron_args.add_model_args``'s group.
+:func:`config_from_args` builds the config: preset → flags → ``--set`` overrides, validated once
+at the end, an error naming the flag that set the field.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+from rtd_scale import megatron_args
+from rtd_scale.cli_errors import OneLineArgumentParser, UserInputError
+from rtd_scale.config import (AttentionType, ConfigError, LayerNormPosition, LRDecayStyle,
+                              Precision, PRESETS, RunConfig, Sharing, SharingScope,
+                              WSDDecayStyle, apply_override, preset)
+from rtd_scale.training.throughput import DEVICE_PEAK_TFLOPS
+
+
+def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
+    """The entry point's flags; ``quiet``: print no usage error or help (ranks other than 0)."""
+    p = OneLineArgumentParser(
+        prog="rtd_scale/pretrain.py", quiet=quiet,
+        description="Replaced-token-detection pretraining (ELECTRA / DeBERTaV3) on megatron-core "
+                    "and DeepSpeed. Launch with `deepspeed rtd_scale/pretrain.py ...`.")
+    p.add_argument("--ds_config", "--deepspeed_config", dest="ds_config", required=True,
+                   help="DeepSpeed JSON (ZeRO knobs), e.g. ds_configs/zero3.json")
+    p.add_argument("--preset", default="tiny", choices=list(PRESETS), metavar="NAME",
+                   help=f"named config, one of {', '.join(PRESETS)} (default tiny; "
+                        "rtd_scale/config.py's PRESETS)")
+    p.add_argument("--data-path", nargs="+", metavar="[WEIGHT] PREFIX",
+                   help="shard or dataset prefixes printed by tools/preprocess_data.py, read as "
+                        "one dataset; or WEIGHT PREFIX pairs to blend datasets by weight "
+                        "(e.g. 0.7 A 0.3 B)")
+    p.add_argument("--train-data-path", nargs="+", metavar="[WEIGHT] PREFIX",
+                   help="Megatron-LM's name for the training corpus when the held-out ones "
+                        "are given: the same as --data-path")
+    p.add_argument("--valid-data-path", nargs="+", metavar="[WEIGHT] PREFIX",
+                   help="a held-out validation corpus, --data-path's syntax, read whole: "
+                        "validation (--eval-interval, --eval-iters; the held-out RTD AUC) reads "
+                        "it instead of --split's validation share, which then trains")
+    p.add_argument("--test-data-path", nargs="+", metavar="[WEIGHT] PREFIX",
+                   help="a held-out test corpus, --data-path's syntax, read whole and "
+                        "evaluated (--eval-iters global batches) after the last step, as "
+                        "Megatron-LM does; --split's test share then trains")
+    p.add_argument("--split", help="train,valid,test shares of each dataset's documents "
+                   "(default 969,30,1)")
+    p.add_argument("--data-cache-path", help="directory for the cached sample index "
+                   "(default: index-cache/ next to each dataset's first shard)")
+    p.add_argument("--num-workers", type=int, help="DataLoader worker processes per rank "
+                   "(default 2; 0 in the tiny preset)")
+    p.add_argument("--eval-interval", type=int, help="validate every N steps (0: never)")
+    p.add_argument("--eval-iters", type=int, help="global batches per validation (0: never)")
+    p.add_argument("--data-digest", metavar="FILE", help="audit: append one JSON line per step "
+                   "with the step's global sample ids and hashes of its masks and losses "
+                   "(gathered over data-parallel ranks; costs one gather per step)")
+    p.add_argument("--eval-dump-dir", metavar="DIR", help="analysis: write each validation's "
+                   "original ids, masks, corrupted ids and discriminator logits to "
+                   "DIR/valid_iter{N}_dp{R}.pt (torch.save), one file per data-parallel rank; "
+                   "e.g. to score an oracle discriminator on the run's own replacements")
+    p.add_argument("--tokenizer-model", help="the tokenizer the shards were made with: a SentencePiece "
+                   ".model, a tokenizer.json or a WordPiece vocab.txt")
+    p.add_argument("--save", help="run directory: checkpoints, config.json, ds_config.json")
+    p.add_argument("--load", help="resume from the newest complete checkpoint in this "
+                   "directory (one whose completion record matches its files), or from exactly "
+                   "DIR/global_stepN")
+    p.add_argument("--ckpt-step", type=int, metavar="N", help="with --load DIR: resume from "
+                   "DIR/global_stepN (Megatron-LM's name); an error when it is incomplete")
+    p.add_argument("--train-iters", type=int, help="optimizer steps")
+    p.add_argument("--seq-length", type=int)
+    p.add_argument("--micro-batch-size", type=int)
+    p.add_argument("--global-batch-size", type=int)
+    p.add_argument("--tensor-model-parallel-size", type=int)
+    p.add_argument("--distributed-timeout-minutes", type=int, metavar="MINUTES",
+                   help="timeout of torch.distributed's and megatron-core's process groups "
+                        "(a rank that waits longer on the others fails; Megatron-LM's flag, "
+                        "default 10)")
+    p.add_argument("--pipeline-model-parallel-size", type=int)
+    p.add_argument("--sharing", choices=[s.value for s in Sharing],
+                   help="embedding sharing between generator and discriminator: es (one "
+                        "embedding layer, ELECTRA), nes (separate), gdes (E_D = stopgrad(E_G) + "
+                        "E_Δ, DeBERTaV3); default: the preset's")
+    p.add_argument("--sharing-scope", choices=[s.value for s in SharingScope],
+                   help="what es / gdes share: embeddings (default; es: token, position and "
+                        "token-type tables and the embedding LayerNorm, as ELECTRA; gdes: token "
+                        "and position tables, each stopgrad(E_G) + E_Δ, as DeBERTa) or tokens "
+                        "(the token table only). No effect under nes or --attention-type "
+                        "disentangled (no position or token-type table there)")
+    p.add_argument("--layernorm-position", choices=[x.value for x in LayerNormPosition],
+                   help="encoder layout: pre (pre-LayerNorm, final LayerNorm) or post "
+                        "(BERT/ELECTRA, Hugging Face ElectraModel); default: the preset's")
+    p.add_argument("--attention-type", choices=[x.value for x in AttentionType],
+                   help="self-attention: bert (absolute positions) or disentangled (DeBERTa's "
+                        "relative c2p|p2c attention, needs --layernorm-position post); default: "
+                        "the preset's")
+    p.add_argument("--rtd-lambda", type=float, help="λ in L_MLM + λ·L_RTD (default 50)")
+    p.add_argument("--mask-prob", type=float)
+    p.add_argument("--mask-strategy", choices=["token", "whole_word", "span"],
+                   help="mask single tokens (default), whole words, or SpanBERT spans of whole "
+                        "words (objectives/masking.py)")
+    p.add_argument("--lr", type=float)
+    p.add_argument("--min-lr", type=float)
+    p.add_argument("--lr-warmup-iters", type=int)
+    p.add_argument("--lr-decay-iters", type=int, help="default: --train-iters")
+    # megatron-core's OptimizerParamScheduler, with Megatron-LM's flags (training/lr_schedule.py)
+    p.add_argument("--lr-decay-style", choices=[x.value for x in LRDecayStyle],
+                   help="after the warm-up, from --lr to --min-lr (default linear)")
+    p.add_argument("--lr-warmup-fraction", type=float, help="warm-up as a fraction of the "
+                   "decay length (instead of --lr-warmup-iters / --lr-warmup-samples)")
+    p.add_argument("--lr-warmup-samples", type=int, help="warm-up in samples")
+    p.add_argument("--lr-decay-samples", type=int, help="decay length in samples (instead of "
+                   "--lr-decay-iters)")
+    p.add_argument("--lr-warmup-init", type=float, help="the lr warm-up starts from (default 0)")
+    p.add_argument("--lr-wsd-decay-style", choices=[x.value for x in WSDDecayStyle],
+                   help="WSD's annealing (default exponential)")
+    p.add_argument("--lr-wsd-decay-iters", type=int, help="WSD: the last N steps of the decay "
+                   "anneal to --min-lr (the lr holds at --lr before them)")
+    p.add_argument("--lr-wsd-decay-samples", type=int, help="WSD's annealing phase in samples")
+    p.add_argument("--peak-tflops-per-device", type=float, metavar="TFLOPS",
+                   help="a device's peak TFLOP/s, the denominator of the MFU in the log "
+                        "(default: the bf16 dense datasheet value of a known GPU; else no MFU)")
+    p.add_argument("--device-peak", choices=sorted(DEVICE_PEAK_TFLOPS), help="the peak of a "
+                   "known GPU by name (bf16 dense datasheet value); instead of "
+                   "--peak-tflops-per-device")
+    p.add_argument("--log-throughput", action="store_true", help="accepted for Megatron-LM's "
+                   "command lines: TFLOP/s per device, MFU, memory and ETA are always logged")
+    p.add_argument("--weight-decay", type=float)
+    p.add_argument("--clip-grad", type=float)
+    p.add_argument("--bf16", action="store_true", help="bf16 compute, fp32 master weights")
+    p.add_argument("--fp16", action="store_true", help="fp16 compute, fp32 master weights, "
+                   "DeepSpeed's dynamic loss scaler (knobs in the ds_config's fp16 section); "
+                   "for GPUs without bf16 (V100, T4); not with --bf16")
+    p.add_argument("--recompute-activations", action="store_true",
+                   help="activation checkpointing in both models (megatron-core full-layer "
+                        "recompute): less memory, one more forward per layer")
+    p.add_argument("--compile-layers", action="store_true",
+                   help="torch.compile every encoder layer (model.compile_layers): faster GPU "
+                        "steps after a compilation at start-up")
+    p.add_argument("--export", help="after the last step, write a consolidated, TP-agnostic fp32 "
+                   "state dict (ZeRO partitions and TP shards merged, vocabulary padding removed) "
+                   "to this .pt file; loads at any TP size (rtd_scale.model.weights)")
+    p.add_argument("--export-hf", metavar="DIR", help="after the last step, write a Hugging Face "
+                   "transformers export (as tools/export_hf.py): the discriminator at DIR "
+                   "(ElectraForPreTraining; RobertaPreLayerNormModel + rtd_head.safetensors for "
+                   "--layernorm-position pre), the generator at DIR/generator, the tokenizer in both")
+    p.add_argument("--pretrained-checkpoint", metavar="PATH", help="start from these weights "
+                   "only (optimizer and schedule start fresh), at any TP / PP / DP layout: an "
+                   "export directory (tools/export_hf.py, --export-hf), a Hugging Face ELECTRA "
+                   "directory (the generator in PATH/generator, or fresh) or an --export .pt "
+                   "file; not with --load")
+    p.add_argument("--tensorboard-dir", help="default: <save>/tensorboard")
+    # Weights & Biases and the step profiler, with Megatron-LM's flags (config.MonitorConfig)
+    p.add_argument("--wandb-project", help="also log the TensorBoard scalars and the resolved "
+                   "config to this W&B project (needs `pip install 'rtd_scale[wandb]'`; offline: "
+                   "WANDB_MODE=offline, then `wandb sync`)")
+    p.add_argument("--wandb-exp-name", help="the W&B run's name (default: W&B picks one)")
+    p.add_argument("--wandb-entity", help="the W&B team or user (default: W&B's default)")
+    p.add_argument("--wandb-save-dir", help="W&B's local files (default: <save>/wandb)")
+    p.add_argument("--profile", action="store_true", default=None,
+                   help="write a torch.profiler trace of iterations --profile-step-start … "
+                        "--profile-step-end − 1 to <tensorboard-dir>/profile (TensorBoard's "
+                        "profiler plugin, https://ui.perfetto.dev)")
+    p.add_argument("--profile-step-start", type=int, help="first traced iteration (default 10)")
+    p.add_argument("--profile-step-end", type=int, help="the iteration after the last traced "
+                   "one (default 12)")
+    p.add_argument("--profile-ranks", type=int, nargs="+", metavar="RANK",
+                   help="global ranks to trace (default 0)")
+    p.add_argument("--log-interval", type=int)
+    p.add_argument("--timing-log-level", type=int, choices=[0, 1, 2],
+                   help="per-phase times in the log line and TensorBoard (timers/*_ms): 0 none "
+                        "(default), 1 data wait, forward, backward, optimizer step; 2 also the "
+                        "forward's mask, generator forward, sample, discriminator forward "
+                        "(CUDA events read at the log interval: no sync per step)")
+    p.add_argument("--save-interval", type=int)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--exit-signal-handler", action="store_true",
+                   help="on --exit-signal, save a checkpoint after the current step and exit 0 "
+                        "(for preemption: Slurm's --signal); SIGTERM, SIGINT and the deepspeed "
+                        "launcher's exit always do so")
+    p.add_argument("--exit-signal", default="SIGTERM",
+                   choices=["SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT"])
+    p.add_argument("--max-consecutive-nonfinite-iters", type=int, metavar="N",
+                   help="stop with an error after N iterations in a row whose loss or gradient "
+                        "norm is inf or NaN (each is skipped and counted); checked at the log "
+                        "interval and before a save; 0: never stop (default 5)")
+    p.add_argument("--override-opt_param-scheduler", "--override-opt-param-scheduler",
+                   dest="override_opt_param_scheduler", action="store_true",
+                   help="with --load: use this run's schedule flags (--lr, --min-lr, "
+                        "--lr-warmup-*, --lr-decay-*, --lr-wsd-*) from the first resumed "
+                        "iteration when they differ from the checkpoint's")
+    p.add_argument("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler",
+                   dest="use_checkpoint_opt_param_scheduler", action="store_true",
+                   help="with --load: keep the checkpoint's learning-rate schedule, whatever "
+                        "the schedule flags say")
+    p.add_argument("--override-data-order", action="store_true", default=None,
+                   help="with --load: accept a --seed other than the checkpoint's; the sample "
+                        "order, masks and sampling noise follow the new seed from the resumed "
+                        "sample on")
+    megatron_args.add_model_args(p)
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="override any config field, e.g. --set model.generator.num_layers=2")
+    p.add_argument("--local_rank", "--local-rank", type=int, default=None,
+                   help=argparse.SUPPRESS)  # passed by the deepspeed launcher
+    return p
+
+
+_FLAG_FIELDS = {
+    "data_path": ("data", "data_path"), "tokenizer_model": ("data", "tokenizer_model"),
+    "valid_data_path": ("data", "valid_data_path"), "test_data_path": ("data", "test_data_path"),
+    "distributed_timeout_minutes": ("parallel", "distributed_timeout_minutes"),
+    "seq_length": ("data", "seq_length"), "split": ("data", "split"),
+    "data_cache_path": ("data", "data_cache_path"), "num_workers": ("data", "num_workers"),
+    "eval_interval": ("train", "eval_interval"), "eval_iters": ("train", "eval_iters"),
+    "data_digest": ("train", "data_digest"), "eval_dump_dir": ("train", "eval_dump_dir"),
+    "save": ("train", "save"), "load": ("train", "load"), "train_iters": ("train", "train_iters"),
+    "micro_batch_size": ("train", "micro_batch_size"),
+    "global_batch_size": ("train", "global_batch_size"),
+    "tensorboard_dir": ("train", "tensorboard_dir"), "log_interval": ("train", "log_interval"),
+    "timing_log_level": ("train", "timing_log_level"),
+    "save_interval": ("train", "save_interval"), "seed": ("train", "seed"),
+    "ds_config": ("train", "ds_config"), "export": ("train", "export"),
+    "export_hf": ("train", "export_hf"), "pretrained_checkpoint": ("train", "pretrained_checkpoint"),
+    "tensor_model_parallel_size": ("parallel", "tensor_model_parallel_size"),
+    "pipeline_model_parallel_size": ("parallel", "pipeline_model_parallel_size"),
+    "sharing": ("model", "sharing"), "sharing_scope": ("model", "sharing_scope"),
+    "rtd_lambda": ("rtd", "rtd_lambda"),
+    "layernorm_position": ("model", "layernorm_position"),
+    "attention_type": ("model", "attention_type"),
+    "mask_prob": ("rtd", "mask_prob"), "mask_strategy": ("rtd", "mask_strategy"), "lr": ("optim", "lr"), "min_lr": ("optim", "min_lr"),
+    "lr_warmup_iters": ("optim", "lr_warmup_iters"), "lr_decay_iters": ("optim", "lr_decay_iters"), "weight_decay": ("optim", "weight_decay"),
+    "clip_grad": ("optim", "clip_grad"),
+    **{name: ("optim", name) for name in (
+        "lr_decay_style", "lr_warmup_fraction", "lr_warmup_samples", "lr_decay_samples",
+        "lr_warmup_init", "lr_wsd_decay_style", "lr_wsd_decay_iters", "lr_wsd_decay_samples")},
+    "peak_tflops_per_device": ("train", "peak_tflops_per_device"),
+    "max_consecutive_nonfinite_iters": ("train", "max_consecutive_nonfinite_iters"),
+    "override_data_order": ("train", "override_data_order"),
+    **{name: ("monitor", name) for name in (
+        "wandb_project", "wandb_exp_name", "wandb_entity", "wandb_save_dir", "profile",
+        "profile_step_start", "profile_step_end", "profile_ranks")},
+}
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """Preset → flags → ``--set`` overrides, validated once at the end.
+
+    Raises:
+        ValueError: naming the flag or field and the fix.
+    """
+    cfg = preset(args.preset)
+    if args.train_data_path is not None:
+        if args.data_path is not None and args.data_path != args.train_data_path:
+            raise UserInputError("--data-path and --train-data-path name two training corpora; "
+                                 "pass one of them")
+        args.data_path = args.train_data_path
+    if args.lr_warmup_iters is None and (args.lr_warmup_fraction is not None
+                                         or args.lr_warmup_samples is not None):
+        # the warm-up given in another unit replaces the preset's (in iterations), as when
+        # Megatron-LM is given only one of them
+        cfg.optim.lr_warmup_iters = 0
+    flag_origins: dict[str, str] = {}  # config field → the flag that set it, for the errors
+    for flag, (section, name) in _FLAG_FIELDS.items():
+        value = getattr(args, flag)
+        if value is not None:
+            setattr(getattr(cfg, section), name, value)
+            flag_origins[f"{section}.{name}"] = ("--ds_config" if flag == "ds_config"
+                                                 else "--" + flag.replace("_", "-"))
+    if args.bf16 and args.fp16:
+        raise UserInputError("--bf16 and --fp16 contradict each other; pass one of them")
+    if args.bf16:
+        cfg.train.precision = Precision.BF16
+    if args.fp16:
+        cfg.train.precision = Precision.FP16
+    if args.recompute_activations:
+        cfg.model.recompute_activations = True
+    if args.compile_layers:
+        cfg.model.compile_layers = True
+    if args.device_peak:
+        if args.peak_tflops_per_device is not None:
+            raise UserInputError("--device-peak and --peak-tflops-per-device both give the "
+                                 "peak; pass one of them")
+        cfg.train.peak_tflops_per_device = DEVICE_PEAK_TFLOPS[args.device_peak]
+    if args.override_opt_param_scheduler:
+        cfg.optim.override_opt_param_scheduler = True
+    if args.use_checkpoint_opt_param_scheduler:
+        cfg.optim.use_checkpoint_opt_param_scheduler = True
+    origins = {**flag_origins, **megatron_args.apply_model_args(cfg, args)}  # before --set
+    for assignment in args.set:
+        apply_override(cfg, assignment)
+        origins.pop(assignment.split("=", 1)[0].strip(), None)  # --set has the last word
+    if args.ckpt_step is not None:  # one form for both: --load DIR/global_stepN
+        if not cfg.train.load:
+            raise UserInputError(f"--ckpt-step {args.ckpt_step}: needs --load DIR (the run "
+                                 "directory holding global_step*)")
+        cfg.train.load = os.path.join(cfg.train.load, f"global_step{args.ckpt_step}")
+    if cfg.train.tensorboard_dir is None and cfg.train.save:
+        cfg.train.tensorboard_dir = os.path.join(cfg.train.save, "tensorboard")
+    monitor = cfg.monitor
+    if monitor.uses_wandb and monitor.wandb_save_dir is None:
+        if not cfg.train.save:
+            raise UserInputError(f"--wandb-project {monitor.wandb_project}: W&B needs a "
+                                 "directory for its files; pass --wandb-save-dir DIR or --save")
+        monitor.wandb_save_dir = os.path.join(cfg.train.save, "wandb")  # Megatron-LM's default
+    if monitor.profile and not cfg.train.tensorboard_dir:
+        raise UserInputError("--profile writes its trace to <tensorboard-dir>/profile; pass "
+                             "--tensorboard-dir DIR or --save")
+    try:
+        cfg.validate()
+    except ConfigError as e:  # a field a flag set is named by that flag
+        raise ConfigError(megatron_args.name_flags(str(e), origins)) from None
+    if not cfg.data.data_path:
+        raise UserInputError("--data-path is required: shard prefixes made by tools/preprocess_data.py")
+    if not cfg.data.tokenizer_model:
+        raise UserInputError("--tokenizer-model is required: the SentencePiece model the shards "
+                             "were made with")
+    return cfg

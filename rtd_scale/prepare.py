@@ -1,0 +1,147 @@
+"""Every check on user input that needs no process group, run by every rank before
+``distributed.initialize``: the W&B and profiler flags, the batch arithmetic against the
+ds_config, the tokenizer against every shard, the sample indices, the checkpoint ``--load``
+takes (chosen here, once per run) against this run's config and layout, the exports' shapes and
+directories, and the output paths. A refused run writes nothing."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from rtd_scale import launch_env
+from rtd_scale.cli_errors import UserInputError, check_writable_dir
+from rtd_scale.config import RunConfig
+
+
+@dataclass
+class Prepared:
+    """What ``prepare`` checked and built, for ``run``.
+
+    ``data``: the training split's ``BlendedDataset`` and, when the run validates, the
+    validation split's (``{"train": …, "valid": …}``): the ``--valid-data-path`` corpus when
+    given, else --split's validation share of ``--data-path``; and the ``--test-data-path``
+    corpus as ``"test"`` when given (with ``--eval-iters`` > 0). ``layout``: this run's
+    (world, DP, TP, PP, ZeRO stage), as a checkpoint records it. With ``--load``: ``resume``,
+    the checkpoint chosen (``checkpoint.choose``, once per run), and ``meta``, its metadata;
+    both None otherwise.
+    """
+
+    tokenizer: Any
+    data: dict[str, Any]
+    ds_config: dict[str, Any]
+    data_parallel_size: int
+    gradient_accumulation_steps: int
+    layout: dict[str, int]
+    resume: Optional[Any] = None  # training/checkpoint.py's Choice
+    meta: Optional[dict[str, Any]] = None
+
+
+def prepare(cfg: RunConfig, world_size: int, print_fn=None) -> Prepared:
+    """Every check on user input that needs no process group (``Prepared``'s fields).
+
+    Builds (or loads from its cache) every dataset's sample index; every rank runs this at once,
+    and the cache tolerates concurrent identical builds.
+
+    Raises:
+        ValueError: naming the file, field or flag and the fix.
+    """
+    from rtd_scale.data import shards
+    from rtd_scale.data.blend import build_split
+    from rtd_scale.data.tokenizer import Tokenizer
+    from rtd_scale.training import checkpoint, engine, wandb_logger
+
+    wandb_logger.check_available(cfg.monitor)
+    beyond = [r for r in cfg.monitor.profile_ranks if r >= world_size]
+    if cfg.monitor.profile and beyond:
+        raise UserInputError(f"--profile-ranks {' '.join(map(str, beyond))}: no such rank (the "
+                             f"world has ranks 0 … {world_size - 1}); pass global ranks below "
+                             f"{world_size}")
+    dp, gas = cfg.batch_arithmetic(world_size)
+    ds_config = engine.resolve_ds_config(
+        engine.load_ds_config(cfg.train.ds_config), cfg, data_parallel_size=dp,
+        gradient_accumulation_steps=gas, source=f"--ds_config {cfg.train.ds_config}")
+    tok = Tokenizer(cfg.data.tokenizer_model)
+    sources = cfg.data.sources()
+    held_out = {"valid": cfg.data.valid_sources(), "test": cfg.data.test_sources()}
+    unverified = []  # notes on shards without a sidecar: only their id range could be checked
+    for flag, blend in (("--data-path", sources), ("--valid-data-path", held_out["valid"]),
+                        ("--test-data-path", held_out["test"])):
+        for entry in (e for _, entries in blend for e in entries):
+            for prefix in shards.resolve_data_path(entry, flag):
+                note = shards.check_tokenizer_matches(prefix, cfg.data.tokenizer_model,
+                                                      tok.vocab_size)
+                if note:
+                    unverified.append(note)
+    if unverified and launch_env.read().rank == 0:
+        more = len(unverified) - 1
+        print(unverified[0] + (f" (and {more} more shard(s) without a sidecar)" if more else ""))
+    if cfg.model.vocab_size != tok.vocab_size:
+        cfg.model.vocab_size = tok.vocab_size  # the tokenizer is the truth
+    common = dict(seq_length=cfg.data.seq_length, seed=cfg.train.seed,
+                  cache_path=cfg.data.data_cache_path, specials=tok.specials)
+    split = dict(sources=sources, split=cfg.data.train_split_weights(), **common)
+    dataset = {"train": build_split(part=0, **split)}
+    # a held-out corpus is read whole as its split: weights (0, 1, 0) for part 1, (0, 0, 1) for 2
+    if cfg.train.evaluates and held_out["valid"]:
+        dataset["valid"] = build_split(part=1, sources=held_out["valid"], split=(0, 1, 0),
+                                       flag="--valid-data-path", **common)
+    elif cfg.train.evaluates and cfg.data.split_weights()[1] > 0:
+        dataset["valid"] = build_split(part=1, **split)
+    if cfg.train.eval_iters > 0 and held_out["test"]:
+        dataset["test"] = build_split(part=2, sources=held_out["test"], split=(0, 0, 1),
+                                      flag="--test-data-path", **common)
+    zero = ds_config.get("zero_optimization", {}).get("stage", 0)
+    if zero not in (0, 1, 2, 3):
+        raise UserInputError(f"--ds_config {cfg.train.ds_config}: zero_optimization.stage is "
+                             f"{zero!r}; DeepSpeed's stages are 0, 1, 2 and 3")
+    layout = {"world_size": world_size, "data_parallel_size": dp,
+              "tensor_model_parallel_size": cfg.parallel.tensor_model_parallel_size,
+              "pipeline_model_parallel_size": cfg.parallel.pipeline_model_parallel_size,
+              "zero_stage": zero}
+    meta = choice = None
+    if cfg.train.load:
+        choice = checkpoint.choose(cfg.train.load)
+        checkpoint.check_safe_to_load(choice.path)
+        meta = checkpoint.check_compatible(choice.load_dir, choice.tag, cfg.to_dict(), layout)
+        for line in choice.notes if print_fn else ():
+            print_fn(line)
+    if cfg.train.export_hf:  # a shape Hugging Face cannot hold fails now, not after training
+        from rtd_scale.hf import convert, export as hf_export
+
+        convert.check_exportable(cfg.model)
+        hf_export.check_output_dir(cfg.train.export_hf, "--export-hf")
+    if cfg.train.pretrained_checkpoint and not os.path.exists(cfg.train.pretrained_checkpoint):
+        raise UserInputError(f"--pretrained-checkpoint {cfg.train.pretrained_checkpoint}: no such "
+                             "file or directory; pass an export directory, a Hugging Face "
+                             "ELECTRA directory or an --export .pt file")
+    if cfg.train.save:
+        save = cfg.train.save
+        if os.path.exists(save) and not os.path.isdir(save):
+            raise UserInputError(f"--save {save}: exists and is not a directory; pass a "
+                                 "directory for checkpoints and logs")
+        previous = checkpoint.holds_run(save)
+        load_dir = checkpoint.split_load(cfg.train.load)[0] if cfg.train.load else ""
+        if previous and os.path.abspath(load_dir) != os.path.abspath(save):
+            raise UserInputError(
+                f"--save {save}: already holds a run ({previous}); pass --load {save} to "
+                "continue it, or choose another --save directory")
+    # an explicit --tensorboard-dir is checked before --save is made (a refused run writes
+    # nothing); the default, <save>/tensorboard, is writable once --save is
+    tb = cfg.train.tensorboard_dir
+    if tb and not (cfg.train.save and os.path.abspath(tb) == os.path.abspath(
+            os.path.join(cfg.train.save, "tensorboard"))):
+        check_writable_dir(tb, "--tensorboard-dir")
+    if cfg.train.eval_dump_dir and cfg.dumps_evaluations():  # written at an evaluation
+        check_writable_dir(cfg.train.eval_dump_dir, "--eval-dump-dir")
+    if cfg.train.save:
+        save = cfg.train.save
+        try:
+            os.makedirs(save, exist_ok=True)
+        except OSError as e:
+            raise UserInputError(f"--save {save}: cannot create it ({e.strerror}); pass a "
+                                 "writable directory") from None
+        if not os.access(save, os.W_OK):
+            raise UserInputError(f"--save {save}: not writable; pass a writable directory")
+    return Prepared(tokenizer=tok, data=dataset, ds_config=ds_config, data_parallel_size=dp,
+                    gradient_accumulation_steps=gas, layout=layout, resume=choice, meta=meta)
