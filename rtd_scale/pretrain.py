@@ -348,7 +348,7 @@ class Prepared:
     given, else --split's validation share of ``--data-path``; and the ``--test-data-path``
     corpus as ``"test"`` when given (with ``--eval-iters`` > 0). ``layout``: this run's
     (world, DP, TP, PP, ZeRO stage), as a checkpoint records it. With ``--load``: ``resume``,
-    the checkpoint chosen (``checkpoint.choose``, once per run), and ``meta``, its metadata;
+    the checkpoint chosen (``checkpoint.load.take``, once per run), and ``meta``, its metadata;
     both None otherwise.
     """
 
@@ -358,7 +358,7 @@ class Prepared:
     data_parallel_size: int
     gradient_accumulation_steps: int
     layout: dict[str, int]
-    resume: Optional[Any] = None  # training/checkpoint.py's Choice
+    resume: Optional[Any] = None  # training/checkpoint/choose.py's Choice
     meta: Optional[dict[str, Any]] = None
 
 
@@ -374,7 +374,8 @@ def prepare(cfg: RunConfig, world_size: int, print_fn=None) -> Prepared:
     from rtd_scale.data import shards
     from rtd_scale.data.blend import build_split
     from rtd_scale.data.tokenizer import Tokenizer
-    from rtd_scale.training import checkpoint, engine, wandb_logger
+    from rtd_scale.training import engine, wandb_logger
+    from rtd_scale.training.checkpoint import choose, compat, files, load as ckpt_load
 
     wandb_logger.check_available(cfg.monitor)
     beyond = [r for r in cfg.monitor.profile_ranks if r >= world_size]
@@ -426,9 +427,8 @@ def prepare(cfg: RunConfig, world_size: int, print_fn=None) -> Prepared:
               "zero_stage": zero}
     meta = choice = None
     if cfg.train.load:
-        choice = checkpoint.choose(cfg.train.load)
-        checkpoint.check_safe_to_load(choice.path)
-        meta = checkpoint.check_compatible(choice.load_dir, choice.tag, cfg.to_dict(), layout)
+        choice = ckpt_load.take(cfg.train.load)  # checkpoint/checks.py's CHECKS, before the build
+        meta = compat.check_compatible(choice.load_dir, choice.tag, cfg.to_dict(), layout)
         for line in choice.notes if print_fn else ():
             print_fn(line)
     if cfg.train.export_hf:  # a shape Hugging Face cannot hold fails now, not after training
@@ -445,8 +445,8 @@ def prepare(cfg: RunConfig, world_size: int, print_fn=None) -> Prepared:
         if os.path.exists(save) and not os.path.isdir(save):
             raise UserInputError(f"--save {save}: exists and is not a directory; pass a "
                                  "directory for checkpoints and logs")
-        previous = checkpoint.holds_run(save)
-        load_dir = checkpoint.split_load(cfg.train.load)[0] if cfg.train.load else ""
+        previous = files.holds_run(save)
+        load_dir = choose.split_load(cfg.train.load)[0] if cfg.train.load else ""
         if previous and os.path.abspath(load_dir) != os.path.abspath(save):
             raise UserInputError(
                 f"--save {save}: already holds a run ({previous}); pass --load {save} to "
@@ -480,7 +480,8 @@ def convert_for_layout(choice, ctx, meta: dict, layout: dict, print_fn,
     universal checkpoint rather than rtd_scale's layout-free state; ``training/reshard.py``)."""
     import torch.distributed as dist
 
-    from rtd_scale.training import checkpoint, reshard
+    from rtd_scale.training import reshard
+    from rtd_scale.training.checkpoint import compat
 
     universal = reshard.uses_universal(meta["layout"], layout)
     result: list = [None]
@@ -506,8 +507,8 @@ def convert_for_layout(choice, ctx, meta: dict, layout: dict, print_fn,
     if error is not None:
         raise UserInputError(error)
     if print_fn:
-        was = checkpoint.describe_layout(meta["layout"])
-        now = checkpoint.describe_layout(layout)
+        was = compat.describe_layout(meta["layout"])
+        now = compat.describe_layout(layout)
         how = f"in {seconds:.1f} s" if fresh else "reusing the conversion made earlier"
         what = (f"DeepSpeed universal checkpoint {os.path.join(root, choice.tag)}" if universal
                 else f"layout-free state {root}")
@@ -538,7 +539,8 @@ def run(cfg: RunConfig, print_fn=print, stop=None, validated=None) -> dict:
 
     from rtd_scale import distributed
     from rtd_scale.model.build import build_model
-    from rtd_scale.training import checkpoint, engine as engine_mod
+    from rtd_scale.training import engine as engine_mod
+    from rtd_scale.training.checkpoint import choose, compat, files, load as ckpt_load
     from rtd_scale.training.loop import train
     from rtd_scale.training.metrics import MetricsLogger, TensorBoardLogger
     from rtd_scale.training.profiler import StepProfiler
@@ -583,7 +585,7 @@ def run(cfg: RunConfig, print_fn=print, stop=None, validated=None) -> dict:
         # a checkpoint saved at another layout: converted first (training/reshard.py), to
         # DeepSpeed's universal checkpoint or to rtd_scale's layout-free state
         universal = canonical = None
-        if checkpoint.needs_conversion(meta, layout):
+        if compat.needs_conversion(meta, layout):
             root, is_universal = convert_for_layout(prep.resume, ctx, meta, layout,
                                                     print_fn if ctx.is_logging_rank else None,
                                                     cfg.data.tokenizer_model)
@@ -604,14 +606,14 @@ def run(cfg: RunConfig, print_fn=print, stop=None, validated=None) -> dict:
                 client = reshard.load_canonical(eng, model, ctx, canonical, prep.resume,
                                                 flag=f"--load {cfg.train.load}")
             else:
-                client = checkpoint.load(eng, cfg.train.load, rank=ctx.rank,
-                                         universal_root=universal, choice=prep.resume)
+                client = ckpt_load.load(eng, cfg.train.load, rank=ctx.rank,
+                                        universal_root=universal, choice=prep.resume)
             start_step = int(client.get("step", 0))
             if universal is not None or canonical is not None:
                 # dropout: a fresh stream per rank (training/reshard.py)
                 distributed.seed_after_build(ctx, cfg.train.seed + start_step)
-            resumed_from = os.path.join(checkpoint.split_load(cfg.train.load)[0],
-                                        checkpoint.tag_for(start_step))
+            resumed_from = os.path.join(choose.split_load(cfg.train.load)[0],
+                                        files.tag_for(start_step))
             consumed = int(client.get("consumed_samples", start_step * cfg.train.global_batch_size))
             old_batch = (client.get("config") or {}).get("train", {}).get("global_batch_size")
             if old_batch is not None and old_batch != cfg.train.global_batch_size:
@@ -650,7 +652,7 @@ def run(cfg: RunConfig, print_fn=print, stop=None, validated=None) -> dict:
                     print_fn(schedule_note)
                 saved_seed = (client.get("config") or {}).get("train", {}).get("seed")
                 if saved_seed is not None and saved_seed != cfg.train.seed:  # allowed: prepare
-                    print_fn(checkpoint.data_order_note(saved_seed, cfg.train.seed, consumed,
+                    print_fn(compat.data_order_note(saved_seed, cfg.train.seed, consumed,
                                                         dataset["train"]))
                 print_fn(f"learning rate of iteration {start_step + 1}: {eng.get_lr()[0]!r}")
         if ctx.is_logging_rank and cfg.train.save:
@@ -686,7 +688,7 @@ def run(cfg: RunConfig, print_fn=print, stop=None, validated=None) -> dict:
                 tb.sinks.append(WandbLogger(
                     cfg.monitor, config={**cfg.to_dict(), "ds_config": ds_resolved},
                     save=cfg.train.save,
-                    resume_dir=checkpoint.split_load(cfg.train.load)[0] if cfg.train.load
+                    resume_dir=choose.split_load(cfg.train.load)[0] if cfg.train.load
                     else None))
             profiler = StepProfiler(cfg.monitor, rank=ctx.rank, device=ctx.device,
                                     tensorboard_dir=cfg.train.tensorboard_dir,
