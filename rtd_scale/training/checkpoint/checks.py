@@ -2,27 +2,28 @@
 reader runs — training's ``--load`` at its own layout (``load.load``) and at another
 (``training/reshard.py``), and the export (``hf/consolidate.py``) — each check at its moment:
 
-=================  ============  ==========================================================
-check              moment        refuses
-=================  ============  ==========================================================
-``complete``       CHOOSE        a checkpoint without its completion record, or a file of it
-                                 missing or of another size than the record lists (truncated);
-                                 ``choose.choose`` passes over it for an older complete one
-``safe_pickles``   BEFORE_BUILD  a ``.pt`` file whose pickle holds more than tensors and
-                                 DeepSpeed's allow-listed records (a crafted file: refused in
-                                 one line on every rank, nothing of it runs)
-``weights_only``   LOAD          any file DeepSpeed then reads that is not plain data or is
-                                 unreadable (its reads go through ``files.safe_load``)
-``files_found``    AFTER_LOAD    a tag DeepSpeed found no files for
-``finite_weights`` AFTER_LOAD    loaded weights holding inf or NaN: a file damaged in place
-                                 keeps its size, so ``complete`` cannot see it
-=================  ============  ==========================================================
+==================  ============  ==========================================================
+check               moment        refuses
+==================  ============  ==========================================================
+``complete``        CHOOSE        a checkpoint without its completion record, or a file of it
+                                  missing or of another size than the record lists (truncated);
+                                  ``choose.choose`` passes over it for an older complete one
+``safe_pickles``    BEFORE_BUILD  a ``.pt`` file whose pickle holds more than tensors and
+                                  DeepSpeed's allow-listed records (a crafted file: refused in
+                                  one line on every rank, nothing of it runs)
+``weights_only``    LOAD          any file DeepSpeed then reads that is not plain data or is
+                                  unreadable (its reads go through ``files.safe_load``)
+``files_found``     AFTER_LOAD    a tag DeepSpeed found no files for
+``finite_weights``  AFTER_LOAD    loaded weights holding inf or NaN: a file damaged in place
+                                  keeps its size, so ``complete`` cannot see it
+==================  ============  ==========================================================
 
 Moments: CHOOSE while the checkpoint is picked (no torch needed: the Slurm launcher asks too);
 BEFORE_BUILD on the chosen directory, before any process group, model or engine exists; LOAD
 on the DeepSpeed engine, before it reads a file; AFTER_LOAD on the loaded engine, before the
 first step (training) or gather (export). ``load.take`` runs CHOOSE and BEFORE_BUILD,
-``load.load_checked`` LOAD and AFTER_LOAD.
+``load.load_checked`` LOAD and AFTER_LOAD around DeepSpeed's load; the layout-free load
+(``reshard.load_canonical``) runs LOAD and AFTER_LOAD around its own.
 
 Not in the list: whether a checkpoint fits this run's flags (``compat.check_compatible``:
 layout, model shape, seed) — that compares it with a run config, which only training has.
