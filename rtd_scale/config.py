@@ -628,7 +628,8 @@ class TrainConfig:
     # --device-peak); None: the GPU's bf16 dense datasheet value when its name is known
     peak_tflops_per_device: Optional[float] = None
     # with --load: accept another --seed than the checkpoint's; the data order (and masks,
-    # sampling noise) follow the new seed from the resumed sample on (checkpoint.check_compatible)
+    # sampling noise) follow the new seed from the resumed sample on
+    # (training/checkpoint/compat.py, check_compatible)
     override_data_order: bool = False
 
     @property

@@ -23,7 +23,7 @@ class Prepared:
     given, else --split's validation share of ``--data-path``; and the ``--test-data-path``
     corpus as ``"test"`` when given (with ``--eval-iters`` > 0). ``layout``: this run's
     (world, DP, TP, PP, ZeRO stage), as a checkpoint records it. With ``--load``: ``resume``,
-    the checkpoint chosen (``checkpoint.choose``, once per run), and ``meta``, its metadata;
+    the checkpoint chosen (``checkpoint.load.take``, once per run), and ``meta``, its metadata;
     both None otherwise.
     """
 
@@ -49,7 +49,8 @@ def prepare(cfg: RunConfig, world_size: int, print_fn=None) -> Prepared:
     from rtd_scale.data import shards
     from rtd_scale.data.blend import build_split
     from rtd_scale.data.tokenizer import Tokenizer
-    from rtd_scale.training import checkpoint, engine, wandb_logger
+    from rtd_scale.training import engine, wandb_logger
+    from rtd_scale.training.checkpoint import choose, compat, files, load as ckpt_load
 
     wandb_logger.check_available(cfg.monitor)
     beyond = [r for r in cfg.monitor.profile_ranks if r >= world_size]
@@ -101,9 +102,8 @@ def prepare(cfg: RunConfig, world_size: int, print_fn=None) -> Prepared:
               "zero_stage": zero}
     meta = choice = None
     if cfg.train.load:
-        choice = checkpoint.choose(cfg.train.load)
-        checkpoint.check_safe_to_load(choice.path)
-        meta = checkpoint.check_compatible(choice.load_dir, choice.tag, cfg.to_dict(), layout)
+        choice = ckpt_load.take(cfg.train.load)  # checkpoint/checks.py's CHECKS, before the build
+        meta = compat.check_compatible(choice.load_dir, choice.tag, cfg.to_dict(), layout)
         for line in choice.notes if print_fn else ():
             print_fn(line)
     if cfg.train.export_hf:  # a shape Hugging Face cannot hold fails now, not after training
@@ -120,8 +120,8 @@ def prepare(cfg: RunConfig, world_size: int, print_fn=None) -> Prepared:
         if os.path.exists(save) and not os.path.isdir(save):
             raise UserInputError(f"--save {save}: exists and is not a directory; pass a "
                                  "directory for checkpoints and logs")
-        previous = checkpoint.holds_run(save)
-        load_dir = checkpoint.split_load(cfg.train.load)[0] if cfg.train.load else ""
+        previous = files.holds_run(save)
+        load_dir = choose.split_load(cfg.train.load)[0] if cfg.train.load else ""
         if previous and os.path.abspath(load_dir) != os.path.abspath(save):
             raise UserInputError(
                 f"--save {save}: already holds a run ({previous}); pass --load {save} to "

@@ -3,7 +3,7 @@ saved at another layout (:func:`convert_for_layout`, before the engine is built)
 into the engine and the data position, step and notes taken from it (:func:`resume`).
 
 The learning rate and weight decay after the load are this run's schedule's at the restored
-position, set once (``checkpoint.refresh_learning_rate``, inside ``checkpoint.load`` and
+position, set once (``checkpoint.load.refresh_learning_rate``, inside ``checkpoint.load.load`` and
 ``reshard.load_canonical``); at another global batch the scheduler restores the position moved
 to the step the run reached (``MegatronLRScheduler.expect_checkpoint_batch``) before that.
 The conversion reads ``hf/consolidate.py``'s layout-free state, so this module stays outside
@@ -43,10 +43,10 @@ class Resumed:
 def convert_if_needed(cfg: RunConfig, ctx, prep, print_fn) -> Converted:
     """A checkpoint saved at another layout, converted first (``training/reshard.py``): to
     DeepSpeed's universal checkpoint or to rtd_scale's layout-free state."""
-    from rtd_scale.training import checkpoint
+    from rtd_scale.training.checkpoint import compat
 
     ds_config = prep.ds_config
-    if not checkpoint.needs_conversion(prep.meta, prep.layout):
+    if not compat.needs_conversion(prep.meta, prep.layout):
         return Converted(ds_config)
     root, is_universal = convert_for_layout(prep.resume, ctx, prep.meta, prep.layout,
                                             print_fn if ctx.is_logging_rank else None,
@@ -66,7 +66,8 @@ def convert_for_layout(choice, ctx, meta: dict, layout: dict, print_fn,
     universal checkpoint rather than rtd_scale's layout-free state; ``training/reshard.py``)."""
     import torch.distributed as dist
 
-    from rtd_scale.training import checkpoint, reshard
+    from rtd_scale.training import reshard
+    from rtd_scale.training.checkpoint import compat
 
     universal = reshard.uses_universal(meta["layout"], layout)
     result: list = [None]
@@ -92,8 +93,8 @@ def convert_for_layout(choice, ctx, meta: dict, layout: dict, print_fn,
     if error is not None:
         raise UserInputError(error)
     if print_fn:
-        was = checkpoint.describe_layout(meta["layout"])
-        now = checkpoint.describe_layout(layout)
+        was = compat.describe_layout(meta["layout"])
+        now = compat.describe_layout(layout)
         how = f"in {seconds:.1f} s" if fresh else "reusing the conversion made earlier"
         what = (f"DeepSpeed universal checkpoint {os.path.join(root, choice.tag)}" if universal
                 else f"layout-free state {root}")
@@ -107,7 +108,7 @@ def resume(cfg: RunConfig, ctx, eng, model, prep, converted: Converted, *,
     weight decay are set from this run's resolved schedule. Returns where training continues
     (a fresh :class:`Resumed` without ``--load``); the logging rank prints what changed."""
     from rtd_scale import distributed
-    from rtd_scale.training import checkpoint
+    from rtd_scale.training.checkpoint import choose, files, load as ckpt_load
 
     if not cfg.train.load:
         return Resumed()
@@ -123,14 +124,14 @@ def resume(cfg: RunConfig, ctx, eng, model, prep, converted: Converted, *,
         client = reshard.load_canonical(eng, model, ctx, converted.canonical, prep.resume,
                                         flag=f"--load {cfg.train.load}")
     else:
-        client = checkpoint.load(eng, cfg.train.load, rank=ctx.rank,
-                                 universal_root=converted.universal, choice=prep.resume)
+        client = ckpt_load.load(eng, cfg.train.load, rank=ctx.rank,
+                                universal_root=converted.universal, choice=prep.resume)
     start_step = int(client.get("step", 0))
     if converted.universal is not None or converted.canonical is not None:
         # dropout: a fresh stream per rank (training/reshard.py)
         distributed.seed_after_build(ctx, cfg.train.seed + start_step)
-    resumed_from = os.path.join(checkpoint.split_load(cfg.train.load)[0],
-                                checkpoint.tag_for(start_step))
+    resumed_from = os.path.join(choose.split_load(cfg.train.load)[0],
+                                files.tag_for(start_step))
     consumed = int(client.get("consumed_samples", start_step * cfg.train.global_batch_size))
     saved = (client.get("config") or {}).get("train", {})
     old_batch = saved.get("global_batch_size")
@@ -154,7 +155,7 @@ def _resume_notes(cfg: RunConfig, saved: dict, start_step: int, consumed: int, o
                   train_data) -> list[str]:
     """What a resume changes against the checkpoint's run (``saved``: its ``train`` section):
     the global batch, the training data, ``--train-iters``, the schedule, the seed."""
-    from rtd_scale.training import checkpoint
+    from rtd_scale.training.checkpoint import compat
 
     notes = []
     old_batch = saved.get("global_batch_size")
@@ -184,5 +185,5 @@ def _resume_notes(cfg: RunConfig, saved: dict, start_step: int, consumed: int, o
         notes.append(schedule_note)
     saved_seed = saved.get("seed")
     if saved_seed is not None and saved_seed != cfg.train.seed:  # allowed: prepare
-        notes.append(checkpoint.data_order_note(saved_seed, cfg.train.seed, consumed, train_data))
+        notes.append(compat.data_order_note(saved_seed, cfg.train.seed, consumed, train_data))
     return notes

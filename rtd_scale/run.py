@@ -135,7 +135,7 @@ def train_phase(cfg: RunConfig, ctx, eng, prep: Prepared, resumed: Resumed, ds_c
                 stop, print_fn):
     """The training loop (``training/loop.py``) with its TensorBoard, W&B and profiler sinks,
     closed however it ends. Returns the loop's result."""
-    from rtd_scale.training import checkpoint
+    from rtd_scale.training.checkpoint import choose
     from rtd_scale.training.loop import train
     from rtd_scale.training.metrics import MetricsLogger, TensorBoardLogger
     from rtd_scale.training.profiler import StepProfiler
@@ -154,7 +154,7 @@ def train_phase(cfg: RunConfig, ctx, eng, prep: Prepared, resumed: Resumed, ds_c
             tb.sinks.append(WandbLogger(
                 cfg.monitor, config={**cfg.to_dict(), "ds_config": ds_resolved},
                 save=cfg.train.save,
-                resume_dir=checkpoint.split_load(cfg.train.load)[0] if cfg.train.load
+                resume_dir=choose.split_load(cfg.train.load)[0] if cfg.train.load
                 else None))
         profiler = StepProfiler(cfg.monitor, rank=ctx.rank, device=ctx.device,
                                 tensorboard_dir=cfg.train.tensorboard_dir,

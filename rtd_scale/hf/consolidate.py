@@ -8,8 +8,9 @@ stage-independent canonical names) into ``rtd_scale.model.weights.full_state_dic
 ``zero_to_fp32`` does not merge tensor-parallel shards, so instead the checkpoint's recorded world
 (``<tag>/rtd_meta.json``: world size, TP, PP, ZeRO stage) is started again as local processes
 (torch.multiprocessing, gloo on CPU), each builds the model from the recorded config, builds the
-DeepSpeed engine from ``<run>/ds_config.json`` and loads its own files through
-``engine.load_checkpoint`` exactly as ``--load`` would; then they gather. Under ``--bf16`` (and
+DeepSpeed engine from ``<run>/ds_config.json`` and loads its own files exactly as ``--load``
+would, through the same checks (``training/checkpoint/checks.py``'s ``CHECKS``: a checkpoint
+damaged in place is refused, not exported); then they gather. Under ``--bf16`` (and
 ``--fp16``) the gathered weights are the optimizer's fp32 master copy, not the 16-bit compute
 weights.
 
@@ -37,6 +38,8 @@ from rtd_scale.cli_errors import UserInputError
 # The per-parameter optimizer state a layout change carries (torch.optim.AdamW's names), besides
 # the fp32 master weights.
 ADAM_STATE_KEYS = ("exp_avg", "exp_avg_sq")
+# How a refused export is told to take another checkpoint (tools/export_hf.py's flag).
+EXPORT_EARLIER = "export an earlier checkpoint (--tag global_stepN)"
 
 
 @torch.no_grad()
@@ -111,11 +114,11 @@ def run_config_from_dict(d: dict[str, Any]):
     """The ``RunConfig`` a run recorded (``config.json`` / ``rtd_meta.json``): its preset, then
     every recorded field (fields this version does not know are ignored)."""
     from rtd_scale.config import preset
-    from rtd_scale.training import checkpoint
+    from rtd_scale.training.checkpoint.compat import scope_shapes_parameters
 
     cfg = preset(d.get("preset", "tiny"))
     m = d.get("model", {})
-    if "sharing_scope" not in m and checkpoint.scope_shapes_parameters(m):
+    if "sharing_scope" not in m and scope_shapes_parameters(m):
         # recorded before model.sharing_scope existed: ES / GDES shared the token table only
         # (elsewhere the scope changes nothing, config.SharingScope)
         d = {**d, "model": {**m, "sharing_scope": "tokens"}}
@@ -140,31 +143,32 @@ def run_config_from_dict(d: dict[str, Any]):
 def read_run(run_dir: str, tag: Optional[str], note: Optional[Callable[[str], None]] = None
              ) -> tuple[Any, dict[str, Any], dict[str, Any], str]:
     """(config, layout, resolved ds_config, tag) of a run directory's checkpoint: ``tag``, or
-    the one ``--load run_dir`` would resume from (``training.checkpoint.choose``: the newest
-    complete checkpoint). ``note``: told, in export words, which checkpoint is exported when
-    that is not simply the newest one (``choose``'s own notes speak of resuming training).
+    the one ``--load run_dir`` would resume from (``training.checkpoint.load.take``: the newest
+    complete checkpoint, its files checked as training's ``--load`` checks them). ``note``:
+    told, in export words, which checkpoint is exported when that is not simply the newest one
+    (``choose``'s own notes speak of resuming training).
 
     Raises:
         UserInputError: no such run or checkpoint, or a checkpoint without its metadata.
     """
-    from rtd_scale.training import checkpoint
+    from rtd_scale.training.checkpoint import files, load
 
     if not os.path.isdir(run_dir):
         raise UserInputError(f"--load {run_dir}: no such directory; pass the --save directory "
                              "of a run")
-    if tag is None and not checkpoint.list_tags(run_dir):
+    if tag is None and not files.list_tags(run_dir):
         raise UserInputError(f"--load {run_dir}: no checkpoint (no global_step* directory); "
                              "pass the --save directory of a run that saved one")
-    # the checkpoint --load would take: the newest complete one, or exactly the named tag
-    choice = checkpoint.choose(os.path.join(run_dir, tag) if tag else run_dir)
+    # the checkpoint --load would take (the newest complete one, or exactly the named tag), its
+    # files checked before any rank reads them: the CHOOSE and BEFORE_BUILD checks
+    choice = load.take(os.path.join(run_dir, tag) if tag else run_dir)
     if note is not None:
         for line in _export_notes(run_dir, choice):
             note(line)
     tag = choice.tag
-    checkpoint.check_safe_to_load(choice.path)  # refuse a crafted pickle before any rank reads it
-    meta = checkpoint.read_meta(run_dir, tag)
+    meta = files.read_meta(run_dir, tag)
     if meta is None or not meta.get("layout") or not meta.get("config"):
-        raise UserInputError(f"--load {run_dir}: {tag} has no {checkpoint.META_FILE} "
+        raise UserInputError(f"--load {run_dir}: {tag} has no {files.META_FILE} "
                              "(layout and config); it was not written by rtd_scale")
     ds_path = os.path.join(run_dir, "ds_config.json")
     if not os.path.isfile(ds_path):
@@ -176,15 +180,15 @@ def read_run(run_dir: str, tag: Optional[str], note: Optional[Callable[[str], No
 
 
 def _export_notes(run_dir: str, choice) -> list[str]:
-    """What ``choice`` (``checkpoint.choose``) means for an export: newer checkpoints left out
-    (named by --tag, or skipped as incomplete) and a checkpoint without completion record."""
-    from rtd_scale.training import checkpoint
+    """What ``choice`` (``checkpoint.choose.choose``) means for an export: newer checkpoints left
+    out (named by --tag, or skipped as incomplete) and a checkpoint without completion record."""
+    from rtd_scale.training.checkpoint.choose import newest_complete
 
     notes = []
     if choice.skipped:
         notes.append("note: skipped the incomplete " + "; ".join(
             f"{t} ({why})" for t, why in choice.skipped) + f"; exporting {choice.tag}")
-    newest = checkpoint.newest_complete(run_dir)
+    newest = newest_complete(run_dir)
     if newest is not None and newest != choice.tag and not choice.skipped:
         notes.append(f"note: {run_dir} has a newer complete checkpoint, {newest}; exporting "
                      f"{choice.tag} as --tag names")
@@ -215,12 +219,13 @@ def _worker(rank: int, world_size: int, port: int, run_dir: str, tag: str, cfg_d
         try:
             model = build_model(cfg, ctx, tok)
             eng = engine_mod.build_engine(model, cfg, ds_config, distributed.DeepSpeedMpu())
-            from rtd_scale.training import checkpoint
+            from rtd_scale.training.checkpoint import checks, load
 
-            # the same checks as training's --load: safe unpickling, the files found, the
-            # weights finite (a checkpoint damaged in place is refused, not exported)
-            checkpoint.load_checked(eng, run_dir, tag, flag=f"--load {run_dir}",
-                                    load_lr_scheduler_states=False)
+            # the LOAD and AFTER_LOAD checks of training's --load: safe unpickling, the files
+            # found, the weights finite (a checkpoint damaged in place is refused, not exported)
+            load.load_checked(eng, run_dir, tag, flag=f"--load {run_dir}",
+                              earlier=checks.RESUME_EARLIER if what == "training"
+                              else EXPORT_EARLIER, load_lr_scheduler_states=False)
             if what == "training":
                 _save_training_state(eng, model, ctx, cfg, out_dir, rank)
             else:
@@ -349,7 +354,7 @@ def _save_training_state(engine, model, ctx, cfg, out_dir: str, rank: int) -> No
                             ("cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis")
                             if isinstance(getattr(scaler, k, None), (int, float))}}
     if rank == 0:
-        from rtd_scale.training.checkpoint import torch_save
+        from rtd_scale.training.checkpoint.files import torch_save
         from rtd_scale.training.reshard import INFO_FILE, STATE_FILE
 
         torch_save(state, os.path.join(out_dir, STATE_FILE))

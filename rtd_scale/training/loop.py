@@ -30,7 +30,7 @@ from rtd_scale.data.blend import BlendedDataset
 from rtd_scale.data.loader import DataParallelSampler, build_loader
 from rtd_scale.distributed import DeepSpeedMpu, ParallelContext
 from rtd_scale.phases import PHASE_DATA_WAIT
-from rtd_scale.training import checkpoint
+from rtd_scale.training.checkpoint import save as checkpoint_save
 from rtd_scale.training.digest import DataDigest
 from rtd_scale.training.diagnostics import (VALID_AUC, VALID_AUC_CHANCE_SD, auc_chance_sd,
                                             gather_scores, roc_auc, table_cosines)
@@ -436,7 +436,7 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
                          f"{guard.consecutive()} iteration(s) had a non-finite loss or gradient "
                          f"norm; the last good checkpoint is {last_good or 'none'}")
         if save_due:
-            result.checkpoint_dir = checkpoint.save(
+            result.checkpoint_dir = checkpoint_save.save(
                 engine, t.save, step=done, rank=ctx.rank,
                 client_state={"step": done, "consumed_samples": consumed_samples,
                               "data": data["train"].state(), "config": cfg.to_dict()},

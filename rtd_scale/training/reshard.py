@@ -43,7 +43,7 @@ Two routes, chosen by :func:`uses_universal`:
    rather than a second set of TP rules in DeepSpeed's pattern language; the cost is a restart
    of the old world at conversion time (measured in the README).
 
-Two gaps of DeepSpeed 0.19.8 in route 1 are closed here and in ``checkpoint.load`` (each
+Two gaps of DeepSpeed 0.19.8 in route 1 are closed here and in ``checkpoint/load.py`` (each
 pinned by tests/e2e/test_resume_layout.py): the ZeRO-1/2 and ZeRO-3 universal formats differ,
 so the conversion is rewritten to carry both (:func:`_optimizer_state_for_every_stage`,
 :func:`_model_states_for_every_stage`); and a ZeRO-3 universal load gives every parameter
@@ -56,7 +56,9 @@ weights and both moments, 12 bytes per parameter; ``training_state.json``: AdamW
 scaler). Each is built under ``<load>/.<tag>_<kind>.tmp-<pid>`` and renamed into place when
 complete (a marker file inside says so), so an interrupted conversion never counts and the
 next ``--load`` converts again; a later resume at any other layout reuses a complete one.
-Converted files are checked like any checkpoint (``checkpoint.check_safe_to_load``).
+Converted files are checked like any checkpoint's (``checkpoint/checks.py``'s
+``check_safe_to_load``), and the layout-free state's load runs the LOAD and AFTER_LOAD checks of
+``checks.CHECKS`` as every other load does.
 
 RNG policy. Masks and sampling noise are functions of (seed, step, global sample index): they
 continue exactly at any layout. Dropout streams are per rank (``rng_rank*.pt``) and cannot be
@@ -251,16 +253,17 @@ def _optimizer_state_for_every_stage(folder: str) -> None:
 
 def check_converted_safe(root: str, tag: str) -> None:
     """Every ``.pt`` file of a conversion holds only tensors and DeepSpeed's records (a reused
-    conversion could have been replaced), checked as ``checkpoint.check_safe_to_load`` does."""
-    from rtd_scale.training import checkpoint
+    conversion could have been replaced), checked as ``checks.check_safe_to_load`` checks a
+    checkpoint's."""
+    from rtd_scale.training.checkpoint.checks import check_safe_to_load
 
     folder = os.path.join(root, tag)
-    checkpoint.check_safe_to_load(folder)
+    check_safe_to_load(folder)
     zero = os.path.join(folder, "zero")
-    checkpoint.check_safe_to_load(zero)
+    check_safe_to_load(zero)
     for name in sorted(os.listdir(zero)):
         if os.path.isdir(os.path.join(zero, name)):
-            checkpoint.check_safe_to_load(os.path.join(zero, name))
+            check_safe_to_load(os.path.join(zero, name))
 
 
 # ------------------------------------------- tensor- and pipeline-parallel changes, ZeRO-0 ----
@@ -320,22 +323,22 @@ def convert_canonical(load_dir: str, tag: str, gather: Callable[[str, str, str],
 
 def check_canonical_safe(root: str) -> None:
     """The conversion's ``.pt`` files hold only tensors (a reused one could have been replaced),
-    checked as ``checkpoint.check_safe_to_load`` does."""
-    from rtd_scale.training import checkpoint
+    checked as ``checks.check_safe_to_load`` checks a checkpoint's."""
+    from rtd_scale.training.checkpoint.checks import check_safe_to_load
 
-    checkpoint.check_safe_to_load(root)
+    check_safe_to_load(root)
 
 
 def _model_states(ckpt_dir: str) -> dict:
     """The checkpoint's model-states file of model-parallel rank 0 (the client state, schedule
     and step; every rank's file holds the same), read with ``weights_only=True``."""
-    from rtd_scale.training import checkpoint
+    from rtd_scale.training.checkpoint.files import CheckpointReadError, safe_load
 
     for name in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt"):
         path = os.path.join(ckpt_dir, name)
         if os.path.isfile(path):
-            return checkpoint.safe_load(path)
-    raise checkpoint.CheckpointReadError(
+            return safe_load(path)
+    raise CheckpointReadError(
         f"{ckpt_dir}: no mp_rank_00 model states; resume from another checkpoint "
         "(--load DIR/global_stepN)")
 
@@ -447,7 +450,8 @@ def load_canonical(engine, model, ctx, root: str, choice, *, flag: str) -> dict:
     replicated tensors whole), then for this data-parallel rank by DeepSpeed's own fragment
     maps. The schedule, the engine's step counters and the client state come from the
     checkpoint's model-states file; the learning rate is then this run's schedule's
-    (``checkpoint.refresh_learning_rate``).
+    (``checkpoint.load.refresh_learning_rate``); the LOAD and AFTER_LOAD checks of
+    ``checkpoint.checks.CHECKS`` run around it, as around every load.
 
     Raises:
         UserInputError: the state does not fit this model (another parameter set or shape).
@@ -457,9 +461,10 @@ def load_canonical(engine, model, ctx, root: str, choice, *, flag: str) -> dict:
     import torch
 
     from rtd_scale.model import weights
-    from rtd_scale.training import checkpoint
+    from rtd_scale.training.checkpoint import checks
+    from rtd_scale.training.checkpoint.load import refresh_learning_rate
 
-    checkpoint.install_safe_loading(engine)
+    checks.run(checks.Moment.LOAD, engine=engine)
     state = torch.load(os.path.join(root, STATE_FILE), map_location="cpu",
                        weights_only=True, mmap=True)
     with open(os.path.join(root, INFO_FILE), encoding="utf-8") as f:
@@ -496,6 +501,7 @@ def load_canonical(engine, model, ctx, root: str, choice, *, flag: str) -> dict:
     engine.global_samples = states.get("global_samples",
                                        engine.global_steps * engine.train_batch_size())
     engine.skipped_steps = states["skipped_steps"]
-    checkpoint.check_finite_weights(engine, choice.path)
-    checkpoint.refresh_learning_rate(engine)
+    checks.run(checks.Moment.AFTER_LOAD, engine=engine, ckpt_dir=choice.path, loaded=root,
+               flag=flag)
+    refresh_learning_rate(engine)
     return {k: v for k, v in states.items() if k not in _DEEPSPEED_KEYS}

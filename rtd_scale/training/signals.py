@@ -11,7 +11,7 @@ How the DeepSpeed launcher (0.19.8, single node) passes signals on, which sets w
 - ``launch.py`` handles SIGINT and SIGTERM by SIGTERM to each rank's process tree
   (``terminate_process_tree``), waits 30 s, then SIGKILLs what is left: the current step and the
   save must fit in those 30 s (a save cut short leaves the previous complete checkpoint the one
-  ``--load`` takes: ``checkpoint.save``).
+  ``--load`` takes: ``checkpoint/save.py``).
 - Ctrl-C in a terminal sends SIGINT to the whole process group: runner, launch.py, the ranks and
   their DataLoader workers (which ignore it: ``data/loader.py``).
 - Slurm's ``scancel`` and pdsh's kill command send SIGTERM to the ranks themselves.

@@ -90,7 +90,7 @@ rtd_batch_arithmetic() {
 }
 
 rtd_latest_tag() {  # the checkpoint --load RTD_SAVE takes (the newest complete one), or nothing
-  (cd "$RTD_REPO" && python -c 'import sys; from rtd_scale.training.checkpoint import newest_complete; print(newest_complete(sys.argv[1]) or "")' "$RTD_SAVE")
+  (cd "$RTD_REPO" && python -c 'import sys; from rtd_scale.training.checkpoint.choose import newest_complete; print(newest_complete(sys.argv[1]) or "")' "$RTD_SAVE")
 }
 
 rtd_holds_run() {  # true when RTD_SAVE holds an earlier run's checkpoints, complete or not

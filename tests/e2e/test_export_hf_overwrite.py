@@ -6,7 +6,8 @@ A tiny run saves global_step1 … global_step3; the tool exports the newest (glo
 temporary sibling left) and says, once, that it exports global_step1 and that a newer
 checkpoint exists — in export words, none of ``--load``'s words about resuming training. Then a
 NaN written into global_step2 in place (the file keeps its size) makes its export refuse in one
-line, as training's ``--load`` does (``checkpoint.load_checked``).
+line naming the damaged file and the fix, writing nothing, as training's ``--load`` does (both
+run ``training/checkpoint/checks.py``'s ``CHECKS``).
 """
 from __future__ import annotations
 
@@ -61,11 +62,23 @@ def test_export_onto_an_earlier_export_needs_overwrite(wiki_shards, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "run"]
 
     # export loads with training's checks: a checkpoint damaged in place is refused, not exported
-    for states in (run / "global_step2").glob("*model_states.pt"):
+    step2 = run / "global_step2"
+    damaged = sorted(step2.glob("*model_states.pt"))
+    for states in damaged:
         nan_into_first_float(str(states))
-    r = _tool("--load", str(run), "--tag", "global_step2", "--output", str(tmp_path / "hf2"))
-    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-3000:]
-    err = r.stderr.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(f"error: {run}/global_step2: the loaded weights "
-                                               "hold "), r.stderr[-3000:]
-    assert "inf/NaN value(s)" in err[0] and not (tmp_path / "hf2").exists()
+    before = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")}
+    for output in (tmp_path / "hf2", out):  # a new directory, and the earlier export
+        extra = ("--overwrite",) if output == out else ()
+        r = _tool("--load", str(run), "--tag", "global_step2", "--output", str(output), *extra)
+        assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-3000:]
+        err = r.stderr.strip().splitlines()
+        assert len(err) == 1, r.stderr[-3000:]
+        # each rank counts its own files; the lowest rank holding a damaged one names it
+        assert err[0].startswith(f"error: {damaged[0]}: damaged: it holds 1 inf/NaN value(s) "
+                                 "although its size matches the completion record (the loaded "
+                                 "weights hold "), err[0]
+        assert err[0].endswith("); export an earlier checkpoint (--tag global_stepN) or delete "
+                               f"{step2}"), err[0]
+        assert "Traceback" not in r.stderr
+    assert not (tmp_path / "hf2").exists()
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == before  # nothing written

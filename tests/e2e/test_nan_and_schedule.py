@@ -297,8 +297,8 @@ def _damaged_checkpoint_worker(ctx, save_dir):
     from rtd_scale import distributed
     from rtd_scale.cli_errors import UserInputError
     from rtd_scale.config import Sharing
-    from rtd_scale.training import checkpoint
     from rtd_scale.training import engine as engine_mod
+    from rtd_scale.training.checkpoint import load, save
     from tests.helpers.dist_workers import build, fixed_batch, tiny_config
 
     cfg = tiny_config(Sharing.GDES)
@@ -316,13 +316,13 @@ def _damaged_checkpoint_worker(ctx, save_dir):
     ids, idx = fixed_batch(b=4, s=32)
     eng.backward(eng(ids, idx, 0).loss)
     eng.step()
-    path = checkpoint.save(eng, save_dir, step=1, rank=0, client_state={"step": 1},
-                           layout={"world_size": 1})
-    checkpoint.load(engine(), save_dir, rank=0)  # intact: loads
+    path = save.save(eng, save_dir, step=1, rank=0, client_state={"step": 1},
+                     layout={"world_size": 1})
+    load.load(engine(), save_dir, rank=0)  # intact: loads
     # one weight turned NaN in place, as a damaged disk block does: the file keeps its size
     nan_into_first_float(os.path.join(path, "mp_rank_00_model_states.pt"))
     try:
-        checkpoint.load(engine(), save_dir, rank=0)
+        load.load(engine(), save_dir, rank=0)
     except UserInputError as e:
         return str(e)
     return None
@@ -331,5 +331,8 @@ def _damaged_checkpoint_worker(ctx, save_dir):
 def test_a_checkpoint_damaged_in_place_is_refused_at_load(tmp_path):
     (message,) = harness.run(_damaged_checkpoint_worker, str(tmp_path / "run"), world_size=1)
     assert message is not None, "a NaN weight loaded without a word"
-    assert "global_step1: the loaded weights hold 1 inf/NaN value(s)" in message
-    assert "--load DIR/global_stepN" in message and "\n" not in message
+    ckpt = tmp_path / "run" / "global_step1"
+    assert message == (
+        f"{ckpt}/mp_rank_00_model_states.pt: damaged: it holds 1 inf/NaN value(s) although its "
+        "size matches the completion record (the loaded weights hold 1); resume from an earlier "
+        f"checkpoint (--load DIR/global_stepN) or delete {ckpt}")

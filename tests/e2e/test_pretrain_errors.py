@@ -175,7 +175,7 @@ def test_unwritable_eval_dump_dir(wiki_shards, tmp_path, capsys, monkeypatch):
 
 def _fake_checkpoint(root, step=4, layout=None, model=None, train=None):
     from rtd_scale.config import preset
-    from rtd_scale.training import checkpoint
+    from rtd_scale.training.checkpoint.files import write_record
 
     tag = root / f"global_step{step}"
     tag.mkdir(parents=True)
@@ -189,7 +189,7 @@ def _fake_checkpoint(root, step=4, layout=None, model=None, train=None):
                         "pipeline_model_parallel_size": 1, "zero_stage": 3}
     (tag / "rtd_meta.json").write_text(json.dumps(
         {"step": step, "consumed_samples": 32, "layout": layout, "config": cfg}))
-    checkpoint._write_record(str(tag), step)  # complete, as a finished save leaves it
+    write_record(str(tag), step)  # complete, as a finished save leaves it
     return root
 
 

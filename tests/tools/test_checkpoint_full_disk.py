@@ -1,12 +1,12 @@
-"""A real full disk (a 256 KiB tmpfs mounted with ``mount``) under checkpoint.torch_save: the
-OSError (ENOSPC) is kept, where torch's own writer says only "unexpected pos"."""
+"""A real full disk (a 256 KiB tmpfs mounted with ``mount``) under ``torch_save``
+(training/checkpoint/files.py): the OSError (ENOSPC) is kept, where torch's own writer says only
+"unexpected pos"."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from rtd_scale.training import checkpoint
-from rtd_scale.training.checkpoint import safe_load
+from rtd_scale.training.checkpoint.files import safe_load, torch_save
 
 
 @pytest.fixture
@@ -25,7 +25,7 @@ def small_tmpfs(tmp_path):
 
 
 def test_a_full_disk_during_torch_save_is_enospc(small_tmpfs):
-    """torch's own writer turns ENOSPC into "unexpected pos …"; checkpoint.torch_save keeps the
+    """torch's own writer turns ENOSPC into "unexpected pos …"; torch_save keeps the
     OSError, so the save can say what happened."""
     import errno
 
@@ -33,8 +33,8 @@ def test_a_full_disk_during_torch_save_is_enospc(small_tmpfs):
         torch.save({"w": torch.zeros(200_000)}, small_tmpfs / "plain.pt")
     (small_tmpfs / "plain.pt").unlink()
     with pytest.raises(OSError) as e:
-        checkpoint.torch_save({"w": torch.zeros(200_000)}, str(small_tmpfs / "a.pt"))
+        torch_save({"w": torch.zeros(200_000)}, str(small_tmpfs / "a.pt"))
     assert e.value.errno == errno.ENOSPC
     (small_tmpfs / "a.pt").unlink()
-    checkpoint.torch_save({"w": torch.arange(4.0)}, str(small_tmpfs / "b.pt"))
+    torch_save({"w": torch.arange(4.0)}, str(small_tmpfs / "b.pt"))
     assert torch.equal(safe_load(str(small_tmpfs / "b.pt"))["w"], torch.arange(4.0))

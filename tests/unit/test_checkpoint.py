@@ -12,31 +12,33 @@ import pytest
 import torch
 
 from rtd_scale.cli_errors import UserInputError
-from rtd_scale.training import checkpoint
-from rtd_scale.training.checkpoint import (CheckpointReadError, SafeCheckpointEngine,
-                                           check_safe_to_load, choose, safe_load, split_load)
+from rtd_scale.training.checkpoint import checks, files as ckpt_files
+from rtd_scale.training.checkpoint.checks import check_safe_to_load
+from rtd_scale.training.checkpoint.choose import choose, split_load
+from rtd_scale.training.checkpoint.files import (CheckpointReadError, SafeCheckpointEngine,
+                                                 safe_load)
 
 WORLD = 2
 
 
 def make_checkpoint(run: Path, step: int, *, record: bool = True, legacy: bool = False) -> Path:
-    """A checkpoint directory laid out as ``checkpoint.save`` leaves it for 2 ranks under ZeRO-3:
+    """A checkpoint directory laid out as ``checkpoint/save.py`` leaves it for 2 ranks under ZeRO-3:
     DeepSpeed's files (real torch files), both RNG files, the metadata, then the record."""
-    d = run / checkpoint.tag_for(step)
+    d = run / ckpt_files.tag_for(step)
     d.mkdir(parents=True)
     for r in range(WORLD):
         torch.save({"module": {"w": torch.full((4,), float(step))}, "global_steps": step},
                    d / f"zero_pp_rank_{r}_mp_rank_00_model_states.pt")
         torch.save({"optimizer_state_dict": {"exp_avg": torch.zeros(64)}},
                    d / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt")
-        torch.save({"cpu": torch.get_rng_state()}, d / checkpoint.rng_file(r))
+        torch.save({"cpu": torch.get_rng_state()}, d / ckpt_files.rng_file(r))
     meta = {"step": step, "consumed_samples": 16 * step, "layout": {"world_size": WORLD},
             "config": {}}
     if not legacy:
-        meta["record_format"] = checkpoint.RECORD_FORMAT
-    (d / checkpoint.META_FILE).write_text(json.dumps(meta))
+        meta["record_format"] = ckpt_files.RECORD_FORMAT
+    (d / ckpt_files.META_FILE).write_text(json.dumps(meta))
     if record:
-        checkpoint._write_record(str(d), step)
+        ckpt_files.write_record(str(d), step)
     (run / "latest").write_text(d.name)
     return d
 
@@ -55,9 +57,9 @@ def optim(run: Path, step: int, rank: int = 1) -> Path:
 
 
 def test_the_record_lists_every_file_with_its_size(run):
-    record = json.loads((run / "global_step10" / checkpoint.RECORD_FILE).read_text())
+    record = json.loads((run / "global_step10" / ckpt_files.RECORD_FILE).read_text())
     files = sorted(os.listdir(run / "global_step10"))
-    files.remove(checkpoint.RECORD_FILE)
+    files.remove(ckpt_files.RECORD_FILE)
     assert sorted(record["files"]) == files and len(files) == 7
     assert record["files"]["rng_rank00001.pt"] == (run / "global_step10" /
                                                    "rng_rank00001.pt").stat().st_size
@@ -80,7 +82,7 @@ def test_a_truncated_optimizer_state_file_falls_back_with_one_line(run):
                        "resuming from global_step5"]
 
 
-@pytest.mark.parametrize("name", ["rng_rank00001.pt", checkpoint.META_FILE,
+@pytest.mark.parametrize("name", ["rng_rank00001.pt", ckpt_files.META_FILE,
                                   "zero_pp_rank_0_mp_rank_00_model_states.pt"])
 def test_a_missing_file_falls_back(run, name):
     (run / "global_step10" / name).unlink()
@@ -89,7 +91,7 @@ def test_a_missing_file_falls_back(run, name):
 
 
 def test_no_record_means_the_save_did_not_finish(run):
-    (run / "global_step10" / checkpoint.RECORD_FILE).unlink()
+    (run / "global_step10" / ckpt_files.RECORD_FILE).unlink()
     c = choose(str(run))
     assert c.tag == "global_step5"
     assert c.skipped == [("global_step10", "no completion record (the save did not finish)")]
@@ -98,8 +100,8 @@ def test_no_record_means_the_save_did_not_finish(run):
 def test_a_killed_save_before_the_metadata_falls_back(run):
     """DeepSpeed's files are there, rtd_scale's RNG and metadata files and the record are not:
     the state a kill after DeepSpeed's own writes leaves."""
-    for name in ("rng_rank00000.pt", "rng_rank00001.pt", checkpoint.META_FILE,
-                 checkpoint.RECORD_FILE):
+    for name in ("rng_rank00000.pt", "rng_rank00001.pt", ckpt_files.META_FILE,
+                 ckpt_files.RECORD_FILE):
         (run / "global_step10" / name).unlink()
     c = choose(str(run))
     assert c.tag == "global_step5"
@@ -108,7 +110,7 @@ def test_a_killed_save_before_the_metadata_falls_back(run):
 
 @pytest.mark.parametrize("content", ["", "{\"files\": {\"a\": ", "[]"])
 def test_an_unreadable_record_falls_back(run, content):
-    (run / "global_step10" / checkpoint.RECORD_FILE).write_text(content)
+    (run / "global_step10" / ckpt_files.RECORD_FILE).write_text(content)
     c = choose(str(run))
     assert c.skipped == [("global_step10", "its completion record is unreadable")]
 
@@ -218,11 +220,11 @@ def test_checkpoints_from_before_records_count_only_when_nothing_else_does(tmp_p
 
 
 def test_holds_run(tmp_path, run):
-    assert checkpoint.holds_run(str(tmp_path / "fresh")) is None
-    assert checkpoint.holds_run(str(run)) == "global_step10"
+    assert ckpt_files.holds_run(str(tmp_path / "fresh")) is None
+    assert ckpt_files.holds_run(str(run)) == "global_step10"
     (tmp_path / "only_latest").mkdir()
     (tmp_path / "only_latest" / "latest").write_text("")
-    assert checkpoint.holds_run(str(tmp_path / "only_latest")) == "latest"
+    assert ckpt_files.holds_run(str(tmp_path / "only_latest")) == "latest"
 
 
 # ------------------------------------------------------------------------ safe loading ----
@@ -308,3 +310,62 @@ def test_a_truncated_file_is_a_one_line_error_naming_it(tmp_path):
         safe_load(str(tmp_path / "a.pt"))
     assert str(e.value).startswith(f"{tmp_path / 'a.pt'}: unreadable (")
     assert "\n" not in str(e.value) and e.value.every_rank
+
+
+def test_one_list_of_checks_each_with_its_moment():
+    """The checks every reader runs (training's --load, the export, the layout-free load), in
+    the order they run."""
+    M = checks.Moment
+    assert [(c.name, c.moment) for c in checks.CHECKS] == [
+        ("complete", M.CHOOSE), ("safe_pickles", M.BEFORE_BUILD), ("weights_only", M.LOAD),
+        ("files_found", M.AFTER_LOAD), ("finite_weights", M.AFTER_LOAD)]
+
+
+class _LoadedEngine:
+    """What the AFTER_LOAD checks read of a DeepSpeed engine: its module, device and checkpoint
+    engine (here rtd_scale's real one, over no DeepSpeed engine)."""
+
+    def __init__(self, module):
+        self.module, self.device = module, torch.device("cpu")
+        self.checkpoint_engine = SafeCheckpointEngine(None)
+
+
+def test_non_finite_loaded_weights_name_the_damaged_file_read(tmp_path):
+    """A NaN in the loaded weights: the line names the file it came from among those read (the
+    other file is intact), both counts, and the fix in the reader's words."""
+    module = torch.nn.Linear(2, 2)
+    healthy, damaged = tmp_path / "a_model_states.pt", tmp_path / "b_optim_states.pt"
+    torch.save({"module": {"w": torch.ones(3)}}, healthy)
+    torch.save({"fp32": [torch.tensor([1.0, float("nan"), float("inf")])], "step": 3}, damaged)
+    engine = _LoadedEngine(module)
+    for path in (healthy, damaged):
+        engine.checkpoint_engine.load(str(path), "cpu")
+    with torch.no_grad():
+        module.weight[0, 0] = float("nan")
+    with pytest.raises(UserInputError) as e:
+        checks.run(checks.Moment.AFTER_LOAD, engine=engine, ckpt_dir=str(tmp_path),
+                   loaded=str(tmp_path), flag="--load run", earlier="export an earlier one")
+    assert str(e.value) == (
+        f"{damaged}: damaged: it holds 2 inf/NaN value(s) although its size matches the "
+        f"completion record (the loaded weights hold 1); export an earlier one or delete "
+        f"{tmp_path}")
+
+
+def test_non_finite_weights_without_a_damaged_file_name_the_checkpoint(tmp_path):
+    module = torch.nn.Linear(2, 2)
+    with torch.no_grad():
+        module.bias[:] = float("inf")
+    with pytest.raises(UserInputError) as e:
+        checks.check_finite_weights(_LoadedEngine(module), str(tmp_path))
+    assert str(e.value) == (
+        f"{tmp_path}: the loaded weights hold 2 inf/NaN value(s): a file of this checkpoint is "
+        "damaged although its size matches the completion record; resume from an earlier "
+        f"checkpoint (--load DIR/global_stepN) or delete {tmp_path}")
+    checks.check_finite_weights(_LoadedEngine(torch.nn.Linear(2, 2)), str(tmp_path))  # finite
+
+
+def test_a_load_that_found_no_files_is_one_line():
+    with pytest.raises(UserInputError) as e:
+        checks.run(checks.Moment.AFTER_LOAD, engine=_LoadedEngine(torch.nn.Linear(2, 2)),
+                   ckpt_dir="run/global_step3", loaded=None, flag="--load run")
+    assert str(e.value) == "--load run: DeepSpeed could not load global_step3"

@@ -1,4 +1,4 @@
-"""The layout rules of ``--load`` (training/checkpoint.py) and the conversions' all-or-nothing
+"""The layout rules of ``--load`` (training/checkpoint/compat.py) and the conversions' all-or-nothing
 writes (training/reshard.py); the conversions themselves run in
 tests/e2e/test_resume_layout.py."""
 from __future__ import annotations
@@ -7,7 +7,8 @@ import pytest
 
 from rtd_scale.cli_errors import UserInputError
 from rtd_scale.hf.consolidate import consolidate_training_state
-from rtd_scale.training import checkpoint, reshard
+from rtd_scale.training import reshard
+from rtd_scale.training.checkpoint import compat
 
 DP2_Z3 = {"world_size": 2, "data_parallel_size": 2, "tensor_model_parallel_size": 1,
           "pipeline_model_parallel_size": 1, "zero_stage": 3}
@@ -15,11 +16,11 @@ DP1_Z1 = {**DP2_Z3, "world_size": 1, "data_parallel_size": 1, "zero_stage": 1}
 
 
 def test_another_dp_size_or_zero_stage_needs_a_conversion_and_passes():
-    assert checkpoint.describe_layout(DP2_Z3) == "TP 1 × PP 1 × DP 2, ZeRO-3"
-    assert not checkpoint.needs_conversion({"layout": dict(DP2_Z3)}, DP2_Z3)
-    assert checkpoint.needs_conversion({"layout": dict(DP2_Z3)}, DP1_Z1)
-    assert not checkpoint.needs_conversion(None, DP1_Z1)
-    checkpoint.check_convertible("run", "global_step3", DP2_Z3, DP1_Z1)  # no error
+    assert compat.describe_layout(DP2_Z3) == "TP 1 × PP 1 × DP 2, ZeRO-3"
+    assert not compat.needs_conversion({"layout": dict(DP2_Z3)}, DP2_Z3)
+    assert compat.needs_conversion({"layout": dict(DP2_Z3)}, DP1_Z1)
+    assert not compat.needs_conversion(None, DP1_Z1)
+    compat.check_convertible("run", "global_step3", DP2_Z3, DP1_Z1)  # no error
 
 
 def test_another_tp_pp_size_or_zero0_now_converts_and_picks_its_route():
@@ -31,7 +32,7 @@ def test_another_tp_pp_size_or_zero0_now_converts_and_picks_its_route():
     tp2_dp2 = {**DP2_Z3, "world_size": 4, "tensor_model_parallel_size": 2}
     for saved, layout in ((tp2, tp3), (pp2, DP1_Z1), (DP2_Z3, dp1_z0), (tp2_dp2, tp2),
                           (dp1_z0, DP2_Z3)):
-        checkpoint.check_convertible("run", "global_step3", saved, layout)  # no error
+        compat.check_convertible("run", "global_step3", saved, layout)  # no error
         assert not reshard.uses_universal(saved, layout)
     assert reshard.uses_universal(DP2_Z3, DP1_Z1) and reshard.uses_universal(DP1_Z1, DP2_Z3)
 
@@ -39,7 +40,7 @@ def test_another_tp_pp_size_or_zero0_now_converts_and_picks_its_route():
 def test_zero0_under_fp16_is_one_line_naming_both_layouts():
     dp1_z0 = {**DP1_Z1, "zero_stage": 0}
     with pytest.raises(UserInputError) as e:
-        checkpoint.check_convertible("run", "global_step3", dp1_z0, DP2_Z3,
+        compat.check_convertible("run", "global_step3", dp1_z0, DP2_Z3,
                                      saved_precision="fp16", precision="fp16")
     assert str(e.value) == (
         "--load run: global_step3 was saved at TP 1 × PP 1 × DP 1, ZeRO-0, this run is "
@@ -47,9 +48,9 @@ def test_zero0_under_fp16_is_one_line_naming_both_layouts():
         "DeepSpeed keeps in one flat fp16 optimizer that cannot be re-split; resume at the "
         "checkpoint's layout, or use a ds_configs/zero1.json-style file on both runs")
     with pytest.raises(UserInputError, match=r"^--load run: .*: this run is ZeRO-0 under --fp16"):
-        checkpoint.check_convertible("run", "global_step3", DP2_Z3, dp1_z0,
+        compat.check_convertible("run", "global_step3", DP2_Z3, dp1_z0,
                                      saved_precision="fp16", precision="fp16")
-    checkpoint.check_convertible("run", "global_step3", dp1_z0, DP2_Z3,
+    compat.check_convertible("run", "global_step3", dp1_z0, DP2_Z3,
                                  saved_precision="bf16", precision="bf16")  # no error
 
 

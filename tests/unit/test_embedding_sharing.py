@@ -186,12 +186,11 @@ def test_scope_config_field_flag_and_validation():
 
 
 def _write_meta(tmp_path, config: dict) -> str:
-    from rtd_scale.training import checkpoint
+    from rtd_scale.training.checkpoint.files import META_FILE
 
     tag = tmp_path / "global_step1"
     tag.mkdir(exist_ok=True)
-    (tag / checkpoint.META_FILE).write_text(json.dumps({"layout": {"world_size": 1},
-                                                        "config": config}))
+    (tag / META_FILE).write_text(json.dumps({"layout": {"world_size": 1}, "config": config}))
     return str(tmp_path)
 
 
@@ -200,7 +199,7 @@ def test_checkpoint_from_before_the_scope_field_shared_tokens_only(tmp_path):
     resumes under --sharing-scope tokens, is refused under the new default with the field
     named, and resumes either way where the scope changes nothing (disentangled attention)."""
     from rtd_scale.cli_errors import UserInputError
-    from rtd_scale.training.checkpoint import check_compatible
+    from rtd_scale.training.checkpoint.compat import check_compatible
 
     old = preset("tiny").to_dict()
     del old["model"]["sharing_scope"]

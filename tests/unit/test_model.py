@@ -338,7 +338,8 @@ def test_checkpoint_of_the_other_layout_is_refused(tmp_path):
     import json
 
     from rtd_scale.cli_errors import UserInputError
-    from rtd_scale.training.checkpoint import META_FILE, check_compatible
+    from rtd_scale.training.checkpoint.compat import check_compatible
+    from rtd_scale.training.checkpoint.files import META_FILE
 
     saved = preset("tiny")
     layout = {"world_size": 2, "tensor_model_parallel_size": 1}
@@ -358,7 +359,8 @@ def test_checkpoint_from_before_the_layout_field_counts_as_pre_ln(tmp_path):
     import json
 
     from rtd_scale.cli_errors import UserInputError
-    from rtd_scale.training.checkpoint import META_FILE, check_compatible
+    from rtd_scale.training.checkpoint.compat import check_compatible
+    from rtd_scale.training.checkpoint.files import META_FILE
 
     old = preset("tiny").to_dict()
     del old["model"]["layernorm_position"]
@@ -379,7 +381,8 @@ def test_checkpoint_with_another_vocab_multiple_is_refused(tmp_path):
     import json
 
     from rtd_scale.cli_errors import UserInputError
-    from rtd_scale.training.checkpoint import META_FILE, check_compatible
+    from rtd_scale.training.checkpoint.compat import check_compatible
+    from rtd_scale.training.checkpoint.files import META_FILE
 
     old = preset("tiny").to_dict()
     del old["model"]["make_vocab_size_divisible_by"]

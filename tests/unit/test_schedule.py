@@ -190,7 +190,7 @@ def test_a_load_told_the_checkpoints_batch_refreshes_the_lr_once_at_the_moved_st
     counts iterations already), keep their positions."""
     from types import SimpleNamespace
 
-    from rtd_scale.training.checkpoint import refresh_learning_rate
+    from rtd_scale.training.checkpoint.load import refresh_learning_rate
 
     optim = OptimConfig(lr=1e-3, lr_warmup_iters=4)
     a = MegatronLRScheduler(_sgd(), optim, train_iters=20, global_batch_size=G)
