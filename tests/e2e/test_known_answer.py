@@ -28,9 +28,16 @@ only that the bar fails.)
 
 The model is small enough for CPU (discriminator and generator 2 × 64, DeBERTaV3's layout:
 disentangled attention, post-LayerNorm) with the knobs that take it off the plateau fastest on
-this language: mask rate 0.25, dropout 0, lr 3e-3, every masked slot [MASK] (so the floor is
-exact). The TP=2 and PP=2 runs are the GDES run's configuration at another layout: the same run
-at steps 1 and 100, then float reassociation, amplified by the steep part of learning, moves them
+this language: mask rate 0.25, dropout 0, lr 3e-3 held after warm-up, every masked slot [MASK]
+(so the floor is exact). The constant rate is for margin, not for the bars: under a linear decay
+to 0 at step 500 the last 100 steps barely move, and ES, whose one table also takes the
+λ-weighted RTD gradient (arXiv 2111.09543 §3.2's tug-of-war), ended at L_MLM 2.21 against its
+bar of 2.05 on one CPU and 1.29 on another (float reassociation in the steep part of learning).
+With the rate held, seeds 3 and 4 gave ES 1.38 and 1.69, GDES 0.46 and 0.47, and word AUCs of
+0.86–0.93 against bars of 0.69–0.73.
+
+The TP=2 and PP=2 runs are the GDES run's configuration at another layout: the same run
+at step 1 and within 1% at step 100, then float reassociation, amplified by the steep part of learning, moves them
 apart, so at the end they must pass the same bars within a loose band (the step-level parity
 tests in tests/multiproc pin exactness).
 """
@@ -116,7 +123,8 @@ class Runs:
                 "--save", str(save), "--eval-dump-dir", str(save / "dumps"),
                 "--train-iters", str(iters), "--seq-length", "64",
                 "--micro-batch-size", "32", "--global-batch-size", "32",
-                "--lr", "3e-3", "--lr-warmup-iters", "20", "--mask-prob", "0.25",
+                "--lr", "3e-3", "--lr-warmup-iters", "20", "--lr-decay-style", "constant",
+                "--mask-prob", "0.25",
                 "--set=rtd.mask_token_prob=1.0", "--set=rtd.random_token_prob=0.0",
                 "--log-interval", "100", "--eval-interval", str(iters), "--eval-iters", "2",
                 "--save-interval", str(iters), "--seed", "3", *MODEL, *NO_DROPOUT,
@@ -154,10 +162,12 @@ def test_each_sharing_mode_learns_the_language(runs, sharing):
 def test_tp2_and_pp2_learn_the_same(runs, name):
     ref = runs.get("gdes")
     got = runs.get(name)
-    # the same run: equal at step 1, within float reassociation at step 100 (measured 3e-5 rel.)
+    # the same run: equal at step 1, within float reassociation at step 100 (with the rate held
+    # at 3e-3 after warm-up, L_MLM measured 3.1e-3 apart at TP 2 and 1.4e-3 at PP 2; 3e-5 under
+    # the earlier linear decay)
     for tag in ("loss/mlm", "loss/rtd"):
         assert got["train"][tag][1] == pytest.approx(ref["train"][tag][1], rel=1e-5), tag
-        assert got["train"][tag][100] == pytest.approx(ref["train"][tag][100], rel=1e-3), tag
+        assert got["train"][tag][100] == pytest.approx(ref["train"][tag][100], rel=1e-2), tag
     # ... which the steep part of learning then amplifies (steps 200–500 move apart by up to
     # 7% in L_MLM; the final AUCs differed by 0.06 at TP 2 and 0.04 at PP 2), so the end is
     # held to the same bars and a loose band, not to equality
