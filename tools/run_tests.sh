@@ -4,4 +4,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # shellcheck disable=SC1091
 source tools/setup_env.sh
-python -m pytest -q --durations=30 tests "$@"
+# two workers (pytest-xdist): a module's tests stay on one worker with its shared runs, and the
+# modules that take machine-wide resources (apt, Slurm daemons, port 29500) share one worker
+# (tests/conftest.py, MACHINE_WIDE)
+python -m pytest -q --durations=30 -n 2 --dist loadgroup tests "$@"

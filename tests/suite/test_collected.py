@@ -24,8 +24,13 @@ def readme_test_command() -> list[str]:
 def test_readme_test_command_collects_every_test_file():
     args = readme_test_command()
     assert "tests" in args, args
-    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                          *args], cwd=REPO, capture_output=True, text=True, timeout=600)
+    # collected in this process's way, not by xdist's workers (whose collection is not printed)
+    for flag in ("-n", "--dist"):  # xdist's: a flag and its value
+        if flag in args:
+            del args[args.index(flag):args.index(flag) + 2]
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p",
+                          "no:cacheprovider", "-p", "no:xdist", *args], cwd=REPO,
+                         capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     # -q prints node ids (``file::test``), -qq one ``file: count`` line per file
     collected = {re.split(r"::|: \d+$", ln)[0] for ln in out.stdout.splitlines()
