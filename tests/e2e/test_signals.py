@@ -133,10 +133,12 @@ def test_ctrl_c_saves_and_names_the_checkpoint_to_load(wiki_shards, tmp_path):
     print(f"[signals] Ctrl-C → all processes gone in {took:.1f} s")
     out = run.out
     _assert_saved_at_stop(out, save, "exit signal SIGINT received")
-    # the one traceback is DeepSpeed's runner's own KeyboardInterrupt (runner.py waits on
-    # launch.py without a SIGINT handler on one node); none comes from a rank
-    assert out.count("Traceback (most recent call last)") == 1, out[-3000:]
-    tb = out[out.index("Traceback (most recent call last)"):]
-    assert tb.splitlines()[1].strip().startswith(f'File "{_deepspeed_bin()}"'), tb[:1000]
-    assert "rtd_scale" not in tb.split("KeyboardInterrupt")[0], tb[:2000]
+    # the only traceback there can be is DeepSpeed's runner's own KeyboardInterrupt (runner.py
+    # waits on launch.py without a SIGINT handler on one node); none comes from a rank. Whether
+    # the runner prints it is a race with launch.py's exit (a loaded machine printed none)
+    assert out.count("Traceback (most recent call last)") <= 1, out[-3000:]
+    if "Traceback (most recent call last)" in out:
+        tb = out[out.index("Traceback (most recent call last)"):]
+        assert tb.splitlines()[1].strip().startswith(f'File "{_deepspeed_bin()}"'), tb[:1000]
+        assert "rtd_scale" not in tb.split("KeyboardInterrupt")[0], tb[:2000]
     assert "Main process received SIGINT" in out  # launch.py's, after the ranks exited
