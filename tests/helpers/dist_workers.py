@@ -7,6 +7,7 @@ import torch
 import torch.distributed as dist
 
 from rtd_scale.config import AttentionType, LayerNormPosition, Sharing, preset
+from tests.helpers import tiny_model
 
 SPECIAL = (0, 1, 2, 3, 4)
 
@@ -32,10 +33,7 @@ def tiny_config(sharing: Sharing, *, embedding_size: int = 48, dropout: float = 
 
 
 def build(cfg, tp_size: int, seed: int = 7):
-    from rtd_scale.model.rtd import RTDModel
-
-    return RTDModel(cfg.model, cfg.rtd, tensor_model_parallel_size=tp_size,
-                    special_ids=SPECIAL, pad_id=0, mask_id=4, seed=seed)
+    return tiny_model.build(cfg, seed=seed, tp=tp_size)
 
 
 def fixed_batch(b: int = 6, s: int = 40, vocab_size: int = 300):
@@ -195,7 +193,6 @@ def tp_agnostic_load(ctx, path: str, vocab_size: int):
 def load_export(ctx, path: str):
     """Strictly load a consolidated export (``pretrain.py --export``) at this TP size."""
     from rtd_scale.model import weights
-    from rtd_scale.model.rtd import RTDModel
 
     blob = torch.load(path)
     cfg = preset(blob["config"]["preset"])
@@ -203,8 +200,7 @@ def load_export(ctx, path: str):
     for enc in ("generator", "discriminator"):
         for key in ("hidden_dropout", "attention_dropout"):
             setattr(getattr(cfg.model, enc), key, blob["config"]["model"][enc][key])
-    model = RTDModel(cfg.model, cfg.rtd, tensor_model_parallel_size=ctx.tp_size,
-                     special_ids=SPECIAL, pad_id=0, mask_id=4, seed=0)
+    model = tiny_model.build(cfg, seed=0, tp=ctx.tp_size)
     weights.load_full_state_dict(model, blob["model"], tp_rank=ctx.tp_rank)
     ids, idx = fixed_batch(vocab_size=cfg.model.vocab_size)
     return float(model(ids, idx, step=0).loss)
@@ -226,12 +222,7 @@ def _pp_micro_batches(n: int = 4):
 
 
 def _build_stage(ctx, cfg, seed: int = 7):
-    from rtd_scale.model.rtd import RTDModel
-
-    return RTDModel(cfg.model, cfg.rtd, tensor_model_parallel_size=ctx.tp_size,
-                    pipeline_model_parallel_size=ctx.pp_size, pre_process=ctx.is_first_stage,
-                    post_process=ctx.is_last_stage, special_ids=SPECIAL, pad_id=0, mask_id=4,
-                    seed=seed)
+    return tiny_model.build(cfg, ctx, seed=seed, tp=ctx.tp_size)
 
 
 def pipeline_parity(ctx, cases):
@@ -342,14 +333,9 @@ def split_batches(b: int = 8, s: int = 40, vocab_size: int = 300):
 
 
 def _split_model(ctx, strategy: str, table):
-    from rtd_scale.model.rtd import RTDModel
-
     cfg = _pp_config(Sharing.GDES)  # layer counts that PP = 2 divides
     cfg.rtd.mask_strategy = strategy
-    model = RTDModel(cfg.model, cfg.rtd, tensor_model_parallel_size=ctx.tp_size,
-                     pipeline_model_parallel_size=ctx.pp_size, pre_process=ctx.is_first_stage,
-                     post_process=ctx.is_last_stage, special_ids=SPECIAL, pad_id=0, mask_id=4,
-                     seed=7, word_start_table=table)
+    model = tiny_model.build(cfg, ctx, seed=7, tp=ctx.tp_size, word_start_table=table)
     return cfg, model
 
 

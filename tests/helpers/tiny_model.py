@@ -1,18 +1,50 @@
 """One-process RTD models and batches for the unit tests of the model's gradient paths."""
 from __future__ import annotations
 
+import copy
+from types import SimpleNamespace
+
 import torch
 
+from rtd_scale.model.build import build_model
 from rtd_scale.model.rtd import RTDModel
 
 SPECIAL = (0, 1, 2, 3, 4)  # [PAD] [CLS] [SEP] [UNK] [MASK], tools/train_tokenizer.py's ids
+
+# one process, the whole model: what build_model reads of a ParallelContext
+ONE_STAGE = SimpleNamespace(pp_size=1, is_first_stage=True, is_last_stage=True,
+                            device=torch.device("cpu"))
+
+
+class FixedIds:
+    """What ``build_model`` reads of a tokenizer, for the tests' synthetic ids: the ids
+    tools/train_tokenizer.py gives the special tokens, and a word-start table when the test
+    brings one."""
+
+    special_ids, pad_id, mask_id = SPECIAL, 0, 4
+
+    def __init__(self, word_start_table=None):
+        self.table = word_start_table
+
+    def word_start_table(self):
+        if self.table is None:
+            raise ValueError("this test's ids have no words: pass word_start_table")
+        return self.table
+
+
+def build(cfg, ctx=ONE_STAGE, *, seed: int, tp: int = 1, word_start_table=None) -> RTDModel:
+    """``cfg``'s model through the product's one builder (``model/build.py``) at ``seed``, TP
+    ``tp`` and ``ctx``'s pipeline stage; ``cfg`` itself is left as it is."""
+    cfg = copy.deepcopy(cfg)
+    cfg.train.seed = seed
+    cfg.parallel.tensor_model_parallel_size = tp
+    return build_model(cfg, ctx, FixedIds(word_start_table))
 
 
 def tiny_rtd_model(cfg, seed: int = 5) -> RTDModel:
     """``cfg``'s RTDModel at TP 1, seeded."""
     torch.manual_seed(seed)
-    return RTDModel(cfg.model, cfg.rtd, tensor_model_parallel_size=1, special_ids=SPECIAL,
-                    pad_id=0, mask_id=4, seed=seed)
+    return build(cfg, seed=seed)
 
 
 def sample_ids(b: int = 4, s: int = 32, seed: int = 0) -> torch.Tensor:
