@@ -31,21 +31,19 @@ def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
     p.add_argument("--preset", default="tiny", choices=list(PRESETS), metavar="NAME",
                    help=f"named config, one of {', '.join(PRESETS)} (default tiny; "
                         "rtd_scale/config.py's PRESETS)")
-    p.add_argument("--data-path", nargs="+", metavar="[WEIGHT] PREFIX",
-                   help="shard or dataset prefixes printed by tools/preprocess_data.py, read as "
-                        "one dataset; or WEIGHT PREFIX pairs to blend datasets by weight "
-                        "(e.g. 0.7 A 0.3 B)")
-    p.add_argument("--train-data-path", nargs="+", metavar="[WEIGHT] PREFIX",
-                   help="Megatron-LM's name for the training corpus when the held-out ones "
-                        "are given: the same as --data-path")
-    p.add_argument("--valid-data-path", nargs="+", metavar="[WEIGHT] PREFIX",
-                   help="a held-out validation corpus, --data-path's syntax, read whole: "
-                        "validation (--eval-interval, --eval-iters; the held-out RTD AUC) reads "
-                        "it instead of --split's validation share, which then trains")
-    p.add_argument("--test-data-path", nargs="+", metavar="[WEIGHT] PREFIX",
-                   help="a held-out test corpus, --data-path's syntax, read whole and "
-                        "evaluated (--eval-iters global batches) after the last step, as "
-                        "Megatron-LM does; --split's test share then trains")
+    for flag, help_text in (
+            ("--data-path", "shard or dataset prefixes printed by tools/preprocess_data.py, read "
+             "as one dataset; or WEIGHT PREFIX pairs to blend datasets by weight "
+             "(e.g. 0.7 A 0.3 B)"),
+            ("--train-data-path", "Megatron-LM's name for the training corpus when the held-out "
+             "ones are given: the same as --data-path"),
+            ("--valid-data-path", "a held-out validation corpus, --data-path's syntax, read whole: "
+             "validation (--eval-interval, --eval-iters; the held-out RTD AUC) reads it instead "
+             "of --split's validation share, which then trains"),
+            ("--test-data-path", "a held-out test corpus, --data-path's syntax, read whole and "
+             "evaluated (--eval-iters global batches) after the last step, as Megatron-LM does; "
+             "--split's test share then trains")):
+        p.add_argument(flag, nargs="+", metavar="[WEIGHT] PREFIX", help=help_text)
     p.add_argument("--split", help="train,valid,test shares of each dataset's documents "
                    "(default 969,30,1)")
     p.add_argument("--data-cache-path", help="directory for the cached sample index "

@@ -156,16 +156,22 @@ def test_resume_restores_the_position_and_this_runs_values():
     assert d.num_steps == 7 * G and d.lr() == straight[0]
 
 
+def _six_steps_at_g():
+    """(OptimConfig, the scheduler, its state) after 6 steps at global batch G: warm-up 4,
+    linear decay to step 20."""
+    optim = OptimConfig(lr=1e-3, lr_warmup_iters=4)
+    a = MegatronLRScheduler(_sgd(), optim, train_iters=20, global_batch_size=G)
+    for _ in range(6):
+        a.step()
+    return optim, a, a.state_dict()
+
+
 def test_resume_at_another_batch_keeps_the_step_of_an_iteration_schedule():
     """Phase 2 of a two-phase run (batch 2G after 6 steps at G): an iteration-based schedule
     (warm-up 4, linear decay over 20 steps) continues at step 6, where the restored sample
     position alone (6 G samples = 3 steps of 2G) would put it back in the warm-up; a schedule
     with a length in samples keeps the sample position."""
-    optim = OptimConfig(lr=1e-3, lr_warmup_iters=4)
-    a = MegatronLRScheduler(_sgd(), optim, train_iters=20, global_batch_size=G)
-    for _ in range(6):
-        a.step()
-    state = a.state_dict()
+    optim, a, state = _six_steps_at_g()
     b = MegatronLRScheduler(_sgd(), optim, train_iters=20, global_batch_size=2 * G)
     b.load_state_dict(state)
     assert b.lr() == pytest.approx(1e-3 * 3 / 4)  # 6 G samples: step 3 of 2G, warming up
@@ -180,7 +186,6 @@ def test_resume_at_another_batch_keeps_the_step_of_an_iteration_schedule():
     assert c.keep_iterations(G, samples) is False and c.num_steps == 6 * G
 
 
-
 def test_a_load_told_the_checkpoints_batch_refreshes_the_lr_once_at_the_moved_step():
     """``--load`` at another global batch (resume.resume): the scheduler told the checkpoint's
     batch before the load restores the position already at the step it reached, so the one lr
@@ -192,11 +197,7 @@ def test_a_load_told_the_checkpoints_batch_refreshes_the_lr_once_at_the_moved_st
 
     from rtd_scale.training.checkpoint.load import refresh_learning_rate
 
-    optim = OptimConfig(lr=1e-3, lr_warmup_iters=4)
-    a = MegatronLRScheduler(_sgd(), optim, train_iters=20, global_batch_size=G)
-    for _ in range(6):
-        a.step()
-    state = a.state_dict()
+    optim, a, state = _six_steps_at_g()
     b = MegatronLRScheduler(_sgd(), optim, train_iters=20, global_batch_size=2 * G)
     b.expect_checkpoint_batch(G, optim)
     b.load_state_dict(state)
