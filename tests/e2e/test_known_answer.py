@@ -151,13 +151,22 @@ def runs(corpus, tmp_path_factory):
     return Runs(corpus, tmp_path_factory.mktemp("known_answer_runs"))
 
 
-@pytest.mark.parametrize("sharing", ["gdes", "es", "nes"])
+# two pytest-xdist groups (tools/run_tests.sh): the GDES run and what is compared with it, and
+# the NES run with the controls, which start together (PAIRS); each worker runs only its own
+GDES_GROUP = pytest.mark.xdist_group("known-answer-gdes")
+NES_GROUP = pytest.mark.xdist_group("known-answer-nes")
+
+
+@pytest.mark.parametrize("sharing", [pytest.param("gdes", marks=GDES_GROUP),
+                                     pytest.param("es", marks=GDES_GROUP),
+                                     pytest.param("nes", marks=NES_GROUP)])
 def test_each_sharing_mode_learns_the_language(runs, sharing):
     got = runs.get(sharing)
     assert got["mlm_loss"] <= got["mlm_bar"], got
     assert got["auc"] >= got["auc_bar"], got
 
 
+@GDES_GROUP
 @pytest.mark.parametrize("name", ["tp2", "pp2"])
 def test_tp2_and_pp2_learn_the_same(runs, name):
     ref = runs.get("gdes")
@@ -176,6 +185,7 @@ def test_tp2_and_pp2_learn_the_same(runs, name):
     assert got["mlm_loss"] == pytest.approx(ref["mlm_loss"], abs=0.2), (got, ref)
 
 
+@NES_GROUP
 @pytest.mark.parametrize("name", ["lambda0", "shuffled"])
 def test_negative_controls_fail_the_auc_bar(runs, name):
     got = runs.get(name)
