@@ -96,15 +96,18 @@ def hf_config(model: ModelConfig, which: str, *, pad_id: int, cls_id: Optional[i
                                         sep_id=sep_id)
 
 
-def _sharing(model: ModelConfig):
-    """(rule, scope, relative) of ``model``'s embedding sharing."""
-    return (sharing_rule(model.sharing), SharingScope(model.sharing_scope),
+def _sharing(model: ModelConfig, scope: Optional[SharingScope] = None):
+    """(rule, scope, relative) of ``model``'s embedding sharing (``scope``: another than its
+    own); relative: positions enter as relative distances, no position table."""
+    return (sharing_rule(model.sharing), SharingScope(scope or model.sharing_scope),
             AttentionType(model.attention_type) is AttentionType.DISENTANGLED)
 
 
-def shared_components(model: ModelConfig) -> tuple[str, ...]:
-    """The embedding components past the token table that the discriminator shares."""
-    rule, scope, relative = _sharing(model)
+def shared_components(model: ModelConfig, scope: Optional[SharingScope] = None
+                      ) -> tuple[str, ...]:
+    """The embedding components past the token table that the discriminator shares (under
+    ``scope``, by default ``model.sharing_scope``)."""
+    rule, scope, relative = _sharing(model, scope)
     return rule.layer_components(scope, relative)
 
 

@@ -30,7 +30,6 @@ from rtd_scale.config import AttentionType, LayerNormPosition, ModelConfig, Shar
 from rtd_scale.hf import adapters, convert
 from rtd_scale.hf.common import (GENERATOR_DIR, RTD_HEAD_FILE, RTD_HEAD_PREFIX, TE_NAMES, Adapter,
                                  HFSource, unfused_names)
-from rtd_scale.model.embeddings import sharing_rule
 
 FLAG = "--pretrained-checkpoint"
 
@@ -121,9 +120,7 @@ def read_pretrained(path: str, model: ModelConfig, *, pad_id: int
                                  "which converts between sharing modes)")
         # a file whose config predates model.sharing_scope shared the token table only
         scope = old.get("sharing_scope", "tokens" if old else model.sharing_scope)
-        rule = sharing_rule(model.sharing)
-        theirs = bool(rule.layer_components(SharingScope(scope),
-                                            att is AttentionType.DISENTANGLED))
+        theirs = bool(convert.shared_components(model, SharingScope(scope)))  # layout: as ours
         if theirs != bool(convert.shared_components(model)):
             scope = "embeddings" if theirs else "tokens"
             raise UserInputError(f"{FLAG} {path}: saved with --sharing-scope {scope}; pass "
