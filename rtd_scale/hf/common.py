@@ -167,6 +167,7 @@ class Adapter:
     renamings. A target module makes one instance, ``ADAPTER``; ``adapters.ADAPTERS`` registers
     it under the (LayerNormPosition, AttentionType) it exports."""
 
+    name: str  # for messages: the family users know ("ELECTRA", "DeBERTaV3")
     model_type: str  # the transformers ``model_type`` an import reads
     attention_words: str  # for messages: "BERT-style" / "disentangled"
     discriminator_class: str
@@ -181,7 +182,7 @@ class Adapter:
     mlm_head_maps: tuple[dict[str, str], ...] = ()
     tied_to_table: tuple[str, ...] = ()  # generator names that hold the token table (decoder)
     tied_to_bias: tuple[str, ...] = ()  # and copies of the MLM bias
-    # unexpected keys a discriminator import leaves aside (heads of another class)
+    # prefixes of unexpected keys a discriminator import leaves aside (heads of another class)
     ignored_heads: tuple[str, ...] = ()
     checks_embedding_size: bool = True  # whether the config holds embedding_size
     slow_tokenizer_file: Optional[str] = None  # SentencePiece model copy for a slow tokenizer

@@ -1,7 +1,6 @@
 """Our canonical state dict ↔ Hugging Face transformers state dicts and configs, through the
-target's adapter (``adapters.adapter_for``: ELECTRA, RoBERTa-PreLayerNorm or DebertaV2, one
-module each) and the sharing mode's rule (``rtd_scale/model/embeddings.py``,
-``SHARING_RULES``).
+target's adapter (``adapters.adapter_for``: one module per target, the table in ``adapters``)
+and the sharing mode's rule (``rtd_scale/model/embeddings.py``, ``SHARING_RULES``).
 
 The canonical state is ``rtd_scale.model.weights.full_state_dict``'s: fp32 tensors, tensor-parallel
 shards gathered, vocabulary padding removed, a layer's index its global number − 1. Its names, for

@@ -40,6 +40,7 @@ def _head(prefix: str, norm: str) -> dict[str, str]:
 
 
 class DebertaV2(Adapter):
+    name = "DeBERTaV3"
     model_type = "deberta-v2"
     attention_words = "disentangled"
     discriminator_class = "DebertaV2Model"

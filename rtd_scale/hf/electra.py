@@ -18,6 +18,7 @@ POSITIONS = [Pair("embeddings.position.weight", "embeddings.position_embeddings.
 
 
 class Electra(Adapter):
+    name = "ELECTRA"
     model_type = "electra"
     attention_words = "BERT-style"
     discriminator_class = "ElectraForPreTraining"

@@ -27,6 +27,7 @@ TOKEN_TYPE = "embeddings.token_type_embeddings.weight"  # one row, zeros out, fo
 
 
 class RobertaPreLayerNorm(Adapter):
+    name = "RoBERTa-PreLayerNorm"
     model_type = "roberta-prelayernorm"
     attention_words = "BERT-style"
     discriminator_class = "RobertaPreLayerNormModel"
@@ -40,6 +41,7 @@ class RobertaPreLayerNorm(Adapter):
     tied_to_table = ("lm_head.decoder.weight",)
     tied_to_bias = ("lm_head.decoder.bias",)
     checks_embedding_size = False  # no embedding_size: E = H
+    ignored_heads = ("pooler.",)  # RobertaPreLayerNormModel's pooler, which the export drops
 
     def check_exportable(self, model):
         for name in ("discriminator", "generator"):
