@@ -112,9 +112,10 @@ def prepare(cfg: RunConfig, world_size: int, print_fn=None) -> Prepared:
         convert.check_exportable(cfg.model)
         hf_export.check_output_dir(cfg.train.export_hf, "--export-hf")
     if cfg.train.pretrained_checkpoint and not os.path.exists(cfg.train.pretrained_checkpoint):
+        from rtd_scale.hf.adapters import import_sources
+
         raise UserInputError(f"--pretrained-checkpoint {cfg.train.pretrained_checkpoint}: no such "
-                             "file or directory; pass an export directory, a Hugging Face "
-                             "ELECTRA directory or an --export .pt file")
+                             f"file or directory; pass {import_sources()}")
     if cfg.train.save:
         save = cfg.train.save
         if os.path.exists(save) and not os.path.isdir(save):

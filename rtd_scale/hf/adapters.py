@@ -46,3 +46,11 @@ def adapter_for(model: ModelConfig) -> Adapter:
 def key_for_model_type(model_type: str) -> tuple[LayerNormPosition, AttentionType] | None:
     """The layout whose target reads checkpoints of transformers ``model_type`` (None: none)."""
     return next((k for k, a in ADAPTERS.items() if a.model_type == model_type), None)
+
+
+def import_sources() -> str:
+    """For messages: what ``--pretrained-checkpoint`` reads, every registered target named."""
+    names = [f"{a.name} ({a.model_type})" for a in ADAPTERS.values()]
+    listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+    return (f"an export directory, a Hugging Face {listed} directory or an --export .pt "
+            "file")

@@ -3,15 +3,17 @@ TransformerEngine renamings, the encoder's tensor walk, the RTD head's names, th
 common to all targets, and ``Adapter``, the one interface a target module (``electra.py``,
 ``roberta_preln.py``, ``debertav2.py``) fills in. ``convert.py`` drives an adapter both ways.
 
-A target states each name map once, ours → Hugging Face's; import reads the same map the
-other way (``encoder_from_hf``, ``convert.from_hf``). Names: ours relative to an encoder (``generator.`` / ``discriminator.`` stripped),
-Hugging Face's relative to the class's base model (``Adapter.discriminator_base`` /
-``generator_base`` stripped), heads relative to the class.
+A target states each name once, as a ``Pair`` (ours, Hugging Face's) or a head map (ours →
+Hugging Face's); export reads the pairs one way, import the other (``encoder_to_hf`` /
+``encoder_from_hf``, ``convert.to_hf`` / ``convert.from_hf``). Names: ours relative to an
+encoder (``generator.`` / ``discriminator.`` stripped), Hugging Face's relative to the class's
+base model (``Adapter.discriminator_base`` / ``generator_base`` stripped), heads relative to the
+class.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 
@@ -56,9 +58,46 @@ class HFSource:
     where: str = ""  # for messages: the directory it came from
 
 
-def wb(ours: str, theirs: str) -> list[tuple[str, str]]:
+class Pair(NamedTuple):
+    """One tensor of an encoder under both names: ``ours`` is ``theirs``, or a block of its
+    rows, from row ``pad_id + 1`` when ``after_pad`` (RoBERTa's positions) else 0, ``rows`` of
+    them (None: to the end). Export writes ours there in a zero table that many rows longer;
+    import reads the block back and notes the rows past it that it drops (``dropped``: what
+    they are, why)."""
+
+    ours: str
+    theirs: str
+    after_pad: bool = False
+    rows: Optional[int] = None
+    dropped: tuple[str, str] = ("", "")
+
+    def to_hf(self, ours: torch.Tensor, pad_id: int) -> torch.Tensor:
+        if not self.after_pad:
+            return ours
+        theirs = ours.new_zeros(pad_id + 1 + ours.shape[0], *ours.shape[1:])
+        theirs[pad_id + 1:] = ours
+        return theirs
+
+    def from_hf(self, theirs: torch.Tensor, pad_id: int, which: str,
+                notes: list[str]) -> torch.Tensor:
+        first = pad_id + 1 if self.after_pad else 0
+        end = theirs.shape[0] if self.rows is None else first + self.rows
+        if end < theirs.shape[0]:
+            what, why = self.dropped
+            notes.append(f"the {which}'s {what} rows {end}…{theirs.shape[0] - 1} are dropped "
+                         f"({why})")
+        return theirs[first:end]
+
+
+def wb(ours: str, theirs: str) -> list[Pair]:
     """The (weight, bias) pairs of one module."""
-    return [(f"{ours}.weight", f"{theirs}.weight"), (f"{ours}.bias", f"{theirs}.bias")]
+    return [Pair(f"{ours}.weight", f"{theirs}.weight"), Pair(f"{ours}.bias", f"{theirs}.bias")]
+
+
+# every target's token table, and its fused QKV (``qkv_parts``: one of ours, three of theirs)
+WORD_TABLE = Pair("embeddings.table.weight", "embeddings.word_embeddings.weight")
+OUR_QKV = "block.layers.{i}.self_attention.linear_qkv.{leaf}"
+THEIR_QKV = "encoder.layer.{i}.attention.self.{part}.{leaf}"
 
 
 # (our name under ``block.layers.{i}.``, Hugging Face's under ``encoder.layer.{i}.``): BERT's
@@ -70,7 +109,7 @@ POST_LN_NORMS = [("post_self_attn_layernorm", "attention.output.LayerNorm"),
                  ("post_mlp_layernorm", "output.LayerNorm")]
 
 
-def layer_pairs(num_layers: int, norms: list[tuple[str, str]]) -> list[tuple[str, str]]:
+def layer_pairs(num_layers: int, norms: list[tuple[str, str]]) -> list[Pair]:
     """The 1:1 pairs of every layer's linears and ``norms`` (all but the fused QKV)."""
     return [pair for i in range(num_layers) for ours, theirs in LAYER_LINEARS + norms
             for pair in wb(f"block.layers.{i}.{ours}", f"encoder.layer.{i}.{theirs}")]
@@ -128,6 +167,7 @@ class Adapter:
     renamings. A target module makes one instance, ``ADAPTER``; ``adapters.ADAPTERS`` registers
     it under the (LayerNormPosition, AttentionType) it exports."""
 
+    name: str  # for messages: the family users know ("ELECTRA", "DeBERTaV3")
     model_type: str  # the transformers ``model_type`` an import reads
     attention_words: str  # for messages: "BERT-style" / "disentangled"
     discriminator_class: str
@@ -136,13 +176,13 @@ class Adapter:
     generator_base: str
     rtd_head_in_model: bool = False  # ELECTRA: in the class; else RTD_HEAD_FILE beside it
     model_kwargs: dict[str, Any] = {}  # the discriminator class's, to build and load it
-    qkv_names: tuple[str, str, str] = ("query", "key", "value")  # attention.self.<name>
+    qkv_parts: tuple[str, str, str] = ("query", "key", "value")  # THEIR_QKV's ``part``
     # ours (under ``mlm_head.``) → theirs (the generator class's); the first map is the
     # export's, the others are read too (import takes the first whose bias is there)
     mlm_head_maps: tuple[dict[str, str], ...] = ()
     tied_to_table: tuple[str, ...] = ()  # generator names that hold the token table (decoder)
     tied_to_bias: tuple[str, ...] = ()  # and copies of the MLM bias
-    # unexpected keys a discriminator import leaves aside (heads of another class)
+    # prefixes of unexpected keys a discriminator import leaves aside (heads of another class)
     ignored_heads: tuple[str, ...] = ()
     checks_embedding_size: bool = True  # whether the config holds embedding_size
     slow_tokenizer_file: Optional[str] = None  # SentencePiece model copy for a slow tokenizer
@@ -154,7 +194,6 @@ class Adapter:
     def base_of(self, which: str) -> str:
         return self.discriminator_base if which == "discriminator" else self.generator_base
 
-    # -- export side -------------------------------------------------------------------------
     def check_exportable(self, model: ModelConfig) -> None:
         """Refuse a model this target cannot hold (one line: ``ExportError``)."""
 
@@ -162,43 +201,42 @@ class Adapter:
                   cls_id: Optional[int], sep_id: Optional[int]):
         raise NotImplementedError
 
-    def encoder_pairs(self, num_layers: int, projected: bool) -> list[tuple[str, str]]:
-        """Every 1:1 tensor pair of one encoder but its token table, positions and fused QKV."""
+    def encoder_pairs(self, num_layers: int, projected: bool) -> list[Pair]:
+        """Every tensor of one encoder but its token table and fused QKV, each once: export
+        reads the pairs ours → theirs, import theirs → ours. ``projected`` (E ≠ H) adds the
+        embedding projection's, whose presence an import reads."""
         raise NotImplementedError
 
-    def projection_names(self) -> tuple[str, ...]:
-        """Hugging Face's names of the embedding projection (E ≠ H), whose presence an import
-        reads; () when the target has none."""
-        return ()
+    def extra_to_hf(self, hf: dict[str, torch.Tensor]) -> None:
+        """Add the tensors the class has and our encoders lack (``hf``: one encoder's, under
+        Hugging Face's names); import folds them into ours with ``extra_from_hf``."""
 
-    def positions_to_hf(self, take: Callable[[str], torch.Tensor], pad_id: int
-                        ) -> dict[str, torch.Tensor]:
-        """Hugging Face's position (and token-type) tensors from ours (``take`` reads a name
-        relative to the encoder); the inverse is ``positions_from_hf``."""
-        return {}
+    def extra_from_hf(self, theirs: dict[str, torch.Tensor], ours: dict[str, torch.Tensor],
+                      which: str, notes: list[str]) -> None:
+        """Fold into ``ours`` (read through ``encoder_pairs``) what ``extra_to_hf`` writes."""
 
-    def positions_from_hf(self, s: dict[str, torch.Tensor], pad_id: int, which: str,
-                          notes: list[str]) -> dict[str, torch.Tensor]:
-        return {}
-
-    # -- import side -------------------------------------------------------------------------
     def check_source(self, src: HFSource, model: ModelConfig, where: str) -> None:
         """Refuse a config whose computation is not ours (``where``: "FLAG PATH: the X's")."""
+
+
+def projection_of(adapter: Adapter, num_layers: int) -> set[str]:
+    """Hugging Face's names of the embedding projection: the pairs ``projected`` adds."""
+    plain = {p.theirs for p in adapter.encoder_pairs(num_layers, False)}
+    return {p.theirs for p in adapter.encoder_pairs(num_layers, True)} - plain
 
 
 def encoder_to_hf(adapter: Adapter, take: Callable[[str], torch.Tensor], enc: EncoderConfig,
                   projected: bool, pad_id: int) -> dict[str, torch.Tensor]:
     """One encoder's tensors under the target's base-model names (``take``: ours, relative to
-    the encoder; its token table at ``embeddings.table.weight`` is the effective one)."""
-    out = {theirs: take(ours) for ours, theirs in adapter.encoder_pairs(enc.num_layers, projected)}
-    out["embeddings.word_embeddings.weight"] = take("embeddings.table.weight")
-    out.update(adapter.positions_to_hf(take, pad_id))
+    the encoder; its token table at ``WORD_TABLE.ours`` is the effective one)."""
+    out = {p.theirs: p.to_hf(take(p.ours), pad_id)
+           for p in adapter.encoder_pairs(enc.num_layers, projected) + [WORD_TABLE]}
+    adapter.extra_to_hf(out)
     for i in range(enc.num_layers):
         for leaf in ("weight", "bias"):
-            qkv = split_qkv(take(f"block.layers.{i}.self_attention.linear_qkv.{leaf}"),
-                            enc.num_attention_heads)
-            for part, t in zip(adapter.qkv_names, qkv):
-                out[f"encoder.layer.{i}.attention.self.{part}.{leaf}"] = t
+            qkv = split_qkv(take(OUR_QKV.format(i=i, leaf=leaf)), enc.num_attention_heads)
+            for part, t in zip(adapter.qkv_parts, qkv):
+                out[THEIR_QKV.format(i=i, part=part, leaf=leaf)] = t
     return out
 
 
@@ -208,16 +246,17 @@ def encoder_from_hf(adapter: Adapter, src: HFSource, base: str, which: str, mode
     token table the effective one (padding rows past the tokenizer's ids dropped)."""
     s = {k[len(base):]: v for k, v in src.state.items() if k.startswith(base)}
     layers, heads = src.config.num_hidden_layers, src.config.num_attention_heads
-    names = adapter.projection_names()
-    projected = bool(names) and all(n in s for n in names)
-    out = {ours: s[theirs] for ours, theirs in adapter.encoder_pairs(layers, projected)}
-    out["embeddings.table.weight"] = s["embeddings.word_embeddings.weight"][:model.vocab_size]
-    out.update(adapter.positions_from_hf(s, pad_id, which, notes))
+    projection = projection_of(adapter, layers)
+    projected = bool(projection) and projection <= s.keys()
+    out = {p.ours: p.from_hf(s[p.theirs], pad_id, which, notes)
+           for p in adapter.encoder_pairs(layers, projected)}
+    out[WORD_TABLE.ours] = s[WORD_TABLE.theirs][:model.vocab_size]
+    adapter.extra_from_hf(s, out, which, notes)
     for i in range(layers):
         for leaf in ("weight", "bias"):
-            q, k, v = (s[f"encoder.layer.{i}.attention.self.{p}.{leaf}"]
-                       for p in adapter.qkv_names)
-            out[f"block.layers.{i}.self_attention.linear_qkv.{leaf}"] = fuse_qkv(q, k, v, heads)
+            q, k, v = (s[THEIR_QKV.format(i=i, part=part, leaf=leaf)]
+                       for part in adapter.qkv_parts)
+            out[OUR_QKV.format(i=i, leaf=leaf)] = fuse_qkv(q, k, v, heads)
     return {f"{which}.{k}": v for k, v in out.items()}
 
 

@@ -1,7 +1,6 @@
 """Our canonical state dict ↔ Hugging Face transformers state dicts and configs, through the
-target's adapter (``adapters.adapter_for``: ELECTRA, RoBERTa-PreLayerNorm or DebertaV2, one
-module each) and the sharing mode's rule (``rtd_scale/model/embeddings.py``,
-``SHARING_RULES``).
+target's adapter (``adapters.adapter_for``: one module per target, the table in ``adapters``)
+and the sharing mode's rule (``rtd_scale/model/embeddings.py``, ``SHARING_RULES``).
 
 The canonical state is ``rtd_scale.model.weights.full_state_dict``'s: fp32 tensors, tensor-parallel
 shards gathered, vocabulary padding removed, a layer's index its global number − 1. Its names, for
@@ -96,15 +95,18 @@ def hf_config(model: ModelConfig, which: str, *, pad_id: int, cls_id: Optional[i
                                         sep_id=sep_id)
 
 
-def _sharing(model: ModelConfig):
-    """(rule, scope, relative) of ``model``'s embedding sharing."""
-    return (sharing_rule(model.sharing), SharingScope(model.sharing_scope),
+def _sharing(model: ModelConfig, scope: Optional[SharingScope] = None):
+    """(rule, scope, relative) of ``model``'s embedding sharing (``scope``: another than its
+    own); relative: positions enter as relative distances, no position table."""
+    return (sharing_rule(model.sharing), SharingScope(scope or model.sharing_scope),
             AttentionType(model.attention_type) is AttentionType.DISENTANGLED)
 
 
-def shared_components(model: ModelConfig) -> tuple[str, ...]:
-    """The embedding components past the token table that the discriminator shares."""
-    rule, scope, relative = _sharing(model)
+def shared_components(model: ModelConfig, scope: Optional[SharingScope] = None
+                      ) -> tuple[str, ...]:
+    """The embedding components past the token table that the discriminator shares (under
+    ``scope``, by default ``model.sharing_scope``)."""
+    rule, scope, relative = _sharing(model, scope)
     return rule.layer_components(scope, relative)
 
 

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from rtd_scale.cli_errors import UserInputError
 from rtd_scale.config import ModelConfig
-from rtd_scale.hf.common import POST_LN_NORMS, Adapter, base_config_kwargs, layer_pairs, wb
+from rtd_scale.hf.common import (POST_LN_NORMS, Adapter, Pair, base_config_kwargs, layer_pairs,
+                                 wb)
 
 
 def relative_positions(model: ModelConfig) -> tuple[int, int]:
@@ -39,13 +40,14 @@ def _head(prefix: str, norm: str) -> dict[str, str]:
 
 
 class DebertaV2(Adapter):
+    name = "DeBERTaV3"
     model_type = "deberta-v2"
     attention_words = "disentangled"
     discriminator_class = "DebertaV2Model"
     generator_class = "DebertaV2ForMaskedLM"
     discriminator_base = ""
     generator_base = "deberta."
-    qkv_names = ("query_proj", "key_proj", "value_proj")
+    qkv_parts = ("query_proj", "key_proj", "value_proj")
     mlm_head_maps = (
         # DebertaV2ForMaskedLM's legacy head: transform, tied decoder (the export's)
         {**_head("cls.predictions.transform", "LayerNorm"), "bias": "cls.predictions.bias"},
@@ -79,13 +81,10 @@ class DebertaV2(Adapter):
     def encoder_pairs(self, num_layers, projected):
         pairs = wb("embeddings.norm", "embeddings.LayerNorm")
         if projected:  # DebertaV2Embeddings.embed_proj: E → H before the LayerNorm, no bias
-            pairs.append(("embeddings.projection.weight", "embeddings.embed_proj.weight"))
-        pairs.append(("rel_embeddings.weight", "encoder.rel_embeddings.weight"))
+            pairs.append(Pair("embeddings.projection.weight", "embeddings.embed_proj.weight"))
+        pairs.append(Pair("rel_embeddings.weight", "encoder.rel_embeddings.weight"))
         pairs += wb("rel_embeddings_norm", "encoder.LayerNorm")
         return pairs + layer_pairs(num_layers, POST_LN_NORMS)
-
-    def projection_names(self):
-        return ("embeddings.embed_proj.weight",)
 
     def check_source(self, src, model, where):
         """Refuse a DebertaV2 config whose attention is not DeBERTaV3's (the one rtd_scale's

@@ -9,10 +9,16 @@ LayerNorm) + ``generator_lm_head`` tied to the table, with bias.
 """
 from __future__ import annotations
 
-from rtd_scale.hf.common import POST_LN_NORMS, Adapter, base_config_kwargs, layer_pairs, wb
+from rtd_scale.hf.common import POST_LN_NORMS, Adapter, Pair, base_config_kwargs, layer_pairs, wb
+
+# positions 0…s−1 as ours; our one token-type row is ELECTRA's row 0
+POSITIONS = [Pair("embeddings.position.weight", "embeddings.position_embeddings.weight"),
+             Pair("embeddings.token_type.weight", "embeddings.token_type_embeddings.weight",
+                  rows=1, dropped=("token-type", "rtd_scale's encoders have one token type"))]
 
 
 class Electra(Adapter):
+    name = "ELECTRA"
     model_type = "electra"
     attention_words = "BERT-style"
     discriminator_class = "ElectraForPreTraining"
@@ -35,25 +41,10 @@ class Electra(Adapter):
                                                   architecture=self.class_of(which)))
 
     def encoder_pairs(self, num_layers, projected):
-        pairs = wb("embeddings.norm", "embeddings.LayerNorm")
+        pairs = wb("embeddings.norm", "embeddings.LayerNorm") + POSITIONS
         if projected:
             pairs += wb("embeddings.projection", "embeddings_project")
         return pairs + layer_pairs(num_layers, POST_LN_NORMS)
-
-    def projection_names(self):
-        return ("embeddings_project.weight",)
-
-    def positions_to_hf(self, take, pad_id):
-        return {"embeddings.position_embeddings.weight": take("embeddings.position.weight"),
-                "embeddings.token_type_embeddings.weight": take("embeddings.token_type.weight")}
-
-    def positions_from_hf(self, s, pad_id, which, notes):
-        token_type = s["embeddings.token_type_embeddings.weight"]
-        if token_type.shape[0] > 1:
-            notes.append(f"the {which}'s token-type rows 1…{token_type.shape[0] - 1} are dropped "
-                         "(rtd_scale's encoders have one token type)")
-        return {"embeddings.position.weight": s["embeddings.position_embeddings.weight"],
-                "embeddings.token_type.weight": token_type[:1]}
 
 
 ADAPTER = Electra()

@@ -13,11 +13,11 @@ pipeline from the vocabulary instead (``BertTokenizer``/``ElectraTokenizerFast``
 a pair's second text), which no longer encodes like the pipeline. A SentencePiece tokenizer of
 the disentangled-attention layout is also copied as ``spm.model``, the file transformers'
 slow ``DebertaV2Tokenizer`` reads. Every file gets the mode a plain write gives under the
-umask (safetensors writes 0600), so other users of a shared file system can read the export. Pre-LayerNorm layout and disentangled
-attention: ``DIR/rtd_head.safetensors`` holds the RTD head under ELECTRA's names
-(``discriminator_predictions.{dense,dense_prediction}.{weight,bias}``), because
-``RobertaPreLayerNormModel`` and ``DebertaV2Model`` have no such head. ``DIR/rtd_scale.json``
-records the rtd_scale model config the export came from.
+umask (safetensors writes 0600), so other users of a shared file system can read the export.
+A target whose discriminator class has no RTD head (``Adapter.rtd_head_in_model`` false:
+``RobertaPreLayerNormModel``, ``DebertaV2Model``) gets ``DIR/rtd_head.safetensors``, the head
+under ELECTRA's names (``discriminator_predictions.{dense,dense_prediction}.{weight,bias}``).
+``DIR/rtd_scale.json`` records the rtd_scale model config the export came from.
 
 The directory is written under a temporary name beside ``DIR`` and renamed into place; an existing
 ``DIR`` is replaced only when it is itself an export (it has ``config.json``), and only after the

@@ -3,13 +3,13 @@
 PATH may be
 - an export directory (``tools/export_hf.py`` or ``--export-hf``): the discriminator at PATH, the
   generator at PATH/generator, for the pre layout the RTD head in PATH/rtd_head.safetensors;
-- a Hugging Face ELECTRA directory: ``ElectraForPreTraining`` (or ``ElectraModel``: the RTD head
-  then starts fresh), with or without an ``ElectraForMaskedLM`` in PATH/generator — without it
-  the generator starts fresh, and under ES and GDES its table starts as the discriminator's;
-- a Hugging Face DeBERTaV3 directory (``model_type`` deberta-v2, ``--attention-type
-  disentangled``): any ``DebertaV2Model`` / ``DebertaV2For…`` checkpoint for the discriminator
-  (its heads are left aside; an RTD head only from PATH/rtd_head.safetensors), a
-  ``DebertaV2ForMaskedLM`` (either MLM head layout) in PATH/generator, as for ELECTRA;
+- a Hugging Face directory of a ``model_type`` a registered target reads (``adapters``:
+  ELECTRA, RoBERTa-PreLayerNorm, DeBERTaV3): the target's discriminator class at PATH
+  (``ElectraForPreTraining``, ``RobertaPreLayerNormModel``, ``DebertaV2Model``; heads of other
+  classes, ``Adapter.ignored_heads``, left aside; the RTD head from the class or
+  PATH/rtd_head.safetensors, else fresh), with or without its generator class in PATH/generator
+  (DeBERTa: either MLM head layout) — without it the generator starts fresh, and under ES and
+  GDES its table starts as the discriminator's;
 - an ``--export`` .pt file (``{"config", "model"}``, our canonical state).
 
 The weights go into the model before ``deepspeed.initialize`` (every rank reads PATH and keeps its
@@ -30,7 +30,6 @@ from rtd_scale.config import AttentionType, LayerNormPosition, ModelConfig, Shar
 from rtd_scale.hf import adapters, convert
 from rtd_scale.hf.common import (GENERATOR_DIR, RTD_HEAD_FILE, RTD_HEAD_PREFIX, TE_NAMES, Adapter,
                                  HFSource, unfused_names)
-from rtd_scale.model.embeddings import sharing_rule
 
 FLAG = "--pretrained-checkpoint"
 
@@ -43,10 +42,8 @@ def _hf_adapter(model_type: str, path: str, model: ModelConfig) -> Adapter:
     """
     theirs = adapters.key_for_model_type(model_type)
     if theirs is None:
-        raise UserInputError(
-            f"{FLAG} {path}: model_type {model_type!r}; rtd_scale imports ELECTRA (post-LayerNorm), "
-            "RoBERTa-PreLayerNorm (pre-LayerNorm) and DeBERTaV3 (deberta-v2) checkpoints, its "
-            "own exports and --export .pt files")
+        raise UserInputError(f"{FLAG} {path}: model_type {model_type!r}; pass "
+                             f"{adapters.import_sources()}")
     (layout, attention), (want_layout, want_attention) = theirs, adapters.key_of(model)
     adapter = adapters.ADAPTERS[theirs]
     if attention is not want_attention:
@@ -64,8 +61,7 @@ def _load_hf(cls_name: str, path: str, fresh_ok: tuple[str, ...] = (),
              ignored: tuple[str, ...] = (), **kwargs) -> HFSource:
     """A transformers model's state dict through ``from_pretrained`` (any file format it reads),
     refusing missing tensors other than ``fresh_ok`` prefixes and unexpected ones other than
-    RoBERTa's untrained pooler and the ``ignored`` prefixes (``Adapter.ignored_heads``: for
-    ``DebertaV2Model``, the heads of a DebertaV2For…)."""
+    the ``ignored`` prefixes (``Adapter.ignored_heads``: heads of another class)."""
     import transformers
 
     try:
@@ -75,8 +71,7 @@ def _load_hf(cls_name: str, path: str, fresh_ok: tuple[str, ...] = (),
         raise UserInputError(f"{FLAG} {path}: transformers cannot load it as {cls_name} "
                              f"({str(e).splitlines()[0]})") from None
     missing = [k for k in info["missing_keys"] if not k.startswith(fresh_ok)]
-    unexpected = [k for k in info["unexpected_keys"]
-                  if ".pooler." not in f".{k}" and not k.startswith(ignored)]
+    unexpected = [k for k in info["unexpected_keys"] if not k.startswith(ignored)]
     bad = info.get("mismatched_keys") or []
     if missing or unexpected or bad:
         what = (f"missing {missing[0]}" if missing else
@@ -121,9 +116,7 @@ def read_pretrained(path: str, model: ModelConfig, *, pad_id: int
                                  "which converts between sharing modes)")
         # a file whose config predates model.sharing_scope shared the token table only
         scope = old.get("sharing_scope", "tokens" if old else model.sharing_scope)
-        rule = sharing_rule(model.sharing)
-        theirs = bool(rule.layer_components(SharingScope(scope),
-                                            att is AttentionType.DISENTANGLED))
+        theirs = bool(convert.shared_components(model, SharingScope(scope)))  # layout: as ours
         if theirs != bool(convert.shared_components(model)):
             scope = "embeddings" if theirs else "tokens"
             raise UserInputError(f"{FLAG} {path}: saved with --sharing-scope {scope}; pass "
@@ -136,8 +129,8 @@ def read_pretrained(path: str, model: ModelConfig, *, pad_id: int
     if not os.path.isfile(config_path):
         hint = (" (a run directory: export it first with tools/export_hf.py --load "
                 f"{path} --output DIR)" if os.path.isfile(os.path.join(path, "latest")) else "")
-        raise UserInputError(f"{FLAG} {path}: no config.json{hint}; pass an export directory, "
-                             "a Hugging Face ELECTRA / DeBERTaV3 directory or an --export .pt file")
+        raise UserInputError(f"{FLAG} {path}: no config.json{hint}; pass "
+                             f"{adapters.import_sources()}")
     import json
 
     with open(config_path, encoding="utf-8") as f:

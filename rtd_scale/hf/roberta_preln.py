@@ -16,13 +16,18 @@ decoder tied, ``bias``).
 """
 from __future__ import annotations
 
-from rtd_scale.hf.common import Adapter, ExportError, base_config_kwargs, layer_pairs, wb
+from rtd_scale.hf.common import Adapter, ExportError, Pair, base_config_kwargs, layer_pairs, wb
 
 PRE_LN_NORMS = [("input_layernorm", "attention.LayerNorm"),
                 ("pre_mlp_layernorm", "intermediate.LayerNorm")]
+# our position row i at row pad_id + 1 + i
+POSITIONS = Pair("embeddings.position.weight", "embeddings.position_embeddings.weight",
+                 after_pad=True)
+TOKEN_TYPE = "embeddings.token_type_embeddings.weight"  # one row, zeros out, folded in
 
 
 class RobertaPreLayerNorm(Adapter):
+    name = "RoBERTa-PreLayerNorm"
     model_type = "roberta-prelayernorm"
     attention_words = "BERT-style"
     discriminator_class = "RobertaPreLayerNormModel"
@@ -36,6 +41,7 @@ class RobertaPreLayerNorm(Adapter):
     tied_to_table = ("lm_head.decoder.weight",)
     tied_to_bias = ("lm_head.decoder.bias",)
     checks_embedding_size = False  # no embedding_size: E = H
+    ignored_heads = ("pooler.",)  # RobertaPreLayerNormModel's pooler, which the export drops
 
     def check_exportable(self, model):
         for name in ("discriminator", "generator"):
@@ -58,25 +64,19 @@ class RobertaPreLayerNorm(Adapter):
                                  architecture=self.class_of(which)))
 
     def encoder_pairs(self, num_layers, projected):
-        assert not projected, "RobertaPreLayerNorm has no embedding projection"
-        return (wb("embeddings.norm", "embeddings.LayerNorm")
+        # no embedding projection: check_exportable refuses E ≠ H
+        return (wb("embeddings.norm", "embeddings.LayerNorm") + [POSITIONS]
                 + layer_pairs(num_layers, PRE_LN_NORMS) + wb("block.final_layernorm", "LayerNorm"))
 
-    def positions_to_hf(self, take, pad_id):
-        position = take("embeddings.position.weight")  # [P, E]
-        shifted = position.new_zeros(position.shape[0] + pad_id + 1, position.shape[1])
-        shifted[pad_id + 1:] = position
-        return {"embeddings.position_embeddings.weight": shifted,
-                "embeddings.token_type_embeddings.weight": position.new_zeros(
-                    1, position.shape[1])}
+    def extra_to_hf(self, hf):
+        position = hf[POSITIONS.theirs]  # [P + pad_id + 1, E]
+        hf[TOKEN_TYPE] = position.new_zeros(1, position.shape[1])
 
-    def positions_from_hf(self, s, pad_id, which, notes):
-        position = s["embeddings.position_embeddings.weight"][pad_id + 1:]
-        token_type = s["embeddings.token_type_embeddings.weight"]
+    def extra_from_hf(self, theirs, ours, which, notes):
+        token_type = theirs[TOKEN_TYPE]
         if bool(token_type[0].ne(0).any()):  # fold the type-0 row into every position
-            position = position + token_type[0]
+            ours[POSITIONS.ours] = ours[POSITIONS.ours] + token_type[0]
             notes.append(f"the {which}'s token-type row 0 is folded into its position table")
-        return {"embeddings.position.weight": position}
 
 
 ADAPTER = RobertaPreLayerNorm()

@@ -327,3 +327,29 @@ def test_released_electra_layout_loads_with_notes(single_process_group, tok, tmp
     assert ("note: the discriminator's token-type rows 1…1 are dropped (rtd_scale's encoders "
             "have one token type)") in lines
     assert "note: no generator/ beside the discriminator: the generator starts fresh" in lines
+
+
+def test_foreign_roberta_preln_folds_its_token_type_and_leaves_its_pooler(
+        single_process_group, tok, tmp_path):
+    """A RobertaPreLayerNormModel saved with its pooler and a non-zero token-type row: the
+    pooler is left aside, the row is folded into every position (one note), and positions are
+    read from row pad_id + 1 on (RoBERTa's offset)."""
+    import transformers
+
+    cfg = tiny_config(PRE, Sharing.NES, False, tok.vocab_size)
+    torch.manual_seed(0)
+    src = transformers.RobertaPreLayerNormModel(
+        convert.hf_config(cfg.model, "discriminator", pad_id=tok.pad_id))
+    for p in src.parameters():
+        p.data.add_(torch.randn_like(p) * 0.05)
+    assert src.pooler is not None
+    src.save_pretrained(tmp_path / "hf")
+    model = build_model(cfg, single_process_group, tok)
+    lines = []
+    load_pretrained(model, str(tmp_path / "hf"), cfg.model, pad_id=tok.pad_id,
+                    tp_group=single_process_group.tp_group, tp_rank=0, print_fn=lines.append)
+    want = (src.embeddings.position_embeddings.weight[tok.pad_id + 1:]
+            + src.embeddings.token_type_embeddings.weight[0])
+    assert torch.equal(model.discriminator.embeddings.position.weight, want)
+    assert ("note: the discriminator's token-type row 0 is folded into its position table"
+            in lines)
