@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 
 import pytest
 
+from bench import pos_probe, sharing_ablation
 from tests.helpers.env import REPO
-
-sys.path.insert(0, str(REPO / "bench"))
-import pos_probe  # noqa: E402
-import sharing_ablation  # noqa: E402
 
 POS_SAMPLE = REPO / "tests" / "data" / "pos_sample"
 
