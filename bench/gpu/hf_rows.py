@@ -14,8 +14,9 @@ from bench.gpu.workloads import Settings
 def hf_rtd_step(cfg, arch: Literal["electra", "deberta-v2"], s: Settings,
                 compile_backend: Optional[str]) -> tuple[Stepper, str]:
     """The RTD step as a transformers user writes it: ``common.hf_electra`` (generator
-    ``ElectraForMaskedLM``, discriminator ``ElectraForPreTraining`` sharing its token table) or
-    ``common.hf_deberta`` (DebertaV2, GDES as ``E_G.detach() + E_Δ`` fed as ``inputs_embeds``),
+    ``ElectraForMaskedLM``, discriminator ``ElectraForPreTraining``) or ``common.hf_deberta``
+    (DebertaV2), their embeddings tied as the workload's sharing mode ties rtd_scale's (ES: the
+    generator's modules; GDES: ``E_G.detach() + E_Δ``; ``common.share_hf_embeddings``),
     ``common.hf_rtd_forward``'s masking with ``torch.bernoulli`` and ``torch.multinomial`` from
     the softmax at masked positions, L = L_MLM + 50 · L_RTD, bf16 autocast, fused AdamW.
     ``compile_backend``: both models under ``torch.compile``."""
