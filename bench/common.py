@@ -383,7 +383,12 @@ def hf_rtd_forward(cfg, device: torch.device, gen: torch.nn.Module,
     masked slots, replacements at the masked rows from the full vocabulary — ``sample``
     "gumbel": Gumbel-max (``argmax(logits - log(-log(torch.rand)))``), "multinomial":
     ``torch.multinomial`` of the softmax — and ``L_MLM + 50 · L_RTD`` under ``autocast()``.
-    ``forward(i)`` returns that loss on ``host_batches(cfg)[i % 4]``."""
+    ``forward(i)`` returns that loss on ``host_batches(cfg)[i % 4]``.
+
+    Raises:
+        ValueError: ``sample`` is neither."""
+    if sample not in ("gumbel", "multinomial"):
+        raise ValueError(f"sample {sample!r}: choose 'gumbel' or 'multinomial'")
     batches = host_batches(cfg)
     mask_prob, mask_token_prob = cfg.rtd.mask_prob, cfg.rtd.mask_token_prob
 

@@ -160,10 +160,15 @@ def _manifest(export_dir: Path) -> dict:
 def load_encoder(export_dir: Path, kind: str, seed: int = 0):
     """The bare encoder (a transformers base model returning ``last_hidden_state`` [b, s, H]) of
     an export: ``discriminator``, ``generator`` (its ``generator/`` directory) or ``random`` (the
-    discriminator's config, freshly initialised with torch seed ``seed``)."""
+    discriminator's config, freshly initialised with torch seed ``seed``).
+
+    Raises:
+        ValueError: ``kind`` is none of ``KINDS``."""
     import torch
     from transformers import AutoConfig, AutoModel
 
+    if kind not in KINDS:
+        raise ValueError(f"kind {kind!r}: choose one of {', '.join(KINDS)}")
     export_dir = Path(export_dir)
     where = export_dir / _manifest(export_dir).get("generator_dir", "generator") \
         if kind == "generator" else export_dir

@@ -80,3 +80,8 @@ def test_last_validation_reads_the_last_line(tmp_path):
     assert sharing_ablation.last_validation(log) == {"step": 400, "mlm": 6.5, "rtd": 0.39,
                                                      "auc": 0.8125}
     assert sharing_ablation.last_validation(tmp_path / "none.log") == {}
+
+
+def test_an_unknown_encoder_kind_is_an_error(tmp_path):
+    with pytest.raises(ValueError, match="kind 'teacher': choose one of discriminator, random"):
+        pos_probe.load_encoder(tmp_path, "teacher")

@@ -140,3 +140,12 @@ def test_the_sync_census_counts_device_waits_not_the_data_wait_host_work():
                  for _ in range(n))
     assert ops == ["aten::_local_scalar_dense", "aten::_local_scalar_dense", "aten::index"], ops
     assert res["sync_ops"] == 3
+
+
+def test_an_unknown_mode_of_a_row_is_an_error_not_another_row():
+    from bench.gpu import hf_rows, rtd_rows
+
+    with pytest.raises(ValueError, match="arch 'bert': choose one of electra, deberta-v2"):
+        hf_rows.hf_rtd_step(None, "bert", _tiny_settings(), None)
+    with pytest.raises(ValueError, match="impl 'stack-hf': choose"):
+        rtd_rows.stack_mcore_step("stack-hf", workloads.stack_shape(True), _tiny_settings())

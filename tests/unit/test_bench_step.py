@@ -131,3 +131,13 @@ def test_a_tie_the_hf_reference_cannot_write_is_an_error(monkeypatch):
     cfg.validate()
     with pytest.raises(ValueError, match="model.sharing nes: .* cannot tie table by Halved"):
         common.hf_electra(cfg, torch.device("cpu"))
+
+
+def test_an_unknown_sampler_of_the_hf_reference_is_an_error():
+    import torch
+
+    from bench import common
+
+    cfg = common.run_config("electra-small", micro_batch=2, seq_length=16, tiny=True)
+    with pytest.raises(ValueError, match="sample 'top-k': choose 'gumbel' or 'multinomial'"):
+        common.hf_rtd_forward(cfg, torch.device("cpu"), None, None, None, sample="top-k")
