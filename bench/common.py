@@ -1,8 +1,10 @@
 """What the bench scripts share: rtd_scale's special ids, world-1 parallel state, the host
 batches, rtd_scale's model (``model/build.py``'s ``build_model``) and its training step without
 DeepSpeed, the Hugging Face reference models (ELECTRA and DebertaV2 pairs at rtd_scale's
-dimensions) and the reference RTD step's masking / sampling / loss, and the interleaved step
-timer (the launcher benches' tokenized test corpus: bench/tiny_data.py, which needs no torch).
+dimensions, their embeddings tied by rtd_scale's sharing rule) and the reference RTD step's
+masking / sampling / loss, and the interleaved step timer (the launcher benches' tokenized test
+corpus: bench/tiny_data.py; the launcher benches' logged commands: bench/runs.py; neither needs
+torch).
 
 A bench script is run as ``python bench/X.py`` from the repository root; it puts the root on
 ``sys.path`` and imports this module as ``bench.common`` (as the tests import bench scripts).
@@ -237,7 +239,7 @@ def ours(cfg, device: torch.device, *, bf16_params: bool = False,
 class HFPair:
     """A Hugging Face reference generator + discriminator at rtd_scale's dimensions, as a
     ``transformers`` user builds them: ``gen`` (``*ForMaskedLM``), ``modules`` (every trained
-    module and the GDES residual ``delta``, one ``ModuleDict`` for the optimizer) and
+    module, a GDES residual E_Δ among them, one ``ModuleDict`` for the optimizer) and
     ``rtd_loss(corrupted [b, s], attention_mask [b, s], labels [b, s] float)``."""
 
     gen: torch.nn.Module
@@ -250,15 +252,70 @@ def _compiled(module: torch.nn.Module, backend: Optional[str]):
     return torch.compile(module, backend=backend) if backend else module
 
 
+# rtd_scale's embedding components (rtd_scale/model/embeddings.py, COMPONENT_LEAVES) → the
+# modules of a Hugging Face ``*Embeddings`` layer (ElectraEmbeddings, DebertaV2Embeddings)
+HF_EMBEDDING_MODULES = {"table": "word_embeddings", "position": "position_embeddings",
+                        "token_type": "token_type_embeddings", "norm": "LayerNorm"}
+
+
+class ResidualEmbedding(torch.nn.Module):
+    """GDES's discriminator lookup written plainly (arXiv 2111.09543 §3.3): the rows of
+    ``E_G.detach() + E_Δ``, E_Δ zero-initialised and E_G the generator's ``base`` table;
+    ``forward(ids [b, s]) → [b, s, E]``."""
+
+    def __init__(self, base: torch.nn.Embedding):
+        super().__init__()
+        self.base = base
+        self.delta = torch.nn.Parameter(torch.zeros_like(base.weight))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.embedding(ids, self.base.weight.detach() + self.delta,
+                                             padding_idx=self.base.padding_idx)
+
+
+def share_hf_embeddings(model, generator: torch.nn.Module, discriminator: torch.nn.Module) -> None:
+    """Tie the discriminator's Hugging Face embedding layer to the generator's as rtd_scale ties
+    its own: the sharing rule of ``model.sharing`` (``rtd_scale.model.embeddings.sharing_rule``)
+    at ``model.sharing_scope`` and attention, component by component (``HF_EMBEDDING_MODULES``):
+    ``Same`` → the generator's module itself (ES), ``Residual`` → a ``ResidualEmbedding`` over
+    it (GDES); a component the rule does not tie stays the discriminator's own (NES: all), and
+    one the generator's layer lacks is left out, as ``embeddings.discriminator_shared`` does.
+
+    Raises:
+        ValueError: a tie or a component this reference has no Hugging Face form for.
+    """
+    from rtd_scale.config import AttentionType
+    from rtd_scale.model.embeddings import Residual, Same, sharing_rule
+
+    relative = AttentionType(model.attention_type) is AttentionType.DISENTANGLED
+    ties = sharing_rule(model.sharing).ties(model.sharing_scope, relative)
+    for component, tie in ties.items():
+        name = HF_EMBEDDING_MODULES.get(component)
+        if name is None:
+            raise ValueError(f"model.sharing {model.sharing.value}: the embedding component "
+                             f"{component!r} has no Hugging Face module in "
+                             "bench/common.py HF_EMBEDDING_MODULES; add it there")
+        theirs = getattr(generator, name, None)
+        if theirs is None:
+            continue
+        if isinstance(tie, Same):
+            setattr(discriminator, name, theirs)
+        elif isinstance(tie, Residual):
+            setattr(discriminator, name, ResidualEmbedding(theirs))
+        else:
+            raise ValueError(f"model.sharing {model.sharing.value}: the Hugging Face reference "
+                             f"cannot tie {component} by {type(tie).__name__}; write it in "
+                             "bench/common.py share_hf_embeddings")
+
+
 def hf_electra(cfg, device: torch.device, *, compile_backend: Optional[str] = None) -> HFPair:
     """``ElectraForMaskedLM`` + ``ElectraForPreTraining`` (SDPA attention) at ``cfg``'s
     dimensions (the export's ``ElectraConfig``, ``rtd_scale/hf/convert.py``; absolute positions
-    whatever ``cfg``'s attention). The discriminator holds the generator's ``word_embeddings``
-    module (ES); under GDES it is fed ``inputs_embeds = embedding(ids, E_G.detach() + E_Δ)``
-    (NES would be two tables; the presets use ES or GDES). ``compile_backend``: both models
-    under ``torch.compile``."""
+    whatever ``cfg``'s attention), the embedding layers tied as ``cfg.model.sharing`` ties
+    rtd_scale's (``share_hf_embeddings``: ES the generator's modules themselves, GDES
+    ``E_G.detach() + E_Δ``, NES two layers). ``compile_backend``: both models under
+    ``torch.compile``."""
     import transformers as T
-    import torch.nn.functional as F
 
     from rtd_scale.config import AttentionType, LayerNormPosition
     from rtd_scale.hf import convert
@@ -275,28 +332,21 @@ def hf_electra(cfg, device: torch.device, *, compile_backend: Optional[str] = No
             except (ValueError, TypeError, ImportError):  # a version without SDPA for ELECTRA
                 built.append(cls._from_config(c))
     gen, disc = built
-    table = gen.electra.embeddings.word_embeddings
+    share_hf_embeddings(electra, gen.electra.embeddings, disc.electra.embeddings)
     both = torch.nn.ModuleDict({"generator": gen, "discriminator": disc})
-    delta = None
-    if cfg.model.sharing.value == "gdes":
-        delta = torch.nn.Parameter(torch.zeros_like(table.weight))
-        both.register_parameter("delta", delta)
-    else:
-        disc.electra.embeddings.word_embeddings = table
     gen_c, disc_c = _compiled(gen, compile_backend), _compiled(disc, compile_backend)
 
     def rtd_loss(corrupted, attn, labels):
-        kw = (dict(inputs_embeds=F.embedding(corrupted, table.weight.detach() + delta))
-              if delta is not None else dict(input_ids=corrupted))
-        return disc_c(attention_mask=attn, labels=labels, **kw).loss
+        return disc_c(input_ids=corrupted, attention_mask=attn, labels=labels).loss
 
     return HFPair(gen_c, both, rtd_loss)
 
 
 def hf_deberta(cfg, device: torch.device, *, compile_backend: Optional[str] = None) -> HFPair:
     """``DebertaV2ForMaskedLM`` + ``DebertaV2Model`` with an RTD head (dense, GELU, dense → 1)
-    at ``cfg``'s dimensions (the export's ``DebertaV2Config``), GDES written plainly:
-    ``inputs_embeds = embedding(ids, E_G.detach() + E_Δ)``, BCE over the non-pad positions."""
+    at ``cfg``'s dimensions (the export's ``DebertaV2Config``), the token tables tied as
+    ``cfg.model.sharing`` ties rtd_scale's (``share_hf_embeddings``; GDES, the DeBERTaV3
+    presets': ``E_G.detach() + E_Δ``), BCE over the non-pad positions."""
     import transformers as T
     import torch.nn.functional as F
 
@@ -308,15 +358,12 @@ def hf_deberta(cfg, device: torch.device, *, compile_backend: Optional[str] = No
         disc = T.DebertaV2Model(convert.hf_config(m, "discriminator", pad_id=PAD_ID))
         h = m.discriminator.hidden_size
         head = torch.nn.Sequential(torch.nn.Linear(h, h), torch.nn.GELU(), torch.nn.Linear(h, 1))
-    table = gen.deberta.embeddings.word_embeddings
+    share_hf_embeddings(m, gen.deberta.embeddings, disc.embeddings)
     both = torch.nn.ModuleDict({"generator": gen, "discriminator": disc, "head": head})
-    delta = torch.nn.Parameter(torch.zeros_like(table.weight))
-    both.register_parameter("delta", delta)
     gen_c, disc_c = _compiled(gen, compile_backend), _compiled(disc, compile_backend)
 
     def rtd_loss(corrupted, attn, labels):
-        emb = F.embedding(corrupted, table.weight.detach() + delta)
-        hidden = disc_c(inputs_embeds=emb, attention_mask=attn).last_hidden_state
+        hidden = disc_c(input_ids=corrupted, attention_mask=attn).last_hidden_state
         logits = head(hidden).squeeze(-1).float()
         active = attn.bool()
         return F.binary_cross_entropy_with_logits(logits[active], labels[active])
@@ -336,7 +383,12 @@ def hf_rtd_forward(cfg, device: torch.device, gen: torch.nn.Module,
     masked slots, replacements at the masked rows from the full vocabulary — ``sample``
     "gumbel": Gumbel-max (``argmax(logits - log(-log(torch.rand)))``), "multinomial":
     ``torch.multinomial`` of the softmax — and ``L_MLM + 50 · L_RTD`` under ``autocast()``.
-    ``forward(i)`` returns that loss on ``host_batches(cfg)[i % 4]``."""
+    ``forward(i)`` returns that loss on ``host_batches(cfg)[i % 4]``.
+
+    Raises:
+        ValueError: ``sample`` is neither."""
+    if sample not in ("gumbel", "multinomial"):
+        raise ValueError(f"sample {sample!r}: choose 'gumbel' or 'multinomial'")
     batches = host_batches(cfg)
     mask_prob, mask_token_prob = cfg.rtd.mask_prob, cfg.rtd.mask_token_prob
 

@@ -15,8 +15,8 @@ What is timed is the whole step — generator and discriminator forward, backwar
 - **HF**: the RTD step as a ``transformers`` user writes it with DeBERTaV3's classes (eager
   attention, the only one ``DebertaV2`` has): ``DebertaV2ForMaskedLM`` generator
   (``labels=-100`` outside the masked slots), ``DebertaV2Model`` discriminator with ELECTRA's
-  discriminator head (dense → GELU → 1 logit, BCE), GDES as
-  ``inputs_embeds = embedding(ids, E_G.detach() + E_Δ)``; configs from rtd_scale's export
+  discriminator head (dense → GELU → 1 logit, BCE), GDES as a token lookup of
+  ``E_G.detach() + E_Δ`` (``bench.common.share_hf_embeddings``); configs from rtd_scale's export
   (``rtd_scale.hf.convert.hf_config``), so both sides have the same shapes and dropout.
 
 Timing is ``bench/step_vs_hf.py``'s (``bench.common.interleaved_ms``): interleaved rounds,

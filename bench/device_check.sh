@@ -11,8 +11,9 @@
 #     pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 hjson==3.1.0
 #   pip wheel --no-deps --no-build-isolation -w .wheels deepspeed==0.19.8
 #
-# Then, with the device tool: run(command="bash bench/device_check.sh", carry=[".wheels"],
-# timeout_s=480). Everything it prints also lands in $OUT (at most 8 files come back):
+# Then, on the GPU machine, from the repository root with .wheels/ copied along, run
+# `bash bench/device_check.sh` and allow it 8 minutes. Everything it prints also lands in $OUT
+# (8 files):
 #   env.txt            versions and the GPU
 #   pytest.txt         the sampler and step tests, CUDA ones included (a GPU draw agrees with
 #                      the CPU's and with softmax; forward + backward with zero host syncs)

@@ -39,6 +39,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -156,50 +157,53 @@ class Bench:
         shutil.copytree(ref_dir, save)
         return save
 
-    def killed_run(self, name: str, ready_for) -> tuple[Path, int, str]:
-        """A fresh run killed when ``ready_for(save, digest)()`` holds; (dir, steps done, what
-        happened)."""
+    def killed_run(self, name: str, ready: Callable[[Path, Path], bool]) -> tuple[Path, int, str]:
+        """A fresh run killed as soon as ``ready(save dir, digest file)``; (dir, steps done,
+        what happened)."""
         save, digest = self.out / name, self.out / f"{name}.digest.jsonl"
         shutil.rmtree(save, ignore_errors=True)
         digest.unlink(missing_ok=True)
         p = self.start(save, digest, False, self.out / f"{name}.log")
-        killed = self.kill_when(p, ready_for(save, digest))
+        killed = self.kill_when(p, lambda: ready(save, digest))
         done = max(_digest(digest), default=0)
         return save, done, "killed" if killed else f"ended first (exit {p.returncode})"
 
-    def fault(self, name: str, ref_dir: Path, ref: dict[int, dict]) -> dict:
-        newest = ref_dir / f"global_step{self.steps}"
+    def kill_fault(self, name: str, ref: dict[int, dict]) -> dict:
+        """The row of a ``kill-*`` fault: a fresh run killed at the fault's moment (module
+        docstring), then resumed."""
         second = f"global_step{2 * self.interval}"
+        note = ""
         if name == "kill-random-step":
             k = self.rng.randint(self.interval + 1, self.steps - 1)
-            save, done, how = self.killed_run(name, lambda s, d: lambda: k in _digest(d))
-            row = self.resume(name, save, done, ref)
-            row["note"] = f"{how} after step {done} (target {k})"
-            return row
-        if name == "kill-during-save":
-            def ready(s, d):
-                def check():
-                    g = s / second
-                    return (g.is_dir() and any(g.glob("*optim_states.pt"))
-                            and not (g / "rtd_complete.json").exists())
-                return check
-            save, done, how = self.killed_run(name, ready)
+            note = f" (target {k})"
+
+            def ready(save: Path, digest: Path) -> bool:
+                return k in _digest(digest)
+        elif name == "kill-during-save":
+            def ready(save: Path, digest: Path) -> bool:
+                g = save / second
+                return (g.is_dir() and any(g.glob("*optim_states.pt"))
+                        and not (g / "rtd_complete.json").exists())
+        elif name == "kill-after-latest":
+            def ready(save: Path, digest: Path) -> bool:
+                try:
+                    return (save / "latest").read_text().strip() == second
+                except OSError:
+                    return False
+        else:
+            raise AssertionError(name)
+        save, done, how = self.killed_run(name, ready)
+        if name == "kill-during-save":  # read before the resume writes one
             record = (save / second / "rtd_complete.json").exists()
-            row = self.resume(name, save, done, ref)
-            row["note"] = f"{how} after step {done}; {second} record: {'yes' if record else 'no'}"
-            return row
-        if name == "kill-after-latest":
-            def ready(s, d):
-                def check():
-                    try:
-                        return (s / "latest").read_text().strip() == second
-                    except OSError:
-                        return False
-                return check
-            save, done, how = self.killed_run(name, ready)
-            row = self.resume(name, save, done, ref)
-            row["note"] = f"{how} after step {done}"
-            return row
+            note = f"; {second} record: {'yes' if record else 'no'}"
+        row = self.resume(name, save, done, ref)
+        row["note"] = f"{how} after step {done}{note}"
+        return row
+
+    def fault(self, name: str, ref_dir: Path, ref: dict[int, dict]) -> dict:
+        newest = ref_dir / f"global_step{self.steps}"
+        if name.startswith("kill-"):
+            return self.kill_fault(name, ref)
         if name.startswith("truncate-"):
             kind = name.split("-", 1)[1]
             save = self.damaged_copy(name, ref_dir)

@@ -54,7 +54,7 @@ import torch  # noqa: E402
 from bench import common  # noqa: E402
 from bench.gpu.report import (SETUP, diagnostics_text, header, profile_table,  # noqa: E402
                               results_table)
-from bench.gpu.run import Bench, Item, plan  # noqa: E402
+from bench.gpu.run import Bench, plan  # noqa: E402
 from bench.gpu.timing import matmul_ceiling  # noqa: E402
 from bench.gpu.workloads import IMPL_TITLES, WORKLOADS, Settings  # noqa: E402
 
@@ -96,8 +96,6 @@ def parse_args(argv=None):
     p.add_argument("--json", help="also write every result to this JSON file")
     p.add_argument("--print-setup", action="store_true",
                    help="print how to build, carry and install the wheels, then exit")
-    p.add_argument("--child-row", help=argparse.SUPPRESS)
-    p.add_argument("--child-out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     unknown = set(filter(None, args.workloads.split(","))) - set(WORKLOADS)
     if unknown:
@@ -109,16 +107,6 @@ def parse_args(argv=None):
     return args
 
 
-def child_main(args, s: Settings) -> int:
-    """Run one row (torch.compile) in this child process and write it for the parent."""
-    workload, impl = args.child_row.split(":")
-    bench = Bench(s, args, in_child=True)
-    bench.log = lambda *a, **k: None
-    row = bench.run(Item(workload, impl, min_left_s=0.0))
-    Path(args.child_out).write_text(json.dumps(dataclasses.asdict(row)))
-    return 0
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.print_setup:
@@ -126,9 +114,7 @@ def main(argv=None) -> int:
         return 0
     warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex.*")
     s = settings_from(args)
-    if args.child_row:
-        return child_main(args, s)
-    bench = Bench(s, args)
+    bench = Bench(s)
     print(header(s), flush=True)
     bench.ceiling = matmul_ceiling(s)
     print(f"bf16 matmul ceiling ({s.matmul_size}^3 torch.mm): {bench.ceiling / 1e12:.1f} TFLOP/s",

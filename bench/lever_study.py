@@ -40,18 +40,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
 
+from bench.runs import child_env, logger, run_logged, tokenized  # noqa: E402
 from rtd_scale.atomic import write_atomic  # noqa: E402
 from rtd_scale.cli_errors import OneLineArgumentParser, run_cli  # noqa: E402
-from sharing_ablation import child_env, run_logged  # noqa: E402
 
 NO_DROPOUT = ("--hidden-dropout", "0", "--attention-dropout", "0",
               "--generator-hidden-dropout", "0", "--generator-attention-dropout", "0")
@@ -84,8 +83,7 @@ def run_key(lever: str, seed: int) -> str:
     return lever.replace("/", "_") + ("" if seed == 1234 else f"-seed{seed}")
 
 
-def log(msg: str) -> None:
-    print(f"[levers {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+log = logger("levers")
 
 
 def sample_data(work: Path, vocab_size: int) -> tuple[str, str]:
@@ -95,19 +93,10 @@ def sample_data(work: Path, vocab_size: int) -> tuple[str, str]:
     corpus = main / "corpus.jsonl"
     logs = work / "logs" / "data.log"
     if not corpus.exists():
-        run_logged([sys.executable, "tools/build_sample_corpus.py", "--output", str(corpus)], logs)
+        run_logged([sys.executable, "tools/build_sample_corpus.py", "--output", str(corpus)], logs,
+                   log=log)
     data = main if vocab_size == 8000 else work / "data" / f"vocab{vocab_size}"
-    data.mkdir(parents=True, exist_ok=True)
-    spm, prefix = data / "spm.model", data / "wiki_text_document"
-    if not spm.exists():
-        run_logged([sys.executable, "tools/train_tokenizer.py", "--input", str(corpus),
-                    "--vocab-size", str(vocab_size), "--character-coverage", "1.0",
-                    "--output-prefix", str(data / "spm")], logs)
-    if not Path(f"{prefix}.manifest.json").exists():
-        run_logged([sys.executable, "tools/preprocess_data.py", "--input", str(corpus),
-                    "--json-keys", "text", "--tokenizer-model", str(spm),
-                    "--output-prefix", str(data / "wiki"), "--workers", "2", "--overwrite"], logs)
-    return str(spm), str(prefix)
+    return tokenized(corpus, data, "wiki", vocab_size, log_path=logs, log=log)
 
 
 def command(args, flags: tuple[str, ...], steps: int, spm: str, prefix: str,
@@ -213,7 +202,7 @@ def main(argv=None) -> None:
                 t0 = time.time()
                 seed_flags = () if seed == 1234 else ("--seed", str(seed))
                 run_logged(command(args, flags + seed_flags, steps, spm, prefix, run_dir),
-                           work / "logs" / f"{key}.log", env=child_env())
+                           work / "logs" / f"{key}.log", log=log, env=child_env())
                 seconds = time.time() - t0
                 log(f"{key}: {steps} steps in {seconds:.0f} s")
             results[key] = {**results_of(key, run_dir, flags, seconds, steps, scale),

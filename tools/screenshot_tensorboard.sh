@@ -3,11 +3,11 @@
 #
 #   bash tools/screenshot_tensorboard.sh runs/tiny/tensorboard docs/images/tensorboard_scalars.png
 #
-# Starts `tensorboard` on a free loopback port (127.0.0.1), waits until it lists the run, has
-# Chromium (Debian: apt-get install -y chromium) render the scalars dashboard into OUT.png, and
-# stops TensorBoard again (also on error or Ctrl-C). The run is shown under its run directory's
-# name (LOGDIR's parent when LOGDIR is a `tensorboard` folder), through a link in a temporary
-# logdir; smoothing is 0, so every logged point is drawn as logged.
+# Starts `tensorboard` on a free loopback port (127.0.0.1, rtd_scale.launch_env.free_port), waits
+# until it lists the run, has Chromium (Debian: apt-get install -y chromium) render the scalars
+# dashboard into OUT.png, and stops TensorBoard again (also on error or Ctrl-C). The run is shown
+# under its run directory's name (LOGDIR's parent when LOGDIR is a `tensorboard` folder), through
+# a link in a temporary logdir; smoothing is 0, so every logged point is drawn as logged.
 #
 # Environment:
 #   TENSORBOARD   the tensorboard executable (default: .venv/bin/tensorboard of this checkout, else
@@ -64,7 +64,9 @@ trap 'exit 130' INT TERM
 mkdir "$work/logdir" "$work/profile"
 ln -s "$logdir" "$work/logdir/$name"
 
-port="$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+port="$(PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" "$python" -c \
+  'from rtd_scale.launch_env import free_port; print(free_port())')" \
+  || die "no free port: rtd_scale.launch_env.free_port failed in $python"
 "$tensorboard" --logdir "$work/logdir" --host 127.0.0.1 --port "$port" > "$work/tensorboard.log" 2>&1 &
 tb_pid=$!
 url="http://127.0.0.1:$port"

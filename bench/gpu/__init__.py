@@ -10,5 +10,7 @@
 - ``census``: where the time goes — torch.profiler by kernel family, the host-sync census, the
   masking's and sampler's own cost;
 - ``run``: the planned rows, each under its budget and the run's deadline, failures reported;
+- ``child``: one row in a process of its own (``python -m bench.gpu.child``), for the
+  ``torch.compile`` rows that the deadline may have to cut off;
 - ``report``: the tables and the header.
 """

@@ -14,12 +14,16 @@ from bench.gpu.workloads import Settings
 def hf_rtd_step(cfg, arch: Literal["electra", "deberta-v2"], s: Settings,
                 compile_backend: Optional[str]) -> tuple[Stepper, str]:
     """The RTD step as a transformers user writes it: ``common.hf_electra`` (generator
-    ``ElectraForMaskedLM``, discriminator ``ElectraForPreTraining`` sharing its token table) or
-    ``common.hf_deberta`` (DebertaV2, GDES as ``E_G.detach() + E_Δ`` fed as ``inputs_embeds``),
+    ``ElectraForMaskedLM``, discriminator ``ElectraForPreTraining``) or ``common.hf_deberta``
+    (DebertaV2), their embeddings tied as the workload's sharing mode ties rtd_scale's (ES: the
+    generator's modules; GDES: ``E_G.detach() + E_Δ``; ``common.share_hf_embeddings``),
     ``common.hf_rtd_forward``'s masking with ``torch.bernoulli`` and ``torch.multinomial`` from
     the softmax at masked positions, L = L_MLM + 50 · L_RTD, bf16 autocast, fused AdamW.
     ``compile_backend``: both models under ``torch.compile``."""
-    build = common.hf_electra if arch == "electra" else common.hf_deberta
+    builders = {"electra": common.hf_electra, "deberta-v2": common.hf_deberta}
+    if arch not in builders:
+        raise ValueError(f"arch {arch!r}: choose one of {', '.join(builders)}")
+    build = builders[arch]
     pair = build(cfg, s.device, compile_backend=compile_backend)
     opt = torch.optim.AdamW(pair.modules.parameters(), lr=2e-4, weight_decay=0.01, fused=True)
     pair.modules.train()

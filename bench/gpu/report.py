@@ -81,7 +81,7 @@ def results_table(bench: Bench) -> str:
             vs, fmt_k(r.anchor_tokens_per_s),
         ])
     head = ["workload", "implementation", "micro-batch", "tokens/s", "TFLOP/s", "MFU",
-            "peak GiB", "target (rtd_scale)", "vs HF", "issue anchor"]
+            "peak GiB", "target (rtd_scale)", "vs HF", "H200 anchor"]
     out = table(head, lines, right={2, 3, 4, 5, 6, 8, 9})
     notes = [f"  [{r.workload} / {r.title}] {r.status}: {r.note}"
              for r in sorted(bench.rows, key=key) if r.note]

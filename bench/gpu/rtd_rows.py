@@ -97,7 +97,9 @@ def rtd_autocast_step(cfg, s: Settings) -> tuple[Stepper, tuple]:
 def stack_mcore_step(impl: str, shape: dict, s: Settings) -> tuple[Stepper, str]:
     """rtd_scale's megatron-core layer spec alone (``model/specs.py``), forward + backward of a
     fixed input; "stack-mcore-mask" passes the all-False [b, 1, 1, s] padding mask that
-    ``Encoder.forward`` gives a micro-batch with [PAD]."""
+    ``Encoder.forward`` gives a micro-batch with [PAD], "stack-mcore" none."""
+    if impl not in ("stack-mcore", "stack-mcore-mask"):
+        raise ValueError(f"impl {impl!r}: choose 'stack-mcore' or 'stack-mcore-mask'")
     from megatron.core.transformer.transformer_block import TransformerBlock
 
     from rtd_scale.config import EncoderConfig

@@ -1,6 +1,7 @@
 """The run: the planned rows in priority order, each built, timed and diagnosed under its time
 budget and the run's deadline; a row's failure (out of memory or any other) is reported in the
-table, and a ``torch.compile`` row runs in a child process that the deadline can cut off."""
+table, and a ``torch.compile`` row runs in a child process that the deadline can cut off
+(``python -m bench.gpu.child``, under this run's settings)."""
 from __future__ import annotations
 
 import contextlib
@@ -27,8 +28,6 @@ from bench.gpu.workloads import (IMPL_TITLES, STACK_ANCHORS, STACK_TARGET, WORKL
                                  rtd_config, rtd_dims, stack_shape)
 from rtd_scale.flops import EncoderDims, mfu, rtd_flops_per_token, stack_flops_per_token
 
-SCRIPT = REPO / "bench" / "gpu_rtd_step.py"  # the command; a child process runs one row of it
-
 
 @dataclass(frozen=True)
 class Item:
@@ -43,8 +42,8 @@ class Item:
 
 
 class Bench:
-    def __init__(self, s: Settings, args, in_child: bool = False):
-        self.s, self.args, self.in_child = s, args, in_child
+    def __init__(self, s: Settings, in_child: bool = False):
+        self.s, self.in_child = s, in_child
         self.t0 = time.perf_counter()
         self.rows: list[Row] = []
         self.ceiling: Optional[float] = None
@@ -179,14 +178,13 @@ class Bench:
         """A torch.compile row in a child process, cut off at the deadline."""
         t0 = time.perf_counter()
         self.log(f"-- {row.workload} / {row.title} (child process, ≤ {self.left() - 10:.0f}s) ...")
-        out = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpu_rtd_step_child_{os.getpid()}.json"
-        cmd = [sys.executable, str(SCRIPT), "--child-row",
-               f"{item.workload}:{item.impl}", "--child-out", str(out),
-               "--device", self.s.device.type, "--compile-backend", self.s.compile_backend]
-        cmd += ["--tiny"] if self.s.tiny else []
+        out = (Path(os.environ.get("TMPDIR", "/tmp")) / f"gpu_rtd_step_child_{os.getpid()}.json"
+               ).resolve()
+        cmd = [sys.executable, "-m", "bench.gpu.child", "--row", f"{item.workload}:{item.impl}",
+               "--out", str(out), "--settings", self.s.to_json()]
         release(self.s.device)
         try:
-            subprocess.run(cmd, timeout=max(5.0, self.left() - 10), check=False)
+            subprocess.run(cmd, cwd=REPO, timeout=max(5.0, self.left() - 10), check=False)
             child = json.loads(out.read_text())
             for k in ("status", "note", "steps", "step_ms", "peak_mem_gib"):
                 setattr(row, k, child[k])

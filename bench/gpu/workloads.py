@@ -3,6 +3,7 @@ titles of the table's rows."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from typing import Literal
 
@@ -34,6 +35,17 @@ class Settings:
     @property
     def cuda(self) -> bool:
         return self.device.type == "cuda"
+
+    def to_json(self) -> str:
+        """These settings as one JSON object (``from_json`` reads it back): what a row's child
+        process is handed."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return json.dumps({**fields, "device": str(self.device)})
+
+    @classmethod
+    def from_json(cls, text: str) -> "Settings":
+        fields = json.loads(text)
+        return cls(**{**fields, "device": torch.device(fields["device"])})
 
 
 @dataclass(frozen=True, kw_only=True)

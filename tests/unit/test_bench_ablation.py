@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 
 import pytest
 
+from bench import pos_probe, sharing_ablation
 from tests.helpers.env import REPO
-
-sys.path.insert(0, str(REPO / "bench"))
-import pos_probe  # noqa: E402
-import sharing_ablation  # noqa: E402
 
 POS_SAMPLE = REPO / "tests" / "data" / "pos_sample"
 
@@ -84,3 +80,8 @@ def test_last_validation_reads_the_last_line(tmp_path):
     assert sharing_ablation.last_validation(log) == {"step": 400, "mlm": 6.5, "rtd": 0.39,
                                                      "auc": 0.8125}
     assert sharing_ablation.last_validation(tmp_path / "none.log") == {}
+
+
+def test_an_unknown_encoder_kind_is_an_error(tmp_path):
+    with pytest.raises(ValueError, match="kind 'teacher': choose one of discriminator, random"):
+        pos_probe.load_encoder(tmp_path, "teacher")

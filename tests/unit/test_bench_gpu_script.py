@@ -89,7 +89,7 @@ def _tiny_settings():
     (RuntimeError("boom"), "error"),
 ])
 def test_a_failing_row_is_reported_not_raised(monkeypatch, error, status):
-    b = run.Bench(_tiny_settings(), None)
+    b = run.Bench(_tiny_settings())
     b.log = lambda *a, **k: None
 
     def fail(item):
@@ -102,8 +102,16 @@ def test_a_failing_row_is_reported_not_raised(monkeypatch, error, status):
     assert status in results_table(b)
 
 
+def test_a_child_row_gets_the_runs_settings():
+    """A torch.compile row runs in ``python -m bench.gpu.child`` under the parent's settings,
+    handed over as JSON."""
+    s = bench.settings_from(bench.parse_args(["--device", "cpu", "--tiny", "--zero-stage", "2",
+                                              "--deadline-s", "12.5"]))
+    assert workloads.Settings.from_json(s.to_json()) == s
+
+
 def test_rows_past_the_deadline_are_skipped():
-    b = run.Bench(_tiny_settings(), None)
+    b = run.Bench(_tiny_settings())
     b.t0 -= 10_000  # the deadline has passed
     row = b.run(run.Item("electra-large", "hf-eager"))
     assert row.status == "skipped" and "deadline" in row.note
@@ -132,3 +140,12 @@ def test_the_sync_census_counts_device_waits_not_the_data_wait_host_work():
                  for _ in range(n))
     assert ops == ["aten::_local_scalar_dense", "aten::_local_scalar_dense", "aten::index"], ops
     assert res["sync_ops"] == 3
+
+
+def test_an_unknown_mode_of_a_row_is_an_error_not_another_row():
+    from bench.gpu import hf_rows, rtd_rows
+
+    with pytest.raises(ValueError, match="arch 'bert': choose one of electra, deberta-v2"):
+        hf_rows.hf_rtd_step(None, "bert", _tiny_settings(), None)
+    with pytest.raises(ValueError, match="impl 'stack-hf': choose"):
+        rtd_rows.stack_mcore_step("stack-hf", workloads.stack_shape(True), _tiny_settings())
