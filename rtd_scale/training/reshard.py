@@ -56,9 +56,9 @@ weights and both moments, 12 bytes per parameter; ``training_state.json``: AdamW
 scaler). Each is built under ``<load>/.<tag>_<kind>.tmp-<pid>`` and renamed into place when
 complete (a marker file inside says so), so an interrupted conversion never counts and the
 next ``--load`` converts again; a later resume at any other layout reuses a complete one.
-Converted files are checked like any checkpoint's (``checkpoint/checks.py``'s
-``check_safe_to_load``), and the layout-free state's load runs the LOAD and AFTER_LOAD checks of
-``checks.CHECKS`` as every other load does.
+Converted files pass the BEFORE_BUILD checks of ``checkpoint/checks.py``'s ``CHECKS`` as any
+checkpoint's do, the layout-free state's load runs the LOAD and AFTER_LOAD checks as every other
+load does, and it reads ``state.pt`` with ``files.safe_load`` as DeepSpeed's reads are.
 
 RNG policy. Masks and sampling noise are functions of (seed, step, global sample index): they
 continue exactly at any layout. Dropout streams are per rank (``rng_rank*.pt``) and cannot be
@@ -252,18 +252,16 @@ def _optimizer_state_for_every_stage(folder: str) -> None:
 
 
 def check_converted_safe(root: str, tag: str) -> None:
-    """Every ``.pt`` file of a conversion holds only tensors and DeepSpeed's records (a reused
-    conversion could have been replaced), checked as ``checks.check_safe_to_load`` checks a
-    checkpoint's."""
-    from rtd_scale.training.checkpoint.checks import check_safe_to_load
+    """The BEFORE_BUILD checks of ``checks.CHECKS`` on every folder of a conversion (a reused
+    conversion could have been replaced), as ``load.take`` runs them on a checkpoint: its
+    ``.pt`` files hold only tensors and DeepSpeed's records."""
+    from rtd_scale.training.checkpoint import checks
 
     folder = os.path.join(root, tag)
-    check_safe_to_load(folder)
     zero = os.path.join(folder, "zero")
-    check_safe_to_load(zero)
-    for name in sorted(os.listdir(zero)):
-        if os.path.isdir(os.path.join(zero, name)):
-            check_safe_to_load(os.path.join(zero, name))
+    for path in (folder, zero, *(os.path.join(zero, name) for name in sorted(os.listdir(zero))
+                                 if os.path.isdir(os.path.join(zero, name)))):
+        checks.run(checks.Moment.BEFORE_BUILD, ckpt_dir=path)
 
 
 # ------------------------------------------- tensor- and pipeline-parallel changes, ZeRO-0 ----
@@ -322,11 +320,12 @@ def convert_canonical(load_dir: str, tag: str, gather: Callable[[str, str, str],
 
 
 def check_canonical_safe(root: str) -> None:
-    """The conversion's ``.pt`` files hold only tensors (a reused one could have been replaced),
-    checked as ``checks.check_safe_to_load`` checks a checkpoint's."""
-    from rtd_scale.training.checkpoint.checks import check_safe_to_load
+    """The BEFORE_BUILD checks of ``checks.CHECKS`` on the conversion (a reused one could have
+    been replaced), as ``load.take`` runs them on a checkpoint: its ``.pt`` files hold only
+    tensors."""
+    from rtd_scale.training.checkpoint import checks
 
-    check_safe_to_load(root)
+    checks.run(checks.Moment.BEFORE_BUILD, ckpt_dir=root)
 
 
 def _model_states(ckpt_dir: str) -> dict:
@@ -462,11 +461,11 @@ def load_canonical(engine, model, ctx, root: str, choice, *, flag: str) -> dict:
 
     from rtd_scale.model import weights
     from rtd_scale.training.checkpoint import checks
+    from rtd_scale.training.checkpoint.files import safe_load
     from rtd_scale.training.checkpoint.load import refresh_learning_rate
 
     checks.run(checks.Moment.LOAD, engine=engine)
-    state = torch.load(os.path.join(root, STATE_FILE), map_location="cpu",
-                       weights_only=True, mmap=True)
+    state = safe_load(os.path.join(root, STATE_FILE), mmap=True)
     with open(os.path.join(root, INFO_FILE), encoding="utf-8") as f:
         info = json.load(f)
     names = dict(weights._named_unique_parameters(model))
