@@ -87,7 +87,14 @@ def universal_root(load_dir: str, tag: str) -> str:
 
 
 def is_converted(load_dir: str, tag: str) -> bool:
-    return os.path.isfile(os.path.join(universal_root(load_dir, tag), tag, DONE_FILE))
+    """Whether ``<load_dir>/<tag>``'s universal conversion is complete (its marker written)."""
+    return _is_complete(universal_root(load_dir, tag), os.path.join(tag, DONE_FILE))
+
+
+def _is_complete(root: str, marker: str) -> bool:
+    """Whether the conversion at ``root`` is complete: ``marker`` (relative to it) is written
+    last, just before the conversion is renamed into place (:func:`_convert_beside`)."""
+    return os.path.isfile(os.path.join(root, marker))
 
 
 def convert(load_dir: str, tag: str) -> tuple[str, float, bool]:
@@ -108,7 +115,8 @@ def convert(load_dir: str, tag: str) -> tuple[str, float, bool]:
 
     # DeepSpeed's converter asserts on what it cannot read: its first line says what
     return _convert_beside(
-        load_dir, tag, "universal", write, os.path.join(tag, DONE_FILE), "the universal conversion",
+        load_dir, tag, universal_root(load_dir, tag), write, os.path.join(tag, DONE_FILE),
+        "the universal conversion",
         lambda e: f"DeepSpeed's universal conversion of {tag} failed ({_line(e, 0)})")
 
 
@@ -116,20 +124,19 @@ def _line(e: BaseException, index: int) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[index]
 
 
-def _convert_beside(load_dir: str, tag: str, kind: str, write: Callable[[str], None],
+def _convert_beside(load_dir: str, tag: str, final: str, write: Callable[[str], None],
                     marker: str, what: str, failed: Callable[[Exception], str]
                     ) -> tuple[str, float, bool]:
-    """Write (or reuse) ``<load_dir>/<tag>_<kind>``: ``write(tmp)`` fills a temporary
-    ``<load_dir>/.<tag>_<kind>.tmp-<pid>``, the ``marker`` file (relative to it) is written when
-    it is complete, and then it is renamed into place, so an interrupted conversion never counts
-    and the checkpoint itself is only read. A failure removes the temporary and is one
-    ``UserInputError`` line: ``failed(e)`` for what ``write`` raised, "cannot write ``what``"
-    for the directory."""
-    final = os.path.join(load_dir, f"{tag}_{kind}")
-    if os.path.isfile(os.path.join(final, marker)):
+    """Write (or reuse) ``final`` (``<load_dir>/<tag>_<kind>``): ``write(tmp)`` fills a
+    temporary ``<load_dir>/.<tag>_<kind>.tmp-<pid>``, the ``marker`` file (relative to it) is
+    written when it is complete, and then it is renamed into place, so an interrupted conversion
+    never counts and the checkpoint itself is only read. A failure removes the temporary and is
+    one ``UserInputError`` line: ``failed(e)`` for what ``write`` raised, "cannot write
+    ``what``" for the directory."""
+    if _is_complete(final, marker):
         return final, 0.0, False
     start = time.perf_counter()
-    tmp = os.path.join(load_dir, f".{tag}_{kind}.tmp-{os.getpid()}")
+    tmp = os.path.join(load_dir, f".{os.path.basename(final)}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         os.makedirs(tmp)
@@ -294,7 +301,8 @@ def canonical_root(load_dir: str, tag: str) -> str:
 
 
 def is_canonical_converted(load_dir: str, tag: str) -> bool:
-    return os.path.isfile(os.path.join(canonical_root(load_dir, tag), CANONICAL_DONE))
+    """Whether ``<load_dir>/<tag>``'s layout-free state is complete (its marker written)."""
+    return _is_complete(canonical_root(load_dir, tag), CANONICAL_DONE)
 
 
 def convert_canonical(load_dir: str, tag: str, gather: Callable[[str, str, str], None]
@@ -314,8 +322,8 @@ def convert_canonical(load_dir: str, tag: str, gather: Callable[[str, str, str],
     """
     # a worker's traceback: its last line says what failed
     return _convert_beside(
-        load_dir, tag, "canonical", lambda tmp: gather(load_dir, tag, tmp), CANONICAL_DONE,
-        "the layout-free state",
+        load_dir, tag, canonical_root(load_dir, tag), lambda tmp: gather(load_dir, tag, tmp),
+        CANONICAL_DONE, "the layout-free state",
         lambda e: f"merging the shards of {tag} into one layout-free state failed ({_line(e, -1)})")
 
 

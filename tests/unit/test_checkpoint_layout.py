@@ -128,3 +128,22 @@ def test_the_layout_free_state_is_read_as_safely_as_a_checkpoint(tmp_path):
     assert str(e.value).startswith(f"{root / reshard.STATE_FILE}: refused to load: it holds "
                                    "Python objects other than tensors")
     assert "\n" not in str(e.value) and not marker.exists()
+
+
+def test_a_complete_conversion_is_reused_and_is_converted_says_so(tmp_path):
+    """The marker that makes a conversion count is the one is_converted and
+    is_canonical_converted read: with it, the conversion is reused (nothing is written)."""
+    never = lambda *_: pytest.fail("a complete conversion was converted again")  # noqa: E731
+    universal = tmp_path / "global_step3_universal" / "global_step3"
+    universal.mkdir(parents=True)
+    assert not reshard.is_converted(str(tmp_path), "global_step3")
+    (universal / reshard.DONE_FILE).write_text("global_step3\n")
+    assert reshard.is_converted(str(tmp_path), "global_step3")
+    assert reshard.convert(str(tmp_path), "global_step3") == (str(universal.parent), 0.0, False)
+    canonical = tmp_path / "global_step3_canonical"
+    canonical.mkdir()
+    assert not reshard.is_canonical_converted(str(tmp_path), "global_step3")
+    (canonical / reshard.CANONICAL_DONE).write_text("global_step3\n")
+    assert reshard.is_canonical_converted(str(tmp_path), "global_step3")
+    assert reshard.convert_canonical(str(tmp_path), "global_step3", never) == (
+        str(canonical), 0.0, False)
