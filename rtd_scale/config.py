@@ -953,6 +953,8 @@ def _debertav3(size: str) -> RunConfig:
                           attention_type=AttentionType.DISENTANGLED, position_buckets=256,
                           max_relative_positions=-1),
         data=DataConfig(seq_length=512),
+        # peak lr of Table 10 (§4's prose gives base 5e-4; slurm/pretrain_base.sh offers it)
+        # TODO(verify): arXiv 2111.09543 Table 10, each size's peak learning rate
         optim=OptimConfig(lr=3e-4 if size == "large" else 6e-4, lr_warmup_iters=10000),
         train=TrainConfig(train_iters=500_000, micro_batch_size=8, global_batch_size=8192),
     )
