@@ -127,16 +127,16 @@ def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
                    "command lines: TFLOP/s per device, MFU, memory and ETA are always logged")
     p.add_argument("--weight-decay", type=float)
     p.add_argument("--clip-grad", type=float)
-    p.add_argument("--bf16", action="store_true", help="bf16 compute, fp32 master weights")
-    p.add_argument("--fp16", action="store_true", help="fp16 compute, fp32 master weights, "
-                   "DeepSpeed's dynamic loss scaler (knobs in the ds_config's fp16 section); "
-                   "for GPUs without bf16 (V100, T4); not with --bf16")
-    p.add_argument("--recompute-activations", action="store_true",
-                   help="activation checkpointing in both models (megatron-core full-layer "
-                        "recompute): less memory, one more forward per layer")
-    p.add_argument("--compile-layers", action="store_true",
-                   help="torch.compile every encoder layer (model.compile_layers): faster GPU "
-                        "steps after a compilation at start-up")
+    for flag, help_text in (
+            ("--bf16", "bf16 compute, fp32 master weights"),
+            ("--fp16", "fp16 compute, fp32 master weights, DeepSpeed's dynamic loss scaler "
+             "(knobs in the ds_config's fp16 section); for GPUs without bf16 (V100, T4); not "
+             "with --bf16"),
+            ("--recompute-activations", "activation checkpointing in both models (megatron-core "
+             "full-layer recompute): less memory, one more forward per layer"),
+            ("--compile-layers", "torch.compile every encoder layer (model.compile_layers): "
+             "faster GPU steps after a compilation at start-up")):
+        p.add_argument(flag, action="store_true", help=help_text)
     p.add_argument("--export", help="after the last step, write a consolidated, TP-agnostic fp32 "
                    "state dict (ZeRO partitions and TP shards merged, vocabulary padding removed) "
                    "to this .pt file; loads at any TP size (rtd_scale.model.weights)")

@@ -806,7 +806,9 @@ def batch_layout(world_size: int, global_batch: int, micro_batch: int, *, tp: in
     tensor × pipeline parallel size ``tp`` × ``pp``: DP = world / (TP × PP) and
     global = micro × accumulation × DP. The one implementation of that arithmetic: pretrain.py
     (:meth:`RunConfig.batch_arithmetic`), the Slurm job before it starts its tasks
-    (``python -m rtd_scale.launch_env batch-arithmetic``) and tools/estimate_cost.py.
+    (``python -m rtd_scale.launch_env batch-arithmetic``) and tools/estimate_cost.py; where DP
+    is already known (the loader, the training loop, the resolved ds_config) the split is
+    :func:`rank_share`'s.
     With ``ranks_per_node`` (a job of several nodes), TP must divide it too: megatron-core puts
     consecutive ranks in one TP group and Slurm numbers ranks node by node, so otherwise a TP
     group would span two nodes.
@@ -845,7 +847,19 @@ def batch_layout(world_size: int, global_batch: int, micro_batch: int, *, tp: in
                           f"{per_rank} samples per data-parallel rank per step (global "
                           f"{global_batch} / DP {dp}); micro-batch sizes that do: "
                           f"{' '.join(map(str, _divisors(per_rank)))}")
-    return dp, per_rank // micro_batch
+    return dp, rank_share(global_batch, micro_batch, dp)[1]
+
+
+def rank_share(global_batch: int, micro_batch: int, data_parallel_size: int) -> tuple[int, int]:
+    """(samples, micro-batches) of one data-parallel rank in one optimizer step: its
+    global / DP samples, run as global / (micro × DP) micro-batches — the gradient-accumulation
+    steps. For numbers :func:`batch_layout` accepts (it explains, in the user's words, those
+    that do not divide); anything else is a programming error.
+    """
+    per_rank, rest = divmod(global_batch, data_parallel_size)
+    assert rest == 0 and per_rank % micro_batch == 0, (global_batch, micro_batch,
+                                                       data_parallel_size)
+    return per_rank, per_rank // micro_batch
 
 
 # ----------------------------------------------------------------------------------------------
@@ -939,6 +953,8 @@ def _debertav3(size: str) -> RunConfig:
                           attention_type=AttentionType.DISENTANGLED, position_buckets=256,
                           max_relative_positions=-1),
         data=DataConfig(seq_length=512),
+        # peak lr of Table 10 (§4's prose gives base 5e-4; slurm/pretrain_base.sh offers it)
+        # TODO(verify): arXiv 2111.09543 Table 10, each size's peak learning rate
         optim=OptimConfig(lr=3e-4 if size == "large" else 6e-4, lr_warmup_iters=10000),
         train=TrainConfig(train_iters=500_000, micro_batch_size=8, global_batch_size=8192),
     )

@@ -243,12 +243,3 @@ def teardown() -> None:
         ps.destroy_model_parallel()
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def all_reduce_mean(t: torch.Tensor, group: Optional[dist.ProcessGroup]) -> torch.Tensor:
-    """Mean of ``t`` over ``group`` (a new tensor; ``t`` is untouched)."""
-    out = t.detach().clone()
-    if dist.is_initialized() and dist.get_world_size(group) > 1:
-        dist.all_reduce(out, group=group)
-        out /= dist.get_world_size(group)
-    return out

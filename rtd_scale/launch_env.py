@@ -18,10 +18,16 @@ Read once, by :func:`read`, from the first of these that applies:
 
 Nothing here imports torch: ``pretrain.main`` reads the rank before anything heavy is loaded.
 
-``python -m rtd_scale.launch_env batch-arithmetic WORLD TP GLOBAL MICRO [RANKS_PER_NODE]`` prints
-"DP ACCUMULATION" for a Slurm job (``rtd_scale.config.batch_layout`` in the job's RTD_* words;
-``--phase1``: RTD_PHASE1_GLOBAL_BATCH and RTD_PHASE1_MICRO_BATCH), or one ``error:`` line and
-exit status 1; slurm/lib/pretrain_job.sh runs it before ``srun``.
+Two commands slurm/lib/pretrain_job.sh runs before ``srun``, each printing one ``error:`` line
+in the job's RTD_* words and exiting with status 1 when the job cannot start:
+
+- ``python -m rtd_scale.launch_env batch-arithmetic WORLD TP GLOBAL MICRO [RANKS_PER_NODE]``
+  prints "DP ACCUMULATION" (``rtd_scale.config.batch_layout``; ``--phase1``: the numbers are
+  RTD_PHASE1_GLOBAL_BATCH and RTD_PHASE1_MICRO_BATCH);
+- ``python -m rtd_scale.launch_env check-tokenizer PRESET TOKENIZER [--vocab-size N]`` checks
+  that the tokenizer has the preset's ``model.vocab_size`` pieces (or N: RTD_EXPECT_VOCAB).
+  pretrain.py itself takes the tokenizer's size whatever the preset says, so this is where a
+  regime's vocabulary is held to.
 """
 from __future__ import annotations
 
@@ -33,7 +39,7 @@ from dataclasses import dataclass, replace
 from typing import Mapping, MutableMapping, Optional, Sequence
 
 from rtd_scale.cli_errors import OneLineArgumentParser, UserInputError, run_cli
-from rtd_scale.config import BatchNames, batch_layout
+from rtd_scale.config import PRESETS, BatchNames, batch_layout, preset
 
 __all__ = ["LaunchEnv", "read", "export", "expand_hostlist", "slurm_port", "free_port",
            "cpu_threads_per_rank", "SLURM_NAMES"]
@@ -258,13 +264,44 @@ def _batch_arithmetic(argv: Optional[Sequence[str]]) -> None:
     print(dp, gas)
 
 
+def _check_tokenizer(argv: Optional[Sequence[str]]) -> None:
+    p = OneLineArgumentParser(prog="python -m rtd_scale.launch_env check-tokenizer",
+                              description="the tokenizer of a Slurm job has its preset's size")
+    p.add_argument("preset")
+    p.add_argument("tokenizer")
+    p.add_argument("--vocab-size", type=int,
+                   help="the size required instead of the preset's model.vocab_size")
+    a = p.parse_args(argv)
+    if not os.path.isfile(a.tokenizer):
+        raise UserInputError(f"RTD_TOKENIZER={a.tokenizer}: no such file")
+    if a.vocab_size is None:
+        if a.preset not in PRESETS:
+            raise UserInputError(f"RTD_PRESET={a.preset} is unknown; choose one of "
+                                 f"{', '.join(PRESETS)}")
+        want, who = preset(a.preset).model.vocab_size, f"the preset {a.preset} needs"
+    else:
+        want, who = a.vocab_size, f"RTD_EXPECT_VOCAB={a.vocab_size} needs"
+    from rtd_scale.data.tokenizer import Tokenizer
+
+    got = Tokenizer(a.tokenizer).vocab_size
+    if got != want:
+        raise UserInputError(f"RTD_TOKENIZER={a.tokenizer} has {got} pieces; {who} {want} "
+                             f"(tools/train_tokenizer.py --vocab-size {want}), or set "
+                             "RTD_EXPECT_VOCAB= to accept it")
+
+
+_COMMANDS = {"batch-arithmetic": _batch_arithmetic, "check-tokenizer": _check_tokenizer}
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] != ["batch-arithmetic"]:
+    if not argv or argv[0] not in _COMMANDS:
         print("usage: python -m rtd_scale.launch_env batch-arithmetic WORLD TP GLOBAL MICRO "
-              "[RANKS_PER_NODE]", file=sys.stderr)
+              "[RANKS_PER_NODE]\n"
+              "       python -m rtd_scale.launch_env check-tokenizer PRESET TOKENIZER "
+              "[--vocab-size N]", file=sys.stderr)
         return 2
-    return run_cli(_batch_arithmetic, argv[1:])
+    return run_cli(_COMMANDS[argv[0]], argv[1:])
 
 
 if __name__ == "__main__":

@@ -49,8 +49,9 @@ def prepare(cfg: RunConfig, world_size: int, print_fn=None) -> Prepared:
     from rtd_scale.data import shards
     from rtd_scale.data.blend import build_split
     from rtd_scale.data.tokenizer import Tokenizer
-    from rtd_scale.training import engine, wandb_logger
+    from rtd_scale.training import wandb_logger
     from rtd_scale.training.checkpoint import choose, compat, files, load as ckpt_load
+    from rtd_scale.training.ds_config import load_ds_config, resolve_ds_config
 
     wandb_logger.check_available(cfg.monitor)
     beyond = [r for r in cfg.monitor.profile_ranks if r >= world_size]
@@ -59,8 +60,8 @@ def prepare(cfg: RunConfig, world_size: int, print_fn=None) -> Prepared:
                              f"world has ranks 0 … {world_size - 1}); pass global ranks below "
                              f"{world_size}")
     dp, gas = cfg.batch_arithmetic(world_size)
-    ds_config = engine.resolve_ds_config(
-        engine.load_ds_config(cfg.train.ds_config), cfg, data_parallel_size=dp,
+    ds_config = resolve_ds_config(
+        load_ds_config(cfg.train.ds_config), cfg, data_parallel_size=dp,
         gradient_accumulation_steps=gas, source=f"--ds_config {cfg.train.ds_config}")
     tok = Tokenizer(cfg.data.tokenizer_model)
     sources = cfg.data.sources()

@@ -5,22 +5,19 @@
 #   sbatch slurm/pretrain_base.sh                  # 4 nodes × 8 GPUs, as the #SBATCH lines say
 #   sbatch --nodes=8 slurm/pretrain_base.sh        # command-line options override #SBATCH lines
 #
-# Model (the debertav3-base preset, rtd_scale/config.py): discriminator 12 layers × 768, generator
-# 6 layers × 768 (same width, half depth), FFN 3072, 12 heads, vocabulary of 128,100 pieces
-# (checked against the tokenizer before training), GDES, L = L_MLM + 50 · L_RTD, 15% masked,
-# sequences of 512 tokens. Optimisation as slurm/pretrain_large.sh: global batch 8192, 500,000
-# steps, warm-up 10,000 then linear decay, AdamW β1 0.9, β2 0.98, ε 1e-6, weight decay 0.01,
-# clipping 1.0, ZeRO-3, bf16.
-# Peak learning rate 6e-4: arXiv 2111.09543's Table 10 (pre-training hyper-parameters) gives 6e-4
-# for base while the prose of §4 says 5e-4. We follow the table, the more specific source and the
-# value of rtd_scale's debertav3-base preset; set RTD_LR=5e-4 to follow §4.
-# TODO(verify): arXiv 2111.09543 Table 10 and §4, both learning rates.
+# The preset debertav3-base (rtd_scale/config.py) holds the recipe: the model, embedding sharing,
+# loss weight, masking, optimizer, learning-rate schedule and seed. Print it from the checkout:
+#   python -c 'from rtd_scale.config import preset; print(preset("debertav3-base").to_json())'
+# arXiv 2111.09543 gives base two peak learning rates: Table 10's, which the preset takes, and
+# §4's prose, 5e-4 (RTD_LR=5e-4 follows it).
 #
-# The job passes --preset and the regime's knobs only; the recipe is the preset's
-# (rtd_scale/config.py). Gradient accumulation, the optional two phases (RTD_PHASE1_*),
-# preemption and requeue (at another node count too), and resuming work as in
-# slurm/pretrain_large.sh (slurm/lib/pretrain_job.sh). With 4 × 8 GPUs: micro-batch 16 ×
-# accumulation 16 × 32 = 8192.
+# The job passes pretrain.py --preset and the regime set below (steps, global batch,
+# micro-batch, sequence length; TP), as slurm/pretrain_large.sh does; RTD_LR, RTD_WARMUP_ITERS
+# and RTD_SEED override the preset only when set. Gradient accumulation, the tokenizer check,
+# the optional two phases (RTD_PHASE1_*), preemption and requeue (at another node count too),
+# and resuming work as there (slurm/lib/pretrain_job.sh). The job logs its micro-batch ×
+# accumulation × data-parallel size at start; `python -m rtd_scale.launch_env batch-arithmetic
+# TASKS TP GLOBAL MICRO` prints it beforehand.
 #
 # Environment (all optional; relative paths are relative to the job's working directory):
 #   RTD_PRESET         debertav3-base       model preset (rtd_scale/config.py)
@@ -28,15 +25,15 @@
 #   RTD_DATA_PATH      (all shards found)   shard prefixes, space-separated (so none may contain a
 #                                           space: link it); overrides RTD_SHARD_DIR
 #   RTD_TOKENIZER      <repo>/data/spm.model
-#   RTD_EXPECT_VOCAB   128100               tokenizer size required; empty: no check
+#   RTD_EXPECT_VOCAB   (the preset's)       tokenizer size required; empty: no check
 #   RTD_SAVE           <repo>/runs/<preset> checkpoints, config.json; the same on every requeue
 #   RTD_TENSORBOARD_DIR <save>/tensorboard
 #   RTD_TRAIN_ITERS    500000               optimizer steps
 #   RTD_GLOBAL_BATCH   8192                 sequences per optimizer step
 #   RTD_MICRO_BATCH    16                   sequences per GPU per forward
 #   RTD_SEQ_LENGTH     512
-#   RTD_LR             6e-4                 peak learning rate
-#   RTD_WARMUP_ITERS   10000
+#   RTD_LR             (the preset's)       peak learning rate (--lr)
+#   RTD_WARMUP_ITERS   (the preset's)       warm-up steps (--lr-warmup-iters)
 #   RTD_PHASE1_ITERS   (unset: one phase)   two phases: steps of phase 1, below RTD_TRAIN_ITERS
 #   RTD_PHASE1_SEQ_LENGTH 128               phase 1's sequence length
 #   RTD_PHASE1_GLOBAL_BATCH <global batch>  phase 1's sequences per step
@@ -44,7 +41,7 @@
 #   RTD_TP             1                    tensor-parallel size; divides the tasks per node
 #   RTD_SAVE_INTERVAL  1000                 steps between checkpoints (and one on preemption)
 #   RTD_LOG_INTERVAL   10
-#   RTD_SEED           1234
+#   RTD_SEED           (the preset's)       --seed
 #   RTD_DEVICE         gpu                  cpu: hide GPUs, gloo (small tests)
 #   RTD_BF16           1                    0: fp32
 #   RTD_DS_CONFIG      <repo>/ds_configs/zero3.json
@@ -77,8 +74,6 @@ set -euo pipefail
 : "${RTD_GLOBAL_BATCH:=8192}"
 : "${RTD_MICRO_BATCH:=16}"
 : "${RTD_SEQ_LENGTH:=512}"
-: "${RTD_LR:=6e-4}"
-: "${RTD_WARMUP_ITERS:=10000}"
 
 # Slurm runs a copy of this file from its spool directory: find the checkout through the job
 # record (the path that was submitted), or from this file when run with bash inside salloc.

@@ -4,29 +4,23 @@
 #   sbatch slurm/pretrain_large.sh                 # 8 nodes × 8 GPUs, as the #SBATCH lines say
 #   sbatch --nodes=16 slurm/pretrain_large.sh      # command-line options override #SBATCH lines
 #
-# Model (the debertav3-large preset, rtd_scale/config.py): discriminator 24 layers × 1024,
-# generator 12 layers × 1024 (same width, half depth), FFN 4096, 16 heads, one shared vocabulary of
-# 128,100 pieces (the tokenizer must have exactly that many; checked before training), GDES
-# embedding sharing, L = L_MLM + 50 · L_RTD, 15% of tokens masked, sequences of 512 tokens.
-# Optimisation (arXiv 2111.09543 Table 10): global batch 8192 sequences, 500,000 steps, linear
-# warm-up over 10,000 steps then linear decay to 0, AdamW β1 0.9, β2 0.98, ε 1e-6, weight decay
-# 0.01, gradient clipping 1.0; ZeRO-3 (ds_configs/zero3.json), bf16 compute with fp32 master
-# weights. The model and the recipe (GDES, λ, masking, AdamW, weight decay, clipping, decay to 0)
-# are the preset's: the job passes --preset and only the regime's knobs below (steps, batch,
-# micro-batch, sequence length, lr, warm-up, TP), so rtd_scale/config.py is the one place that
-# holds them.
-# Peak learning rate 3e-4. The paper's §4 prose and Table 10 disagree for the *base* model (5e-4
-# vs 6e-4; see slurm/pretrain_base.sh); for large we take Table 10's large column, 3e-4, the value
-# of rtd_scale's debertav3-large preset. We could not reopen the paper from the machine this was
-# written on, so the number was not re-checked against the PDF: confirm it there before the first
-# production run, and override with RTD_LR if it differs.
+# The preset debertav3-large (rtd_scale/config.py) holds the recipe: the model, embedding
+# sharing, loss weight, masking, optimizer, learning-rate schedule and seed. Print it from the
+# checkout:
+#   python -c 'from rtd_scale.config import preset; print(preset("debertav3-large").to_json())'
+# The job passes pretrain.py --preset and the regime set below (steps, global batch, micro-batch,
+# sequence length; TP), with ZeRO-3 (ds_configs/zero3.json) and bf16 compute; RTD_LR,
+# RTD_WARMUP_ITERS and RTD_SEED override the preset only when set. The tokenizer must have the
+# preset's vocabulary size (python -m rtd_scale.launch_env check-tokenizer, before training).
 # Data: the 160 GB of DeBERTa (Wikipedia, BookCorpus, OpenWebText, CC-News, Stories) tokenized by
 # slurm/preprocess.sh into RTD_SHARD_DIR; every *_text_document shard there is used.
 #
-# Gradient accumulation is derived: accumulation = 8192 / (micro-batch × data-parallel size),
-# data-parallel size = tasks / RTD_TP (rtd_scale.config.batch_layout, which pretrain.py and
-# tools/estimate_cost.py use too). A node count for which that is not an integer stops the job
-# with an error naming the node counts that work (with 8 GPUs per node: 1, 2, 4, 8, 16 … nodes).
+# Gradient accumulation is derived: accumulation = RTD_GLOBAL_BATCH / (micro-batch ×
+# data-parallel size), data-parallel size = tasks / RTD_TP (rtd_scale.config.batch_layout, which
+# pretrain.py and tools/estimate_cost.py use too; `python -m rtd_scale.launch_env
+# batch-arithmetic TASKS TP GLOBAL MICRO` prints it). A node count for which that is not an
+# integer stops the job with an error naming the node counts that work (with 8 GPUs per node and
+# a global batch of 8192: 1, 2, 4, 8, 16 … nodes).
 #
 # Two phases (optional; BERT's 128-then-512 schedule): RTD_PHASE1_ITERS=450000 trains steps
 # 1-450,000 at RTD_PHASE1_SEQ_LENGTH (128) tokens and RTD_PHASE1_GLOBAL_BATCH sequences, then
@@ -50,15 +44,15 @@
 #   RTD_DATA_PATH      (all shards found)   shard prefixes, space-separated (so none may contain a
 #                                           space: link it); overrides RTD_SHARD_DIR
 #   RTD_TOKENIZER      <repo>/data/spm.model
-#   RTD_EXPECT_VOCAB   128100               tokenizer size required; empty: no check
+#   RTD_EXPECT_VOCAB   (the preset's)       tokenizer size required; empty: no check
 #   RTD_SAVE           <repo>/runs/<preset> checkpoints, config.json; the same on every requeue
 #   RTD_TENSORBOARD_DIR <save>/tensorboard
 #   RTD_TRAIN_ITERS    500000               optimizer steps
 #   RTD_GLOBAL_BATCH   8192                 sequences per optimizer step
 #   RTD_MICRO_BATCH    8                    sequences per GPU per forward
 #   RTD_SEQ_LENGTH     512
-#   RTD_LR             3e-4                 peak learning rate
-#   RTD_WARMUP_ITERS   10000
+#   RTD_LR             (the preset's)       peak learning rate (--lr)
+#   RTD_WARMUP_ITERS   (the preset's)       warm-up steps (--lr-warmup-iters)
 #   RTD_PHASE1_ITERS   (unset: one phase)   two phases: steps of phase 1, below RTD_TRAIN_ITERS
 #   RTD_PHASE1_SEQ_LENGTH 128               phase 1's sequence length
 #   RTD_PHASE1_GLOBAL_BATCH <global batch>  phase 1's sequences per step
@@ -66,7 +60,7 @@
 #   RTD_TP             1                    tensor-parallel size; divides the tasks per node
 #   RTD_SAVE_INTERVAL  1000                 steps between checkpoints (and one on preemption)
 #   RTD_LOG_INTERVAL   10
-#   RTD_SEED           1234
+#   RTD_SEED           (the preset's)       --seed
 #   RTD_DEVICE         gpu                  cpu: hide GPUs, gloo (small tests)
 #   RTD_BF16           1                    0: fp32
 #   RTD_DS_CONFIG      <repo>/ds_configs/zero3.json
@@ -99,8 +93,6 @@ set -euo pipefail
 : "${RTD_GLOBAL_BATCH:=8192}"
 : "${RTD_MICRO_BATCH:=8}"
 : "${RTD_SEQ_LENGTH:=512}"
-: "${RTD_LR:=3e-4}"
-: "${RTD_WARMUP_ITERS:=10000}"
 
 # Slurm runs a copy of this file from its spool directory: find the checkout through the job
 # record (the path that was submitted), or from this file when run with bash inside salloc.

@@ -26,6 +26,7 @@ from typing import Iterator, Optional
 import numpy as np
 import torch
 
+from rtd_scale.config import rank_share
 from rtd_scale.data.packed import HostBatch, MicroBatch
 
 
@@ -34,8 +35,7 @@ def rank_micro_batches(consumed_samples: int, *, global_batch_size: int, micro_b
     """Global sample indices (int64 [b] each) of rank ``dp_rank``'s micro-batches in the optimizer
     step that starts after ``consumed_samples`` samples: the rank's contiguous G/dp slice of
     [consumed, consumed + G), in order."""
-    assert global_batch_size % (dp_size * micro_batch_size) == 0
-    per_rank = global_batch_size // dp_size
+    per_rank, _ = rank_share(global_batch_size, micro_batch_size, dp_size)
     first = consumed_samples + dp_rank * per_rank
     return [np.arange(first + j, first + j + micro_batch_size, dtype=np.int64)
             for j in range(0, per_rank, micro_batch_size)]
@@ -70,7 +70,7 @@ class DataParallelSampler:
     def __init__(self, *, total_samples: int, consumed_samples: int, global_batch_size: int,
                  micro_batch_size: int, dp_rank: int, dp_size: int):
         assert 0 <= dp_rank < dp_size and consumed_samples >= 0
-        assert global_batch_size % (micro_batch_size * dp_size) == 0
+        _, self.micro_batches_per_step = rank_share(global_batch_size, micro_batch_size, dp_size)
         self.total, self.consumed = total_samples, consumed_samples
         self.global_batch_size, self.micro_batch_size = global_batch_size, micro_batch_size
         self.dp_rank, self.dp_size = dp_rank, dp_size
@@ -80,7 +80,7 @@ class DataParallelSampler:
         return max(0, (self.total - self.consumed) // self.global_batch_size)
 
     def __len__(self) -> int:
-        return self.steps * self.global_batch_size // (self.dp_size * self.micro_batch_size)
+        return self.steps * self.micro_batches_per_step
 
     def __iter__(self) -> Iterator[np.ndarray]:
         for t in range(self.steps):

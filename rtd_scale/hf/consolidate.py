@@ -33,6 +33,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from rtd_scale.cli_errors import UserInputError
+from rtd_scale.config import rank_share
 
 
 # The per-parameter optimizer state a layout change carries (torch.optim.AdamW's names), besides
@@ -311,16 +312,17 @@ def ds_config_for_layout(ds_config: dict[str, Any], cfg, layout: dict[str, Any])
     that ZeRO stage, and the batch numbers of that data-parallel and pipeline size
     (``training/ds_config.resolve_ds_config``'s rule)."""
     t = cfg.train
-    dp = int(layout["data_parallel_size"])
+    per_rank, gas = rank_share(t.global_batch_size, t.micro_batch_size,
+                               int(layout["data_parallel_size"]))
     out = {**ds_config, "zero_optimization": {**ds_config.get("zero_optimization", {}),
                                               "stage": int(layout["zero_stage"])}}
     if int(layout["pipeline_model_parallel_size"]) > 1:
-        out.update(train_micro_batch_size_per_gpu=t.global_batch_size // dp,
+        out.update(train_micro_batch_size_per_gpu=per_rank,
                    gradient_accumulation_steps=1, managed_gradient_accumulation=False)
     else:
         out.pop("managed_gradient_accumulation", None)
         out.update(train_micro_batch_size_per_gpu=t.micro_batch_size,
-                   gradient_accumulation_steps=t.global_batch_size // (t.micro_batch_size * dp))
+                   gradient_accumulation_steps=gas)
     out["train_batch_size"] = t.global_batch_size
     return out
 

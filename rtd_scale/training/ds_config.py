@@ -29,7 +29,7 @@ import os
 from typing import Any, Optional
 
 from rtd_scale.cli_errors import UserInputError
-from rtd_scale.config import Precision, RunConfig
+from rtd_scale.config import Precision, RunConfig, rank_share
 
 # Derived from our flags: the flag (or rule) that sets each.
 OWNED = {
@@ -396,7 +396,8 @@ def resolve_ds_config(user: dict[str, Any], cfg: RunConfig, *, data_parallel_siz
     pp = cfg.parallel.pipeline_model_parallel_size
     also = {}  # under pipeline parallelism the resolved file holds these (below); both agree
     if pp > 1:
-        also = {"train_micro_batch_size_per_gpu": t.global_batch_size // data_parallel_size,
+        per_rank, _ = rank_share(t.global_batch_size, t.micro_batch_size, data_parallel_size)
+        also = {"train_micro_batch_size_per_gpu": per_rank,
                 "gradient_accumulation_steps": 1}
     for key in ours:
         if key in user and user[key] not in ("auto", ours[key], also.get(key, ours[key])):

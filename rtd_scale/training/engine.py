@@ -14,9 +14,9 @@ from typing import Any, Optional
 from rtd_scale.cli_errors import UserInputError
 from rtd_scale.config import OptimConfig, RunConfig
 
-# The ds_config's checks and merge live in training/ds_config.py; imported here by callers.
-from rtd_scale.training.ds_config import (load_ds_config, offloads_optimizer,  # noqa: E402,F401
-                                          resolve_ds_config)
+# The ds_config's checks and merge live in training/ds_config.py; re-exported here because
+# tests and bench/ import them from the engine.
+from rtd_scale.training.ds_config import load_ds_config, resolve_ds_config  # noqa: F401
 from rtd_scale.training.optimizer import optimizer_for_ds_config
 
 

@@ -25,7 +25,7 @@ from typing import Optional
 import torch
 
 from rtd_scale.cli_errors import UserInputError
-from rtd_scale.config import RunConfig
+from rtd_scale.config import RunConfig, rank_share
 from rtd_scale.data.blend import BlendedDataset
 from rtd_scale.data.loader import DataParallelSampler, build_loader
 from rtd_scale.distributed import DeepSpeedMpu, ParallelContext
@@ -200,7 +200,7 @@ def evaluate(cfg: RunConfig, ctx: ParallelContext, engine, loader,
     discriminator's AUC on them, ``data/known_answer.py``).
     """
     acc = MetricAccumulator(ctx.device)
-    gas = len(loader) // cfg.train.eval_iters
+    _, gas = rank_share(cfg.train.global_batch_size, cfg.train.micro_batch_size, ctx.dp_size)
     pad_id = engine.module.pad_id
     auc_here = ctx.is_last_stage and ctx.tp_rank == 0
     scores, labels = [], []
@@ -338,7 +338,7 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
     norm = None
     own_norm = engine.zero_optimization_stage() == 0  # DeepSpeed keeps no norm at stage 0
     mp_group = DeepSpeedMpu().get_model_parallel_group()
-    gas = t.global_batch_size // (t.micro_batch_size * ctx.dp_size)
+    _, gas = rank_share(t.global_batch_size, t.micro_batch_size, ctx.dp_size)
     total = consumed_samples + (t.train_iters - start_step) * t.global_batch_size
     train_batches = iter(make_loader(cfg, ctx, data["train"], consumed=consumed_samples,
                                      total=total))

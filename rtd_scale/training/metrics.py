@@ -19,7 +19,6 @@ config/run and config/ds_config (the resolved configs, at the run's first step).
 """
 from __future__ import annotations
 
-import datetime
 import time
 from typing import Optional
 
@@ -27,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from rtd_scale.model.rtd import COUNT_KEYS, RTDOutput
+from rtd_scale.training.throughput import format_eta
 from rtd_scale.training.timers import format_timer_fields
 
 
@@ -183,5 +183,5 @@ def _throughput_fields(scalars: dict[str, float]) -> str:
     if "optim/loss_scale" in scalars:
         out += f" loss scale: {scalars['optim/loss_scale']:.1f} |"
     if "time/eta_s" in scalars:
-        out += f" ETA: {datetime.timedelta(seconds=round(scalars['time/eta_s']))} |"
+        out += f" ETA: {format_eta(scalars['time/eta_s'])} |"
     return out

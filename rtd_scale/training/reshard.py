@@ -56,9 +56,9 @@ weights and both moments, 12 bytes per parameter; ``training_state.json``: AdamW
 scaler). Each is built under ``<load>/.<tag>_<kind>.tmp-<pid>`` and renamed into place when
 complete (a marker file inside says so), so an interrupted conversion never counts and the
 next ``--load`` converts again; a later resume at any other layout reuses a complete one.
-Converted files are checked like any checkpoint's (``checkpoint/checks.py``'s
-``check_safe_to_load``), and the layout-free state's load runs the LOAD and AFTER_LOAD checks of
-``checks.CHECKS`` as every other load does.
+Converted files pass the BEFORE_BUILD checks of ``checkpoint/checks.py``'s ``CHECKS`` as any
+checkpoint's do, the layout-free state's load runs the LOAD and AFTER_LOAD checks as every other
+load does, and it reads ``state.pt`` with ``files.safe_load`` as DeepSpeed's reads are.
 
 RNG policy. Masks and sampling noise are functions of (seed, step, global sample index): they
 continue exactly at any layout. Dropout streams are per rank (``rng_rank*.pt``) and cannot be
@@ -87,7 +87,14 @@ def universal_root(load_dir: str, tag: str) -> str:
 
 
 def is_converted(load_dir: str, tag: str) -> bool:
-    return os.path.isfile(os.path.join(universal_root(load_dir, tag), tag, DONE_FILE))
+    """Whether ``<load_dir>/<tag>``'s universal conversion is complete (its marker written)."""
+    return _is_complete(universal_root(load_dir, tag), os.path.join(tag, DONE_FILE))
+
+
+def _is_complete(root: str, marker: str) -> bool:
+    """Whether the conversion at ``root`` is complete: ``marker`` (relative to it) is written
+    last, just before the conversion is renamed into place (:func:`_convert_beside`)."""
+    return os.path.isfile(os.path.join(root, marker))
 
 
 def convert(load_dir: str, tag: str) -> tuple[str, float, bool]:
@@ -108,7 +115,8 @@ def convert(load_dir: str, tag: str) -> tuple[str, float, bool]:
 
     # DeepSpeed's converter asserts on what it cannot read: its first line says what
     return _convert_beside(
-        load_dir, tag, "universal", write, os.path.join(tag, DONE_FILE), "the universal conversion",
+        load_dir, tag, universal_root(load_dir, tag), write, os.path.join(tag, DONE_FILE),
+        "the universal conversion",
         lambda e: f"DeepSpeed's universal conversion of {tag} failed ({_line(e, 0)})")
 
 
@@ -116,20 +124,19 @@ def _line(e: BaseException, index: int) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[index]
 
 
-def _convert_beside(load_dir: str, tag: str, kind: str, write: Callable[[str], None],
+def _convert_beside(load_dir: str, tag: str, final: str, write: Callable[[str], None],
                     marker: str, what: str, failed: Callable[[Exception], str]
                     ) -> tuple[str, float, bool]:
-    """Write (or reuse) ``<load_dir>/<tag>_<kind>``: ``write(tmp)`` fills a temporary
-    ``<load_dir>/.<tag>_<kind>.tmp-<pid>``, the ``marker`` file (relative to it) is written when
-    it is complete, and then it is renamed into place, so an interrupted conversion never counts
-    and the checkpoint itself is only read. A failure removes the temporary and is one
-    ``UserInputError`` line: ``failed(e)`` for what ``write`` raised, "cannot write ``what``"
-    for the directory."""
-    final = os.path.join(load_dir, f"{tag}_{kind}")
-    if os.path.isfile(os.path.join(final, marker)):
+    """Write (or reuse) ``final`` (``<load_dir>/<tag>_<kind>``): ``write(tmp)`` fills a
+    temporary ``<load_dir>/.<tag>_<kind>.tmp-<pid>``, the ``marker`` file (relative to it) is
+    written when it is complete, and then it is renamed into place, so an interrupted conversion
+    never counts and the checkpoint itself is only read. A failure removes the temporary and is
+    one ``UserInputError`` line: ``failed(e)`` for what ``write`` raised, "cannot write
+    ``what``" for the directory."""
+    if _is_complete(final, marker):
         return final, 0.0, False
     start = time.perf_counter()
-    tmp = os.path.join(load_dir, f".{tag}_{kind}.tmp-{os.getpid()}")
+    tmp = os.path.join(load_dir, f".{os.path.basename(final)}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         os.makedirs(tmp)
@@ -252,18 +259,16 @@ def _optimizer_state_for_every_stage(folder: str) -> None:
 
 
 def check_converted_safe(root: str, tag: str) -> None:
-    """Every ``.pt`` file of a conversion holds only tensors and DeepSpeed's records (a reused
-    conversion could have been replaced), checked as ``checks.check_safe_to_load`` checks a
-    checkpoint's."""
-    from rtd_scale.training.checkpoint.checks import check_safe_to_load
+    """The BEFORE_BUILD checks of ``checks.CHECKS`` on every folder of a conversion (a reused
+    conversion could have been replaced), as ``load.take`` runs them on a checkpoint: its
+    ``.pt`` files hold only tensors and DeepSpeed's records."""
+    from rtd_scale.training.checkpoint import checks
 
     folder = os.path.join(root, tag)
-    check_safe_to_load(folder)
     zero = os.path.join(folder, "zero")
-    check_safe_to_load(zero)
-    for name in sorted(os.listdir(zero)):
-        if os.path.isdir(os.path.join(zero, name)):
-            check_safe_to_load(os.path.join(zero, name))
+    for path in (folder, zero, *(os.path.join(zero, name) for name in sorted(os.listdir(zero))
+                                 if os.path.isdir(os.path.join(zero, name)))):
+        checks.run(checks.Moment.BEFORE_BUILD, ckpt_dir=path)
 
 
 # ------------------------------------------- tensor- and pipeline-parallel changes, ZeRO-0 ----
@@ -296,7 +301,8 @@ def canonical_root(load_dir: str, tag: str) -> str:
 
 
 def is_canonical_converted(load_dir: str, tag: str) -> bool:
-    return os.path.isfile(os.path.join(canonical_root(load_dir, tag), CANONICAL_DONE))
+    """Whether ``<load_dir>/<tag>``'s layout-free state is complete (its marker written)."""
+    return _is_complete(canonical_root(load_dir, tag), CANONICAL_DONE)
 
 
 def convert_canonical(load_dir: str, tag: str, gather: Callable[[str, str, str], None]
@@ -316,17 +322,18 @@ def convert_canonical(load_dir: str, tag: str, gather: Callable[[str, str, str],
     """
     # a worker's traceback: its last line says what failed
     return _convert_beside(
-        load_dir, tag, "canonical", lambda tmp: gather(load_dir, tag, tmp), CANONICAL_DONE,
-        "the layout-free state",
+        load_dir, tag, canonical_root(load_dir, tag), lambda tmp: gather(load_dir, tag, tmp),
+        CANONICAL_DONE, "the layout-free state",
         lambda e: f"merging the shards of {tag} into one layout-free state failed ({_line(e, -1)})")
 
 
 def check_canonical_safe(root: str) -> None:
-    """The conversion's ``.pt`` files hold only tensors (a reused one could have been replaced),
-    checked as ``checks.check_safe_to_load`` checks a checkpoint's."""
-    from rtd_scale.training.checkpoint.checks import check_safe_to_load
+    """The BEFORE_BUILD checks of ``checks.CHECKS`` on the conversion (a reused one could have
+    been replaced), as ``load.take`` runs them on a checkpoint: its ``.pt`` files hold only
+    tensors."""
+    from rtd_scale.training.checkpoint import checks
 
-    check_safe_to_load(root)
+    checks.run(checks.Moment.BEFORE_BUILD, ckpt_dir=root)
 
 
 def _model_states(ckpt_dir: str) -> dict:
@@ -462,11 +469,11 @@ def load_canonical(engine, model, ctx, root: str, choice, *, flag: str) -> dict:
 
     from rtd_scale.model import weights
     from rtd_scale.training.checkpoint import checks
+    from rtd_scale.training.checkpoint.files import safe_load
     from rtd_scale.training.checkpoint.load import refresh_learning_rate
 
     checks.run(checks.Moment.LOAD, engine=engine)
-    state = torch.load(os.path.join(root, STATE_FILE), map_location="cpu",
-                       weights_only=True, mmap=True)
+    state = safe_load(os.path.join(root, STATE_FILE), mmap=True)
     with open(os.path.join(root, INFO_FILE), encoding="utf-8") as f:
         info = json.load(f)
     names = dict(weights._named_unique_parameters(model))

@@ -2,10 +2,10 @@
 ``--log-throughput`` and memory report).
 
 - TFLOP/s per device = the model FLOPs of the interval's steps / its seconds / world size, with
-  one step's model FLOPs = ``flops.rtd_flops_per_token(flops.dims_of(cfg))`` × global batch size
-  × sequence length: every position of every packed sequence, as Megatron-LM's
-  ``num_floating_point_operations`` counts batch × sequence (``rtd_scale/flops.py`` says what a
-  model FLOP is). MFU = ``flops.mfu`` of that against the device's peak.
+  one step's model FLOPs (:func:`step_model_flops`) = ``flops.rtd_flops_per_token(flops.dims_of(
+  cfg))`` × global batch size × sequence length: every position of every packed sequence, as
+  Megatron-LM's ``num_floating_point_operations`` counts batch × sequence (``rtd_scale/flops.py``
+  says what a model FLOP is). MFU = that against the device's peak (``flops.mfu``'s ratio).
 - The peak: ``--peak-tflops-per-device``, ``--device-peak NAME``, or the bf16 dense datasheet
   value of a GPU whose name is known (``DEVICE_PEAK_TFLOPS``); otherwise no MFU is logged. It is
   the bf16 figure whatever the run's precision (an fp32 run's MFU is against bf16's peak).
@@ -60,8 +60,7 @@ class ThroughputMeter:
     ``time/eta_s``)."""
 
     def __init__(self, cfg, *, world_size: int, device):
-        self.flops_per_token = flops.rtd_flops_per_token(flops.dims_of(cfg))
-        self.tokens_per_step = cfg.train.global_batch_size * cfg.data.seq_length
+        self.step_flops = step_model_flops(cfg)
         self.peak = peak_tflops(cfg.train.peak_tflops_per_device, device)
         self.world_size = world_size
         self.train_iters = cfg.train.train_iters
@@ -72,11 +71,10 @@ class ThroughputMeter:
         """``steps`` optimizer steps took ``seconds``; ``done`` steps of the run are done."""
         self.seconds += seconds
         self.steps += steps
-        tokens_per_s = self.tokens_per_step * steps / seconds / self.world_size  # per device
-        out = {"throughput/tflops_per_device": self.flops_per_token * tokens_per_s / 1e12}
+        flops_per_s = self.step_flops * steps / seconds / self.world_size  # per device
+        out = {"throughput/tflops_per_device": flops_per_s / 1e12}
         if self.peak is not None:
-            out["throughput/mfu"] = flops.mfu(self.flops_per_token, tokens_per_s,
-                                              self.peak * 1e12)
+            out["throughput/mfu"] = flops_per_s / (self.peak * 1e12)  # as flops.mfu
         out["time/eta_s"] = (self.train_iters - done) * self.seconds / self.steps
         return out
 

@@ -1,13 +1,16 @@
 # shellcheck shell=bash
 # The body of slurm/pretrain_*.sh, sourced after they set their regime's defaults (RTD_* below).
-# Runs inside the batch step of an sbatch job (or an salloc shell): checks the batch arithmetic
-# (rtd_scale.config.batch_layout, through `python -m rtd_scale.launch_env batch-arithmetic`),
-# starts one training process per task with srun, and turns a preemption signal into a
-# checkpoint, a requeue and, in the requeued job, a resume.
+# Runs inside the batch step of an sbatch job (or an salloc shell): checks the tokenizer against
+# the preset and the batch arithmetic (`python -m rtd_scale.launch_env check-tokenizer` and
+# `batch-arithmetic`: rtd_scale.config.batch_layout), starts one training process per task with
+# srun, and turns a preemption signal into a checkpoint, a requeue and, in the requeued job, a
+# resume.
 #
-# pretrain.py gets --preset and the regime's knobs (steps, global batch, micro-batch, sequence
-# length, peak lr, warm-up, TP); everything else of the recipe (GDES, λ 50, 15% masked, AdamW
-# β/ε, weight decay, clipping, linear decay to 0) is the preset's (rtd_scale/config.py).
+# pretrain.py gets --preset and the regime (steps, global batch, micro-batch, sequence length,
+# TP). The preset RTD_PRESET (rtd_scale/config.py) holds the recipe; print it from the checkout:
+#   python -c 'from rtd_scale.config import preset; print(preset("NAME").to_json())'
+# RTD_LR, RTD_WARMUP_ITERS and RTD_SEED become --lr, --lr-warmup-iters and --seed only when set:
+# unset, the preset's values hold.
 #
 # Two phases (BERT's schedule, arXiv 1810.04805 §A.2), with RTD_PHASE1_ITERS set: steps
 # 1..RTD_PHASE1_ITERS at RTD_PHASE1_SEQ_LENGTH tokens and RTD_PHASE1_GLOBAL_BATCH sequences
@@ -47,7 +50,8 @@ rtd_log() { echo "[rtd-slurm $(date '+%F %T')] $*"; }
 # ---------------------------------------------------------------------------------- inputs ----
 : "${RTD_REPO:?set RTD_REPO to the rtd_scale checkout}"
 : "${RTD_PRESET:?}" "${RTD_TRAIN_ITERS:?}" "${RTD_GLOBAL_BATCH:?}" "${RTD_MICRO_BATCH:?}"
-: "${RTD_SEQ_LENGTH:?}" "${RTD_LR:?}" "${RTD_WARMUP_ITERS:?}"
+: "${RTD_SEQ_LENGTH:?}"
+# RTD_LR, RTD_WARMUP_ITERS, RTD_SEED: unset (or empty), the preset's (recipe_args below)
 : "${RTD_TP:=1}"
 : "${RTD_SAVE:=$RTD_REPO/runs/$RTD_PRESET}"
 : "${RTD_TENSORBOARD_DIR:=$RTD_SAVE/tensorboard}"
@@ -57,7 +61,6 @@ rtd_log() { echo "[rtd-slurm $(date '+%F %T')] $*"; }
 : "${RTD_DS_CONFIG:=$RTD_REPO/ds_configs/zero3.json}"
 : "${RTD_SAVE_INTERVAL:=1000}"
 : "${RTD_LOG_INTERVAL:=10}"
-: "${RTD_SEED:=1234}"
 : "${RTD_DEVICE:=gpu}"
 : "${RTD_BF16:=1}"
 : "${RTD_EXTRA_ARGS:=}"
@@ -68,9 +71,8 @@ rtd_log() { echo "[rtd-slurm $(date '+%F %T')] $*"; }
 : "${RTD_PHASE1_SEQ_LENGTH:=128}"
 : "${RTD_PHASE1_GLOBAL_BATCH:=$RTD_GLOBAL_BATCH}"
 : "${RTD_PHASE1_MICRO_BATCH:=$RTD_MICRO_BATCH}"
-# The tokenizer size the regime needs; empty disables the check (other presets, small tests).
-if [[ "$RTD_PRESET" == debertav3-* ]]; then : "${RTD_EXPECT_VOCAB=128100}"; fi
-: "${RTD_EXPECT_VOCAB:=}"
+# RTD_EXPECT_VOCAB, the tokenizer's size: unset, the preset's model.vocab_size; a number, that;
+# empty, no check (small tests on small tokenizers). Left unset here: unset and empty differ.
 
 rtd_positive_int() {  # NAME VALUE
   [[ "$2" =~ ^[1-9][0-9]*$ ]] || rtd_die "$1=$2: expected a positive integer"
@@ -80,17 +82,22 @@ rtd_count() {  # NAME VALUE: a whole number, 0 included
   [[ "$2" =~ ^[0-9]+$ ]] || rtd_die "$1=$2: expected a whole number (0 or more)"
 }
 
+rtd_python() {  # python with the checkout importable, in the job's working directory (where
+  # relative RTD_* paths point)
+  PYTHONPATH="$RTD_REPO${PYTHONPATH:+:$PYTHONPATH}" python "$@"
+}
+
 # ---------------------------------------------------------------------- batch arithmetic ----
 # rtd_batch_arithmetic WORLD TP GLOBAL MICRO [TASKS_PER_NODE]: prints "DP ACCUMULATION", or one
 # error line (which numbers would work) on stderr and status 1. global = micro × accumulation ×
 # DP, DP = world / TP; TP must divide the tasks per node. rtd_scale.config.batch_layout, the
 # arithmetic pretrain.py and tools/estimate_cost.py apply too.
 rtd_batch_arithmetic() {
-  (cd "$RTD_REPO" && python -m rtd_scale.launch_env batch-arithmetic "$@")
+  rtd_python -m rtd_scale.launch_env batch-arithmetic "$@"
 }
 
 rtd_latest_tag() {  # the checkpoint --load RTD_SAVE takes (the newest complete one), or nothing
-  (cd "$RTD_REPO" && python -c 'import sys; from rtd_scale.training.checkpoint.choose import newest_complete; print(newest_complete(sys.argv[1]) or "")' "$RTD_SAVE")
+  rtd_python -c 'import sys; from rtd_scale.training.checkpoint.choose import newest_complete; print(newest_complete(sys.argv[1]) or "")' "$RTD_SAVE"
 }
 
 rtd_holds_run() {  # true when RTD_SAVE holds an earlier run's checkpoints, complete or not
@@ -200,13 +207,11 @@ rtd_pretrain_main() {
     [ "${#data_paths[@]}" -gt 0 ] || rtd_die "no datasets in RTD_SHARD_DIR=$RTD_SHARD_DIR" \
       "(*_text_document.manifest.json or *_text_document.idx); run slurm/preprocess.sh first or set RTD_DATA_PATH"
   fi
-  if [ -n "$RTD_EXPECT_VOCAB" ]; then
-    local vocab
-    [ -f "$RTD_TOKENIZER" ] || rtd_die "RTD_TOKENIZER=$RTD_TOKENIZER: no such file"
-    vocab="$(cd "$RTD_REPO" && python -c 'import sys; from rtd_scale.data.tokenizer import Tokenizer; print(Tokenizer(sys.argv[1]).vocab_size)' "$RTD_TOKENIZER")"
-    [ "$vocab" = "$RTD_EXPECT_VOCAB" ] || rtd_die "RTD_TOKENIZER=$RTD_TOKENIZER has $vocab" \
-      "pieces; $RTD_PRESET's regime needs $RTD_EXPECT_VOCAB (tools/train_tokenizer.py" \
-      "--vocab-size $RTD_EXPECT_VOCAB), or set RTD_EXPECT_VOCAB= to accept it"
+  if [ -n "${RTD_EXPECT_VOCAB-preset}" ]; then  # set and empty: no check
+    local expect=()
+    if [ -n "${RTD_EXPECT_VOCAB:-}" ]; then expect=(--vocab-size "$RTD_EXPECT_VOCAB"); fi
+    rtd_python -m rtd_scale.launch_env check-tokenizer "$RTD_PRESET" "$RTD_TOKENIZER" \
+      ${expect[@]+"${expect[@]}"} || exit 1  # the error is already printed
   fi
 
   tag_at_start="$(rtd_latest_tag)"
@@ -233,8 +238,11 @@ rtd_pretrain_main() {
     "$SLURM_JOB_NODELIST: $world tasks, master $MASTER_ADDR:$MASTER_PORT, device $RTD_DEVICE"
   if [ -n "${resized:-}" ]; then rtd_log "$resized"; fi
 
-  local precision_args=()
+  local precision_args=() recipe_args=()  # recipe_args: only what is set overrides the preset
   if [ "$RTD_BF16" = 1 ]; then precision_args=(--bf16); fi
+  if [ -n "${RTD_LR:-}" ]; then recipe_args+=(--lr "$RTD_LR"); fi
+  if [ -n "${RTD_WARMUP_ITERS:-}" ]; then recipe_args+=(--lr-warmup-iters "$RTD_WARMUP_ITERS"); fi
+  if [ -n "${RTD_SEED:-}" ]; then recipe_args+=(--seed "$RTD_SEED"); fi
   local extra_args=()
   read -r -a extra_args <<<"$RTD_EXTRA_ARGS"
   local tag="$tag_at_start" step phase iters seq global micro pdp pgas load_args cmd
@@ -251,8 +259,9 @@ rtd_pretrain_main() {
     if [ -n "$tag" ] || rtd_holds_run; then
       load_args=(--load "$RTD_SAVE")
     fi
-    # The preset holds the recipe; these are the regime's knobs and the job's plumbing. The
-    # schedule's length is the whole run's, in phase 1 too: --lr-decay-iters RTD_TRAIN_ITERS.
+    # The preset holds the recipe; these are the regime, the recipe variables that are set, and
+    # the job's plumbing. The schedule's length is the whole run's, in phase 1 too:
+    # --lr-decay-iters RTD_TRAIN_ITERS.
     cmd=(
       python -u "$RTD_REPO/rtd_scale/pretrain.py"
       --ds_config "$RTD_DS_CONFIG"
@@ -267,10 +276,9 @@ rtd_pretrain_main() {
       --micro-batch-size "$micro"
       --global-batch-size "$global"
       --tensor-model-parallel-size "$RTD_TP"
-      --lr "$RTD_LR" --lr-warmup-iters "$RTD_WARMUP_ITERS"
+      ${recipe_args[@]+"${recipe_args[@]}"}
       ${precision_args[@]+"${precision_args[@]}"}
       --log-interval "$RTD_LOG_INTERVAL" --save-interval "$RTD_SAVE_INTERVAL"
-      --seed "$RTD_SEED"
       --exit-signal-handler --exit-signal SIGUSR1
       ${extra_args[@]+"${extra_args[@]}"}
     )

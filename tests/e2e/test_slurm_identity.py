@@ -5,7 +5,9 @@ them, with the variables it sets.
   so a list that changes between submissions tokenizes every file exactly once, and a
   task whose file is already tokenized elsewhere, or was edited since, refuses in one line;
 - slurm/lib/pretrain_job.sh's environment checks (a path with a space in RTD_DATA_PATH, a
-  non-integer RTD_MAX_REQUEUES);
+  non-integer RTD_MAX_REQUEUES), the tokenizer held to the preset's vocabulary size, and the
+  command it hands srun: --preset and the regime, --lr / --lr-warmup-iters / --seed only when
+  RTD_LR / RTD_WARMUP_ITERS / RTD_SEED are set;
 - `srun python rtd_scale/pretrain.py` without the rank wrapper: two processes with only SLURM_*
   variables form one world of 2;
 - a single process on a node where port 29500 is taken trains on a free port, and a MASTER_PORT
@@ -181,6 +183,79 @@ def test_pretrain_job_environment_errors(n15, tmp_path):
         assert err == f"error: RTD_MAX_REQUEUES={value}: expected a whole number (0 or more)"
     err = _one_line_error(_pretrain_job({"RTD_MASTER_PORT": "70000"}))
     assert err == "error: RTD_MASTER_PORT=70000: expected a TCP port, 1-65535"
+
+
+def _launch(cwd: Path, env_extra: dict[str, str], unset: tuple[str, ...] = ()
+            ) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """slurm/lib/pretrain_job.sh's main in a (pretend) 2-task job run through to srun, with
+    stand-ins for srun (records its arguments) and scontrol: the job's result, and the
+    pretrain.py command it handed srun ([] when it stopped before)."""
+    (cwd / "d_text_document.idx").write_bytes(b"")  # the data-path check wants only a name
+    argv = cwd / "srun.argv"
+    argv.unlink(missing_ok=True)
+    stubs = (f'srun() {{ printf "%s\\n" "$@" > "{argv}"; }}; '
+             'scontrol() { if [ "$1" = show ]; then echo localhost; fi; }; ')
+    env = _env(**{"RTD_REPO": str(REPO), "RTD_PRESET": "tiny", "RTD_TRAIN_ITERS": "2",
+                  "RTD_GLOBAL_BATCH": "8", "RTD_MICRO_BATCH": "4", "RTD_SEQ_LENGTH": "64",
+                  "RTD_DEVICE": "cpu", "RTD_EXPECT_VOCAB": "",
+                  "RTD_DATA_PATH": str(cwd / "d_text_document"), "RTD_SAVE": str(cwd / "run"),
+                  "SLURM_JOB_ID": "77", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "localhost",
+                  "SLURM_JOB_NUM_NODES": "1",
+                  "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+                  **env_extra})
+    for name in ("RTD_LR", "RTD_WARMUP_ITERS", "RTD_SEED", *unset):
+        if name not in env_extra:
+            env.pop(name, None)
+    code = stubs + f'source "{REPO}/slurm/lib/pretrain_job.sh"; rtd_pretrain_main'
+    r = subprocess.run(["bash", "-c", code], cwd=cwd, env=env, capture_output=True, text=True,
+                       timeout=120)
+    if not argv.exists():
+        return r, []
+    args = argv.read_text().splitlines()
+    return r, args[args.index("python"):]
+
+
+def _flag(cmd: list[str], flag: str) -> str | None:
+    return cmd[cmd.index(flag) + 1] if flag in cmd else None
+
+
+def test_the_launcher_passes_the_preset_and_only_the_recipe_flags_that_are_set(tmp_path):
+    """Unset RTD_LR, RTD_WARMUP_ITERS and RTD_SEED mean the preset's values: no flag restates
+    them. Set, each becomes its flag."""
+    (tmp_path / "a").mkdir()
+    r, cmd = _launch(tmp_path / "a", {})
+    assert r.returncode == 0 and cmd, (r.stdout, r.stderr)
+    assert _flag(cmd, "--preset") == "tiny" and _flag(cmd, "--global-batch-size") == "8"
+    assert _flag(cmd, "--train-iters") == "2" and _flag(cmd, "--seq-length") == "64"
+    assert not {"--lr", "--lr-warmup-iters", "--seed"} & set(cmd), cmd
+    (tmp_path / "b").mkdir()
+    r, cmd = _launch(tmp_path / "b", {"RTD_LR": "1e-3", "RTD_WARMUP_ITERS": "5",
+                                      "RTD_SEED": "7"})
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert (_flag(cmd, "--lr"), _flag(cmd, "--lr-warmup-iters"), _flag(cmd, "--seed")) == \
+        ("1e-3", "5", "7")
+
+
+def test_the_tokenizer_is_checked_against_the_presets_vocabulary(n15, tmp_path):
+    """RTD_EXPECT_VOCAB unset: the preset's model.vocab_size (a relative RTD_TOKENIZER is the
+    job's working directory's); a number: that; empty: no check."""
+    from rtd_scale.config import preset
+    from rtd_scale.data.tokenizer import Tokenizer
+
+    shutil.copy(n15 / "spm.model", tmp_path / "spm.model")
+    pieces, want = Tokenizer(str(n15 / "spm.model")).vocab_size, preset("tiny").model.vocab_size
+    assert pieces != want
+    r, cmd = _launch(tmp_path, {"RTD_TOKENIZER": "spm.model"}, unset=("RTD_EXPECT_VOCAB",))
+    assert _one_line_error(r) == (
+        f"error: RTD_TOKENIZER=spm.model has {pieces} pieces; the preset tiny needs {want} "
+        f"(tools/train_tokenizer.py --vocab-size {want}), or set RTD_EXPECT_VOCAB= to accept it")
+    assert cmd == []
+    r, _ = _launch(tmp_path, {"RTD_TOKENIZER": "spm.model", "RTD_EXPECT_VOCAB": str(pieces + 1)})
+    assert _one_line_error(r).startswith(
+        f"error: RTD_TOKENIZER=spm.model has {pieces} pieces; RTD_EXPECT_VOCAB={pieces + 1} needs")
+    for expect in (str(pieces), ""):
+        r, cmd = _launch(tmp_path, {"RTD_TOKENIZER": "spm.model", "RTD_EXPECT_VOCAB": expect})
+        assert r.returncode == 0 and _flag(cmd, "--tokenizer-model") == "spm.model", r.stderr
 
 
 def _free_slurm_job_id() -> int:

@@ -3,12 +3,16 @@ writes (training/reshard.py); the conversions themselves run in
 tests/e2e/test_resume_layout.py."""
 from __future__ import annotations
 
+import types
+
 import pytest
+import torch
 
 from rtd_scale.cli_errors import UserInputError
 from rtd_scale.hf.consolidate import consolidate_training_state
 from rtd_scale.training import reshard
-from rtd_scale.training.checkpoint import compat
+from rtd_scale.training.checkpoint import checks, compat
+from rtd_scale.training.checkpoint.files import CheckpointReadError, SafeCheckpointEngine
 
 DP2_Z3 = {"world_size": 2, "data_parallel_size": 2, "tensor_model_parallel_size": 1,
           "pipeline_model_parallel_size": 1, "zero_stage": 3}
@@ -79,3 +83,67 @@ def test_a_failed_layout_free_conversion_leaves_nothing_and_the_checkpoint_untou
     assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step3"]
     assert sorted(p.name for p in tag.iterdir()) == ["rtd_complete.json"]
     assert not reshard.is_canonical_converted(str(tmp_path), "global_step3")
+
+
+def test_conversions_run_the_before_build_checks_of_the_one_list(tmp_path, monkeypatch):
+    """A check added to checks.CHECKS at BEFORE_BUILD reaches every folder of both conversions,
+    as it reaches a checkpoint's (load.take)."""
+    seen = []
+    probe = checks.Check("probe", checks.Moment.BEFORE_BUILD,
+                         lambda ckpt_dir: seen.append(ckpt_dir))
+    monkeypatch.setattr(checks, "CHECKS", (*checks.CHECKS, probe))
+    folder = tmp_path / "global_step3_universal" / "global_step3"
+    for name in ("module.w", "module.b"):
+        (folder / "zero" / name).mkdir(parents=True)
+    torch.save({"step": torch.tensor(3.0)}, folder / "zero" / "optimizer_state.pt")  # no folder
+    reshard.check_converted_safe(str(folder.parent), "global_step3")
+    assert seen == [str(folder), str(folder / "zero"), str(folder / "zero" / "module.b"),
+                    str(folder / "zero" / "module.w")]
+    seen.clear()
+    canonical = tmp_path / "global_step3_canonical"
+    canonical.mkdir()
+    reshard.check_canonical_safe(str(canonical))
+    assert seen == [str(canonical)]
+
+
+class _Payload:
+    """Unpickled without weights_only, creates ``marker``."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_the_layout_free_state_is_read_as_safely_as_a_checkpoint(tmp_path):
+    """load_canonical reads state.pt through files.safe_load: a crafted file is one line naming
+    it, and its payload never runs."""
+    root, marker = tmp_path / "global_step3_canonical", tmp_path / "marker"
+    root.mkdir()
+    torch.save({"fp32": {"w": torch.zeros(2)}, "x": _Payload(marker)}, root / reshard.STATE_FILE)
+    engine = types.SimpleNamespace(checkpoint_engine=SafeCheckpointEngine(None))
+    with pytest.raises(CheckpointReadError) as e:
+        reshard.load_canonical(engine, None, None, str(root), None, flag="--load run")
+    assert str(e.value).startswith(f"{root / reshard.STATE_FILE}: refused to load: it holds "
+                                   "Python objects other than tensors")
+    assert "\n" not in str(e.value) and not marker.exists()
+
+
+def test_a_complete_conversion_is_reused_and_is_converted_says_so(tmp_path):
+    """The marker that makes a conversion count is the one is_converted and
+    is_canonical_converted read: with it, the conversion is reused (nothing is written)."""
+    never = lambda *_: pytest.fail("a complete conversion was converted again")  # noqa: E731
+    universal = tmp_path / "global_step3_universal" / "global_step3"
+    universal.mkdir(parents=True)
+    assert not reshard.is_converted(str(tmp_path), "global_step3")
+    (universal / reshard.DONE_FILE).write_text("global_step3\n")
+    assert reshard.is_converted(str(tmp_path), "global_step3")
+    assert reshard.convert(str(tmp_path), "global_step3") == (str(universal.parent), 0.0, False)
+    canonical = tmp_path / "global_step3_canonical"
+    canonical.mkdir()
+    assert not reshard.is_canonical_converted(str(tmp_path), "global_step3")
+    (canonical / reshard.CANONICAL_DONE).write_text("global_step3\n")
+    assert reshard.is_canonical_converted(str(tmp_path), "global_step3")
+    assert reshard.convert_canonical(str(tmp_path), "global_step3", never) == (
+        str(canonical), 0.0, False)

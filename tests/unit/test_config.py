@@ -7,7 +7,7 @@ import json
 import pytest
 
 from rtd_scale.config import (ConfigError, Precision, Sharing, apply_override, batch_layout,
-                              preset, PRESETS)
+                              preset, PRESETS, rank_share)
 from rtd_scale.training.engine import load_ds_config, resolve_ds_config
 
 
@@ -128,6 +128,18 @@ def test_batch_layout_names_the_numbers_and_what_works():
         batch_layout(48, 8192, 8, ranks_per_node=8)
     assert str(e.value).endswith("change --global-batch-size or the number of ranks (node counts "
                                  "that work at 8 ranks per node: 1 2 4 8 16 32 64 128)")
+
+
+def test_rank_share_is_batch_layouts_split():
+    """The loader, the training loop and the resolved ds_config split the global batch with
+    rank_share once DP is known; it agrees with batch_layout and refuses what does not divide."""
+    for world, global_batch, micro, tp in ((64, 8192, 8, 2), (6, 48, 2, 1), (4, 16, 4, 1)):
+        dp, gas = batch_layout(world, global_batch, micro, tp=tp)
+        assert rank_share(global_batch, micro, dp) == (global_batch // dp, gas)
+    assert rank_share(32, 4, 2) == (16, 4)
+    for bad in ((30, 4, 2), (33, 1, 2)):  # micro does not divide 15; DP does not divide 33
+        with pytest.raises(AssertionError):
+            rank_share(*bad)
 
 
 def test_ds_config_contradictions_are_errors(tmp_path):

@@ -22,8 +22,10 @@ Moments: CHOOSE while the checkpoint is picked (no torch needed: the Slurm launc
 BEFORE_BUILD on the chosen directory, before any process group, model or engine exists; LOAD
 on the DeepSpeed engine, before it reads a file; AFTER_LOAD on the loaded engine, before the
 first step (training) or gather (export). ``load.take`` runs CHOOSE and BEFORE_BUILD,
-``load.load_checked`` LOAD and AFTER_LOAD around DeepSpeed's load; the layout-free load
-(``reshard.load_canonical``) runs LOAD and AFTER_LOAD around its own.
+``load.load_checked`` LOAD and AFTER_LOAD around DeepSpeed's load; a conversion to another
+layout runs BEFORE_BUILD on what it wrote (``reshard.check_converted_safe``,
+``reshard.check_canonical_safe``), and the layout-free load (``reshard.load_canonical``) LOAD
+and AFTER_LOAD around its own.
 
 Not in the list: whether a checkpoint fits this run's flags (``compat.check_compatible``:
 layout, model shape, seed) — that compares it with a run config, which only training has.

@@ -125,8 +125,9 @@ def refused(path: str, detail: str) -> CheckpointReadError:
         "resume from another checkpoint (--load DIR/global_stepN)")
 
 
-def safe_load(path: str, map_location: Any = "cpu") -> Any:
-    """``torch.load(path, weights_only=True)`` with DeepSpeed's few record classes allowed.
+def safe_load(path: str, map_location: Any = "cpu", *, mmap: bool = False) -> Any:
+    """``torch.load(path, weights_only=True)`` with DeepSpeed's few record classes allowed;
+    ``mmap``: tensors stay in the file until read (``torch.load``'s ``mmap``).
 
     Raises:
         CheckpointReadError: the file holds other Python objects (a crafted pickle: refused,
@@ -136,7 +137,7 @@ def safe_load(path: str, map_location: Any = "cpu") -> Any:
 
     with torch.serialization.safe_globals(deepspeed_safe_globals()):
         try:
-            return torch.load(path, map_location=map_location, weights_only=True)
+            return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
         except pickle.UnpicklingError as e:
             found = re.search(r"(GLOBAL [\w.]+|Unsupported operand \d+|[\w ]+ is not supported)",
                               str(e))
