@@ -10,7 +10,7 @@ import pytest
 
 from rtd_scale.data import tokenizer as tokmod
 from rtd_scale.data.tokenizer import Tokenizer
-from tests import byo_tokenizers as byo
+from tests.helpers import byo_tokenizers as byo
 from tests.helpers.env import REPO
 
 

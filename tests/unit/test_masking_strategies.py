@@ -17,7 +17,7 @@ from rtd_scale.data.tokenizer import Tokenizer, TokenizerModelError
 from rtd_scale.objectives.masking import (expected_span_length, mask_tokens, masked_positions,
                                           prediction_budget, span_lengths, span_starts,
                                           word_starts)
-from tests import byo_tokenizers as byo
+from tests.helpers import byo_tokenizers as byo
 
 P = 0.15
 

@@ -15,7 +15,7 @@ from rtd_scale.data.tokenizer import (
     TokenizerModelError,
     normalize_text,
 )
-from tests import byo_tokenizers as byo
+from tests.helpers import byo_tokenizers as byo
 
 LAYOUTS = ("ours", "deberta_v3", "default_layout_extended", "roberta_names", "wordpiece_vocab", "wordpiece_json")
 

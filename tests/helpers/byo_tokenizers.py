@@ -16,7 +16,8 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-TEST_DATA = Path(__file__).resolve().parent / "data"
+from tests.helpers.env import TEST_DATA
+
 BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
