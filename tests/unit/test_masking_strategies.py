@@ -246,7 +246,7 @@ def test_word_start_tables_of_each_tokenizer_kind(wiki, tmp_path):
         pieces = {wp.id_to_piece(i): bool(t[i]) for i in range(wp.vocab_size)}
         assert any(p.startswith("##") for p in pieces)
         assert all(start == (not p.startswith("##")) for p, start in pieces.items())
-    texts = byo.wiki_texts()[:200]
+    texts = byo.wiki_texts(200)
     specials = ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"]
     for name, pre in (("bytelevel", pre_tokenizers.ByteLevel(add_prefix_space=True)),
                       ("metaspace", pre_tokenizers.Metaspace()),
