@@ -145,14 +145,10 @@ def test_sequence_classification_fine_tunes(single_process_group, tok, wiki_shar
 
 
 def test_export_tool_errors_are_one_line(tmp_path, capsys):
-    import importlib.util
-
     from rtd_scale.cli_errors import run_cli
-    from tests.helpers.env import REPO
+    from tests.helpers.tools import load_tool
 
-    spec = importlib.util.spec_from_file_location("export_hf", REPO / "tools" / "export_hf.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = load_tool("export_hf")
     run = tmp_path / "run"
     assert run_cli(tool.main, ["--load", str(run), "--output", str(tmp_path / "hf")]) == 1
     assert capsys.readouterr().err == (f"error: --load {run}: no such directory; pass the "
