@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.env import REPO
+from tests.helpers.env import REPO, free_port
 from tests.helpers.launcher import NO_DROPOUT, scalars
 from tests.helpers.slurm import SlurmClient, shellcheck, wait_for
 
@@ -345,14 +345,11 @@ def _local_run(out: str, ranks: int, save: Path) -> subprocess.CompletedProcess:
     args = line[2].split()
     for flag, value in (("--save", str(save)), ("--tensorboard-dir", str(save / "tensorboard"))):
         args[args.index(flag) + 1] = value
-    port = subprocess.run([sys.executable, "-c", "from rtd_scale.launch_env import free_port; "
-                           "print(free_port())"], capture_output=True, text=True, cwd=REPO,
-                          check=True).stdout.strip()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
     r = subprocess.run([str(Path(sys.executable).with_name("deepspeed")), "--num_gpus",
-                        str(ranks), "--master_port", port, line[1], *args], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=600)
+                        str(ranks), "--master_port", str(free_port()), line[1], *args], cwd=REPO,
+                       env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return r
 
