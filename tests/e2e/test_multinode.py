@@ -39,7 +39,9 @@ from tests.helpers.env import REPO, free_port
 from tests.helpers.launcher import NO_DROPOUT, scalars
 from tests.helpers.slurm import SlurmClient, shellcheck, wait_for
 
-pytestmark = pytest.mark.e2e
+# installs Slurm with apt and runs a cluster's daemons on fixed ports: one machine-wide module
+# at a time (tests/conftest.py)
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("machine-wide")]
 
 START = REPO / "tools" / "slurm_multinode_start.sh"
 STOP = REPO / "tools" / "slurm_multinode_stop.sh"

@@ -30,7 +30,9 @@ from tests.helpers.env import REPO, TEST_DATA
 from tests.helpers.launcher import adam_steps
 from tests.helpers.slurm import SlurmClient, shellcheck, wait_for
 
-pytestmark = pytest.mark.e2e
+# installs Slurm with apt and runs its daemons on fixed ports: one machine-wide module at a
+# time (tests/conftest.py)
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("machine-wide")]
 
 SCRIPTS = sorted([*REPO.glob("slurm/*.sh"), *REPO.glob("slurm/lib/*.sh"),
                   REPO / "tools" / "slurm_local_start.sh", REPO / "tools" / "slurm_local_stop.sh"])

@@ -30,7 +30,9 @@ from rtd_scale.launch_env import slurm_port
 from tests.helpers.env import CASES, REPO
 from tests.helpers.launcher import common
 
-pytestmark = pytest.mark.e2e
+# holds port 29500, the launcher's default: one machine-wide module at a time
+# (tests/conftest.py)
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("machine-wide")]
 
 PREPROCESS = REPO / "slurm" / "preprocess.sh"
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
