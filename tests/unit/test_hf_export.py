@@ -13,12 +13,15 @@ import json
 import pytest
 import torch
 
-from rtd_scale.config import AttentionType, LayerNormPosition, Sharing
+from rtd_scale.config import Sharing
 from rtd_scale.hf import convert
 from rtd_scale.hf.export import write_export
 from rtd_scale.model.embeddings import exact_residual
 from tests.helpers.env import TEST_DATA
 from tests.helpers.hf_models import (  # noqa: F401
+    DISENTANGLED,
+    POST,
+    PRE,
     TOL,
     build_model,
     canonical_state,
@@ -32,8 +35,6 @@ from tests.helpers.hf_models import (  # noqa: F401
     tiny_config,
 )
 
-POST, PRE = LayerNormPosition.POST, LayerNormPosition.PRE
-DISENTANGLED = AttentionType.DISENTANGLED
 CASES = [(POST, s, proj) for s in Sharing for proj in (False, True)] + \
         [(PRE, s, False) for s in Sharing]
 # the same exports with --sharing-scope tokens (each model its own positions, LayerNorm)
