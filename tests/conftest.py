@@ -56,6 +56,15 @@ def cjk_shards(tmp_path_factory):
                                  str(CASES / "cjk_no_spaces.jsonl"), 800, "cjk")
 
 
+@pytest.fixture(scope="session")
+def two_datasets(tmp_path_factory):
+    """Shard prefixes of two small synthetic datasets, ``a`` (200 documents of ids 100-149) and
+    ``b`` (60 of ids 500-549), for the blending and loader tests (tests/helpers/blend_data.py)."""
+    from tests.helpers import blend_data
+
+    return blend_data.two_datasets(tmp_path_factory.mktemp("blend"))
+
+
 # Which tests share a worker under pytest-xdist (tools/run_tests.sh runs ``-n 2 --dist
 # loadgroup``). Every module is one group, so its module-scoped runs (one launch that several
 # tests read) happen once, on one worker. A module that takes a machine-wide resource (installs
