@@ -57,13 +57,15 @@ def tiny_config(sharing: Sharing, *, embedding_size: int = 48, dropout: float = 
     return cfg
 
 
-def build(cfg, ctx=ONE_STAGE, *, seed: int, tp: int = 1, word_start_table=None) -> RTDModel:
+def build(cfg, ctx=ONE_STAGE, *, seed: int, tp: int = 1, word_start_table=None,
+          tok=None) -> RTDModel:
     """``cfg``'s model through the product's one builder (``model/build.py``) at ``seed``, TP
-    ``tp`` and ``ctx``'s pipeline stage; ``cfg`` itself is left as it is."""
+    ``tp`` and ``ctx``'s pipeline stage; ``cfg`` itself is left as it is. Its special ids (and
+    word-start table) are ``tok``'s, a real tokenizer, or by default ``FixedIds``'."""
     cfg = copy.deepcopy(cfg)
     cfg.train.seed = seed
     cfg.parallel.tensor_model_parallel_size = tp
-    return build_model(cfg, ctx, FixedIds(word_start_table))
+    return build_model(cfg, ctx, FixedIds(word_start_table) if tok is None else tok)
 
 
 def tiny_rtd_model(cfg, seed: int = 5) -> RTDModel:

@@ -199,16 +199,14 @@ def test_model_masks_with_the_configured_strategy(single_process_group, wiki):
     """RTDModel.mask passes the strategy and its table; the forward's MLM rows hold every
     masked position of the larger budget."""
     from rtd_scale import distributed
-    from rtd_scale.model.rtd import RTDModel
+    from tests.helpers.tiny_model import build
 
     tok, table, ids = wiki
     cfg = preset("tiny")
     cfg.model.vocab_size = tok.vocab_size
     cfg.rtd.mask_strategy = MaskStrategy.SPAN
     cfg.validate()
-    model = RTDModel(cfg.model, cfg.rtd, tensor_model_parallel_size=1,
-                     special_ids=tok.special_ids, pad_id=tok.pad_id, mask_id=tok.mask_id, seed=5,
-                     word_start_table=table.numpy())
+    model = build(cfg, seed=5, tok=tok)  # the word-start table is the tokenizer's, as in a run
     distributed.seed_after_build(single_process_group, 5)
     rows, index = ids[:2], torch.arange(2)
     out = model(rows, index)
