@@ -1,4 +1,5 @@
-"""One-process RTD models and batches for the unit tests of the model's gradient paths."""
+"""Tiny RTD configs (the unit tests' and the multi-process workers'), and one-process RTD models
+and batches for the unit tests of the model's gradient paths."""
 from __future__ import annotations
 
 import copy
