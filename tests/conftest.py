@@ -56,19 +56,22 @@ def cjk_shards(tmp_path_factory):
                                  str(CASES / "cjk_no_spaces.jsonl"), 800, "cjk")
 
 
+@pytest.fixture(scope="session")
+def two_datasets(tmp_path_factory):
+    """Shard prefixes of two small synthetic datasets, ``a`` (200 documents of ids 100-149) and
+    ``b`` (60 of ids 500-549), for the blending and loader tests (tests/helpers/blend_data.py)."""
+    from tests.helpers import blend_data
+
+    return blend_data.two_datasets(tmp_path_factory.mktemp("blend"))
+
+
 # Which tests share a worker under pytest-xdist (tools/run_tests.sh runs ``-n 2 --dist
 # loadgroup``). Every module is one group, so its module-scoped runs (one launch that several
-# tests read) happen once, on one worker. The modules below are one group together: they install
-# Debian packages (apt's lock), start Slurm daemons on fixed ports, or hold port 29500, the
-# launcher's default, so two of them must never run at once.
-MACHINE_WIDE = {"tests/e2e/test_slurm.py", "tests/e2e/test_slurm_identity.py",
-                "tests/e2e/test_multinode.py", "tests/e2e/test_run_default.py",
-                "tests/e2e/test_plot_run.py"}
-
-
+# tests read) happen once, on one worker. A module that takes a machine-wide resource (installs
+# Debian packages: apt's lock; starts Slurm daemons on fixed ports; holds port 29500, the
+# launcher's default) marks itself ``pytest.mark.xdist_group("machine-wide")`` instead, so that
+# no two of them run at once; a test's or module's own xdist_group marker is kept.
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
-            path = item.nodeid.split("::")[0]
-            item.add_marker(pytest.mark.xdist_group("machine-wide" if path in MACHINE_WIDE
-                                                    else path))
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))

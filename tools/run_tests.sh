@@ -6,5 +6,5 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source tools/setup_env.sh
 # two workers (pytest-xdist): a module's tests stay on one worker with its shared runs, and the
 # modules that take machine-wide resources (apt, Slurm daemons, port 29500) share one worker
-# (tests/conftest.py, MACHINE_WIDE)
+# (their xdist_group "machine-wide"; tests/conftest.py)
 python -m pytest -q --durations=30 -n 2 --dist loadgroup tests "$@"

@@ -18,7 +18,7 @@ import pytest
 
 from tests.helpers.damage import nan_into_first_float
 from tests.helpers.env import REPO
-from tests.helpers.launcher import launch
+from tests.helpers.launcher import common, launch
 
 pytestmark = pytest.mark.e2e
 
@@ -29,13 +29,10 @@ def _tool(*args):
 
 
 def test_export_onto_an_earlier_export_needs_overwrite(wiki_shards, tmp_path):
-    tok, prefix = wiki_shards
     run = tmp_path / "run"
-    r = launch(["--ds_config", "ds_configs/zero1.json", "--preset", "tiny", "--data-path", prefix,
-                "--tokenizer-model", tok, "--save", str(run), "--train-iters", "3",
-                "--save-interval", "1", "--seq-length", "64", "--micro-batch-size", "2",
-                "--global-batch-size", "4", "--lr", "1e-3", "--lr-warmup-iters", "1",
-                "--log-interval", "1", "--seed", "7", "--eval-iters", "0"])
+    r = launch(common(wiki_shards, run, 3, ["--eval-iters", "0"], ds_config="ds_configs/zero1.json",
+                      save_interval=1, micro_batch_size=2, global_batch_size=4,
+                      lr_warmup_iters=1, seed=7))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     out = tmp_path / "hf"
     r = _tool("--load", str(run), "--output", str(out))

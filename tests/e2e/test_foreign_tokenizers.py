@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from rtd_scale.data.tokenizer import Tokenizer
-from tests import byo_tokenizers as byo
+from tests.helpers import byo_tokenizers as byo
 from tests.helpers.env import REPO, TEST_DATA
 from tests.helpers.launcher import launch, scalars
 

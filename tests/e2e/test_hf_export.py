@@ -55,13 +55,11 @@ def _model_from_export_pt(path, tok):
     """Our model at TP = PP = 1 with the trained weights of an ``--export`` file."""
     from rtd_scale.hf.consolidate import run_config_from_dict
     from rtd_scale.model import weights
-    from rtd_scale.model.rtd import RTDModel
+    from tests.helpers.tiny_model import build
 
     blob = torch.load(path, weights_only=True)
     cfg = run_config_from_dict(blob["config"])
-    cfg.parallel.tensor_model_parallel_size = cfg.parallel.pipeline_model_parallel_size = 1
-    model = RTDModel(cfg.model, cfg.rtd, tensor_model_parallel_size=1,
-                     special_ids=tok.special_ids, pad_id=tok.pad_id, mask_id=tok.mask_id, seed=0)
+    model = build(cfg, seed=0, tok=tok)  # at TP 1 as one pipeline stage: the whole model
     weights.load_full_state_dict(model, blob["model"], tp_rank=0)
     return model.eval(), blob["model"]
 

@@ -12,7 +12,7 @@ import torch
 from rtd_scale.data.packed import PackedDataset
 from rtd_scale.data.tokenizer import Tokenizer
 from rtd_scale.objectives.masking import mask_tokens
-from tests.helpers.launcher import launch
+from tests.helpers.launcher import common, launch
 
 pytestmark = pytest.mark.e2e
 
@@ -20,12 +20,11 @@ pytestmark = pytest.mark.e2e
 def test_span_masks_at_tp2_equal_the_single_process_masks(wiki_shards, tmp_path):
     tok_path, prefix = wiki_shards
     save = tmp_path / "run"
-    r = launch(["--ds_config", "ds_configs/zero0.json", "--preset", "tiny", "--data-path", prefix,
-                "--tokenizer-model", tok_path, "--save", str(save), "--train-iters", "3",
-                "--seq-length", "64", "--micro-batch-size", "4", "--global-batch-size", "8",
-                "--tensor-model-parallel-size", "2", "--log-interval", "1", "--seed", "13",
-                "--mask-strategy", "span", "--set", "rtd.span_max_words=6",
-                "--data-digest", str(save / "digest.jsonl")])
+    r = launch(common(wiki_shards, save, 3, [
+        "--tensor-model-parallel-size", "2", "--mask-strategy", "span",
+        "--set", "rtd.span_max_words=6", "--data-digest", str(save / "digest.jsonl")],
+        ds_config="ds_configs/zero0.json", global_batch_size=8, seed=13, lr=None,
+        lr_warmup_iters=None, save_interval=None))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "world 2 = TP 2 × PP 1 × DP 1" in r.stdout
     assert "MLM slots" not in r.stderr  # English spans fit: no start-up warning (unit_fit.py)

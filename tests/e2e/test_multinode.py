@@ -35,11 +35,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.env import REPO
+from tests.helpers.env import REPO, free_port
 from tests.helpers.launcher import NO_DROPOUT, scalars
-from tests.helpers.slurm import shellcheck, wait_for
+from tests.helpers.slurm import SlurmClient, shellcheck, wait_for
 
-pytestmark = pytest.mark.e2e
+# installs Slurm with apt and runs a cluster's daemons on fixed ports: one machine-wide module
+# at a time (tests/conftest.py)
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("machine-wide")]
 
 START = REPO / "tools" / "slurm_multinode_start.sh"
 STOP = REPO / "tools" / "slurm_multinode_stop.sh"
@@ -67,14 +69,10 @@ class Cluster:
     addrs: list[str]
     env: dict[str, str]
 
-    def client(self, *cmd: str, cwd=None, timeout: int = 60, check: bool = True,
-               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-        """Run a command (sbatch, srun, squeue, ...) inside the controller's namespace."""
-        r = subprocess.run([str(self.home / "bin" / "in-ns"), self.ctl, *cmd], cwd=cwd,
-                           env=env or self.env, capture_output=True, text=True, timeout=timeout)
-        if check:
-            assert r.returncode == 0, f"{cmd}: {r.stdout[-3000:]}{r.stderr[-3000:]}"
-        return r
+    @property
+    def slurm(self) -> SlurmClient:
+        """Commands (sbatch, srun, squeue, ...) run inside the controller's namespace."""
+        return SlurmClient(self.env, (str(self.home / "bin" / "in-ns"), self.ctl))
 
 
 def start_or_skip(run_id: str, prefix: tuple[str, ...] = ()) -> dict[str, str]:
@@ -198,7 +196,7 @@ def test_network_stays_inside_the_private_subnet(cluster):
     assert _ns_of(run / "munged.pid") == cluster.ctl
     for node in cluster.nodes:
         assert _ns_of(run / f"slurmd.{node}.pid") == node
-    states = cluster.client("sinfo", "-h", "-N", "-o", "%N %c %T").stdout.split("\n")
+    states = cluster.slurm.run("sinfo", "-h", "-N", "-o", "%N %c %T").stdout.split("\n")
     assert sorted(s for s in states if s) == [f"{n} 2 idle" for n in cluster.nodes]
 
 
@@ -243,11 +241,11 @@ def test_deepspeed_slurm_launcher_ranks_groups_and_traffic_across_nodes(cluster,
     env = {**cluster.env, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
     # --master_addr only spares the runner an ssh to the first host (`hostname -I`); the
     # Slurm runner does not pass it on, the ranks find the first host themselves
-    r = cluster.client(str(Path(sys.executable).with_name("deepspeed")), "--launcher", "slurm",
-                       "--hostfile", str(tmp_path / "hostfile"), "--no_ssh_check",
-                       "--master_addr", cluster.nodes[0],
-                       "--launcher_args", "--nodes=2 --ntasks-per-node=2",
-                       str(tmp_path / "probe.py"), cwd=REPO, env=env, timeout=480)
+    r = cluster.slurm.run(str(Path(sys.executable).with_name("deepspeed")), "--launcher", "slurm",
+                          "--hostfile", str(tmp_path / "hostfile"), "--no_ssh_check",
+                          "--master_addr", cluster.nodes[0],
+                          "--launcher_args", "--nodes=2 --ntasks-per-node=2",
+                          str(tmp_path / "probe.py"), cwd=REPO, env=env, timeout=480)
     assert re.search(r"cmd = srun -n 4 --nodes=2 --ntasks-per-node=2 --export=ALL\S* "
                      rf"\S*python\S* -u {tmp_path}/probe.py", r.stdout + r.stderr), r.stderr[-3000:]
     crossed = _veth_bytes(cluster, 1) - before
@@ -285,20 +283,6 @@ def job_env(cluster, wiki_shards):
 TWO_NODES = ("--nodes=2", "--ntasks-per-node=2", "--gpus-per-node=0")
 
 
-def _sbatch(cluster: Cluster, env, cwd: Path, *args: str) -> int:
-    out = cluster.client("sbatch", "--parsable", *args, cwd=cwd, env=env).stdout
-    return int(out.strip().split(";")[0])
-
-
-def _queued(cluster: Cluster, job: int) -> str:
-    return cluster.client("squeue", "-h", "-j", str(job), "-o", "%T %r").stdout.strip()
-
-
-def _job(cluster: Cluster, job: int) -> dict[str, str]:
-    text = cluster.client("scontrol", "show", "job", "-o", str(job)).stdout
-    return dict(kv.split("=", 1) for kv in text.split() if "=" in kv)
-
-
 def _losses(tb_dir: Path) -> dict[str, dict[int, float]]:
     s = scalars(str(tb_dir))
     return {tag: s[tag] for tag in LOSSES}
@@ -318,25 +302,26 @@ def _preempt_and_requeue(cluster, env: dict, work: Path, while_held=None
     (as tests/e2e/test_slurm.py does) and wait for the end. The job must have completed after
     one restart. Returns (job id, its log, seconds)."""
     t0 = time.monotonic()
-    job = _sbatch(cluster, env, work, *TWO_NODES, BASE)
+    job = cluster.slurm.sbatch(work, *TWO_NODES, BASE, env=env)
     log = work / f"slurm-rtd-debertav3-base-{job}.out"
     try:
         wait_for("iteration 2", lambda: log.exists() and
               any(int(m[1]) >= 2 for m in ITERATION.finditer(log.read_text())), 400, log)
-        cluster.client("scancel", "--signal=USR1", "--batch", str(job))
+        cluster.slurm.run("scancel", "--signal=USR1", "--batch", str(job))
         wait_for("the job to be requeued",
-              lambda: _queued(cluster, job) in ("PENDING BeginTime", ""), 300, log)
-        assert _queued(cluster, job) == "PENDING BeginTime", \
-            f"the job ended instead of requeueing: {_job(cluster, job)}\n{log.read_text()[-3000:]}"
+              lambda: cluster.slurm.queued(job) in ("PENDING BeginTime", ""), 300, log)
+        assert cluster.slurm.queued(job) == "PENDING BeginTime", \
+            (f"the job ended instead of requeueing: {cluster.slurm.job(job)}\n"
+             f"{log.read_text()[-3000:]}")
         if while_held is not None:
             while_held(job)
         time.sleep(2.5)  # see test_slurm.py: a start in the same second as the revocation fails
-        cluster.client("scontrol", "update", f"JobId={job}", "StartTime=now")
-        wait_for("the requeued job to end", lambda: not _queued(cluster, job), 480, log)
+        cluster.slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")
+        wait_for("the requeued job to end", lambda: not cluster.slurm.queued(job), 480, log)
     finally:
-        cluster.client("scancel", str(job), check=False)
+        cluster.slurm.run("scancel", str(job), check=False)
     seconds = time.monotonic() - t0
-    state = _job(cluster, job)
+    state = cluster.slurm.job(job)
     out = log.read_text()
     assert state["JobState"] == "COMPLETED" and state["ExitCode"] == "0:0", (state, out[-3000:])
     assert state["Restarts"] == "1", state
@@ -362,14 +347,11 @@ def _local_run(out: str, ranks: int, save: Path) -> subprocess.CompletedProcess:
     args = line[2].split()
     for flag, value in (("--save", str(save)), ("--tensorboard-dir", str(save / "tensorboard"))):
         args[args.index(flag) + 1] = value
-    port = subprocess.run([sys.executable, "-c", "from rtd_scale.launch_env import free_port; "
-                           "print(free_port())"], capture_output=True, text=True, cwd=REPO,
-                          check=True).stdout.strip()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
     r = subprocess.run([str(Path(sys.executable).with_name("deepspeed")), "--num_gpus",
-                        str(ranks), "--master_port", port, line[1], *args], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=600)
+                        str(ranks), "--master_port", str(free_port()), line[1], *args], cwd=REPO,
+                       env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return r
 
@@ -451,15 +433,15 @@ def test_torchrun_once_per_node_matches(cluster, job_env, single_node_losses, tm
     save = tmp_path / "run"
     env = {**job_env, "RTD_SAVE": str(save), "RTD_LAUNCHER": "torchrun"}
     t0 = time.monotonic()
-    job = _sbatch(cluster, env, tmp_path, *TWO_NODES, BASE)
+    job = cluster.slurm.sbatch(tmp_path, *TWO_NODES, BASE, env=env)
     log = tmp_path / f"slurm-rtd-debertav3-base-{job}.out"
     try:
-        wait_for("the torchrun job to end", lambda: not _queued(cluster, job), 480, log)
+        wait_for("the torchrun job to end", lambda: not cluster.slurm.queued(job), 480, log)
     finally:
-        cluster.client("scancel", str(job), check=False)
+        cluster.slurm.run("scancel", str(job), check=False)
     print(f"[multinode] torchrun 2-node job: {time.monotonic() - t0:.1f} s")
     out = log.read_text()
-    state = _job(cluster, job)
+    state = cluster.slurm.job(job)
     assert state["JobState"] == "COMPLETED" and state["ExitCode"] == "0:0", (state, out[-3000:])
     assert "running: srun ... torchrun ... python -u " in out
     assert "[rank_env]" not in out  # torchrun, not the wrapper, set the ranks
@@ -477,10 +459,10 @@ def test_tp_spanning_nodes_is_refused(cluster, job_env, tmp_path):
     """One task per node at TP 2 would put a TP group across the nodes: the job stops at once
     with one line saying so."""
     env = {**job_env, "RTD_SAVE": str(tmp_path / "run")}
-    job = _sbatch(cluster, env, tmp_path, "--nodes=2", "--ntasks-per-node=1",
-                  "--gpus-per-node=0", BASE)
-    wait_for("the job to end", lambda: not _queued(cluster, job), 120)
-    state = _job(cluster, job)
+    job = cluster.slurm.sbatch(tmp_path, "--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=0",
+                               BASE, env=env)
+    wait_for("the job to end", lambda: not cluster.slurm.queued(job), 120)
+    state = cluster.slurm.job(job)
     out = (tmp_path / f"slurm-rtd-debertav3-base-{job}.out").read_text()
     assert state["JobState"] == "FAILED" and state["ExitCode"] == "1:0", (state, out)
     assert "error: RTD_TP=2 does not divide the 1 tasks per node: tensor-parallel groups would " \
@@ -570,9 +552,9 @@ def test_elastic_requeue_continues_on_fewer_nodes(cluster, job_env, tmp_path_fac
     def shrink(job: int) -> None:
         # NumNodes=1 alone sets the minimum only, and the old CPU count stays required: the job
         # would pend with Reason BadConstraints (measured on Slurm 22.05)
-        cluster.client("scontrol", "update", f"JobId={job}", "NumNodes=1-1", "NumTasks=2",
-                       "NumCPUs=2")
-        held = _job(cluster, job)
+        cluster.slurm.run("scontrol", "update", f"JobId={job}", "NumNodes=1-1", "NumTasks=2",
+                          "NumCPUs=2")
+        held = cluster.slurm.job(job)
         assert held["NumTasks"] == "2" and "cpu=2," in held["TRES"] and "node=1," in \
             held["TRES"], held
 

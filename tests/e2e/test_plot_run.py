@@ -15,7 +15,9 @@ from tests.helpers.env import REPO
 from tests.helpers.images import png_size, synthetic_scalars, write_events
 from tests.helpers.slurm import debian_program, shellcheck
 
-pytestmark = pytest.mark.e2e
+# installs shellcheck and chromium with apt (apt's lock): one machine-wide module at a time
+# (tests/conftest.py)
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("machine-wide")]
 
 
 def _plot(*args) -> subprocess.CompletedProcess:

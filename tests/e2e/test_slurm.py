@@ -28,9 +28,11 @@ import pytest
 
 from tests.helpers.env import REPO, TEST_DATA
 from tests.helpers.launcher import adam_steps
-from tests.helpers.slurm import shellcheck, wait_for
+from tests.helpers.slurm import SlurmClient, shellcheck, wait_for
 
-pytestmark = pytest.mark.e2e
+# installs Slurm with apt and runs its daemons on fixed ports: one machine-wide module at a
+# time (tests/conftest.py)
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("machine-wide")]
 
 SCRIPTS = sorted([*REPO.glob("slurm/*.sh"), *REPO.glob("slurm/lib/*.sh"),
                   REPO / "tools" / "slurm_local_start.sh", REPO / "tools" / "slurm_local_stop.sh"])
@@ -122,29 +124,6 @@ def slurm():
         assert not [p for p in pids if _alive(p)], f"daemons left running: {pids}"
 
 
-def _run(env, *cmd: str, cwd=None, timeout: int = 30) -> str:
-    r = subprocess.run(list(cmd), env=env, cwd=cwd, capture_output=True, text=True,
-                       timeout=timeout)
-    assert r.returncode == 0, f"{cmd}: {r.stdout}{r.stderr}"
-    return r.stdout
-
-
-def _sbatch(env, cwd: Path, *args: str) -> int:
-    return int(_run(env, "sbatch", "--parsable", *args, cwd=cwd).strip().split(";")[0])
-
-
-def _job(env, job_id: int) -> dict[str, str]:
-    """`scontrol show job` as a dict (finished jobs stay visible for MinJobAge = 600 s)."""
-    text = _run(env, "scontrol", "show", "job", "-o", str(job_id))
-    return dict(kv.split("=", 1) for kv in text.split() if "=" in kv)
-
-
-def _queued(env, job_id: int) -> str:
-    """'STATE REASON' while the job is pending or running, '' once it has left the queue.
-    (`sbatch --wait` polls at 2, 8, then every 32 s: too slow for a test.)"""
-    return _run(env, "squeue", "-h", "-j", str(job_id), "-o", "%T %r").strip()
-
-
 def _venv() -> str:
     venv = Path(sys.executable).parent.parent
     return str(venv if (venv / "bin" / "activate").is_file() else REPO / ".venv")
@@ -164,13 +143,14 @@ def slurm_shards(slurm, wiki_shards, tmp_path_factory):
     shard_dir = work / "shards"
     env = {**slurm, "RTD_TOKENIZER": tokenizer, "RTD_SHARD_DIR": str(shard_dir),
            "RTD_VENV": _venv()}
+    client = SlurmClient(env)
     t0 = time.monotonic()
-    job = _sbatch(env, work, "--array=0-1", "--cpus-per-task=1",
-                  str(REPO / "slurm" / "preprocess.sh"), "inputs.txt")
+    job = client.sbatch(work, "--array=0-1", "--cpus-per-task=1",
+                        str(REPO / "slurm" / "preprocess.sh"), "inputs.txt")
     try:
-        wait_for("the preprocessing array job", lambda: not _queued(env, job), 300)
+        wait_for("the preprocessing array job", lambda: not client.queued(job), 300)
     finally:
-        subprocess.run(["scancel", str(job)], env=env, capture_output=True, timeout=30)
+        client.run("scancel", str(job), check=False, timeout=30)
     print(f"[slurm] preprocess array job: {time.monotonic() - t0:.1f} s")
     for task in (0, 1):
         out = (work / f"slurm-rtd-preprocess-{job}_{task}.out").read_text()
@@ -200,7 +180,8 @@ def test_mpi_world_through_srun_pmi2(slurm):
     """The local Slurm launches MPI programs: srun --mpi=pmi2 gives mpi4py (PyPI mpich) a world
     of 2. (A wrong --mpi silently gives each rank a world of 1, hence the size check.)"""
     code = "from mpi4py import MPI; c = MPI.COMM_WORLD; print('rank', c.Get_rank(), 'of', c.Get_size())"
-    out = _run(slurm, "srun", "--ntasks=2", "--mpi=pmi2", sys.executable, "-c", code, timeout=120)
+    out = SlurmClient(slurm).run("srun", "--ntasks=2", "--mpi=pmi2", sys.executable, "-c", code,
+                                 timeout=120).stdout
     assert sorted(out.split("\n")[:2]) == ["rank 0 of 2", "rank 1 of 2"], out
 
 
@@ -211,9 +192,10 @@ SMALL_TEST = ("--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0")  # overri
 def test_impossible_batch_arithmetic_stops_the_job(slurm_shards, tmp_path):
     env, _ = slurm_shards
     env = {**env, "RTD_GLOBAL_BATCH": "15", "RTD_TRAIN_ITERS": "2", "RTD_SAVE": str(tmp_path / "r")}
-    job = _sbatch(env, tmp_path, *SMALL_TEST, LARGE)
-    wait_for("the job to end", lambda: not _queued(env, job), 120)
-    state = _job(env, job)
+    client = SlurmClient(env)
+    job = client.sbatch(tmp_path, *SMALL_TEST, LARGE)
+    wait_for("the job to end", lambda: not client.queued(job), 120)
+    state = client.job(job)
     assert state["JobState"] == "FAILED" and state["ExitCode"] == "1:0", state
     out = (tmp_path / f"slurm-rtd-debertav3-large-{job}.out").read_text()
     assert "error: global batch RTD_GLOBAL_BATCH=15 is not divisible by the data-parallel size 2" \
@@ -225,16 +207,17 @@ def test_pretrain_large_small_overrides_two_ranks(slurm_shards, tmp_path):
     env, shard_dir = slurm_shards
     save = tmp_path / "run"
     env = {**env, "RTD_TRAIN_ITERS": "20", "RTD_SAVE_INTERVAL": "10", "RTD_SAVE": str(save)}
+    client = SlurmClient(env)
     t0 = time.monotonic()
-    job = _sbatch(env, tmp_path, *SMALL_TEST, LARGE)  # submitted from outside the repository
+    job = client.sbatch(tmp_path, *SMALL_TEST, LARGE)  # submitted from outside the repository
     log = tmp_path / f"slurm-rtd-debertav3-large-{job}.out"
     try:
-        wait_for("the training job to end", lambda: not _queued(env, job), 480, log)
+        wait_for("the training job to end", lambda: not client.queued(job), 480, log)
     finally:
-        subprocess.run(["scancel", str(job)], env=env, capture_output=True, timeout=30)
+        client.run("scancel", str(job), check=False, timeout=30)
     print(f"[slurm] 20-step training job: {time.monotonic() - t0:.1f} s")
     out = log.read_text()
-    state = _job(env, job)
+    state = client.job(job)
     assert state["JobState"] == "COMPLETED" and state["ExitCode"] == "0:0", (state, out[-3000:])
     assert f"job {job} (restart 0) on 1 node(s) localhost: 2 tasks" in out
     assert "micro-batch 4 × accumulation 2 × data-parallel 2 = global 16" in out
@@ -255,9 +238,9 @@ def test_pretrain_large_small_overrides_two_ranks(slurm_shards, tmp_path):
     assert "training finished" in out
 
     # the same submission again finds the final checkpoint and stops at once
-    again = _sbatch(env, tmp_path, *SMALL_TEST, LARGE)
-    wait_for("the second submission to end", lambda: not _queued(env, again), 120)
-    assert _job(env, again)["JobState"] == "COMPLETED"
+    again = client.sbatch(tmp_path, *SMALL_TEST, LARGE)
+    wait_for("the second submission to end", lambda: not client.queued(again), 120)
+    assert client.job(again)["JobState"] == "COMPLETED"
     out = (tmp_path / f"slurm-rtd-debertav3-large-{again}.out").read_text()
     assert "already holds the final checkpoint (global_step20): nothing to do" in out, out
     assert "running: srun" not in out
@@ -272,31 +255,32 @@ def test_preemption_saves_requeues_and_resumes_in_two_phases(slurm_shards, tmp_p
     env = {**env, "RTD_TRAIN_ITERS": "20", "RTD_SAVE_INTERVAL": "100", "RTD_SAVE": str(save),
            "RTD_PHASE1_ITERS": str(PHASE1), "RTD_PHASE1_SEQ_LENGTH": "32",
            "RTD_PHASE1_GLOBAL_BATCH": "32", "RTD_LR": "3e-4"}
+    client = SlurmClient(env)
     t0 = time.monotonic()
-    job = _sbatch(env, tmp_path, *SMALL_TEST, LARGE)
+    job = client.sbatch(tmp_path, *SMALL_TEST, LARGE)
     log = tmp_path / f"slurm-rtd-debertav3-large-{job}.out"
     try:
         # once training runs, preempt it the way --signal=B:USR1@600 does: SIGUSR1 to the batch
         # shell, which forwards it to the tasks
         wait_for("iteration 2", lambda: log.exists() and
               any(int(m[1]) >= 2 for m in ITERATION.finditer(log.read_text())), 300, log)
-        _run(env, "scancel", "--signal=USR1", "--batch", str(job))
+        client.run("scancel", "--signal=USR1", "--batch", str(job))
         # requeued: Slurm holds it for AuthInfo cred_expire (120 s; EligibleTime = requeue +
         # 121 s) because slurmd refuses a credential issued no later (in whole seconds) than its
         # revocation of the killed run's: StartTime=now 0.2 s after the requeue made the job
         # FAILED ("Job credential revoked"). Two seconds later it is safe; skip the rest.
-        wait_for("the job to be requeued", lambda: _queued(env, job) in ("PENDING BeginTime", ""),
+        wait_for("the job to be requeued", lambda: client.queued(job) in ("PENDING BeginTime", ""),
               300, log)
-        assert _queued(env, job) == "PENDING BeginTime", \
-            f"the job ended instead of requeueing: {_job(env, job)}\n{log.read_text()[-3000:]}"
+        assert client.queued(job) == "PENDING BeginTime", \
+            f"the job ended instead of requeueing: {client.job(job)}\n{log.read_text()[-3000:]}"
         time.sleep(2.5)
-        _run(env, "scontrol", "update", f"JobId={job}", "StartTime=now")
-        wait_for("the requeued job to end", lambda: not _queued(env, job), 600, log)
+        client.run("scontrol", "update", f"JobId={job}", "StartTime=now")
+        wait_for("the requeued job to end", lambda: not client.queued(job), 600, log)
     finally:
-        subprocess.run(["scancel", str(job)], env=env, capture_output=True, timeout=30)
+        client.run("scancel", str(job), check=False, timeout=30)
     print(f"[slurm] two-phase job, preempted, requeued and resumed: {time.monotonic() - t0:.1f} s")
     out = log.read_text()
-    state = _job(env, job)
+    state = client.job(job)
     assert state["JobState"] == "COMPLETED" and state["ExitCode"] == "0:0", (state, out[-3000:])
     assert state["Restarts"] == "1", state
 

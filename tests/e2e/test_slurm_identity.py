@@ -32,7 +32,9 @@ from rtd_scale.launch_env import slurm_port
 from tests.helpers.env import CASES, REPO
 from tests.helpers.launcher import common
 
-pytestmark = pytest.mark.e2e
+# holds port 29500, the launcher's default: one machine-wide module at a time
+# (tests/conftest.py)
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("machine-wide")]
 
 PREPROCESS = REPO / "slurm" / "preprocess.sh"
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -53,14 +55,14 @@ def _dataset_name(path: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def n15(tmp_path_factory) -> Path:
-    """The changed-list inputs n15_{a,b,c}.jsonl (10 documents each) and a tokenizer trained on
-    them."""
-    work = tmp_path_factory.mktemp("n15")
+def list_inputs(tmp_path_factory) -> Path:
+    """A folder with the inputs of the changing list, tests/data/cases/list_{a,b,c}.jsonl (10
+    documents each), and a tokenizer trained on them."""
+    work = tmp_path_factory.mktemp("list_inputs")
     for name in "abc":
-        shutil.copy(CASES / f"n15_{name}.jsonl", work / f"n15_{name}.jsonl")
+        shutil.copy(CASES / f"list_{name}.jsonl", work / f"list_{name}.jsonl")
     subprocess.run([sys.executable, str(REPO / "tools" / "train_tokenizer.py"), "--input",
-                    *(str(work / f"n15_{n}.jsonl") for n in "abc"), "--vocab-size", "200",
+                    *(str(work / f"list_{n}.jsonl") for n in "abc"), "--vocab-size", "200",
                     "--output-prefix", str(work / "spm"), "--num-threads", "1"],
                    check=True, capture_output=True)
     return work
@@ -69,8 +71,8 @@ def n15(tmp_path_factory) -> Path:
 class Array:
     """slurm/preprocess.sh run as the tasks of a Slurm array job would run it."""
 
-    def __init__(self, n15: Path, work: Path):
-        self.work, self.shards, self.tokenizer = work, work / "shards", n15 / "spm.model"
+    def __init__(self, inputs: Path, work: Path):
+        self.work, self.shards, self.tokenizer = work, work / "shards", inputs / "spm.model"
 
     def list(self, name: str, *files: str) -> str:
         (self.work / name).write_text("".join(f"{f}\n" for f in files))
@@ -95,10 +97,10 @@ def _one_line_error(r: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-def test_changed_list_tokenizes_every_file_once(n15, tmp_path):
+def test_changed_list_tokenizes_every_file_once(list_inputs, tmp_path):
     """List a, c and tasks 0–1; then list a, b, c and tasks 0–2."""
-    array = Array(n15, tmp_path)
-    a, b, c = (str(n15 / f"n15_{n}.jsonl") for n in "abc")
+    array = Array(list_inputs, tmp_path)
+    a, b, c = (str(list_inputs / f"list_{n}.jsonl") for n in "abc")
     first, second = array.list("first.txt", a, c), array.list("second.txt", a, b, c)
     runs = [array.task(first, i) for i in (0, 1)] + [array.task(second, i) for i in (0, 1, 2)]
     assert [r.returncode for r in runs] == [0] * 5, [r.stderr for r in runs]
@@ -108,17 +110,17 @@ def test_changed_list_tokenizes_every_file_once(n15, tmp_path):
     assert "done: 10 documents written" in outs[3]  # b: the new file, now tokenized
     assert "nothing to do" in outs[4]  # c, done in the first submission at another line
     manifests = array.manifests()
-    names = {n: _dataset_name(n15 / f"n15_{n}.jsonl") for n in "abc"}
+    names = {n: _dataset_name(list_inputs / f"list_{n}.jsonl") for n in "abc"}
     assert sorted(manifests) == sorted(names.values())
     for n, dataset in names.items():  # each dataset made from its own file, 10 documents each
         inputs = manifests[dataset]["run"]["inputs"]
-        assert [i["path"] for i in inputs] == [os.path.realpath(n15 / f"n15_{n}.jsonl")]
+        assert [i["path"] for i in inputs] == [os.path.realpath(list_inputs / f"list_{n}.jsonl")]
         assert manifests[dataset]["documents"] == 10
 
 
-def test_a_task_refuses_a_file_tokenized_elsewhere_or_edited(n15, tmp_path):
-    array = Array(n15, tmp_path)
-    a, b, c = (str(n15 / f"n15_{n}.jsonl") for n in "abc")
+def test_a_task_refuses_a_file_tokenized_elsewhere_or_edited(list_inputs, tmp_path):
+    array = Array(list_inputs, tmp_path)
+    a, b, c = (str(list_inputs / f"list_{n}.jsonl") for n in "abc")
     # an output of the older script, which named outputs by list position: part-00001 made
     # from c when the list was a, c
     subprocess.run([sys.executable, str(REPO / "tools" / "preprocess_data.py"), "--input", c,
@@ -145,7 +147,7 @@ def test_a_task_refuses_a_file_tokenized_elsewhere_or_edited(n15, tmp_path):
     r = array.task(twice, 1)
     assert r.returncode == 0 and r.stderr == "", r.stderr
     assert "twice.txt line 2 names the same file as line 1" in r.stdout
-    assert "nothing to do" in r.stdout and not list(array.shards.glob("n15_a-*"))
+    assert "nothing to do" in r.stdout and not list(array.shards.glob("list_a-*"))
 
     # a file edited after its dataset was made
     edited = tmp_path / "edited.jsonl"
@@ -170,11 +172,11 @@ def _pretrain_job(env_extra: dict[str, str]) -> subprocess.CompletedProcess:
                           timeout=60)
 
 
-def test_pretrain_job_environment_errors(n15, tmp_path):
-    array = Array(n15, tmp_path / "with space")
+def test_pretrain_job_environment_errors(list_inputs, tmp_path):
+    array = Array(list_inputs, tmp_path / "with space")
     (tmp_path / "with space").mkdir()
-    assert array.task(array.list("l.txt", str(n15 / "n15_a.jsonl")), 0).returncode == 0
-    dataset = array.shards / _dataset_name(n15 / "n15_a.jsonl")
+    assert array.task(array.list("l.txt", str(list_inputs / "list_a.jsonl")), 0).returncode == 0
+    dataset = array.shards / _dataset_name(list_inputs / "list_a.jsonl")
     err = _one_line_error(_pretrain_job({"RTD_DATA_PATH": str(dataset)}))
     assert err.startswith(f"error: RTD_DATA_PATH: no dataset '{tmp_path}/with' (neither ")
     assert "a path with a space must be linked to one without (ln -s)" in err

@@ -1,5 +1,5 @@
-"""Two small shard datasets for the blending and loader tests (tests/unit/test_loader.py,
-tests/multiproc/test_loader_workers.py)."""
+"""Two small shard datasets for the blending and loader tests (the ``two_datasets`` fixture of
+tests/conftest.py: tests/unit/test_loader.py, tests/multiproc/test_loader_workers.py)."""
 from __future__ import annotations
 
 from pathlib import Path

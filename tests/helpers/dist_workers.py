@@ -6,30 +6,11 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
-from rtd_scale.config import AttentionType, LayerNormPosition, Sharing, preset
+from rtd_scale.config import Sharing, preset
 from tests.helpers import tiny_model
+from tests.helpers.tiny_model import tiny_config
 
 SPECIAL = (0, 1, 2, 3, 4)
-
-
-def tiny_config(sharing: Sharing, *, embedding_size: int = 48, dropout: float = 0.0,
-                vocab_size: int = 300, layout: str = "pre", attention: str = "bert"):
-    """``attention`` "disentangled": DeBERTa's attention with 8 position buckets, so the
-    40-token batches reach its logarithmic buckets."""
-    cfg = preset("tiny")
-    cfg.model.vocab_size = vocab_size
-    cfg.model.sharing = sharing
-    cfg.model.layernorm_position = LayerNormPosition(layout)
-    cfg.model.attention_type = AttentionType(attention)
-    cfg.model.position_buckets = 8
-    cfg.model.embedding_size = embedding_size
-    cfg.model.generator = dataclasses.replace(
-        cfg.model.generator, num_layers=1, hidden_size=32, num_attention_heads=2,
-        ffn_hidden_size=64, hidden_dropout=dropout, attention_dropout=dropout)
-    cfg.model.discriminator = dataclasses.replace(
-        cfg.model.discriminator, num_layers=2, hidden_size=48, num_attention_heads=4,
-        ffn_hidden_size=96, hidden_dropout=dropout, attention_dropout=dropout)
-    return cfg
 
 
 def build(cfg, tp_size: int, seed: int = 7):

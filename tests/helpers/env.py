@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
+
+# the tests' launches pick their port the way rtd_scale's own single-process fallback does
+from rtd_scale.launch_env import free_port  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[2]
 TEST_DATA = REPO / "tests" / "data"
@@ -23,9 +25,3 @@ def standalone_env() -> dict[str, str]:
     job."""
     launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
     return {k: v for k, v in os.environ.items() if k not in launcher}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -129,13 +129,23 @@ def assert_close(a: float, b: float, rel: float, what) -> None:
     assert abs(a - b) <= rel * max(abs(a), abs(b)), (what, a, b)
 
 
-def common(wiki_shards, save: Path, iters: int, extra=()) -> list[str]:
+def common(wiki_shards, save: Path, iters: int, extra=(), **flags) -> list[str]:
+    """pretrain.py's arguments for a tiny run of ``iters`` steps on ``wiki_shards`` (tokenizer,
+    shard prefix) saving to ``save``, then ``extra``. ``flags`` give a flag below another value,
+    or drop it with None (the preset's value then holds): ``ds_config="ds_configs/zero1.json"``,
+    ``micro_batch_size=2`` (``--micro-batch-size 2``), ``save_interval=None``."""
     tok, prefix = wiki_shards
-    return ["--ds_config", "ds_configs/zero3.json", "--preset", "tiny", "--data-path", prefix,
-            "--tokenizer-model", tok, "--save", str(save), "--train-iters", str(iters),
-            "--seq-length", "64", "--micro-batch-size", "4", "--global-batch-size", "16",
-            "--lr", "1e-3", "--lr-warmup-iters", "4", "--log-interval", "1",
-            "--save-interval", "3", "--seed", "11", *extra]
+    values = {"ds_config": "ds_configs/zero3.json", "preset": "tiny", "data_path": prefix,
+              "tokenizer_model": tok, "save": save, "train_iters": iters, "seq_length": 64,
+              "micro_batch_size": 4, "global_batch_size": 16, "lr": "1e-3", "lr_warmup_iters": 4,
+              "log_interval": 1, "save_interval": 3, "seed": 11}
+    unknown = flags.keys() - values.keys()
+    assert not unknown, f"common() sets no {sorted(unknown)}: pass them in extra"
+    args = []
+    for name, value in {**values, **flags}.items():
+        if value is not None:  # --ds_config is DeepSpeed's spelling, the rest are ours
+            args += ["--" + (name if name == "ds_config" else name.replace("_", "-")), str(value)]
+    return [*args, *extra]
 
 
 def pretrain_error(capsys, argv, monkeypatch, world_size: int = 2) -> str:

@@ -10,8 +10,8 @@ import pytest
 from tests.helpers.env import CASES
 from tests.helpers.tools import load_tool
 
-CASE_FILES = ["c05_empty_docs.jsonl", "c06_single_sentence_docs.jsonl", "c10_all_lines_too_long.jsonl",
-              "c11_no_space_70k.jsonl", "c12_control_chars.jsonl"]
+CASE_FILES = ["empty_docs.jsonl", "single_sentence_docs.jsonl", "all_lines_too_long.jsonl",
+              "no_space_70k.jsonl", "control_chars.jsonl"]
 
 
 def texts(path: Path) -> list[str]:

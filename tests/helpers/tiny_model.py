@@ -1,11 +1,14 @@
-"""One-process RTD models and batches for the unit tests of the model's gradient paths."""
+"""Tiny RTD configs (the unit tests' and the multi-process workers'), and one-process RTD models
+and batches for the unit tests of the model's gradient paths."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 from types import SimpleNamespace
 
 import torch
 
+from rtd_scale.config import AttentionType, LayerNormPosition, Sharing, preset
 from rtd_scale.model.build import build_model
 from rtd_scale.model.rtd import RTDModel
 
@@ -32,13 +35,38 @@ class FixedIds:
         return self.table
 
 
-def build(cfg, ctx=ONE_STAGE, *, seed: int, tp: int = 1, word_start_table=None) -> RTDModel:
+def tiny_config(sharing: Sharing, *, embedding_size: int = 48, dropout: float = 0.0,
+                vocab_size: int = 300, layout: str = "pre", attention: str = "bert",
+                position_buckets: int = 8, num_layers: tuple[int, int] = (1, 2)):
+    """The tiny preset made smaller: a generator 32 wide (2 heads, FFN 64) and a discriminator 48
+    wide (4 heads, FFN 96), ``num_layers`` (generator, discriminator) deep, over ``vocab_size``
+    ids. ``attention`` "disentangled": DeBERTa's attention with ``position_buckets`` buckets (8:
+    the tests' 40-token batches reach its logarithmic buckets)."""
+    cfg = preset("tiny")
+    cfg.model.vocab_size = vocab_size
+    cfg.model.sharing = sharing
+    cfg.model.layernorm_position = LayerNormPosition(layout)
+    cfg.model.attention_type = AttentionType(attention)
+    cfg.model.position_buckets = position_buckets
+    cfg.model.embedding_size = embedding_size
+    cfg.model.generator = dataclasses.replace(
+        cfg.model.generator, num_layers=num_layers[0], hidden_size=32, num_attention_heads=2,
+        ffn_hidden_size=64, hidden_dropout=dropout, attention_dropout=dropout)
+    cfg.model.discriminator = dataclasses.replace(
+        cfg.model.discriminator, num_layers=num_layers[1], hidden_size=48, num_attention_heads=4,
+        ffn_hidden_size=96, hidden_dropout=dropout, attention_dropout=dropout)
+    return cfg
+
+
+def build(cfg, ctx=ONE_STAGE, *, seed: int, tp: int = 1, word_start_table=None,
+          tok=None) -> RTDModel:
     """``cfg``'s model through the product's one builder (``model/build.py``) at ``seed``, TP
-    ``tp`` and ``ctx``'s pipeline stage; ``cfg`` itself is left as it is."""
+    ``tp`` and ``ctx``'s pipeline stage; ``cfg`` itself is left as it is. Its special ids (and
+    word-start table) are ``tok``'s, a real tokenizer, or by default ``FixedIds``'."""
     cfg = copy.deepcopy(cfg)
     cfg.train.seed = seed
     cfg.parallel.tensor_model_parallel_size = tp
-    return build_model(cfg, ctx, FixedIds(word_start_table))
+    return build_model(cfg, ctx, FixedIds(word_start_table) if tok is None else tok)
 
 
 def tiny_rtd_model(cfg, seed: int = 5) -> RTDModel:

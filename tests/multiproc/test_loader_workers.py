@@ -2,17 +2,10 @@
 this process, resumable, and the global RNG left alone."""
 from __future__ import annotations
 
-import pytest
 import torch
 
 from rtd_scale.data.blend import build_split
 from rtd_scale.data.loader import DataParallelSampler, build_loader
-from tests.helpers import blend_data
-
-
-@pytest.fixture(scope="module")
-def two_datasets(tmp_path_factory):
-    return blend_data.two_datasets(tmp_path_factory.mktemp("blend"))
 
 
 def test_loader_workers_give_the_same_batches_and_leave_the_global_rng_alone(two_datasets):

@@ -3,6 +3,7 @@
 once kept the whole multi-process tier out of CI."""
 from __future__ import annotations
 
+import ast
 import re
 import shlex
 import subprocess
@@ -42,19 +43,29 @@ def test_readme_test_command_collects_every_test_file():
     assert any(f.startswith("tests/multiproc/") for f in collected)
 
 
+def imported_modules(path) -> list[str]:
+    """The absolute names of the modules a ``tests/`` file imports, and of each name a ``from``
+    import takes (``from tests.x import y`` gives ``tests.x`` and ``tests.x.y``): relative
+    imports resolved against the file's package."""
+    package = list(path.relative_to(REPO).parent.parts)
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            names += [module, *(f"{module}.{a.name}" for a in node.names)]
+    return names
+
+
 def test_no_test_module_imports_another():
     """Shared test code lives in ``tests/helpers/`` (STYLE rule 11): a test module imported by
-    another runs its module-level set-up twice and ties the two files' fixtures together."""
-    import ast
-
-    bad = []
-    for path in sorted((REPO / "tests").rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-            names += ([f"{node.module}.{a.name}" for a in node.names]
-                      if isinstance(node, ast.ImportFrom) and node.module else [])
-            bad += [f"{path.relative_to(REPO)}: {n}" for n in names
-                    if re.match(r"tests\.(?!helpers\b|conftest\b)[\w.]*\.test_\w+", n + ".")
-                    or re.fullmatch(r"tests\.\w+\.test_\w+", n)]
+    another runs its module-level set-up twice and ties the two files' fixtures together, and a
+    helper kept anywhere else in ``tests/`` is one a test module would import. So a file under
+    ``tests/`` imports from the ``tests`` package only ``tests.helpers…`` and ``tests.conftest``."""
+    bad = [f"{path.relative_to(REPO)}: {name}"
+           for path in sorted((REPO / "tests").rglob("*.py"))
+           for name in imported_modules(path)
+           if re.match(r"tests\.(?!(helpers|conftest)(\.|$))", name)]
     assert not bad, bad

@@ -25,17 +25,17 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_empty_documents_skipped_and_counted(tokenizer, tmp_path):
-    proc = _run("--input", str(CASES / "c05_empty_docs.jsonl"), "--tokenizer-model", tokenizer.model_path,
-                "--output-prefix", str(tmp_path / "c05"))
+    proc = _run("--input", str(CASES / "empty_docs.jsonl"), "--tokenizer-model", tokenizer.model_path,
+                "--output-prefix", str(tmp_path / "empty_docs"))
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
     assert "done: 2 documents written, 4 empty documents skipped, 0 bad lines skipped" in proc.stdout
-    dataset = tmp_path / "c05_text_document"  # Megatron-LM's naming
+    dataset = tmp_path / "empty_docs_text_document"  # Megatron-LM's naming
     assert f"--data-path {dataset}    # text: 2 documents" in proc.stdout
-    prefix = tmp_path / "c05_text_document_00000"  # its one shard
+    prefix = tmp_path / "empty_docs_text_document_00000"  # its one shard
     ds = open_shard(prefix)
     assert len(ds) == 2 and ds.document_indices.tolist() == [0, 1, 2]
-    non_empty = [t for t in _texts(CASES / "c05_empty_docs.jsonl") if normalize_text(t)]
+    non_empty = [t for t in _texts(CASES / "empty_docs.jsonl") if normalize_text(t)]
     assert [ds[i].tolist() for i in range(2)] == [tokenizer.encode(t) for t in non_empty]
     meta = read_shard_meta(prefix)
     assert (meta["documents"], meta["empty_documents_skipped"], meta["vocab_size"], meta["dtype"]) == (2, 4, 400, "uint16")
@@ -44,8 +44,8 @@ def test_empty_documents_skipped_and_counted(tokenizer, tmp_path):
     manifest = read_manifest(dataset)
     assert (manifest["documents"], manifest["empty_documents_skipped"], manifest["shards"]) == (2, 4, [str(prefix)])
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "c05_text_document.manifest.json", "c05_text_document_00000.bin", "c05_text_document_00000.idx",
-        "c05_text_document_00000.meta.json"]
+        "empty_docs_text_document.manifest.json", "empty_docs_text_document_00000.bin",
+        "empty_docs_text_document_00000.idx", "empty_docs_text_document_00000.meta.json"]
 
 
 def test_round_trip_and_workers_give_identical_bytes(corpus, tokenizer, tmp_path, preprocess_module, capsys):
@@ -62,17 +62,17 @@ def test_round_trip_and_workers_give_identical_bytes(corpus, tokenizer, tmp_path
     for i, text in enumerate(docs):
         assert ds[i].dtype == np.uint16
         assert ds[i].tolist() == tokenizer.encode(text), i
-    no_space_run = _texts(CASES / "c11_no_space_70k.jsonl")[1]
+    no_space_run = _texts(CASES / "no_space_70k.jsonl")[1]
     assert tokenizer.decode(ds[docs.index(no_space_run)]) == no_space_run
 
 
 def test_existing_dataset_is_kept_unless_resume_or_overwrite(tokenizer, tmp_path, preprocess_module, capsys):
-    good = run_cli(preprocess_module.main, ["--input", str(CASES / "c05_empty_docs.jsonl"), "--tokenizer-model",
+    good = run_cli(preprocess_module.main, ["--input", str(CASES / "empty_docs.jsonl"), "--tokenizer-model",
                                             tokenizer.model_path, "--output-prefix", str(tmp_path / "out")])
     assert good == 0
     before = _snapshot(tmp_path)
 
-    proc = _run("--input", str(CASES / "c12b_malformed.jsonl"), "--tokenizer-model", tokenizer.model_path,
+    proc = _run("--input", str(CASES / "malformed.jsonl"), "--tokenizer-model", tokenizer.model_path,
                 "--output-prefix", str(tmp_path / "out"))
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert proc.stderr == (f"error: --output-prefix: {tmp_path / 'out_text_document'} already holds a dataset "
@@ -83,16 +83,16 @@ def test_existing_dataset_is_kept_unless_resume_or_overwrite(tokenizer, tmp_path
     # --resume on a complete dataset does nothing; with other inputs it refuses, naming the flag
     capsys.readouterr()
     args = ["--tokenizer-model", tokenizer.model_path, "--output-prefix", str(tmp_path / "out"), "--resume"]
-    assert run_cli(preprocess_module.main, ["--input", str(CASES / "c05_empty_docs.jsonl"), *args]) == 0
+    assert run_cli(preprocess_module.main, ["--input", str(CASES / "empty_docs.jsonl"), *args]) == 0
     assert capsys.readouterr().out.startswith("nothing to do: ")
-    assert run_cli(preprocess_module.main, ["--input", str(CASES / "c06_single_sentence_docs.jsonl"), *args]) == 1
+    assert run_cli(preprocess_module.main, ["--input", str(CASES / "single_sentence_docs.jsonl"), *args]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"error: --resume: shard {tmp_path / 'out_text_document_00000'} was written with other "
                           "arguments: --input differs") and err.count("\n") == 1
     assert _snapshot(tmp_path) == before
 
     # --overwrite replaces it
-    assert run_cli(preprocess_module.main, ["--input", str(CASES / "c06_single_sentence_docs.jsonl"), "--tokenizer-model",
+    assert run_cli(preprocess_module.main, ["--input", str(CASES / "single_sentence_docs.jsonl"), "--tokenizer-model",
                                             tokenizer.model_path, "--output-prefix", str(tmp_path / "out"),
                                             "--overwrite"]) == 0
     assert read_manifest(tmp_path / "out_text_document")["documents"] == 300

@@ -10,7 +10,7 @@ import pytest
 
 from rtd_scale.data import tokenizer as tokmod
 from rtd_scale.data.tokenizer import Tokenizer
-from tests import byo_tokenizers as byo
+from tests.helpers import byo_tokenizers as byo
 from tests.helpers.env import REPO
 
 
@@ -18,10 +18,6 @@ from tests.helpers.env import REPO
 def tokenizers(tmp_path_factory) -> dict[str, str]:
     """layout -> the file to pass as --tokenizer-model."""
     return byo.every_layout(tmp_path_factory.mktemp("byo"))
-
-
-def _sentences(n: int = 60) -> list[str]:
-    return byo.wiki_texts()[:n]
 
 
 def test_add_special_pieces_tool(tokenizers, tmp_path):
@@ -49,7 +45,7 @@ def test_preprocess_and_pack_with_the_tokenizers_ids(tokenizers, layout, tmp_pat
 
     tok = Tokenizer(tokenizers[layout])
     corpus = tmp_path / "c.jsonl"
-    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in _sentences(12)), encoding="utf-8")
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in byo.wiki_texts(12)), encoding="utf-8")
     r = subprocess.run([sys.executable, str(REPO / "tools" / "preprocess_data.py"), "--input", str(corpus),
                         "--tokenizer-model", tokenizers[layout], "--output-prefix", str(tmp_path / "d")],
                        capture_output=True, text=True)
@@ -61,10 +57,10 @@ def test_preprocess_and_pack_with_the_tokenizers_ids(tokenizers, layout, tmp_pat
     assert meta["vocab_size"] == tok.vocab_size
     check_tokenizer_matches(shard, tokenizers[layout], tok.vocab_size)
     raw = open_shard(shard)
-    assert [list(map(int, raw[i])) for i in range(len(raw))] == [tok.encode(t) for t in _sentences(12)]
+    assert [list(map(int, raw[i])) for i in range(len(raw))] == [tok.encode(t) for t in byo.wiki_texts(12)]
 
     ds = PackedDataset([dataset], seq_length=64, cache_dir=str(tmp_path / "cache"), specials=tok.specials)
-    stream = [i for t in _sentences(12) for i in [*tok.encode(t), tok.sep_id]]
+    stream = [i for t in byo.wiki_texts(12) for i in [*tok.encode(t), tok.sep_id]]
     assert np.concatenate([ds.content(i) for i in range(len(ds))]).tolist() == stream
     first, last = ds[0], ds[len(ds) - 1]
     assert first[0] == tok.cls_id and first[-1] == tok.sep_id and first[1:-1].tolist() == stream[:62]

@@ -27,23 +27,23 @@ def _assert_one_line_error(proc: subprocess.CompletedProcess) -> str:
 
 
 def test_every_line_too_long_trains(tmp_path):
-    lines = _case_texts("c10_all_lines_too_long.jsonl")
+    lines = _case_texts("all_lines_too_long.jsonl")
     assert min(len(t.encode()) for t in lines) > 4192  # the case: every line beats SentencePiece's limit
-    proc = _run_tool("--input", str(CASES / "c10_all_lines_too_long.jsonl"), "--output-prefix",
-                     str(tmp_path / "c10"), "--vocab-size", "60", "--character-coverage", "1.0")
+    proc = _run_tool("--input", str(CASES / "all_lines_too_long.jsonl"), "--output-prefix",
+                     str(tmp_path / "too_long"), "--vocab-size", "60", "--character-coverage", "1.0")
     assert proc.returncode == 0, proc.stderr
     assert "on 50 documents" in proc.stdout and "vocab 60" in proc.stdout
-    tok = Tokenizer(tmp_path / "c10.model")
+    tok = Tokenizer(tmp_path / "too_long.model")
     assert tok.vocab_size == 60
     # coverage 1.0: "D" of "Document 0." is rarer than SentencePiece's default 0.9995 keeps
     assert tok.decode(tok.encode(lines[0])) == normalize_text(lines[0])
 
 
 def test_malformed_line_error_names_file_and_line(tmp_path):
-    proc = _run_tool("--input", str(CASES / "c12b_malformed.jsonl"), "--output-prefix", str(tmp_path / "m"),
+    proc = _run_tool("--input", str(CASES / "malformed.jsonl"), "--output-prefix", str(tmp_path / "m"),
                      "--vocab-size", "40")
     line = _assert_one_line_error(proc)
-    assert "c12b_malformed.jsonl:2: invalid JSON" in line
+    assert "malformed.jsonl:2: invalid JSON" in line
     assert "--skip-bad-lines" in line
     assert list(tmp_path.iterdir()) == []
 
@@ -51,17 +51,17 @@ def test_malformed_line_error_names_file_and_line(tmp_path):
 def test_no_space_run_trains_alone(tmp_path):
     """The 70,014-byte run is hard-split into <= 4192-byte pieces. Encoding it with a tokenizer
     trained with its neighbours: tests/unit/test_tokenizer.py::test_no_space_run_encodes_and_neighbours_intact."""
-    run = _case_texts("c11_no_space_70k.jsonl")[1]
+    run = _case_texts("no_space_70k.jsonl")[1]
     assert len(run) == 70014 and run.count(" ") == 2  # "prefix <70,000 letters> suffix"
-    proc = _run_tool("--input", str(CASES / "c11_no_space_70k.jsonl"), "--output-prefix",
-                     str(tmp_path / "c11"), "--vocab-size", "40")
+    proc = _run_tool("--input", str(CASES / "no_space_70k.jsonl"), "--output-prefix",
+                     str(tmp_path / "no_space"), "--vocab-size", "40")
     assert proc.returncode == 0, proc.stderr
     assert "20 of 20 sentences fed" in proc.stdout  # 2 short + 1 + 17 pieces of the 70,014-byte document
 
 
 def test_skip_bad_lines_trains_on_the_rest(tmp_path):
     """Which lines are bad and why: tests/unit/test_tokenizer.py::test_skip_bad_lines_counts_three."""
-    proc = _run_tool("--input", str(CASES / "c12b_malformed.jsonl"), "--output-prefix", str(tmp_path / "m"),
+    proc = _run_tool("--input", str(CASES / "malformed.jsonl"), "--output-prefix", str(tmp_path / "m"),
                      "--vocab-size", "40", "--skip-bad-lines")
     assert proc.returncode == 0, proc.stderr
     assert "on 2 documents" in proc.stdout and "3 bad lines skipped" in proc.stdout

@@ -12,7 +12,7 @@ import sys
 from rtd_scale.data.tokenizer import train_tokenizer
 from tests.helpers.env import CASES, REPO
 
-CORPUS = CASES / "n15_a.jsonl"  # 10 documents, 35 training sentences
+CORPUS = CASES / "list_a.jsonl"  # 10 documents, 35 training sentences
 
 
 def _tool(tmp_path, *extra: str) -> subprocess.CompletedProcess:

@@ -13,7 +13,7 @@ import pytest
 from rtd_scale.data.tokenizer import normalize_text
 from tests.helpers.env import CASES, REPO
 
-CORPUS = CASES / "n15_a.jsonl"
+CORPUS = CASES / "list_a.jsonl"
 FLOOR = re.compile(r"^error: --vocab-size (\d+) is too small for this corpus: .* need (\d+); "
                    r"pass --vocab-size (\d+) or more$")
 

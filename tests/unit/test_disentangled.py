@@ -2,8 +2,6 @@
 Hugging Face's DebertaV2Model, gradient paths, presets and flags."""
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
@@ -12,6 +10,7 @@ from rtd_scale.model.disentangled import (disentangled_attention, distance_rows,
                                           log_bucket_position, relative_position_index,
                                           relative_shift, used_rows)
 from rtd_scale.model.rtd import RTDModel
+from tests.helpers.tiny_model import tiny_config
 
 hf_deberta = pytest.importorskip("transformers.models.deberta_v2.modeling_deberta_v2")
 
@@ -20,21 +19,12 @@ POST, DIS = LayerNormPosition.POST, AttentionType.DISENTANGLED
 
 
 def _cfg(sharing=Sharing.GDES, embedding_size=48, buckets=8, max_rel=-1, dropout=0.0):
-    """Tiny DeBERTa pair; 8 buckets over 40 tokens, so distances beyond 4 are log-bucketed."""
-    cfg = preset("tiny")
-    cfg.model.vocab_size = 300
-    cfg.model.sharing = sharing
-    cfg.model.layernorm_position = POST
-    cfg.model.attention_type = DIS
-    cfg.model.position_buckets, cfg.model.max_relative_positions = buckets, max_rel
+    """Tiny DeBERTa pair (generator 2 layers, discriminator 3); 8 buckets over 40 tokens, so
+    distances beyond 4 are log-bucketed."""
+    cfg = tiny_config(sharing, embedding_size=embedding_size, dropout=dropout, layout=POST,
+                      attention=DIS, position_buckets=buckets, num_layers=(2, 3))
+    cfg.model.max_relative_positions = max_rel
     cfg.model.max_position_embeddings = 64
-    cfg.model.embedding_size = embedding_size
-    cfg.model.generator = dataclasses.replace(
-        cfg.model.generator, num_layers=2, hidden_size=32, num_attention_heads=2,
-        ffn_hidden_size=64, hidden_dropout=dropout, attention_dropout=dropout)
-    cfg.model.discriminator = dataclasses.replace(
-        cfg.model.discriminator, num_layers=3, hidden_size=48, num_attention_heads=4,
-        ffn_hidden_size=96, hidden_dropout=dropout, attention_dropout=dropout)
     cfg.model.validate()
     return cfg
 

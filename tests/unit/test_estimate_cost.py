@@ -2,18 +2,12 @@
 itself (its output and usage errors) is in tests/tools/test_estimate_cost_cli.py."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import pytest
 
 from rtd_scale.config import preset
-from tests.helpers.env import REPO
+from tests.helpers.tools import load_tool
 
-_spec = importlib.util.spec_from_file_location("estimate_cost", REPO / "tools" / "estimate_cost.py")
-estimate_cost = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault("estimate_cost", estimate_cost)  # dataclasses look their module up there
-_spec.loader.exec_module(estimate_cost)
+estimate_cost = load_tool("estimate_cost")
 
 
 def test_debertav3_large_per_token_by_hand():

@@ -23,12 +23,14 @@ import pytest
 import torch
 
 from rtd_scale.cli_errors import UserInputError
-from rtd_scale.config import AttentionType, LayerNormPosition, Sharing
+from rtd_scale.config import Sharing
 from rtd_scale.hf import convert, debertav2
 from rtd_scale.hf.export import write_export
 from rtd_scale.hf.pretrained import load_pretrained
 from tests.helpers.hf_deberta import _assert_bitwise, _diffs, _tensors, hf_outputs
 from tests.helpers.hf_models import (
+    DISENTANGLED,
+    POST,
     TOL,
     build_model,
     canonical_state,
@@ -39,8 +41,6 @@ from tests.helpers.hf_models import (
     tiny_config,
 )
 
-POST, PRE = LayerNormPosition.POST, LayerNormPosition.PRE
-DISENTANGLED = AttentionType.DISENTANGLED
 BUCKETS, SPAN = 8, 64  # position_buckets, max_relative_positions (= max positions)
 
 

@@ -13,12 +13,15 @@ import json
 import pytest
 import torch
 
-from rtd_scale.config import AttentionType, LayerNormPosition, Sharing
+from rtd_scale.config import Sharing
 from rtd_scale.hf import convert
 from rtd_scale.hf.export import write_export
 from rtd_scale.model.embeddings import exact_residual
 from tests.helpers.env import TEST_DATA
 from tests.helpers.hf_models import (  # noqa: F401
+    DISENTANGLED,
+    POST,
+    PRE,
     TOL,
     build_model,
     canonical_state,
@@ -32,8 +35,6 @@ from tests.helpers.hf_models import (  # noqa: F401
     tiny_config,
 )
 
-POST, PRE = LayerNormPosition.POST, LayerNormPosition.PRE
-DISENTANGLED = AttentionType.DISENTANGLED
 CASES = [(POST, s, proj) for s in Sharing for proj in (False, True)] + \
         [(PRE, s, False) for s in Sharing]
 # the same exports with --sharing-scope tokens (each model its own positions, LayerNorm)
@@ -145,14 +146,10 @@ def test_sequence_classification_fine_tunes(single_process_group, tok, wiki_shar
 
 
 def test_export_tool_errors_are_one_line(tmp_path, capsys):
-    import importlib.util
-
     from rtd_scale.cli_errors import run_cli
-    from tests.helpers.env import REPO
+    from tests.helpers.tools import load_tool
 
-    spec = importlib.util.spec_from_file_location("export_hf", REPO / "tools" / "export_hf.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = load_tool("export_hf")
     run = tmp_path / "run"
     assert run_cli(tool.main, ["--load", str(run), "--output", str(tmp_path / "hf")]) == 1
     assert capsys.readouterr().err == (f"error: --load {run}: no such directory; pass the "

@@ -8,12 +8,14 @@ import pytest
 import torch
 
 from rtd_scale.cli_errors import UserInputError
-from rtd_scale.config import LayerNormPosition, Sharing
+from rtd_scale.config import Sharing
 from rtd_scale.hf import convert
 from rtd_scale.hf.export import write_export
 from rtd_scale.hf.pretrained import load_pretrained
 from tests.helpers.hf_deberta import _assert_bitwise, _tensors
 from tests.helpers.hf_models import (
+    POST,
+    PRE,
     build_model,
     canonical_state,
     hf_outputs,
@@ -41,7 +43,6 @@ def _load(model, cfg, ctx, tok, path):
                     tp_rank=0)
 
 
-POST, PRE = LayerNormPosition.POST, LayerNormPosition.PRE
 # (layout, sharing, E != H, sharing scope)
 CASES = [(POST, Sharing.ES, True, "embeddings"), (POST, Sharing.NES, False, "embeddings"),
          (POST, Sharing.GDES, True, "embeddings"), (PRE, Sharing.GDES, False, "embeddings"),

@@ -4,19 +4,15 @@ cannot be drawn are refused up front instead of hanging (rtd_scale/data/known_an
 chain_problem)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 
 from rtd_scale.cli_errors import run_cli
 from rtd_scale.data.known_answer import MAX_WORDS, MarkovLanguage, chain_problem
-from tests.helpers.env import REPO
+from tests.helpers.tools import load_tool
 
-_spec = importlib.util.spec_from_file_location(
-    "make_known_answer_corpus", REPO / "tools" / "make_known_answer_corpus.py")
-tool = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(tool)
+tool = load_tool("make_known_answer_corpus")
 
 SMALL = ["--train-documents", "3", "--valid-documents", "2"]
 

@@ -12,7 +12,6 @@ from rtd_scale.config import ConfigError, DataConfig, preset
 from rtd_scale.data.blend import SPLIT_INDEX_BASE, BlendSchedule, build_split
 from rtd_scale.data.loader import DataParallelSampler, rank_micro_batches
 from rtd_scale.data.packed import PackedDataset
-from tests.helpers import blend_data
 
 
 @pytest.mark.parametrize("weights, period", [([0.7, 0.3], 10), ([0.5, 0.3, 0.2], 10),
@@ -47,11 +46,6 @@ def test_blend_of_inexact_weights_is_close_and_a_pure_function_of_k():
 def test_a_weight_too_small_to_sample_is_a_clear_error():
     with pytest.raises(UserInputError, match="--data-path: the weight of tiny .* below 1/10000"):
         BlendSchedule([1.0, 1e-6], ["big", "tiny"])
-
-
-@pytest.fixture(scope="module")
-def two_datasets(tmp_path_factory):
-    return blend_data.two_datasets(tmp_path_factory.mktemp("blend"))
 
 
 def test_blended_samples_come_from_each_datasets_own_order(two_datasets):

@@ -17,7 +17,7 @@ from rtd_scale.data.tokenizer import Tokenizer, TokenizerModelError
 from rtd_scale.objectives.masking import (expected_span_length, mask_tokens, masked_positions,
                                           prediction_budget, span_lengths, span_starts,
                                           word_starts)
-from tests import byo_tokenizers as byo
+from tests.helpers import byo_tokenizers as byo
 
 P = 0.15
 
@@ -199,16 +199,14 @@ def test_model_masks_with_the_configured_strategy(single_process_group, wiki):
     """RTDModel.mask passes the strategy and its table; the forward's MLM rows hold every
     masked position of the larger budget."""
     from rtd_scale import distributed
-    from rtd_scale.model.rtd import RTDModel
+    from tests.helpers.tiny_model import build
 
     tok, table, ids = wiki
     cfg = preset("tiny")
     cfg.model.vocab_size = tok.vocab_size
     cfg.rtd.mask_strategy = MaskStrategy.SPAN
     cfg.validate()
-    model = RTDModel(cfg.model, cfg.rtd, tensor_model_parallel_size=1,
-                     special_ids=tok.special_ids, pad_id=tok.pad_id, mask_id=tok.mask_id, seed=5,
-                     word_start_table=table.numpy())
+    model = build(cfg, seed=5, tok=tok)  # the word-start table is the tokenizer's, as in a run
     distributed.seed_after_build(single_process_group, 5)
     rows, index = ids[:2], torch.arange(2)
     out = model(rows, index)
@@ -246,7 +244,7 @@ def test_word_start_tables_of_each_tokenizer_kind(wiki, tmp_path):
         pieces = {wp.id_to_piece(i): bool(t[i]) for i in range(wp.vocab_size)}
         assert any(p.startswith("##") for p in pieces)
         assert all(start == (not p.startswith("##")) for p, start in pieces.items())
-    texts = byo.wiki_texts()[:200]
+    texts = byo.wiki_texts(200)
     specials = ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"]
     for name, pre in (("bytelevel", pre_tokenizers.ByteLevel(add_prefix_space=True)),
                       ("metaspace", pre_tokenizers.Metaspace()),

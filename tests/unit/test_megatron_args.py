@@ -293,7 +293,7 @@ def test_another_vocab_multiple_pads_only(single_process_group):
     sampled (the shard is not whole 128-id blocks, so sampling takes one level)."""
     import torch
 
-    from rtd_scale.model.rtd import RTDModel
+    from tests.helpers.tiny_model import build
 
     out, models = {}, {}
     for multiple in (128, 64):
@@ -302,8 +302,7 @@ def test_another_vocab_multiple_pads_only(single_process_group):
                          "--hidden-dropout", "0", "--attention-dropout", "0")
         cfg.model.vocab_size = 300
         torch.manual_seed(0)
-        m = RTDModel(cfg.model, cfg.rtd, tensor_model_parallel_size=1, special_ids=(0, 1, 2, 3, 4),
-                     pad_id=0, mask_id=4, seed=5)
+        m = build(cfg, seed=5)  # ids 0-4 special, [PAD] 0, [MASK] 4
         g = torch.Generator().manual_seed(0)
         ids = torch.randint(5, 300, (8, 32), generator=g)
         ids[:, 0], ids[:, -1] = 1, 2

@@ -78,10 +78,10 @@ def test_one_sentence_documents_pack_across_boundaries(wiki_shards, tmp_path):
     """300 one-sentence documents. Samples hold many documents each, every document is
     reachable through some sample, and reading every sample (and a loader over them) ends."""
     tok, _ = wiki_shards
-    load_tool("preprocess_data").main(["--input", str(CASES / "c06_single_sentence_docs.jsonl"),
-                                       "--tokenizer-model", tok, "--output-prefix", str(tmp_path / "c06"),
+    load_tool("preprocess_data").main(["--input", str(CASES / "single_sentence_docs.jsonl"),
+                                       "--tokenizer-model", tok, "--output-prefix", str(tmp_path / "single_sentence"),
                                        "--workers", "1"])
-    prefix = str(tmp_path / "c06_text_document")
+    prefix = str(tmp_path / "single_sentence_text_document")
     ds = PackedDataset([prefix], seq_length=64)
     stream = _stream(prefix)
     assert ds.total_documents == 300 and len(ds) == -(-len(stream) // 62) > 1

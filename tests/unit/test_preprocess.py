@@ -80,7 +80,7 @@ def test_dtype_too_small_for_vocab_raises(tmp_path):
 
 
 def test_malformed_new_prefix_writes_nothing(tokenizer, tmp_path, preprocess_module, capsys):
-    status = run_cli(preprocess_module.main, ["--input", str(CASES / "c12b_malformed.jsonl"), "--tokenizer-model",
+    status = run_cli(preprocess_module.main, ["--input", str(CASES / "malformed.jsonl"), "--tokenizer-model",
                                               tokenizer.model_path, "--output-prefix", str(tmp_path / "new" / "m")])
     assert status == 1
     assert ":2: invalid JSON" in capsys.readouterr().err
@@ -88,7 +88,7 @@ def test_malformed_new_prefix_writes_nothing(tokenizer, tmp_path, preprocess_mod
 
 
 def test_skip_bad_lines_counts(tokenizer, tmp_path, preprocess_module, capsys):
-    status = run_cli(preprocess_module.main, ["--input", str(CASES / "c12b_malformed.jsonl"), "--tokenizer-model",
+    status = run_cli(preprocess_module.main, ["--input", str(CASES / "malformed.jsonl"), "--tokenizer-model",
                                               tokenizer.model_path, "--output-prefix", str(tmp_path / "m"), "--skip-bad-lines"])
     out = capsys.readouterr().out
     assert status == 0
@@ -156,7 +156,7 @@ def test_parquet_txt_and_json_array_inputs(tmp_path):
 def test_check_tokenizer_matches(corpus, tokenizer, tmp_path):
     prefix = tmp_path / "s"
     with ShardWriter(prefix, vocab_size=tokenizer.vocab_size, tokenizer_model=tokenizer.model_path) as w:
-        for text in _texts(CASES / "c06_single_sentence_docs.jsonl"):
+        for text in _texts(CASES / "single_sentence_docs.jsonl"):
             w.add_document(tokenizer.encode(text))
     check_tokenizer_matches(prefix, tokenizer.model_path, tokenizer.vocab_size)  # same tokenizer: fine
 
@@ -172,7 +172,7 @@ def test_check_tokenizer_matches(corpus, tokenizer, tmp_path):
     # Without a sidecar (a shard from Megatron-LM's preprocessing): the max id must fit the vocab.
     Path(shard_paths(prefix)[2]).unlink()
     assert read_shard_meta(prefix) is None
-    max_id = max(max(tokenizer.encode(t)) for t in _texts(CASES / "c06_single_sentence_docs.jsonl"))
+    max_id = max(max(tokenizer.encode(t)) for t in _texts(CASES / "single_sentence_docs.jsonl"))
     check_tokenizer_matches(prefix, other.model_path, max_id + 1)
     with pytest.raises(ShardMismatchError, match=f"contains token id {max_id} but tokenizer .* has vocab_size {max_id}"):
         check_tokenizer_matches(prefix, other.model_path, max_id)

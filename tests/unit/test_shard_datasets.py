@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import bz2
 import gzip
-import importlib.util
 import json
 import lzma
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 
@@ -23,24 +21,15 @@ import pytest
 from rtd_scale.cli_errors import UserInputError, run_cli
 from rtd_scale.data.shards import ShardWriter, open_shard, read_manifest, read_shard_meta, resolve_data_path
 from rtd_scale.data.text import Position, iter_positioned_records
-from tests.helpers.env import REPO, TEST_DATA
+from tests.helpers.env import TEST_DATA
+from tests.helpers.tools import load_tool
 
-TOOL = REPO / "tools" / "preprocess_data.py"
-MERGE = REPO / "tools" / "merge_datasets.py"
 WIKI = TEST_DATA / "wiki_sample.jsonl"
-
-
-def _load(path: Path):
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def tools():
-    return _load(TOOL), _load(MERGE)
+    return load_tool("preprocess_data"), load_tool("merge_datasets")
 
 
 def _snapshot(directory: Path) -> dict[str, bytes]:

@@ -40,8 +40,8 @@ from tests.helpers.env import case_texts as _case_texts
 
 def _fixture_documents() -> list[str]:
     docs = list(pydoc_data.topics.topics.values())
-    for name in ("c06_single_sentence_docs.jsonl", "c10_all_lines_too_long.jsonl",
-                 "c11_no_space_70k.jsonl", "c12_control_chars.jsonl"):
+    for name in ("single_sentence_docs.jsonl", "all_lines_too_long.jsonl",
+                 "no_space_70k.jsonl", "control_chars.jsonl"):
         docs += _case_texts(name)
     return docs
 
@@ -83,7 +83,7 @@ def test_unseen_character_is_unk(tokenizer):
 
 def test_default_layout_sentencepiece_model_is_rejected(tmp_path):
     corpus = tmp_path / "c.txt"
-    corpus.write_text("\n".join(_case_texts("c06_single_sentence_docs.jsonl")), encoding="utf-8")
+    corpus.write_text("\n".join(_case_texts("single_sentence_docs.jsonl")), encoding="utf-8")
     # SentencePiece's defaults: <unk>=0, <s>=1, </s>=2 (like most released models).
     spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(tmp_path / "foreign"), vocab_size=40, minloglevel=2)
     with pytest.raises(TokenizerModelError) as e:
@@ -113,8 +113,8 @@ def test_tokenizer_pickles_with_its_model(tokenizer):
 # -- normalisation ----------------------------------------------------------------------------
 
 
-def test_normalize_text_c12_control_chars():
-    got = [normalize_text(t) for t in _case_texts("c12_control_chars.jsonl")]
+def test_normalize_text_control_chars():
+    got = [normalize_text(t) for t in _case_texts("control_chars.jsonl")]
     assert got == [
         "beforeafter The river rises in the northern hills and flows south to the sea.",
         "bell and escape[31m colour Copper was among the first metals worked by people, long before iron.",
@@ -154,7 +154,7 @@ def test_drop_table_is_unicode_control_and_format():
 
 
 def test_split_for_training_limits_bytes_and_keeps_text():
-    text = normalize_text(_case_texts("c10_all_lines_too_long.jsonl")[0])
+    text = normalize_text(_case_texts("all_lines_too_long.jsonl")[0])
     pieces = split_for_training(text, 4192)
     assert len(text.encode()) == 11251 and all(len(p.encode()) <= 4192 for p in pieces)
     assert " ".join(pieces) == text
@@ -163,7 +163,7 @@ def test_split_for_training_limits_bytes_and_keeps_text():
 
 
 def test_long_line_round_trips(tokenizer):
-    line = _case_texts("c10_all_lines_too_long.jsonl")[7]
+    line = _case_texts("all_lines_too_long.jsonl")[7]
     ids = tokenizer.encode(line)
     assert len(ids) > 1000 and UNK_ID not in ids
     assert tokenizer.decode(ids) == normalize_text(line)
@@ -171,7 +171,7 @@ def test_long_line_round_trips(tokenizer):
 
 def test_no_space_run_encodes_and_neighbours_intact(tokenizer):
     """Alone, through the real CLI: tests/tools/test_tokenizer_cli.py::test_no_space_run_trains_alone."""
-    before, run, after = _case_texts("c11_no_space_70k.jsonl")
+    before, run, after = _case_texts("no_space_70k.jsonl")
     assert len(run) == 70014 and run.count(" ") == 2  # "prefix <70,000 letters> suffix"
     # The fixture tokenizer was trained with these three documents; encoding finishes too.
     assert tokenizer.decode(tokenizer.encode(before)) == before
@@ -183,7 +183,7 @@ def test_skip_bad_lines_counts_three():
     """Training on the rest through the CLI:
     tests/tools/test_tokenizer_cli.py::test_skip_bad_lines_trains_on_the_rest."""
     stats = ReadStats()
-    records = list(iter_records([CASES / "c12b_malformed.jsonl"], ["text"], skip_bad_lines=True, stats=stats))
+    records = list(iter_records([CASES / "malformed.jsonl"], ["text"], skip_bad_lines=True, stats=stats))
     assert records == [
         ("The river rises in the northern hills and flows south to the sea.",),
         ("A sonnet has fourteen lines and, in English, usually a fixed rhyme scheme.",),
@@ -198,13 +198,13 @@ def test_skip_bad_lines_counts_three():
 
 def test_bad_line_error_is_one_line_and_picklable():
     with pytest.raises(BadLineError) as e:
-        list(iter_records([CASES / "c12b_malformed.jsonl"], ["text"]))
+        list(iter_records([CASES / "malformed.jsonl"], ["text"]))
     err = pickle.loads(pickle.dumps(e.value))
-    assert (err.line, str(err).split(": ")[0]) == (2, f"{CASES / 'c12b_malformed.jsonl'}:2")
+    assert (err.line, str(err).split(": ")[0]) == (2, f"{CASES / 'malformed.jsonl'}:2")
 
 
 def test_vocab_too_high_names_flag_and_limit(tmp_path):
-    docs = _case_texts("c10_all_lines_too_long.jsonl")
+    docs = _case_texts("all_lines_too_long.jsonl")
     with pytest.raises(TokenizerTrainingError) as e:
         train_tokenizer(docs, tmp_path / "big", vocab_size=400, num_threads=2)
     m = re.fullmatch(r"--vocab-size 400 is too high for this corpus: SentencePiece can make at most (\d+) "
@@ -222,20 +222,20 @@ def test_empty_corpus_is_refused(tmp_path):
 
 
 def test_input_sentence_size_samples(tmp_path):
-    docs = _case_texts("c06_single_sentence_docs.jsonl")
+    docs = _case_texts("single_sentence_docs.jsonl")
     s = train_tokenizer(docs, tmp_path / "s", vocab_size=40, input_sentence_size=50, num_threads=1)
     assert (s.documents, s.sentences, s.sentences_fed) == (300, 300, 50)
 
 
 def test_bpe_keeps_special_ids(tmp_path):
-    s = train_tokenizer(_case_texts("c10_all_lines_too_long.jsonl"), tmp_path / "bpe", vocab_size=200,
+    s = train_tokenizer(_case_texts("all_lines_too_long.jsonl"), tmp_path / "bpe", vocab_size=200,
                         model_type="bpe", num_threads=2)
     tok = Tokenizer(s.model_path)
     assert [tok.id_to_piece(i) for i in range(5)] == ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"]
 
 
 def test_training_is_reproducible(tmp_path):
-    docs = _case_texts("c06_single_sentence_docs.jsonl")
+    docs = _case_texts("single_sentence_docs.jsonl")
     a = train_tokenizer(docs, tmp_path / "a", vocab_size=40, num_threads=2)
     b = train_tokenizer(docs, tmp_path / "b", vocab_size=40, num_threads=2)
     assert Path(a.model_path).read_bytes() == Path(b.model_path).read_bytes()

@@ -15,7 +15,7 @@ from rtd_scale.data.tokenizer import (
     TokenizerModelError,
     normalize_text,
 )
-from tests import byo_tokenizers as byo
+from tests.helpers import byo_tokenizers as byo
 
 LAYOUTS = ("ours", "deberta_v3", "default_layout_extended", "roberta_names", "wordpiece_vocab", "wordpiece_json")
 
@@ -24,10 +24,6 @@ LAYOUTS = ("ours", "deberta_v3", "default_layout_extended", "roberta_names", "wo
 def tokenizers(tmp_path_factory) -> dict[str, str]:
     """layout -> the file to pass as --tokenizer-model."""
     return byo.every_layout(tmp_path_factory.mktemp("byo"))
-
-
-def _sentences(n: int = 60) -> list[str]:
-    return byo.wiki_texts()[:n]
 
 
 # -- special ids --------------------------------------------------------------------------------
@@ -64,19 +60,19 @@ def test_add_special_pieces_keeps_every_id(tokenizers):
 
     before = spm.SentencePieceProcessor(model_file=tokenizers["default_layout"])
     after = Tokenizer(tokenizers["default_layout_extended"])
-    for text in _sentences(20):
+    for text in byo.wiki_texts(20):
         assert after.encode(text) == before.encode(text)
     assert [after.id_to_piece(i) for i in (600, 601)] == ["<pad>", "<mask>"]
-    assert not {600, 601} & {i for t in _sentences() for i in after.encode(t)}
+    assert not {600, 601} & {i for t in byo.wiki_texts(60) for i in after.encode(t)}
 
 
 def test_encoding_never_yields_pad_or_mask_on_real_text(tokenizers):
     for name in LAYOUTS:
         tok = Tokenizer(tokenizers[name])
-        ids = {i for t in _sentences(30) for i in tok.encode(t)}
+        ids = {i for t in byo.wiki_texts(30) for i in tok.encode(t)}
         assert ids and not {tok.pad_id, tok.cls_id, tok.sep_id, tok.mask_id} & ids, name
         assert max(ids) < tok.vocab_size
-        assert tok.encode_batch(_sentences(5)) == [tok.encode(t) for t in _sentences(5)]
+        assert tok.encode_batch(byo.wiki_texts(5)) == [tok.encode(t) for t in byo.wiki_texts(5)]
 
 
 def test_tokenizer_json_without_a_normaliser_gets_normalize_text(tmp_path):
@@ -101,7 +97,7 @@ def test_foreign_tokenizers_pickle(tokenizers):
     for name in ("deberta_v3", "wordpiece_vocab", "wordpiece_json"):
         tok = Tokenizer(tokenizers[name])
         clone = pickle.loads(pickle.dumps(tok))
-        text = _sentences(1)[0]
+        text = byo.wiki_texts(1)[0]
         assert clone.encode(text) == tok.encode(text) and clone.specials == tok.specials
         assert clone.sha256 == tok.sha256 == tokmod.file_sha256(tokenizers[name])
 
@@ -137,7 +133,7 @@ def test_default_layout_names_both_missing_pieces_and_the_tool(tokenizers):
 
 def test_sentencepiece_with_pad_but_no_mask_is_refused(tmp_path):
     # [PAD] 0 and <unk>, <s>, </s>: not DeBERTaV3's layout, so no [MASK] is appended.
-    path = byo._train_spm(tmp_path, "pad_only", pad_id=3)
+    path = byo.train_spm(tmp_path, "pad_only", pad_id=3)
     with pytest.raises(TokenizerModelError) as e:
         Tokenizer(path)
     msg = _one_line(e)
@@ -183,7 +179,7 @@ def test_normalize_text_as_a_hf_normalizer_agrees():
     for _ in range(3000):
         s = "".join(chr(rng.choice(pool)) for _ in range(rng.randint(0, 12)))
         assert hf.normalize_str(s) == normalize_text(s), repr(s)
-    for text in _sentences(20):
+    for text in byo.wiki_texts(20):
         assert hf.normalize_str(text) == normalize_text(text)
 
 
@@ -199,7 +195,7 @@ def test_save_pretrained_autotokenizer_matches_the_pipeline(tokenizers, layout, 
     assert (hf.pad_token_id, hf.cls_token_id, hf.sep_token_id, hf.unk_token_id, hf.mask_token_id) == (
         tok.pad_id, tok.cls_id, tok.sep_id, tok.unk_id, tok.mask_id)
     assert hf.model_max_length == 512 and len(hf) == tok.vocab_size
-    texts = _sentences(60) + ["  Leading\tand\u200b trailing\u00a0space, caf\u0065\u0301  ", ""]
+    texts = byo.wiki_texts(60) + ["  Leading\tand\u200b trailing\u00a0space, caf\u0065\u0301  ", ""]
     got = hf(texts)["input_ids"]
     for text, ids in zip(texts, got):
         assert ids == [tok.cls_id, *tok.encode(text), tok.sep_id], text

@@ -16,40 +16,44 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-TEST_DATA = Path(__file__).resolve().parent / "data"
+from tests.helpers.env import TEST_DATA
+
 BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
-def wiki_texts() -> list[str]:
-    lines = (TEST_DATA / "wiki_sample.jsonl").read_text(encoding="utf-8").splitlines()
+def wiki_texts(n: int | None = None) -> list[str]:
+    """The ``text`` of the first ``n`` lines (all by default) of tests/data/wiki_sample.jsonl."""
+    lines = (TEST_DATA / "wiki_sample.jsonl").read_text(encoding="utf-8").splitlines()[:n]
     return [json.loads(line)["text"] for line in lines]
 
 
-def _sentences() -> list[str]:
+def _wiki_sentences() -> list[str]:
     return [s for text in wiki_texts() for s in text.split(". ") if s.strip()]
 
 
-def _train_spm(out: Path, name: str, vocab_size: int = 600, **settings) -> str:
+def train_spm(out: Path, name: str, vocab_size: int = 600, **settings) -> str:
+    """A SentencePiece model ``out/<name>.model`` trained on the sentences of wiki_sample.jsonl
+    with ``settings`` (the trainer's keywords: ids and pieces of the special tokens)."""
     path = out / f"{name}.model"
     with open(path, "wb") as f:
-        spm.SentencePieceTrainer.train(sentence_iterator=iter(_sentences()), model_writer=f,
+        spm.SentencePieceTrainer.train(sentence_iterator=iter(_wiki_sentences()), model_writer=f,
                                        vocab_size=vocab_size, num_threads=1, minloglevel=2,
                                        max_sentence_length=8192, **settings)
     return str(path)
 
 
 def deberta_v3(out: Path) -> str:
-    return _train_spm(out, "deberta_v3", pad_id=0, pad_piece="[PAD]", bos_id=1, bos_piece="[CLS]",
-                      eos_id=2, eos_piece="[SEP]", unk_id=3, unk_piece="[UNK]")
+    return train_spm(out, "deberta_v3", pad_id=0, pad_piece="[PAD]", bos_id=1, bos_piece="[CLS]",
+                     eos_id=2, eos_piece="[SEP]", unk_id=3, unk_piece="[UNK]")
 
 
 def default_layout(out: Path) -> str:
-    return _train_spm(out, "default_layout")
+    return train_spm(out, "default_layout")
 
 
 def roberta_names(out: Path) -> str:
-    return _train_spm(out, "roberta_names", bos_id=0, pad_id=1, eos_id=2, unk_id=3,
-                      control_symbols=["<mask>"])
+    return train_spm(out, "roberta_names", bos_id=0, pad_id=1, eos_id=2, unk_id=3,
+                     control_symbols=["<mask>"])
 
 
 def _wordpiece(out: Path):
