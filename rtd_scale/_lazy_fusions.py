@@ -1,16 +1,20 @@
-"""megatron-core's import-time ``torch.compile`` calls, deferred to first use.
+"""Import-time ``torch.compile`` calls in megatron-core and DeepSpeed, deferred to first use.
 
 megatron-core 0.16.1 decorates its fused kernels (bias-GeLU, bias-GeGLU, bias-SwiGLU, ...) with
 ``megatron.core.jit.jit_fuser``, which is ``torch.compile``. Each decoration builds a dynamo
 wrapper at import time, and the first one imports TorchInductor: on a 2-core machine that is 3-9 s
 of every process's start (``python -X importtime -c "import megatron.core"``), although a run
-whose config turns the fusions off (every CPU run) never calls them.
+whose config turns the fusions off (every CPU run) never calls them. DeepSpeed 0.19.8 does the
+same in ``deepspeed.runtime.zero.muon.original_muon`` (Muon's kernels), which
+``deepspeed.runtime.zero.utils.is_zero_supported_optimizer`` imports whenever a ZeRO engine is
+built, whatever its optimizer: 1.4 s of every rank's start, for kernels only Muon calls.
 
-While ``megatron.core`` executes its package ``__init__`` (which imports the fusion modules and
-``megatron.core.jit``), ``torch.compile`` is replaced by :func:`lazy_compile`: the decorated
-function is compiled with the same arguments on its first call, outside a dynamo trace. Inside
-one (``--compile-layers``) the plain function is called, which dynamo traces into as it would a
-nested compiled function. ``torch.compile`` itself is restored as soon as the import ends.
+While one of :data:`DEFERRED` executes (megatron-core's package ``__init__``, which imports the
+fusion modules and ``megatron.core.jit``; DeepSpeed's Muon module), ``torch.compile`` is
+replaced by :func:`lazy_compile`: the decorated function is compiled with the same arguments on
+its first call, outside a dynamo trace. Inside one (``--compile-layers``) the plain function is
+called, which dynamo traces into as it would a nested compiled function. ``torch.compile`` itself
+is restored as soon as that import ends.
 """
 from __future__ import annotations
 
@@ -45,14 +49,23 @@ def lazy_compile(real_compile: Callable) -> Callable:
     return compile_later
 
 
-class _MegatronCoreFinder(importlib.abc.MetaPathFinder):
-    """Finds ``megatron.core`` through the normal machinery, then runs its package ``__init__``
-    with ``torch.compile`` deferred. Removes itself after the first lookup."""
+# the modules whose own import decorates functions with torch.compile
+DEFERRED = ("megatron.core", "deepspeed.runtime.zero.muon.original_muon")
+
+
+class _DeferredCompileFinder(importlib.abc.MetaPathFinder):
+    """Finds each module of :data:`DEFERRED` through the normal machinery, then executes it with
+    ``torch.compile`` deferred. Removes itself once it has seen all of them."""
+
+    def __init__(self) -> None:
+        self.pending = set(DEFERRED)
 
     def find_spec(self, name, path=None, target=None):
-        if name != "megatron.core":
+        if name not in self.pending:
             return None
-        uninstall()
+        self.pending.discard(name)  # the lookup below then passes this finder by
+        if not self.pending:
+            uninstall()
         spec = importlib.util.find_spec(name)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
@@ -72,12 +85,14 @@ class _MegatronCoreFinder(importlib.abc.MetaPathFinder):
         return spec
 
 
-_FINDER = _MegatronCoreFinder()
+_FINDER = _DeferredCompileFinder()
 
 
 def install() -> None:
-    """Put the hook first on ``sys.meta_path`` unless megatron-core is already imported."""
-    if "megatron.core" not in sys.modules and _FINDER not in sys.meta_path:
+    """Put the hook first on ``sys.meta_path`` for the modules of :data:`DEFERRED` not imported
+    yet."""
+    _FINDER.pending = {name for name in DEFERRED if name not in sys.modules}
+    if _FINDER.pending and _FINDER not in sys.meta_path:
         sys.meta_path.insert(0, _FINDER)
 
 
