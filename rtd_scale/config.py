@@ -85,6 +85,12 @@ class AttentionType(str, enum.Enum):
     BERT = "bert"
     DISENTANGLED = "disentangled"
 
+    @property
+    def relative_positions(self) -> bool:
+        """Positions enter attention as relative distances, so the input has no absolute
+        position and no token-type table (DeBERTa, arXiv 2006.03654 §3.1)."""
+        return self is AttentionType.DISENTANGLED
+
 
 class Precision(str, enum.Enum):
     """Compute precision (``--bf16``, ``--fp16``; default fp32 in every preset). bf16 and fp16
@@ -215,7 +221,7 @@ class ModelConfig:
         and absolute positions (``model/embeddings.py`` says what each mode shares)."""
         return (self.sharing is not Sharing.NES
                 and self.sharing_scope is SharingScope.EMBEDDINGS
-                and self.attention_type is not AttentionType.DISENTANGLED)
+                and not AttentionType(self.attention_type).relative_positions)
 
     def validate(self) -> None:
         self.sharing = Sharing(self.sharing)
@@ -240,8 +246,7 @@ class ModelConfig:
             raise ConfigError("--attention-type disentangled needs --layernorm-position post "
                               "(DeBERTa's layout, arXiv 2006.03654); add --layernorm-position post")
         if self.sharing_scope is SharingScope.TOKENS and (
-                self.sharing is Sharing.NES
-                or self.attention_type is AttentionType.DISENTANGLED):
+                self.sharing is Sharing.NES or self.attention_type.relative_positions):
             why = ("--sharing nes shares nothing" if self.sharing is Sharing.NES else
                    "disentangled attention has no position or token-type table")
             warnings.warn(f"--sharing-scope tokens has no effect: {why}")

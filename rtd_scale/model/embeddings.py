@@ -129,19 +129,27 @@ class TiedOutputTable(TokenTable):
         self.weight.ds_pipe_replicated = True
 
 
+def zero_residual(table: TokenTable) -> torch.nn.Parameter:
+    """A residual table beside ``table``: zeros of its shape [V/tp, E], vocab-parallel with its
+    partition, and kept at zero by every initialisation (``mark_zero_init``). GDES's E_Δ; a
+    sharing mode that adds a learned residual to the generator's table makes it here."""
+    residual = torch.nn.Parameter(torch.zeros_like(table.weight))
+    tensor_parallel.set_tensor_model_parallel_attributes(residual, True, 0, 1)
+    mark_vocab_parallel(residual)
+    mark_zero_init(residual)
+    return residual
+
+
 class GDESTable(torch.nn.Module):
     """E_D = stopgrad(E_G) + E_Δ (arXiv 2111.09543 §3.3), vocab-parallel with E_G's partition.
 
-    ``delta`` is zero at initialisation (``mark_zero_init``). forward(ids [b, s]) -> [b, s, E].
+    ``delta`` is zero at initialisation (``zero_residual``). forward(ids [b, s]) -> [b, s, E].
     """
 
     def __init__(self, generator_table: TokenTable):
         super().__init__()
         self.generator_table = generator_table
-        self.delta = torch.nn.Parameter(torch.zeros_like(generator_table.weight))
-        tensor_parallel.set_tensor_model_parallel_attributes(self.delta, True, 0, 1)
-        mark_vocab_parallel(self.delta)
-        mark_zero_init(self.delta)
+        self.delta = zero_residual(generator_table)
 
     @property
     def vocab_start_index(self) -> int:
@@ -435,7 +443,7 @@ def embedding_pair(model: ModelConfig, generator_config: TransformerConfig,
     ``model.sharing_scope`` say (first pipeline stage only)."""
     sharing, scope = Sharing(model.sharing), SharingScope(model.sharing_scope)
     post = LayerNormPosition(model.layernorm_position) is LayerNormPosition.POST
-    relative = AttentionType(model.attention_type) is AttentionType.DISENTANGLED
+    relative = AttentionType(model.attention_type).relative_positions
     common = dict(embedding_size=model.embedding_size,
                   max_positions=model.max_position_embeddings, init_std=model.init_method_std,
                   token_type=post and not relative, relative=relative)

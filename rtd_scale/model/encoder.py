@@ -120,7 +120,7 @@ class Encoder(torch.nn.Module):
         layernorm_position = LayerNormPosition(layernorm_position)
         attention_type = AttentionType(attention_type)
         post = layernorm_position is LayerNormPosition.POST
-        relative = attention_type is AttentionType.DISENTANGLED
+        relative = attention_type.relative_positions
         token_type = post and not relative
         assert embeddings is None or (embeddings.token_type is not None) == token_type, \
             "the token-type row belongs to the post-LayerNorm layout with BERT attention"

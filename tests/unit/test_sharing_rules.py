@@ -23,7 +23,6 @@ import torch
 from rtd_scale.config import LayerNormPosition, Sharing
 from rtd_scale.model import embeddings
 from rtd_scale.model.embeddings import SHARING_RULES, SharingRule, Tie, exact_residual
-from rtd_scale.model.weights import mark_vocab_parallel, mark_zero_init
 from tests.helpers.env import REPO
 from tests.helpers.hf_models import (
     TOL,
@@ -47,13 +46,8 @@ class HalfTable(torch.nn.Module):
 
     def __init__(self, generator_table):
         super().__init__()
-        from megatron.core import tensor_parallel
-
         self.generator_table = generator_table
-        self.offset = torch.nn.Parameter(torch.zeros_like(generator_table.weight))
-        tensor_parallel.set_tensor_model_parallel_attributes(self.offset, True, 0, 1)
-        mark_vocab_parallel(self.offset)
-        mark_zero_init(self.offset)
+        self.offset = embeddings.zero_residual(generator_table)
 
     @property
     def vocab_start_index(self) -> int:
