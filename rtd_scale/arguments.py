@@ -99,24 +99,25 @@ def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
     p.add_argument("--mask-strategy", choices=["token", "whole_word", "span"],
                    help="mask single tokens (default), whole words, or SpanBERT spans of whole "
                         "words (objectives/masking.py)")
-    p.add_argument("--lr", type=float)
-    p.add_argument("--min-lr", type=float)
-    p.add_argument("--lr-warmup-iters", type=int)
-    p.add_argument("--lr-decay-iters", type=int, help="default: --train-iters")
-    # megatron-core's OptimizerParamScheduler, with Megatron-LM's flags (training/lr_schedule.py)
-    p.add_argument("--lr-decay-style", choices=[x.value for x in LRDecayStyle],
-                   help="after the warm-up, from --lr to --min-lr (default linear)")
-    p.add_argument("--lr-warmup-fraction", type=float, help="warm-up as a fraction of the "
-                   "decay length (instead of --lr-warmup-iters / --lr-warmup-samples)")
-    p.add_argument("--lr-warmup-samples", type=int, help="warm-up in samples")
-    p.add_argument("--lr-decay-samples", type=int, help="decay length in samples (instead of "
-                   "--lr-decay-iters)")
-    p.add_argument("--lr-warmup-init", type=float, help="the lr warm-up starts from (default 0)")
-    p.add_argument("--lr-wsd-decay-style", choices=[x.value for x in WSDDecayStyle],
-                   help="WSD's annealing (default exponential)")
-    p.add_argument("--lr-wsd-decay-iters", type=int, help="WSD: the last N steps of the decay "
-                   "anneal to --min-lr (the lr holds at --lr before them)")
-    p.add_argument("--lr-wsd-decay-samples", type=int, help="WSD's annealing phase in samples")
+    # megatron-core's OptimizerParamScheduler, with Megatron-LM's flags (training/lr_schedule.py);
+    # a list in the second place is the flag's choices, a type otherwise
+    for flag, kind, help_text in (
+            ("--lr", float, None), ("--min-lr", float, None), ("--lr-warmup-iters", int, None),
+            ("--lr-decay-iters", int, "default: --train-iters"),
+            ("--lr-decay-style", [x.value for x in LRDecayStyle],
+             "after the warm-up, from --lr to --min-lr (default linear)"),
+            ("--lr-warmup-fraction", float, "warm-up as a fraction of the decay length (instead "
+             "of --lr-warmup-iters / --lr-warmup-samples)"),
+            ("--lr-warmup-samples", int, "warm-up in samples"),
+            ("--lr-decay-samples", int, "decay length in samples (instead of --lr-decay-iters)"),
+            ("--lr-warmup-init", float, "the lr warm-up starts from (default 0)"),
+            ("--lr-wsd-decay-style", [x.value for x in WSDDecayStyle],
+             "WSD's annealing (default exponential)"),
+            ("--lr-wsd-decay-iters", int, "WSD: the last N steps of the decay anneal to --min-lr "
+             "(the lr holds at --lr before them)"),
+            ("--lr-wsd-decay-samples", int, "WSD's annealing phase in samples")):
+        p.add_argument(flag, help=help_text,
+                       **({"choices": kind} if isinstance(kind, list) else {"type": kind}))
     p.add_argument("--peak-tflops-per-device", type=float, metavar="TFLOPS",
                    help="a device's peak TFLOP/s, the denominator of the MFU in the log "
                         "(default: the bf16 dense datasheet value of a known GPU; else no MFU)")

@@ -162,6 +162,15 @@ def base_config_kwargs(model: ModelConfig, enc: EncoderConfig, *, pad_id: int,
                 pad_token_id=pad_id, architectures=[architecture])
 
 
+def mlm_head_names(transform: str, norm: str, bias: str) -> dict[str, str]:
+    """Our MLM head's names (``model/heads.py``: the transform's dense and LayerNorm, the output
+    bias) → a target's, given the target's transform prefix, its LayerNorm's name there and its
+    bias: ``mlm_head_names("lm_head", "layer_norm", "lm_head.bias")``."""
+    return {"dense.weight": f"{transform}.dense.weight", "dense.bias": f"{transform}.dense.bias",
+            "norm.weight": f"{transform}.{norm}.weight", "norm.bias": f"{transform}.{norm}.bias",
+            "bias": bias}
+
+
 class Adapter:
     """One Hugging Face target: its classes, config, name maps and the few rules that are not
     renamings. A target module makes one instance, ``ADAPTER``; ``adapters.ADAPTERS`` registers

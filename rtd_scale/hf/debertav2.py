@@ -25,18 +25,13 @@ from __future__ import annotations
 from rtd_scale.cli_errors import UserInputError
 from rtd_scale.config import ModelConfig
 from rtd_scale.hf.common import (POST_LN_NORMS, Adapter, Pair, base_config_kwargs, layer_pairs,
-                                 wb)
+                                 mlm_head_names, wb)
 
 
 def relative_positions(model: ModelConfig) -> tuple[int, int]:
     """(position_buckets, max_relative_positions) of a disentangled model, as DebertaV2Config
     holds them (arXiv 2111.09543 §4: 256 buckets; the span is the maximum position)."""
     return model.position_buckets, model.resolved_max_relative_positions()
-
-
-def _head(prefix: str, norm: str) -> dict[str, str]:
-    return {"dense.weight": f"{prefix}.dense.weight", "dense.bias": f"{prefix}.dense.bias",
-            "norm.weight": f"{prefix}.{norm}.weight", "norm.bias": f"{prefix}.{norm}.bias"}
 
 
 class DebertaV2(Adapter):
@@ -50,9 +45,9 @@ class DebertaV2(Adapter):
     qkv_parts = ("query_proj", "key_proj", "value_proj")
     mlm_head_maps = (
         # DebertaV2ForMaskedLM's legacy head: transform, tied decoder (the export's)
-        {**_head("cls.predictions.transform", "LayerNorm"), "bias": "cls.predictions.bias"},
+        mlm_head_names("cls.predictions.transform", "LayerNorm", "cls.predictions.bias"),
         # legacy=False (DeBERTa's own head names), E = H
-        {**_head("lm_predictions.lm_head", "LayerNorm"), "bias": "lm_predictions.lm_head.bias"})
+        mlm_head_names("lm_predictions.lm_head", "LayerNorm", "lm_predictions.lm_head.bias"))
     tied_to_table = ("cls.predictions.decoder.weight",)
     tied_to_bias = ("cls.predictions.decoder.bias",)
     # heads a DebertaV2Model read from a DebertaV2For… checkpoint leaves aside (the pooler of

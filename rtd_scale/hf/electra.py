@@ -9,7 +9,8 @@ LayerNorm) + ``generator_lm_head`` tied to the table, with bias.
 """
 from __future__ import annotations
 
-from rtd_scale.hf.common import POST_LN_NORMS, Adapter, Pair, base_config_kwargs, layer_pairs, wb
+from rtd_scale.hf.common import (POST_LN_NORMS, Adapter, Pair, base_config_kwargs, layer_pairs,
+                                 mlm_head_names, wb)
 
 # positions 0…s−1 as ours; our one token-type row is ELECTRA's row 0
 POSITIONS = [Pair("embeddings.position.weight", "embeddings.position_embeddings.weight"),
@@ -25,11 +26,8 @@ class Electra(Adapter):
     generator_class = "ElectraForMaskedLM"
     discriminator_base = generator_base = "electra."
     rtd_head_in_model = True
-    mlm_head_maps = ({"dense.weight": "generator_predictions.dense.weight",
-                      "dense.bias": "generator_predictions.dense.bias",
-                      "norm.weight": "generator_predictions.LayerNorm.weight",
-                      "norm.bias": "generator_predictions.LayerNorm.bias",
-                      "bias": "generator_lm_head.bias"},)
+    mlm_head_maps = (mlm_head_names("generator_predictions", "LayerNorm",
+                                    "generator_lm_head.bias"),)
     tied_to_table = ("generator_lm_head.weight",)
 
     def hf_config(self, model, which, *, pad_id, cls_id, sep_id):

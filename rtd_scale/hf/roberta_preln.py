@@ -16,7 +16,8 @@ decoder tied, ``bias``).
 """
 from __future__ import annotations
 
-from rtd_scale.hf.common import Adapter, ExportError, Pair, base_config_kwargs, layer_pairs, wb
+from rtd_scale.hf.common import (Adapter, ExportError, Pair, base_config_kwargs, layer_pairs,
+                                 mlm_head_names, wb)
 
 PRE_LN_NORMS = [("input_layernorm", "attention.LayerNorm"),
                 ("pre_mlp_layernorm", "intermediate.LayerNorm")]
@@ -35,9 +36,7 @@ class RobertaPreLayerNorm(Adapter):
     discriminator_base = ""
     generator_base = "roberta_prelayernorm."
     model_kwargs = {"add_pooling_layer": False}
-    mlm_head_maps = ({"dense.weight": "lm_head.dense.weight", "dense.bias": "lm_head.dense.bias",
-                      "norm.weight": "lm_head.layer_norm.weight",
-                      "norm.bias": "lm_head.layer_norm.bias", "bias": "lm_head.bias"},)
+    mlm_head_maps = (mlm_head_names("lm_head", "layer_norm", "lm_head.bias"),)
     tied_to_table = ("lm_head.decoder.weight",)
     tied_to_bias = ("lm_head.decoder.bias",)
     checks_embedding_size = False  # no embedding_size: E = H

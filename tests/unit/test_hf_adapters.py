@@ -18,21 +18,12 @@ from rtd_scale.cli_errors import UserInputError
 from rtd_scale.config import AttentionType, LayerNormPosition, Sharing
 from rtd_scale.hf import adapters, electra
 from rtd_scale.hf.common import (POST_LN_NORMS, RTD_HEAD_FILE, Adapter, ExportError,
-                                 base_config_kwargs, layer_pairs, wb)
+                                 base_config_kwargs, layer_pairs, mlm_head_names, wb)
 from rtd_scale.hf.export import write_export
 from rtd_scale.hf.pretrained import load_pretrained, read_pretrained
 from tests.helpers.hf_deberta import _assert_bitwise, _tensors
-from tests.helpers.hf_models import (
-    TOL,
-    build_model,
-    canonical_state,
-    load_checked,
-    max_diffs,
-    ours,
-    perturb,
-    real_batch,
-    tiny_config,
-)
+from tests.helpers.hf_models import (TOL, build_model, canonical_state, load_checked, max_diffs,
+                                     ours, perturb, real_batch, tiny_config)
 
 KEY = (LayerNormPosition.POST, AttentionType.BERT)
 
@@ -50,11 +41,8 @@ class Bert(Adapter):
     generator_base = "bert."
     model_kwargs = {"add_pooling_layer": False}
     ignored_heads = ("pooler.",)
-    mlm_head_maps = ({"dense.weight": "cls.predictions.transform.dense.weight",
-                      "dense.bias": "cls.predictions.transform.dense.bias",
-                      "norm.weight": "cls.predictions.transform.LayerNorm.weight",
-                      "norm.bias": "cls.predictions.transform.LayerNorm.bias",
-                      "bias": "cls.predictions.bias"},)
+    mlm_head_maps = (mlm_head_names("cls.predictions.transform", "LayerNorm",
+                                    "cls.predictions.bias"),)
     tied_to_table = ("cls.predictions.decoder.weight",)
     tied_to_bias = ("cls.predictions.decoder.bias",)
 
