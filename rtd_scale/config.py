@@ -618,7 +618,8 @@ class TrainConfig:
     # Hugging Face export directory written after the last step (rtd_scale/hf/export.py)
     export_hf: Optional[str] = None
     # weights only (optimizer and schedule start fresh), any TP/PP/DP layout: an export
-    # directory, a Hugging Face ELECTRA directory or an --export .pt file (rtd_scale/hf/pretrained.py)
+    # directory, a Hugging Face directory of an export target (rtd_scale/hf/adapters.py) or an
+    # --export .pt file (rtd_scale/hf/pretrained.py)
     pretrained_checkpoint: Optional[str] = None
     eval_interval: int = 1000  # steps between validations (Megatron-LM's default); 0: never
     eval_iters: int = 100  # global batches per validation; 0: never validate

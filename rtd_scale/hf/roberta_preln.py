@@ -50,8 +50,8 @@ class RobertaPreLayerNorm(Adapter):
                     f"cannot export: the pre-LayerNorm layout's Hugging Face class "
                     f"(RobertaPreLayerNorm) has no embedding projection, but model.embedding_size "
                     f"{model.embedding_size} != model.{name}.hidden_size {h}; train with "
-                    f"--layernorm-position post (ELECTRA classes) or an embedding size equal to "
-                    f"both hidden sizes")
+                    f"--layernorm-position post (whose targets have one) or an embedding size "
+                    f"equal to both hidden sizes")
 
     def hf_config(self, model, which, *, pad_id, cls_id, sep_id):
         from transformers import RobertaPreLayerNormConfig

@@ -4,7 +4,6 @@ directories are one line naming them."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
