@@ -71,6 +71,10 @@ def two_datasets(tmp_path_factory):
 # Debian packages: apt's lock; starts Slurm daemons on fixed ports; holds port 29500, the
 # launcher's default) marks itself ``pytest.mark.xdist_group("machine-wide")`` instead, so that
 # no two of them run at once; a test's or module's own xdist_group marker is kept.
+# tryfirst: pytest-xdist's own hook (xdist/remote.py) reads the xdist_group markers to name each
+# item's group; a marker added after it is never seen, and a module's tests then spread over both
+# workers, each running the module's shared runs again
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("xdist_group") is None:

@@ -50,22 +50,26 @@ for ns in "${namespaces[@]}"; do
 done
 ip link del "$br" 2>/dev/null || true
 
-# a namespace's veths go only when the kernel has freed the namespace, and a veth pair deleted
-# by hand is freed asynchronously too: wait for them before and after deleting them
-veths_gone() {
+# a namespace's veths go only when the kernel has freed the namespace, and a link deleted by
+# hand is freed asynchronously too: wait for them before and after deleting them, and report
+# what one reading of the links still holds (a second reading could already be empty)
+run_links() { ip -o link show 2>/dev/null | grep -o -e "rtd${id}v[0-9]" -e "$br" | sort -u; }
+links_gone() {
   local _
   for _ in $(seq 300); do
-    if ! ip -o link show 2>/dev/null | grep -q "rtd${id}v[0-9]"; then return 0; fi
+    [ -z "$(run_links)" ] && return 0
     sleep 0.1
   done
   return 1
 }
-if ! veths_gone; then
+if ! links_gone; then
   for v in 0 1 2; do ip link del "rtd${id}v$v" 2>/dev/null || true; done
-  veths_gone || true
+  ip link del "$br" 2>/dev/null || true
+  links_gone || true
 fi
-if ip -o link show 2>/dev/null | grep -q -e "rtd${id}v[0-9]" -e "$br"; then
-  echo "slurm_multinode_stop: error: interfaces of run $id still exist: $(ip -o link show | grep -o "rtd${id}[a-z0-9]*" | sort -u | tr '\n' ' ')" >&2
+left="$(run_links)"
+if [ -n "$left" ]; then
+  echo "slurm_multinode_stop: error: interfaces of run $id still exist: ${left//$'\n'/ }" >&2
   exit 1
 fi
 if [ "${RTD_MN_KEEP_HOME:-0}" != 1 ] && [ -d "$home" ]; then rm -rf "$home"; fi

@@ -238,14 +238,14 @@ def test_the_launcher_passes_the_preset_and_only_the_recipe_flags_that_are_set(t
         ("1e-3", "5", "7")
 
 
-def test_the_tokenizer_is_checked_against_the_presets_vocabulary(n15, tmp_path):
+def test_the_tokenizer_is_checked_against_the_presets_vocabulary(list_inputs, tmp_path):
     """RTD_EXPECT_VOCAB unset: the preset's model.vocab_size (a relative RTD_TOKENIZER is the
     job's working directory's); a number: that; empty: no check."""
     from rtd_scale.config import preset
     from rtd_scale.data.tokenizer import Tokenizer
 
-    shutil.copy(n15 / "spm.model", tmp_path / "spm.model")
-    pieces, want = Tokenizer(str(n15 / "spm.model")).vocab_size, preset("tiny").model.vocab_size
+    shutil.copy(list_inputs / "spm.model", tmp_path / "spm.model")
+    pieces, want = Tokenizer(str(list_inputs / "spm.model")).vocab_size, preset("tiny").model.vocab_size
     assert pieces != want
     r, cmd = _launch(tmp_path, {"RTD_TOKENIZER": "spm.model"}, unset=("RTD_EXPECT_VOCAB",))
     assert _one_line_error(r) == (

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import re
+import shlex
 from pathlib import Path
 
 # the tests' launches pick their port the way rtd_scale's own single-process fallback does
@@ -25,3 +27,13 @@ def standalone_env() -> dict[str, str]:
     job."""
     launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
     return {k: v for k, v in os.environ.items() if k not in launcher}
+
+
+def readme_test_command() -> list[str]:
+    """The pytest arguments of README command 2: README.md names ``tools/run_tests.sh``, whose
+    ``python -m pytest …`` line is what a user and CI run."""
+    readme = (REPO / "README.md").read_text()
+    assert "bash tools/run_tests.sh" in readme.split("\n## ")[0], "README's first screen lost command 2"
+    script = (REPO / "tools" / "run_tests.sh").read_text()
+    line = next(ln for ln in script.splitlines() if re.match(r"\s*python -m pytest\b", ln))
+    return [a for a in shlex.split(line)[3:] if a != '"$@"' and a != "$@"]

@@ -5,21 +5,10 @@ from __future__ import annotations
 
 import ast
 import re
-import shlex
 import subprocess
 import sys
 
-from tests.helpers.env import REPO
-
-
-def readme_test_command() -> list[str]:
-    """The pytest arguments of README command 2: README.md names ``tools/run_tests.sh``, whose
-    ``python -m pytest …`` line is what a user and CI run."""
-    readme = (REPO / "README.md").read_text()
-    assert "bash tools/run_tests.sh" in readme.split("\n## ")[0], "README's first screen lost command 2"
-    script = (REPO / "tools" / "run_tests.sh").read_text()
-    line = next(ln for ln in script.splitlines() if re.match(r"\s*python -m pytest\b", ln))
-    return [a for a in shlex.split(line)[3:] if a != '"$@"' and a != "$@"]
+from tests.helpers.env import REPO, readme_test_command
 
 
 def test_readme_test_command_collects_every_test_file():
