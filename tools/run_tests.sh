@@ -4,6 +4,9 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # shellcheck disable=SC1091
 source tools/setup_env.sh
+# every launch's ranks and tools import the package: compile it once (``__pycache__``, ignored by
+# git) rather than in every process, where the environment says not to write bytecode
+unset PYTHONDONTWRITEBYTECODE
 # two workers (pytest-xdist): a module's tests stay on one worker with its shared runs, and the
 # modules that take machine-wide resources (apt, Slurm daemons, port 29500) share one worker
 # (their xdist_group "machine-wide"; tests/conftest.py)
