@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import platform
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import torch
 
 from bench.common import RTD_LAMBDA
 from bench.gpu.census import FAMILIES
-from bench.gpu.timing import Row
+from bench.gpu.timing import Row, fmt_k
 from bench.gpu.workloads import IMPL_TITLES, MASK_PROB, SHORT, WORKLOADS, Settings
 
 if TYPE_CHECKING:
@@ -34,12 +34,6 @@ python -m pip install --no-index --find-links build/bench_wheels \\
     deepspeed==0.19.8 megatron-core==0.16.1
 python bench/gpu_rtd_step.py --json "${OUT:-build}/gpu_rtd_step.json"
 """
-
-
-def fmt_k(x: Optional[float]) -> str:
-    if x is None:
-        return "-"
-    return f"{x / 1e3:.1f}k" if x >= 1e3 else f"{x:.1f}"
 
 
 def table(headers: list[str], rows: list[list[str]], right: set[int]) -> str:

@@ -20,9 +20,8 @@ import torch
 from bench.common import REPO, SEED
 from bench.gpu.census import FamilyProfile, SyncCensus, profile_families, sampler_cost
 from bench.gpu.hf_rows import hf_rtd_step, stack_hf_step
-from bench.gpu.report import fmt_k
 from bench.gpu.rtd_rows import rtd_autocast_step, rtd_engine_step, stack_mcore_step
-from bench.gpu.timing import (Row, Stepper, failure_note, is_oom, phase_split, release,
+from bench.gpu.timing import (Row, Stepper, fmt_k, failure_note, is_oom, phase_split, release,
                               time_steps)
 from bench.gpu.workloads import (IMPL_TITLES, STACK_ANCHORS, STACK_TARGET, WORKLOADS, Settings,
                                  rtd_config, rtd_dims, stack_shape)

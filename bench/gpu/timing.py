@@ -15,6 +15,13 @@ from bench.gpu.workloads import Settings
 from rtd_scale.phases import PHASE_BACKWARD, PHASE_DATA_WAIT, PHASE_FORWARD, PHASE_OPTIMIZER_STEP
 
 
+def fmt_k(x: Optional[float]) -> str:
+    """A rate as the table and the log print it: 24.5k, 812.3, or - when not measured."""
+    if x is None:
+        return "-"
+    return f"{x / 1e3:.1f}k" if x >= 1e3 else f"{x:.1f}"
+
+
 @dataclass
 class Row:
     """One line of the table."""
