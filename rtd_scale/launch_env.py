@@ -186,6 +186,31 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def start_forked_workers(fn, args: tuple, nprocs: int, preload: Sequence[str]):
+    """``torch.multiprocessing.start_processes(fn, args, nprocs, join=False)`` through a
+    forkserver: one server process imports ``preload`` once (torch, megatron-core and DeepSpeed
+    take ~5 CPU-s) and forks every worker from it, where spawn imported them again in each. The
+    server starts with Python's warnings off: what its imports warn, the workers would have
+    filtered, and it would reach this process's stderr. A forked worker inherits the server's
+    environment, not this process's as it is now (spawn's): pass ``dict(os.environ)`` in
+    ``args`` where a worker needs it. Returns torch's ProcessContext."""
+    import multiprocessing.forkserver as forkserver
+
+    import torch.multiprocessing as mp
+
+    mp.get_context("forkserver").set_forkserver_preload(list(preload))
+    saved = os.environ.get("PYTHONWARNINGS")
+    os.environ["PYTHONWARNINGS"] = "ignore"
+    try:
+        forkserver.ensure_running()
+    finally:
+        if saved is None:
+            del os.environ["PYTHONWARNINGS"]
+        else:
+            os.environ["PYTHONWARNINGS"] = saved
+    return mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="forkserver")
+
+
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
 

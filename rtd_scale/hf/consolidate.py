@@ -199,8 +199,18 @@ def _export_notes(run_dir: str, choice) -> list[str]:
     return notes
 
 
+# What a worker imports, loaded once by the forkserver that _run_world forks its workers from.
+WORKER_MODULES = ("rtd_scale.hf.consolidate", "rtd_scale.distributed", "rtd_scale.data.tokenizer",
+                  "rtd_scale.model.build", "rtd_scale.training.engine",
+                  "rtd_scale.training.checkpoint.load", "rtd_scale.training.checkpoint.checks")
+
+
 def _worker(rank: int, world_size: int, port: int, run_dir: str, tag: str, cfg_dict: dict,
-            ds_config: dict, out_dir: str, what: str = "weights") -> None:
+            ds_config: dict, out_dir: str, what: str = "weights",
+            environ: Optional[dict] = None) -> None:
+    if environ is not None:  # the caller's environment now, as spawn would give it
+        os.environ.clear()
+        os.environ.update(environ)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
     import warnings
@@ -277,14 +287,11 @@ def consolidate_checkpoint(run_dir: str, tag: Optional[str] = None,
 def _run_world(world: int, run_dir: str, tag: str, cfg, ds_config: dict, out_dir: str,
                what: str, timeout_s: float) -> None:
     """Start ``world`` local gloo processes of :func:`_worker`; raise what any of them raised."""
-    import torch.multiprocessing as mp
+    from rtd_scale.launch_env import free_port, start_forked_workers
 
-    from rtd_scale.launch_env import free_port
-
-    procs = mp.start_processes(
-        _worker, args=(world, free_port(), os.path.abspath(run_dir), tag, cfg.to_dict(),
-                       ds_config, out_dir, what),
-        nprocs=world, join=False, start_method="spawn")
+    procs = start_forked_workers(
+        _worker, (world, free_port(), os.path.abspath(run_dir), tag, cfg.to_dict(), ds_config,
+                  out_dir, what, dict(os.environ)), world, WORKER_MODULES)
     deadline = time.monotonic() + timeout_s
     while not procs.join(max(1.0, deadline - time.monotonic())):  # returns as each ends
         if time.monotonic() > deadline:
