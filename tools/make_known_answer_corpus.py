@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from rtd_scale.atomic import write_atomic  # noqa: E402
 from rtd_scale.cli_errors import (OneLineArgumentParser, UserInputError,  # noqa: E402
-                                  check_writable_dir, run_cli)
+                                  check_writable_dir, exit_process, run_cli)
 from rtd_scale.data.known_answer import (MAX_WORDS, SPECIAL_TOKENS, MarkovLanguage,  # noqa: E402
                                          chain_problem)
 
@@ -95,4 +95,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main))
+    exit_process(run_cli(main))

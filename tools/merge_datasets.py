@@ -24,7 +24,8 @@ from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rtd_scale.cli_errors import OneLineArgumentParser, UserInputError, run_cli  # noqa: E402
+from rtd_scale.cli_errors import (OneLineArgumentParser, UserInputError,  # noqa: E402
+                                  exit_process, run_cli)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -100,4 +101,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main))
+    exit_process(run_cli(main))

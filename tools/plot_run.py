@@ -20,7 +20,8 @@ from typing import Optional, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rtd_scale.cli_errors import OneLineArgumentParser, UserInputError, run_cli  # noqa: E402
+from rtd_scale.cli_errors import (OneLineArgumentParser, UserInputError,  # noqa: E402
+                                  exit_process, run_cli)
 from rtd_scale.training import curves  # noqa: E402
 
 
@@ -46,4 +47,4 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main))
+    exit_process(run_cli(main))

@@ -42,7 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from rtd_scale.cli_errors import OneLineArgumentParser, UserInputError, run_cli  # noqa: E402
+from rtd_scale.cli_errors import (OneLineArgumentParser, UserInputError,  # noqa: E402
+                                  exit_process, run_cli)
 from rtd_scale.data.encode_workers import init_worker, work, work_in_worker  # noqa: E402
 from rtd_scale.data.text import (  # noqa: E402
     BadLineError, Position, ReadStats, check_inputs, input_bytes, input_fingerprint, is_compressed,
@@ -510,4 +511,4 @@ def _abort(writers: dict, out_dir: Path, out_dir_existed: bool) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main))
+    exit_process(run_cli(main))

@@ -29,7 +29,8 @@ from typing import IO, Optional, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rtd_scale.cli_errors import OneLineArgumentParser, UserInputError, run_cli  # noqa: E402
+from rtd_scale.cli_errors import (OneLineArgumentParser, UserInputError,  # noqa: E402
+                                  exit_process, run_cli)
 from rtd_scale.data.text import (BadLineError, ReadStats, check_inputs, input_bytes, is_compressed,  # noqa: E402
                                  iter_records)
 from rtd_scale.data.tokenizer import DEFAULT_MAX_SENTENCE_BYTES, MODEL_TYPES, train_tokenizer  # noqa: E402
@@ -228,4 +229,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main))
+    exit_process(run_cli(main))
