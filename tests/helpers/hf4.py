@@ -2,14 +2,16 @@
 export under both majors (``pyproject.toml`` declares ``transformers>=4.46,<6``).
 
 :func:`hf4_python` builds, once, a plain virtual environment under
-``~/.cache/rtd_scale/hf4-venv-<version>`` (``RTD_SCALE_HF4_VENV`` overrides the place) with the
-project's torch release and ``transformers==HF4_VERSION``, and returns its interpreter. It is
+``~/.cache/rtd_scale/hf4-venv-<version>-<key>`` (``RTD_SCALE_HF4_VENV`` overrides the place)
+with ``transformers==HF4_VERSION``, borrowing the project's own torch installation (the key names
+it), and returns its interpreter. It is
 built in a temporary sibling directory and renamed into place when complete, under a file lock,
 so an interrupted build is never taken for a finished one and concurrent test runs build once.
 """
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import shutil
 import subprocess
@@ -25,8 +27,17 @@ class Unreachable(Exception):
     """The package index cannot be reached: the environment cannot be built here."""
 
 
+def _torch_home() -> Path:
+    """The directory holding the project's torch package (its site-packages)."""
+    import torch
+
+    return Path(torch.__file__).resolve().parent.parent
+
+
 def venv_dir() -> Path:
-    default = Path.home() / ".cache" / "rtd_scale" / f"hf4-venv-{HF4_VERSION}"
+    """One environment per project torch installation it borrows (a hash of its directory)."""
+    key = hashlib.sha256(str(_torch_home()).encode()).hexdigest()[:12]
+    default = Path.home() / ".cache" / "rtd_scale" / f"hf4-venv-{HF4_VERSION}-{key}"
     return Path(os.environ.get("RTD_SCALE_HF4_VENV", default))
 
 
@@ -61,10 +72,7 @@ def hf4_python(timeout_s: float = 1800.0) -> tuple[Path, float]:
             subprocess.run([sys.executable, "-m", "venv", str(tmp)], check=True,
                            capture_output=True, timeout=300)
             tmp_python = tmp / "bin" / "python"
-            # the project's torch release first (its CPU wheel may be a local file), so that
-            # transformers' dependency resolution does not pull another torch
-            torch_spec = f"torch=={torch.__version__.split('+')[0]}"
-            r = _pip(tmp_python, torch_spec, *PACKAGES, timeout=timeout_s)
+            r = _pip(tmp_python, *PACKAGES, timeout=timeout_s)
             if r.returncode != 0:
                 out = (r.stdout + r.stderr).strip()
                 unreachable = ("NewConnectionError", "Network is unreachable",
@@ -74,7 +82,19 @@ def hf4_python(timeout_s: float = 1800.0) -> tuple[Path, float]:
                     raise Unreachable(out.splitlines()[-1])
                 raise RuntimeError(f"building the transformers {HF4_VERSION} environment "
                                    f"failed:\n{out[-4000:]}")
-            (tmp / "BUILT").write_text(f"{torch_spec} {' '.join(PACKAGES)}\n")
+            # torch: the project's own installation, not a second copy of it (transformers does
+            # not require torch, so pip installed none; unpacking its wheel was most of the
+            # build's minute). A .pth line appends the directory holding it to the environment's
+            # path, after the environment's own packages, so that transformers 4.x and its
+            # dependencies shadow the project's 5.x. pip ran before the line exists: it never
+            # saw the project's packages.
+            site = subprocess.run([str(tmp_python), "-c", "import sysconfig; "
+                                   "print(sysconfig.get_paths()['purelib'])"], check=True,
+                                  capture_output=True, text=True, timeout=60).stdout.strip()
+            torch_home = _torch_home()
+            (Path(site) / "rtd_scale_project_torch.pth").write_text(f"{torch_home}\n")
+            (tmp / "BUILT").write_text(f"{' '.join(PACKAGES)}; torch {torch.__version__} from "
+                                       f"{torch_home}\n")
             shutil.rmtree(target, ignore_errors=True)
             os.replace(tmp, target)
         finally:
