@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -28,11 +29,24 @@ def launch(args: list[str], ranks: int = 2, timeout: int = 300,
            launcher_args: tuple[str, ...] = (),
            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``deepspeed --num_gpus RANKS --master_port FREE [launcher_args] rtd_scale/pretrain.py
-    ARGS`` from the repository root."""
-    cmd = [_deepspeed_bin(), "--num_gpus", str(ranks), "--master_port", str(free_port()),
-           *launcher_args, "rtd_scale/pretrain.py", *args]
-    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                          env=None if env is None else {**os.environ, **env})
+    ARGS`` from the repository root.
+
+    A port found free can be taken by another process of the suite before rank 0 listens on it
+    (two pytest-xdist workers launch side by side); a run refused for that alone, before its
+    process group started (rtd_scale/distributed.py's one line), is launched again on another
+    port, up to PORT_TRIES times."""
+    for attempt in range(PORT_TRIES):
+        cmd = [_deepspeed_bin(), "--num_gpus", str(ranks), "--master_port", str(free_port()),
+               *launcher_args, "rtd_scale/pretrain.py", *args]
+        r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                           env=None if env is None else {**os.environ, **env})
+        if r.returncode == 0 or not PORT_TAKEN.search(r.stderr) or "--master_port" in launcher_args:
+            return r
+    return r
+
+
+PORT_TRIES = 3
+PORT_TAKEN = re.compile(r"^error: MASTER_PORT \d+ is already in use on ", re.M)
 
 
 def launch_together(jobs: list[list[str]], timeout: int = 300) -> list[subprocess.CompletedProcess]:

@@ -1,0 +1,50 @@
+"""tests/helpers/launcher.launch when the port it found free is taken before rank 0 listens
+(another pytest-xdist worker's process took it): the run refused for that alone, in its one line
+(rtd_scale/distributed.py), is launched again on another port and trains."""
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from tests.helpers import launcher
+from tests.helpers.env import free_port
+from tests.helpers.launcher import common, launch, scalars
+
+pytestmark = pytest.mark.e2e
+
+
+def test_a_port_taken_before_rank_0_listens_is_retried_on_another(wiki_shards, tmp_path,
+                                                                 monkeypatch):
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        drawn = []
+
+        def ports():
+            drawn.append(taken if not drawn else free_port())
+            return drawn[-1]
+
+        monkeypatch.setattr(launcher, "free_port", ports)
+        r = launch(common(wiki_shards, tmp_path / "run", 1, ["--eval-iters", "0"],
+                          save_interval=None), ranks=1)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert len(drawn) == 2 and drawn[0] == taken and drawn[1] != taken
+    assert sorted(scalars(str(tmp_path / "run" / "tensorboard"))["loss/mlm"]) == [1]
+
+
+def test_the_refusal_is_what_the_retry_looks_for(wiki_shards, tmp_path):
+    """The control: on a port held for the whole launch, and the launcher told that port
+    (--master_port in launcher_args: the caller's own choice, never retried), the run is
+    refused in the line PORT_TAKEN matches."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        r = launch(common(wiki_shards, tmp_path / "run", 1, ["--eval-iters", "0"],
+                          save_interval=None), ranks=1,
+                   launcher_args=("--master_port", str(taken)))
+    assert r.returncode == 1
+    assert launcher.PORT_TAKEN.search(r.stderr), r.stderr[-3000:]
+    assert f"error: MASTER_PORT {taken} is already in use on 127.0.0.1" in r.stderr
