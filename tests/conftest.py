@@ -16,8 +16,10 @@ warnings.filterwarnings("ignore", message=".*Apex is not installed.*")
 # the cores, and torch's default, a thread per core in each process, makes the processes'
 # OpenMP threads spin against each other. Two one-rank 40-step runs of the tiny preset side by
 # side on 2 cores took 66 s and 124 CPU-s so, 23 s and 38 CPU-s at one thread each. A value the
-# caller set is kept; the known-answer runs set theirs (tests/helpers/launcher.launch_together).
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+# caller set is kept (an empty one counts as unset, as rtd_scale/launch_env.py reads it); the
+# known-answer runs set theirs (tests/helpers/launcher.launch_together).
+if not os.environ.get("OMP_NUM_THREADS", "").strip():
+    os.environ["OMP_NUM_THREADS"] = "1"
 
 
 @pytest.fixture(scope="session")

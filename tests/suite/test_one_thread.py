@@ -37,5 +37,9 @@ def test_unset_it_is_one_thread_in_the_process_and_its_children():
     assert _probe(None) == ["1", "1", "1"]
 
 
+def test_an_empty_value_counts_as_unset():
+    assert _probe("") == ["1", "1", "1"]
+
+
 def test_a_value_the_caller_set_is_kept():
     assert _probe("2") == ["2", "2", "2"]
