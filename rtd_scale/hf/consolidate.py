@@ -206,11 +206,9 @@ WORKER_MODULES = ("rtd_scale.hf.consolidate", "rtd_scale.distributed", "rtd_scal
 
 
 def _worker(rank: int, world_size: int, port: int, run_dir: str, tag: str, cfg_dict: dict,
-            ds_config: dict, out_dir: str, what: str = "weights",
-            environ: Optional[dict] = None) -> None:
-    if environ is not None:  # the caller's environment now, as spawn would give it
-        os.environ.clear()
-        os.environ.update(environ)
+            ds_config: dict, out_dir: str, what: str, environ: dict) -> None:
+    os.environ.clear()  # the caller's environment at _run_world, as spawn would give it
+    os.environ.update(environ)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
     import warnings

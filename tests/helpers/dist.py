@@ -11,7 +11,7 @@ import warnings
 import torch
 
 from rtd_scale.launch_env import start_forked_workers
-from tests.helpers.env import free_port
+from tests.helpers.env import PORT_TAKEN, free_port
 
 
 # What every worker imports, loaded once by the forkserver that run() forks its workers from
@@ -52,15 +52,11 @@ def run(fn, *args, world_size: int, tp: int = 1, pp: int = 1, timeout: float = 6
     pytest-xdist worker's process took it) starts again on another port, up to 3 times."""
     for _ in range(3):
         results = _run_once(fn, args, world_size, tp, pp, timeout)
-        taken = [v for status, v in results if status == "error" and PORT_TAKEN in v]
-        if not taken:
+        if not any(status == "error" and PORT_TAKEN.search(v) for status, v in results):
             break
     for r, (status, value) in enumerate(results):
         assert status == "ok", f"rank {r} failed:\n{value}"
     return [value for _, value in results]
-
-
-PORT_TAKEN = "is already in use on 127.0.0.1 (rank 0 listens there"
 
 
 def _run_once(fn, args, world_size: int, tp: int, pp: int, timeout: float) -> list:

@@ -10,6 +10,9 @@ from pathlib import Path
 from rtd_scale.launch_env import free_port  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[2]
+# rtd_scale/distributed.py's refusal when rank 0 cannot listen on MASTER_PORT: the launch helpers
+# start a run or world again on another port when it says this (tests/helpers/launcher.py, dist.py)
+PORT_TAKEN = re.compile(r"MASTER_PORT \d+ is already in use on ")
 TEST_DATA = REPO / "tests" / "data"
 CASES = TEST_DATA / "cases"  # the bug-report cases the tests replay (kept in the repo)
 

@@ -4,9 +4,9 @@ export under both majors (``pyproject.toml`` declares ``transformers>=4.46,<6``)
 :func:`hf4_python` builds, once, a plain virtual environment under
 ``~/.cache/rtd_scale/hf4-venv-<version>-<key>`` (``RTD_SCALE_HF4_VENV`` overrides the place)
 with ``transformers==HF4_VERSION``, borrowing the project's own torch installation (the key names
-it), and returns its interpreter. It is
-built in a temporary sibling directory and renamed into place when complete, under a file lock,
-so an interrupted build is never taken for a finished one and concurrent test runs build once.
+it), and returns its interpreter. It is built in a temporary sibling directory and renamed into
+place when complete, under a file lock, so an interrupted build is never taken for a finished one
+and concurrent test runs build once.
 """
 from __future__ import annotations
 
