@@ -32,6 +32,7 @@ from rtd_scale.distributed import DeepSpeedMpu, ParallelContext
 from rtd_scale.phases import PHASE_DATA_WAIT
 from rtd_scale.training.checkpoint import save as checkpoint_save
 from rtd_scale.training.digest import DataDigest
+from rtd_scale.training.faults import FaultPlan
 from rtd_scale.training.diagnostics import (VALID_AUC, VALID_AUC_CHANCE_SD, auc_chance_sd,
                                             gather_scores, roc_auc, table_cosines)
 from rtd_scale.training.optimizer import NonFiniteSkippingAdamW
@@ -350,6 +351,7 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
         if ctx.is_logging_rank and note:
             print_fn(note)
     digest = DataDigest(t.data_digest, ctx)
+    faults = FaultPlan.from_env(ctx.rank, marker_dir=t.save)  # tests only (training/faults.py)
     guard = NonFiniteGuard(engine, ctx.device, t.max_consecutive_nonfinite_iters)
     last_good = resumed_from
     meter = ThroughputMeter(cfg, world_size=ctx.world_size, device=ctx.device)
@@ -369,6 +371,8 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
             lr_used = engine.lr_scheduler.lr()  # settles a skip the device decided: a host read
         with timers(PHASE_DATA_WAIT):
             batches = [next(train_batches) for _ in range(gas)]
+        if faults.enabled:
+            batches = faults.before_step(step + 1, batches, model.special_ids)
         if ctx.pp_size > 1:
             outs = pipeline_train_step(engine, batches, step=step, ctx=ctx, timers=timers)
             for out in outs:
