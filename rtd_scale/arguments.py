@@ -50,7 +50,8 @@ def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
                    "(default: index-cache/ next to each dataset's first shard)")
     p.add_argument("--num-workers", type=int, help="DataLoader worker processes per rank "
                    "(default 2; 0 in the tiny preset)")
-    p.add_argument("--eval-interval", type=int, help="validate every N steps (0: never)")
+    p.add_argument("--eval-interval", type=int, help="validate every N steps, and after the "
+                   "last step (0: never)")
     p.add_argument("--eval-iters", type=int, help="global batches per validation (0: never)")
     p.add_argument("--data-digest", metavar="FILE", help="audit: append one JSON line per step "
                    "with the step's global sample ids and hashes of its masks and losses "
