@@ -65,7 +65,8 @@ def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
     p.add_argument("--save", help="run directory: checkpoints, config.json, ds_config.json")
     p.add_argument("--load", help="resume from the newest complete checkpoint in this "
                    "directory (one whose completion record matches its files), or from exactly "
-                   "DIR/global_stepN")
+                   "DIR/global_stepN; also at another TP, PP or DP size or ZeRO stage, exactly "
+                   "(the checkpoint converted once, beside it)")
     p.add_argument("--ckpt-step", type=int, metavar="N", help="with --load DIR: resume from "
                    "DIR/global_stepN (Megatron-LM's name); an error when it is incomplete")
     p.add_argument("--train-iters", type=int, help="optimizer steps")
