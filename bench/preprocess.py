@@ -257,8 +257,9 @@ class Row:
 
 
 def read_texts(jsonl: Path) -> list[str]:
-    with open(jsonl, "rb") as f:
-        return [json.loads(line)["text"] for line in f if line.strip()]
+    from rtd_scale.data.text import iter_records  # the tools' reader (byte-order marks too)
+
+    return [text for (text,) in iter_records([jsonl], ["text"])]
 
 
 def measure_bound(jsonl: Path, model: Path, workers: int, trials: int) -> tuple[Row, Row]:

@@ -47,9 +47,7 @@ from __future__ import annotations
 
 import argparse
 import glob
-import gzip
 import json
-import lzma
 import math
 import os
 import re
@@ -65,6 +63,7 @@ from bench import pos_probe  # noqa: E402
 from bench.runs import child_env, logger, run_logged, tokenized  # noqa: E402
 from rtd_scale.atomic import write_atomic  # noqa: E402
 from rtd_scale.cli_errors import UserInputError, run_cli  # noqa: E402
+from rtd_scale.data.text import iter_records  # noqa: E402
 
 MODES = ("es", "nes", "gdes")
 # arXiv 2111.09543 Table 1: average cosine similarity of each model's own word embeddings.
@@ -76,14 +75,6 @@ log = logger("ablation")
 
 # --------------------------------------------------------------------------------------------
 # 1. corpus slice
-
-
-def _open_text(path: Path):
-    if path.name.endswith(".xz"):
-        return lzma.open(path, "rt", encoding="utf-8")
-    if path.name.endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
 
 
 def slice_corpus(corpus: Path, out_dir: Path, corpus_mb: float, heldout_docs: int) -> dict:
@@ -98,14 +89,10 @@ def slice_corpus(corpus: Path, out_dir: Path, corpus_mb: float, heldout_docs: in
         return json.loads(stats_path.read_text())
     if not corpus.is_file():
         raise UserInputError(f"--corpus {corpus}: no such file; give the .jsonl(.xz) corpus")
-    docs: list[str] = []
-    with _open_text(corpus) as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                text = json.loads(line).get("text")
-                if isinstance(text, str) and text.strip():
-                    docs.append(text)
+    # the tools' reader (rtd_scale/data/text.py): compression, byte-order marks, and lines that
+    # are not a document with a "text" string skipped
+    docs = [text for (text,) in iter_records([corpus], ["text"], skip_bad_lines=True)
+            if text.strip()]
     if not docs:
         raise UserInputError(f"--corpus {corpus}: no documents with a non-empty \"text\" field")
     total = sum(len(d.encode("utf-8")) for d in docs)

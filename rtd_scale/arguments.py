@@ -50,7 +50,8 @@ def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
                    "(default: index-cache/ next to each dataset's first shard)")
     p.add_argument("--num-workers", type=int, help="DataLoader worker processes per rank "
                    "(default 2; 0 in the tiny preset)")
-    p.add_argument("--eval-interval", type=int, help="validate every N steps (0: never)")
+    p.add_argument("--eval-interval", type=int, help="validate every N steps, and after the "
+                   "last step (0: never)")
     p.add_argument("--eval-iters", type=int, help="global batches per validation (0: never)")
     p.add_argument("--data-digest", metavar="FILE", help="audit: append one JSON line per step "
                    "with the step's global sample ids and hashes of its masks and losses "
@@ -64,7 +65,8 @@ def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
     p.add_argument("--save", help="run directory: checkpoints, config.json, ds_config.json")
     p.add_argument("--load", help="resume from the newest complete checkpoint in this "
                    "directory (one whose completion record matches its files), or from exactly "
-                   "DIR/global_stepN")
+                   "DIR/global_stepN; also at another TP, PP or DP size or ZeRO stage, exactly "
+                   "(the checkpoint converted once, beside it)")
     p.add_argument("--ckpt-step", type=int, metavar="N", help="with --load DIR: resume from "
                    "DIR/global_stepN (Megatron-LM's name); an error when it is incomplete")
     p.add_argument("--train-iters", type=int, help="optimizer steps")

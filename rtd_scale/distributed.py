@@ -26,6 +26,7 @@ from __future__ import annotations
 from rtd_scale.cli_errors import UserInputError
 
 import datetime
+import os
 import socket
 from dataclasses import dataclass
 from typing import Optional
@@ -147,6 +148,34 @@ def check_master_addr(launch: launch_env.LaunchEnv) -> None:
             "IP address, as this node resolves it (e.g. `getent hosts NAME`)") from None
 
 
+def cuda_device_index(local_rank: int, visible: int) -> int:
+    """The CUDA device this process trains on, among the ``visible`` ones it sees.
+
+    A launcher that shows every process all of its node's GPUs (``deepspeed``, torchrun,
+    ``srun --gpus-per-node``) gives local rank i device i. A step or site that binds one GPU
+    to each task (``srun --gpus-per-task=1``, ``--gpu-bind``) shows each task only its own, as
+    device 0, whatever its local rank (SLURM_LOCALID 0..7): a process that sees one device
+    uses it.
+
+    Raises:
+        UserInputError: the local rank is at or past the visible devices and more than one is
+            visible (tests/unit/test_rank_env.py::test_a_local_rank_past_the_visible_gpus_is_one_line);
+            ``every_rank`` is set on the first such local rank, so each node says it once.
+    """
+    if visible == 1:
+        return 0
+    if local_rank < visible:
+        return local_rank
+    err = UserInputError(
+        f"local rank {local_rank} (LOCAL_RANK or SLURM_LOCALID) needs a CUDA device of its own, "
+        f"but this process sees {visible} (CUDA_VISIBLE_DEVICES="
+        f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); start at most {visible} "
+        "processes per node, or give each process one GPU (srun --gpus-per-task=1) or all of "
+        "the node's (srun --gpus-per-node)")
+    err.every_rank = local_rank == visible  # one line per node, not one per process past it
+    raise err
+
+
 def initialize(parallel: ParallelConfig, *, seed: int,
                timeout_minutes: Optional[int] = None) -> ParallelContext:
     """Start torch.distributed and megatron-core's parallel state; seed per the RNG policy.
@@ -161,8 +190,9 @@ def initialize(parallel: ParallelConfig, *, seed: int,
 
     Raises:
         UserInputError: when the world size does not divide by tensor × pipeline parallel size,
-            a launch variable is malformed, MASTER_ADDR does not resolve, or rank 0 cannot
-            listen on MASTER_PORT (in use).
+            a launch variable is malformed, the local rank has no CUDA device it sees
+            (``cuda_device_index``), MASTER_ADDR does not resolve, or rank 0 cannot listen on
+            MASTER_PORT (in use).
     """
     import deepspeed
     from megatron.core import parallel_state as ps
@@ -175,8 +205,13 @@ def initialize(parallel: ParallelConfig, *, seed: int,
     local_rank = launch.local_rank
     use_cuda = torch.cuda.is_available()
     if use_cuda:
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
+        index = cuda_device_index(local_rank, torch.cuda.device_count())
+        if index != local_rank:
+            # DeepSpeed reads LOCAL_RANK as the device ordinal (the process group's device_id,
+            # the engine's set_device, zero.Init's device): give it the device this task sees
+            os.environ["LOCAL_RANK"] = str(index)
+        torch.cuda.set_device(index)
+        device = torch.device("cuda", index)
         backend = "nccl"
     else:
         device = torch.device("cpu")

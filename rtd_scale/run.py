@@ -111,7 +111,8 @@ def set_up(cfg: RunConfig, ctx, prep: Prepared, print_fn) -> tuple[Any, Any, Con
                         print_fn=print_fn if ctx.is_logging_rank else None)
     distributed.seed_after_build(ctx, cfg.train.seed)
     converted = convert_if_needed(cfg, ctx, prep, print_fn)
-    eng = engine.build_engine(model, cfg, converted.ds_config, distributed.DeepSpeedMpu())
+    eng = engine.build_engine(model, cfg, converted.ds_config, distributed.DeepSpeedMpu(),
+                              print_fn=print_fn if ctx.is_logging_rank else None)
     return model, eng, converted
 
 

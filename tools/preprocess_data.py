@@ -374,6 +374,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 if ranged:  # line numbers were counted from the range's first line
                     parsed.shift_lines(line_base.get(file, 0))
                     line_base[file] = line_base.get(file, 0) + parsed.line_count
+                stats.add_boms(parsed.boms, paths[file], parsed.first_bom_line)
                 if parsed.bad and not args.skip_bad_lines:  # write what precedes it, then stop
                     ok = parsed.bad_before.index(1) if 1 in parsed.bad_before else len(parsed.ends)
                     del parsed.ends[ok:], parsed.lines[ok:], parsed.bad_before[ok:]
@@ -424,6 +425,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             pool.terminate()
             pool.join()
 
+    if stats.bom_note():
+        print(stats.bom_note())
     t0 = totals[keys[0]]
     documents = sum(t.documents for t in totals.values())
     empty = sum(t.empty_documents_skipped for t in totals.values())

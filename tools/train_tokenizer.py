@@ -221,6 +221,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise UserInputError(f"{e}; pass --skip-bad-lines to skip and count malformed lines") from None
     except ValueError as e:  # invalid settings from train_tokenizer's checks
         raise UserInputError(str(e)) from None
+    if stats.bom_note():
+        print(stats.bom_note())
     print(
         f"trained {summary.model_type} tokenizer, vocab {summary.vocab_size:,}, on {summary.documents:,} documents "
         f"({summary.empty_documents:,} empty skipped, {stats.bad_lines_summary()}); "

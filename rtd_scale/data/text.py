@@ -26,6 +26,12 @@ here gives an error naming the file and line, and lets ``skip_bad_lines`` skip e
 A *bad line* is: invalid JSON, not a JSON object, a missing key, a value that is not a string
 (``null`` included), or bytes that are not UTF-8. Blank lines in JSON lines files are not records
 and are passed over silently. Empty texts are returned as they are; callers count and skip them.
+
+A UTF-8 byte-order mark (``EF BB BF``, U+FEFF; Windows editors and some exports write one) at the
+start of a file or of a line is read as nothing, as Python's ``utf-8-sig`` codec and HF
+``datasets`` read it; the start of a line covers files concatenated with ``cat``, whose every part
+starts with its own mark. They are counted (``ReadStats.boms``), and the tools say so in one line
+(:meth:`ReadStats.bom_note`).
 """
 
 from __future__ import annotations
@@ -76,6 +82,8 @@ _ARROW_SLICE_ROWS = 256  # rows converted to Python at a time (a few MB of text)
 _COMPRESSION = {".gz": gzip.open, ".xz": lzma.open, ".bz2": bz2.open}
 _TEXT_KEY = "text"  # the one field a .txt record has
 _MAX_EXAMPLES = 3  # bad lines remembered for the summary
+_BOM = b"\xef\xbb\xbf"  # U+FEFF in UTF-8
+_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")  # little-, big-endian
 
 
 class BadLineError(UserInputError):
@@ -102,13 +110,30 @@ class ReadStats:
     ``bytes_read``: input bytes consumed so far (decompressed bytes; for parquet the file size once
     read; on a resumed read, counted from the resume point).
     ``records``: records returned. ``bad_lines``: malformed records skipped (only with
-    ``skip_bad_lines``); ``bad_examples``: the first few of them.
+    ``skip_bad_lines``); ``bad_examples``: the first few of them. ``boms``: UTF-8 byte-order
+    marks read as nothing at the start of a file or line; ``first_bom``: ``file:line`` of the
+    first.
     """
 
     bytes_read: int = 0
     records: int = 0
     bad_lines: int = 0
     bad_examples: list[BadLineError] = field(default_factory=list)
+    boms: int = 0
+    first_bom: str = ""
+
+    def add_boms(self, count: int, path: str | Path, line: int) -> None:
+        """Count ``count`` byte-order marks, the first of them at ``path``:``line``."""
+        if count and not self.boms:
+            self.first_bom = f"{path}:{line}"
+        self.boms += count
+
+    def bom_note(self) -> str | None:
+        """The one line that says byte-order marks were read as nothing, or None."""
+        if not self.boms:
+            return None
+        return (f"note: read {self.boms:,} UTF-8 byte-order mark(s) (U+FEFF) at the start of a "
+                f"file or line as nothing (first: {self.first_bom})")
 
     def bad_lines_summary(self) -> str:
         """'N bad lines skipped (first: file:line: reason)' or '0 bad lines skipped'."""
@@ -317,6 +342,7 @@ def _line_records(path: Path, index: int, keys: tuple[str, ...], stats: ReadStat
     for block in iter_line_blocks(path, index, offset, line):
         stats.bytes_read += len(block.data)
         parsed = parse_line_block(block, path, fmt, keys)
+        stats.add_boms(parsed.boms, path, parsed.first_bom_line)
         bad = iter(parsed.bad)
         done = 0
         for i, (text, end, lineno) in enumerate(zip(parsed.texts, parsed.ends, parsed.lines)):
@@ -354,6 +380,9 @@ def _decode_utf8(raw: bytes, path: Path, lineno: int) -> str | BadLineError:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
+        if raw.startswith(_UTF16_BOMS):
+            return BadLineError(str(path), lineno, "UTF-16 text (its byte-order mark "
+                                f"0x{raw[0]:02x} 0x{raw[1]:02x}), not UTF-8; save the file as UTF-8")
         return BadLineError(
             str(path), lineno, f"not valid UTF-8 (byte 0x{raw[e.start]:02x} at byte {e.start + 1} of the line)"
         )
@@ -390,6 +419,9 @@ def _iter_json_array(path: Path, keys: tuple[str, ...], stats: ReadStats, skip: 
         raw = f.read()
     stats.bytes_read += len(raw)
     whole = "; a top-level JSON array is parsed as a whole: fix the file, or write it as JSON lines"
+    if raw.startswith(_BOM):
+        raw = raw[len(_BOM):]
+        stats.add_boms(1, path, 1)
     try:
         data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as e:  # not skippable: there are no records to skip yet
@@ -520,7 +552,9 @@ class LineBlock:
 class ParsedRecords:
     """Records of a block in order: ``texts`` [records][keys]; for record i, ``ends[i]`` /
     ``lines[i]`` are the position after it (offset, line) and ``bad_before[i]`` the bad lines
-    skipped in this block before it; ``bad`` every bad line of the block, in order."""
+    skipped in this block before it; ``bad`` every bad line of the block, in order; ``boms``
+    the UTF-8 byte-order marks read as nothing at the start of its lines, the first on line
+    ``first_bom_line``."""
 
     texts: list[tuple[str, ...]] = field(default_factory=list)
     ends: list[int] = field(default_factory=list)
@@ -528,6 +562,8 @@ class ParsedRecords:
     bad_before: list[int] = field(default_factory=list)
     bad: list[BadLineError] = field(default_factory=list)
     line_count: int = 0  # lines the block held (blank and bad ones included)
+    boms: int = 0
+    first_bom_line: int = 0
 
     def add(self, record: tuple[str, ...] | BadLineError, end: int, line: int) -> bool:
         """Append a record (True) or a bad line (False) read up to (``end``, ``line``)."""
@@ -546,6 +582,8 @@ class ParsedRecords:
         self.lines = [n + base for n in self.lines]
         for e in self.bad:
             e.line += base
+        if self.boms:
+            self.first_bom_line += base
 
 
 def line_format(path: str | Path) -> InputFormat | None:
@@ -621,6 +659,10 @@ def parse_line_block(block: LineBlock, path: str | Path, fmt: InputFormat,
     for i, raw in enumerate(pieces):
         offset += len(raw) + (1 if i < last or block.data.endswith(b"\n") else 0)
         lineno += 1
+        if raw.startswith(_BOM):  # read as nothing (module docstring)
+            raw = raw[len(_BOM):]
+            out.boms += 1
+            out.first_bom_line = out.first_bom_line or lineno
         rec = _decode_utf8(raw, path, lineno)
         if not isinstance(rec, BadLineError):
             if fmt == "text":
@@ -646,12 +688,18 @@ def iter_record_batches(path: str | Path, keys: Sequence[str], offset: int = 0, 
     stats = ReadStats()
     source = _record_reader(path)(path, tuple(keys), stats, line)
     batch, chars, reported = ParsedRecords(), 0, 0
+
+    def done(batch: ParsedRecords) -> ParsedRecords:
+        if stats.boms:  # a JSON array's byte-order mark, counted with the first batch
+            batch.boms, batch.first_bom_line, stats.boms = stats.boms, 1, 0
+        return batch
+
     for end, where, rec in source:
         if not batch.add(rec, end, where):
             continue
         chars += sum(map(len, rec))
         if len(batch.texts) >= max_records or chars >= max_chars:
-            yield batch, stats.bytes_read - reported
+            yield done(batch), stats.bytes_read - reported
             reported = stats.bytes_read
             batch, chars = ParsedRecords(), 0
-    yield batch, stats.bytes_read - reported
+    yield done(batch), stats.bytes_read - reported

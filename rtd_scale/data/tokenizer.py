@@ -41,6 +41,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import io
+import json
 import os
 import random
 import re
@@ -80,6 +81,7 @@ __all__ = [
     "add_special_pieces",
     "file_sha256",
     "normalize_text",
+    "normalize_text_charsmap",
     "normalize_text_hf_normalizer",
     "split_for_training",
     "train_tokenizer",
@@ -100,6 +102,9 @@ MODEL_TYPES: tuple[str, ...] = ("unigram", "bpe")
 # the trainer, so split_for_training cuts documents to fit.
 DEFAULT_MAX_SENTENCE_BYTES = 4192
 TRAIN_TOKENIZER_HINT = "train it with tools/train_tokenizer.py"
+# The class Tokenizer.save_pretrained's tokenizer_config.json names: it loads tokenizer.json as
+# written under transformers 4.x and 5.x
+HF_TOKENIZER_CLASS = "PreTrainedTokenizerFast"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -302,7 +307,8 @@ class Tokenizer:
 
     Normalisation: :func:`normalize_text` is applied before encoding when the tokenizer has no
     normaliser of its own — a SentencePiece model whose normalisation rule is ``identity`` (every
-    model tools/train_tokenizer.py writes) or a tokenizer.json whose ``normalizer`` is null.
+    model tools/train_tokenizer.py writes; also ``NORMALIZE_TEXT_RULE_NAME``, the same model in
+    a DeBERTa export) or a tokenizer.json whose ``normalizer`` is null.
     Otherwise the tokenizer's own normaliser is the only one (SentencePiece's ``nmt_nfkc``,
     BERT's lower-casing and accent stripping, …), so ids equal what that tokenizer gives in
     Hugging Face. A ``vocab.txt`` gets BERT's normaliser (``BertNormalizer``), lower-casing when
@@ -360,7 +366,8 @@ class Tokenizer:
                     f"{model_path} is not a SentencePiece model ({' '.join(str(e).split())}); pass a "
                     f"SentencePiece .model, a tokenizer.json or a vocab.txt, or {TRAIN_TOKENIZER_HINT}"
                 ) from None
-            self.applies_normalize_text = _sp_proto(model_bytes).normalizer_spec.name == "identity"
+            self.applies_normalize_text = _sp_proto(model_bytes).normalizer_spec.name in (
+                "identity", NORMALIZE_TEXT_RULE_NAME)
         self.specials = self._find_specials()
         self.special_pieces = {role: self.id_to_piece(getattr(self.specials, role)) for role in ROLES}
 
@@ -541,8 +548,6 @@ class Tokenizer:
     def _hf_word_marker(self) -> tuple[bool, str]:
         """(True, marker): a piece starting with marker begins a word; (False, prefix): a piece
         starting with prefix continues one (tokenizers' model and pre-tokenizer settings)."""
-        import json
-
         data = json.loads(self._hf.to_str())
         model = data.get("model") or {}
         prefix = model.get("continuing_subword_prefix")
@@ -566,12 +571,16 @@ class Tokenizer:
 
     # -- Hugging Face ---------------------------------------------------------------------------
 
-    def to_hf_backend(self):
+    def to_hf_backend(self, *, charsmap: bool = False):
         """A new ``tokenizers.Tokenizer`` that encodes text as :meth:`encode` does, with
         :func:`normalize_text` as its first normaliser where this tokenizer applies it, the five
         special pieces as special tokens at our ids, and BERT's template post-processor
         (``[CLS] A [SEP]``, pairs ``[CLS] A [SEP] B [SEP]``) with one token type, 0 (our
-        encoders have a one-row token-type table).
+        encoders have a one-row token-type table). ``charsmap``: for a SentencePiece model that
+        applies :func:`normalize_text`, put :func:`normalize_text_charsmap` (a ``Precompiled``
+        step) before it: the ids do not change (normalize_text follows and redoes what the map
+        does), and transformers 5's ``DebertaV2Tokenizer``, which keeps only that step of a
+        tokenizer.json's normaliser, then encodes as the pipeline does.
 
         A SentencePiece model is converted with transformers' ``SpmConverter``
         (``build_tokenizer_from_spm_proto``, which follows the model's own normaliser settings).
@@ -602,7 +611,9 @@ class Tokenizer:
             backend = _hf_from_vocab_txt(self.model_path, self._model_bytes)
         if self.applies_normalize_text:
             own = [backend.normalizer] if backend.normalizer is not None else []
-            backend.normalizer = normalizers.Sequence([normalize_text_hf_normalizer(), *own])
+            first = ([normalizers.Precompiled(normalize_text_charsmap())]
+                     if charsmap and self._sp is not None else [])
+            backend.normalizer = normalizers.Sequence([*first, normalize_text_hf_normalizer(), *own])
         pieces = self.special_pieces
         backend.add_special_tokens([AddedToken(pieces[r], special=True, normalized=False) for r in ROLES])
         wrong = [f"{pieces[r]} is {backend.token_to_id(pieces[r])}, ours {getattr(self.specials, r)}"
@@ -616,10 +627,13 @@ class Tokenizer:
             special_tokens=[(cls, self.cls_id), (sep, self.sep_id)])
         return backend
 
-    def save_pretrained(self, output_dir: str | Path, *, model_max_length: int | None = None) -> list[str]:
+    def save_pretrained(self, output_dir: str | Path, *, model_max_length: int | None = None,
+                        sentencepiece_file: str | None = None) -> list[str]:
         """Write what ``transformers.AutoTokenizer.from_pretrained(output_dir)`` loads (offline):
         ``tokenizer.json`` (:meth:`to_hf_backend`) and ``tokenizer_config.json`` (class
-        ``PreTrainedTokenizerFast``; pad/cls/sep/unk/mask tokens = our special pieces). The loaded
+        ``PreTrainedTokenizerFast``, the one class both transformers majors build from
+        tokenizer.json as written: 5.x would record ``TokenizersBackend``, which 4.x does not
+        have; pad/cls/sep/unk/mask tokens = our special pieces). The loaded
         tokenizer gives ``[cls_id] + encode(text) + [sep_id]`` for ``text``, the pipeline's
         packing of one document (tested on real sentences for every accepted layout); text holding
         the literal string of a special piece ("[MASK]") is the exception for SentencePiece
@@ -627,6 +641,12 @@ class Tokenizer:
 
         ``model_max_length``: the model's sequence length (tokens), recorded so that
         ``truncation=True`` cuts there; None leaves transformers' default (no limit).
+        ``sentencepiece_file``: also write a SentencePiece model under this name, for a class
+        that builds its tokenizer from one (``spm.model``: ``DebertaV2Tokenizer``):
+        :meth:`sentencepiece_for_transformers`, with tokenizer.json's normaliser led by the same
+        map (``to_hf_backend(charsmap=True)``), so that the class encodes as the pipeline on
+        transformers 4.x and 5.x (tests/e2e/test_hf_export_transformers4.py). Only for a
+        SentencePiece tokenizer; ignored for the others.
         Each file is written under a temporary name and renamed; ``output_dir`` is created.
         Returns the paths written. Needs ``transformers`` and ``tokenizers`` (``rtd_scale[hf]``).
         """
@@ -639,20 +659,44 @@ class Tokenizer:
         kwargs = {f"{r}_token": pieces[r] for r in ROLES}
         if model_max_length is not None:
             kwargs["model_max_length"] = int(model_max_length)
-        hf = PreTrainedTokenizerFast(tokenizer_object=self.to_hf_backend(), **kwargs)
+        slow = sentencepiece_file if self._sp is not None else None
+        hf = PreTrainedTokenizerFast(tokenizer_object=self.to_hf_backend(charsmap=bool(slow)),
+                                     **kwargs)
         out = Path(output_dir)
         out.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".tokenizer-", dir=out))
         try:
+            paths = [Path(p) for p in hf.save_pretrained(str(staging))]
+            config = staging / "tokenizer_config.json"
+            settings = json.loads(config.read_text(encoding="utf-8"))
+            settings["tokenizer_class"] = HF_TOKENIZER_CLASS
+            config.write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+            if slow:
+                paths.append(staging / slow)
+                paths[-1].write_bytes(self.sentencepiece_for_transformers())
             written = []
-            for path in hf.save_pretrained(str(staging)):
-                path = Path(path)
+            for path in paths:
                 if path.is_file():
                     os.replace(path, out / path.name)
                     written.append(str(out / path.name))
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         return written
+
+    def sentencepiece_for_transformers(self) -> bytes:
+        """This SentencePiece model's bytes, for a reader that runs the model alone (transformers
+        4.x's slow ``DebertaV2Tokenizer``): where the pipeline applies :func:`normalize_text`,
+        with that rule as the model's own normaliser (:func:`normalize_text_charsmap`, named
+        ``NORMALIZE_TEXT_RULE_NAME``); the pieces, ids and scores are this model's. Else the
+        model unchanged."""
+        assert self._sp is not None, "a SentencePiece tokenizer"
+        if not self.applies_normalize_text:
+            return self._model_bytes
+        proto = _sp_proto(self._model_bytes)
+        proto.normalizer_spec.name = NORMALIZE_TEXT_RULE_NAME
+        proto.normalizer_spec.precompiled_charsmap = normalize_text_charsmap()
+        proto.normalizer_spec.remove_extra_whitespaces = True  # the rule's collapse and strip
+        return proto.SerializeToString()
 
 
 def _tokenizer_from_bytes(model_path: str, model_bytes: bytes) -> Tokenizer:
@@ -723,6 +767,82 @@ def _hf_from_vocab_txt(model_path: str, data: bytes):
 
 
 @functools.lru_cache(maxsize=1)
+def _whitespace_ranges() -> tuple[tuple[int, int], ...]:
+    """The code points ``str.isspace`` holds true for, as (first, last) ranges."""
+    spaces: list[tuple[int, int]] = []
+    for i in range(0x110000):
+        if chr(i).isspace():
+            if spaces and spaces[-1][1] == i - 1:
+                spaces[-1] = (spaces[-1][0], i)
+            else:
+                spaces.append((i, i))
+    return tuple(spaces)
+
+
+# The name a SentencePiece model's normaliser gets when it holds :func:`normalize_text_charsmap`
+# (the DeBERTa export's spm.model); the pipeline treats it as ``identity``: normalize_text runs
+# first, and the map changes nothing in its output.
+NORMALIZE_TEXT_RULE_NAME = "rtd_scale_normalize_text"
+
+
+@functools.lru_cache(maxsize=1)
+def normalize_text_charsmap() -> bytes:
+    """:func:`normalize_text` as a SentencePiece ``precompiled_charsmap`` (the character map a
+    SentencePiece model applies, longest match first, before its ``remove_extra_whitespaces``
+    collapses and strips spaces), for readers that run a SentencePiece model or its map alone:
+    transformers 4.x's slow ``DebertaV2Tokenizer`` (``spm.model``) and 5.x's
+    ``DebertaV2Tokenizer``, which takes the map from tokenizer.json's ``Precompiled`` normaliser.
+
+    Rules: every dropped character (``_DROP_RANGES``) to nothing, every other ``str.isspace``
+    character to a space, every character NFC changes to its NFC form, and every NFD sequence
+    of a character NFC keeps (``é`` as ``e`` + U+0301, Hangul syllables as jamo) to that
+    character. Paragraph breaks, the dropped characters, NFC text and the NFD form of nearly all
+    of it then give ``normalize_text``'s result (tests/unit/test_tokenizer_byo.py, fuzzed).
+    What a map of replacements cannot do: drop U+0000 (SentencePiece's map is a trie of
+    NUL-terminated keys), and compose a letter with a mark that follows a dropped character
+    (``e`` + U+200B + U+0301) or another combining mark (``a`` + U+0316 + U+0301, which NFC
+    makes ``á`` + U+0316), or marks out of canonical order; all rare outside constructed text.
+    Built with SentencePiece's own compiler from a rule file (0.17 MB; 0.4 s, once per
+    process)."""
+    import tempfile
+
+    from sentencepiece import sentencepiece_model_pb2
+
+    rules: dict[str, str] = {}
+    for first, last in _DROP_RANGES:
+        for cp in range(max(first, 1), last + 1):
+            if not 0xD800 <= cp <= 0xDFFF:  # lone surrogates never reach a byte-level reader
+                rules[chr(cp)] = ""
+    for first, last in _whitespace_ranges():
+        rules.update((chr(cp), " ") for cp in range(first, last + 1) if cp != 0x20)
+    for cp in range(0x110000):
+        c = chr(cp)
+        if c in rules or not (unicodedata.decomposition(c) or 0xAC00 <= cp <= 0xD7A3):
+            continue  # Hangul syllables decompose by rule, not by table
+        nfc = unicodedata.normalize("NFC", c)
+        if nfc != c:
+            rules[c] = nfc
+        else:
+            nfd = unicodedata.normalize("NFD", c)
+            if nfd != c:
+                rules[nfd] = c
+    with tempfile.TemporaryDirectory() as tmp:
+        tsv = os.path.join(tmp, "normalize_text.tsv")  # SentencePiece's rule file: hex in, tab, hex out
+        with open(tsv, "w", encoding="ascii") as f:
+            for src, dst in rules.items():
+                f.write(" ".join(f"{ord(x):X}" for x in src) + "\t" +
+                        " ".join(f"{ord(x):X}" for x in dst) + "\n")
+        proto = sentencepiece_model_pb2.ModelProto()
+        spm.set_min_log_level(1)  # the compiler's INFO lines say nothing to a user
+        try:
+            compiled = spm.SentencePieceNormalizer(rule_tsv=tsv).serialized_model_proto()
+        finally:
+            spm.set_min_log_level(0)  # SentencePiece's default
+        proto.ParseFromString(compiled)
+    return proto.normalizer_spec.precompiled_charsmap
+
+
+@functools.lru_cache(maxsize=1)
 def normalize_text_hf_normalizer():
     """:func:`normalize_text` as a ``tokenizers`` normaliser (for exported tokenizers): drop the
     same characters (lone surrogates cannot occur in UTF-8), NFC, every run of ``str.isspace``
@@ -732,13 +852,7 @@ def normalize_text_hf_normalizer():
     def char_class(ranges):
         return "[" + "".join(f"\\x{{{a:X}}}" if a == b else f"\\x{{{a:X}}}-\\x{{{b:X}}}" for a, b in ranges) + "]"
 
-    spaces: list[tuple[int, int]] = []
-    for i in range(0x110000):
-        if chr(i).isspace():
-            if spaces and spaces[-1][1] == i - 1:
-                spaces[-1] = (spaces[-1][0], i)
-            else:
-                spaces.append((i, i))
+    spaces = _whitespace_ranges()
     drop = [r for r in _DROP_RANGES if r != (0xD800, 0xDFFF)]
     return normalizers.Sequence([
         normalizers.Replace(Regex(char_class(drop)), ""),

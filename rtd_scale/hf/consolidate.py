@@ -23,8 +23,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import functools
 import json
 import os
+import sys
 import tempfile
 import time
 import traceback
@@ -227,7 +229,9 @@ def _worker(rank: int, world_size: int, port: int, run_dir: str, tag: str, cfg_d
         ctx = distributed.initialize(cfg.parallel, seed=cfg.train.seed)
         try:
             model = build_model(cfg, ctx, tok)
-            eng = engine_mod.build_engine(model, cfg, ds_config, distributed.DeepSpeedMpu())
+            eng = engine_mod.build_engine(  # the CPU Adam note (ZeRO-Offload) from one worker
+                model, cfg, ds_config, distributed.DeepSpeedMpu(),
+                print_fn=functools.partial(print, file=sys.stderr, flush=True) if rank == 0 else None)
             from rtd_scale.training.checkpoint import checks, load
 
             # the LOAD and AFTER_LOAD checks of training's --load: safe unpickling, the files

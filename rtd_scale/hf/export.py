@@ -11,8 +11,11 @@ saves ``TokenizersBackend``, a name 4.x does not have, and its model classes reb
 pipeline from the vocabulary instead (``BertTokenizer``/``ElectraTokenizerFast`` a WordPiece,
 ``RobertaTokenizer`` a byte BPE, ``DebertaV2Tokenizer`` its own normaliser and token type 1 for
 a pair's second text), which no longer encodes like the pipeline. A SentencePiece tokenizer of
-the disentangled-attention layout is also copied as ``spm.model``, the file transformers'
-slow ``DebertaV2Tokenizer`` reads. Every file gets the mode a plain write gives under the
+the disentangled-attention layout is also written as ``spm.model``, the file transformers 4.x's
+slow ``DebertaV2Tokenizer`` reads, with ``normalize_text`` as its own normaliser (a character
+map, ``Tokenizer.sentencepiece_for_transformers``), and tokenizer.json's normaliser starts with
+the same map, the part of it 5.x's ``DebertaV2Tokenizer`` keeps: that class, too, encodes as the
+pipeline on both majors. Every file gets the mode a plain write gives under the
 umask (safetensors writes 0600), so other users of a shared file system can read the export.
 A target whose discriminator class has no RTD head (``Adapter.rtd_head_in_model`` false:
 ``RobertaPreLayerNormModel``, ``DebertaV2Model``) gets ``DIR/rtd_head.safetensors``, the head
@@ -79,12 +82,9 @@ def build_hf_model(m: HFModel) -> torch.nn.Module:
     return model.eval()
 
 
-TOKENIZER_CLASS = "PreTrainedTokenizerFast"  # loads tokenizer.json as written, in 4.x and 5.x
-
-
 def _save_tokenizer(tokenizer_model: Optional[str], directory: str, max_length: int,
                     slow_tokenizer_file: Optional[str], note: Callable) -> None:
-    """The tokenizer files in ``directory``; ``slow_tokenizer_file``: where to copy a
+    """The tokenizer files in ``directory``; ``slow_tokenizer_file``: where to write a
     SentencePiece model for the target's slow tokenizer (``Adapter.slow_tokenizer_file``)."""
     if not tokenizer_model:
         return
@@ -95,16 +95,8 @@ def _save_tokenizer(tokenizer_model: Optional[str], directory: str, max_length: 
         shutil.copyfile(tokenizer_model, os.path.join(directory, os.path.basename(tokenizer_model)))
         note("tokenizer: copied the SentencePiece model only (no Tokenizer.save_pretrained)")
         return
-    tok.save_pretrained(directory, model_max_length=max_length)
-    config_path = os.path.join(directory, "tokenizer_config.json")
-    with open(config_path, encoding="utf-8") as f:
-        tok_config = json.load(f)
-    tok_config["tokenizer_class"] = TOKENIZER_CLASS
-    with open(config_path, "w", encoding="utf-8") as f:
-        json.dump(tok_config, f, indent=2, sort_keys=True)
-        f.write("\n")
-    if slow_tokenizer_file and tok.kind == "sentencepiece":
-        shutil.copyfile(tokenizer_model, os.path.join(directory, slow_tokenizer_file))
+    tok.save_pretrained(directory, model_max_length=max_length,
+                        sentencepiece_file=slow_tokenizer_file)
 
 
 def _plain_file_modes(root: str) -> None:

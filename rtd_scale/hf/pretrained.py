@@ -127,8 +127,9 @@ def read_pretrained(path: str, model: ModelConfig, *, pad_id: int
         raise UserInputError(f"{FLAG} {path}: no such file or directory")
     config_path = os.path.join(path, "config.json")
     if not os.path.isfile(config_path):
-        hint = (" (a run directory: export it first with tools/export_hf.py --load "
-                f"{path} --output DIR)" if os.path.isfile(os.path.join(path, "latest")) else "")
+        hint = (f" (a run directory: to continue it, at any TP, PP or DP size, pass --load {path}; "
+                f"for its weights alone, export it first with tools/export_hf.py --load {path} "
+                "--output DIR)" if os.path.isfile(os.path.join(path, "latest")) else "")
         raise UserInputError(f"{FLAG} {path}: no config.json{hint}; pass "
                              f"{adapters.import_sources()}")
     import json

@@ -78,8 +78,9 @@ def resolve_resume_schedule(optim: OptimConfig, saved: dict[str, Any], *, source
         "iteration, or --use-checkpoint-opt_param-scheduler to keep the checkpoint's")
 
 
-def build_engine(model, cfg: RunConfig, ds_config: dict[str, Any], mpu):
-    """``deepspeed.initialize`` with our optimizer, schedule and groups.
+def build_engine(model, cfg: RunConfig, ds_config: dict[str, Any], mpu, print_fn=None):
+    """``deepspeed.initialize`` with our optimizer, schedule and groups. ``print_fn``: the
+    logging rank's print, for the optimizer's one note (None on the other ranks).
 
     Under ZeRO-3, parameters read by a module that does not own them (the tied MLM output, the
     GDES base table) are registered as external parameters of the reading module.
@@ -90,7 +91,8 @@ def build_engine(model, cfg: RunConfig, ds_config: dict[str, Any], mpu):
 
     # AdamW, CPU Adam under ZeRO-Offload, or the non-finite-skipping AdamW (training/optimizer.py)
     optimizer = optimizer_for_ds_config(model, cfg.optim, ds_config,
-                                        model_parallel_group=mpu.get_model_parallel_group())
+                                        model_parallel_group=mpu.get_model_parallel_group(),
+                                        print_fn=print_fn)
     # megatron-core's schedule, stepped by DeepSpeed after each applied update (lr_schedule.py)
     scheduler = build_scheduler(optimizer, cfg.optim, train_iters=cfg.train.train_iters,
                                 global_batch_size=cfg.train.global_batch_size)

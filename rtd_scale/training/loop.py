@@ -7,11 +7,14 @@ Data: one DataLoader per split for the whole run (``data/loader.py``). The train
 at the run's ``consumed_samples`` (0, or the checkpoint's), so a resumed run reads exactly what an
 uninterrupted one would (tests/e2e/test_pretrain_launcher.py); each step takes the next
 gradient-accumulation-many micro-batches.
-Validation every ``eval_interval`` steps reads the same first ``eval_iters`` global batches of the
-validation split each time (masks keyed by the validation index, sampling noise by step 0), so
-its losses are comparable across steps; it runs forward only, with dropout off, and touches
-neither gradients nor the optimizer nor any RNG state. (Megatron-LM's validation continues
-through the validation set from one evaluation to the next instead.) A test split
+Validation every ``eval_interval`` steps, and once more after the last step when that is off
+the interval (the final model is always validated, as Megatron-LM's ``pretrain`` does after
+training; the summary's held-out AUC and verdict come from it), reads the same first
+``eval_iters`` global batches of the validation split each time (masks keyed by the validation
+index, sampling noise by step 0), so its losses are comparable across steps; it runs forward
+only, with dropout off, and touches neither gradients nor the optimizer nor any RNG state.
+(Megatron-LM's validation continues through the validation set from one evaluation to the next
+instead.) A test split
 (``--test-data-path``) is evaluated the same way once, after the last step (Megatron-LM's
 ``evaluate_and_print_results`` on the test set at the end of ``pretrain``), tags ``test/``.
 """
@@ -283,10 +286,10 @@ def format_valid_line(step: int, samples: int, scalars: dict[str, float],
 
 def short_validation_note(t, start_step: int, available: int) -> Optional[str]:
     """The note that one validation (``eval_iters`` global batches) reads more samples than the
-    validation split holds, or None — also when no validation falls in iterations
-    (start_step, train_iters] (a short run or a late resume never validates)."""
+    validation split holds, or None — also when the run has no iteration left to train (each
+    run validates after its last iteration)."""
     wanted = t.eval_iters * t.global_batch_size
-    if not t.evaluates or t.train_iters // t.eval_interval <= start_step // t.eval_interval:
+    if not t.evaluates or start_step >= t.train_iters:
         return None
     if available >= wanted:
         return None
@@ -315,10 +318,11 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
     """Run optimizer steps start_step … train_iters − 1 (0-based; logs count them from 1).
 
     ``data["train"]`` is read from ``consumed_samples`` on; ``data["valid"]``, when present, is
-    evaluated every ``eval_interval`` steps. With ``stop`` (an entered ``signals.StopRequest``),
-    a stop request on any rank — at any time since it was entered — makes every rank save a
-    checkpoint after the current step and return with ``interrupted=True``; the logging rank
-    prints one line naming the checkpoint and the ``--load`` that resumes it.
+    evaluated every ``eval_interval`` steps and after the last one. With ``stop`` (an entered
+    ``signals.StopRequest``), a stop request on any rank — at any time since it was entered —
+    makes every rank save a checkpoint after the current step and return with
+    ``interrupted=True``; the logging rank prints one line naming the checkpoint and the
+    ``--load`` that resumes it.
 
     Non-finite iterations (``NonFiniteGuard``) are skipped and counted (``optim/skipped_iters``
     per log interval); no checkpoint is saved while the last iteration was skipped.
@@ -423,7 +427,7 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
             acc.reset()
             last_log, steps_since_log = now, 0
             guard.check(done, last_good, t.load or t.save)  # after the line that shows it
-        if valid_loader is not None and done % t.eval_interval == 0:
+        if valid_loader is not None and (done % t.eval_interval == 0 or done == t.train_iters):
             scalars = evaluate(cfg, ctx, engine, valid_loader, iteration=done)
             if ctx.is_logging_rank:
                 tb.write(done, scalars)

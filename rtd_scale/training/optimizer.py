@@ -8,7 +8,6 @@ torch's AdamW (fused on GPU). ``training/engine.py`` hands it to ``deepspeed.ini
 """
 from __future__ import annotations
 
-import sys
 from typing import Any, Optional
 
 import torch
@@ -98,13 +97,15 @@ def param_groups(model: torch.nn.Module, optim: OptimConfig) -> list[dict[str, A
 
 def build_optimizer(model: torch.nn.Module, optim: OptimConfig, *, checked: bool = False,
                     model_parallel_group=None, cpu_adam: bool = False,
-                    cpu_offload: bool = False) -> torch.optim.Optimizer:
+                    cpu_offload: bool = False, print_fn=None) -> torch.optim.Optimizer:
     """AdamW (decoupled weight decay, arXiv 1711.05101); no decay on biases, norms and 1-D
     parameters. Fused on GPU. ``checked``: a ``NonFiniteSkippingAdamW`` instead (ZeRO stage 0
     in fp32, where DeepSpeed does not skip non-finite steps itself). ``cpu_adam``: DeepSpeed's
     ``DeepSpeedCPUAdam`` in AdamW mode with the same hyper-parameters and groups (ZeRO-Offload,
     whose optimizer step runs on the CPU; a C++ op DeepSpeed compiles on first use).
-    ``cpu_offload``: the step runs on the CPU with torch's AdamW (not fused)."""
+    ``cpu_offload``: the step runs on the CPU with torch's AdamW (not fused). ``print_fn``: where
+    the note about the CPU Adam op's first build goes, given to one rank only so that a run prints
+    it once (tests/e2e/test_offload_fp16.py); None: not printed."""
     groups = param_groups(model, optim)
     betas = (optim.adam_beta1, optim.adam_beta2)
     if checked:
@@ -116,10 +117,11 @@ def build_optimizer(model: torch.nn.Module, optim: OptimConfig, *, checked: bool
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 
         # the first use compiles the op and prints nothing for minutes: say so
-        print("rtd_scale: ZeRO-Offload uses DeepSpeed's CPU Adam op, compiled on first use "
-              "(minutes on 2 cores, then cached in ~/.cache/torch_extensions; a build killed "
-              "midway leaves a 'lock' file there that makes later runs wait: delete it)",
-              file=sys.stderr, flush=True)
+        if print_fn is not None:
+            print_fn("rtd_scale: ZeRO-Offload uses DeepSpeed's CPU Adam op, compiled on first "
+                     "use (minutes on 2 cores, then cached in ~/.cache/torch_extensions; a build "
+                     "killed midway leaves a 'lock' file there that makes later runs wait: "
+                     "delete it)")
         try:
             return DeepSpeedCPUAdam(groups, lr=optim.lr, betas=betas, eps=optim.adam_eps,
                                     adamw_mode=True)
@@ -136,7 +138,7 @@ def build_optimizer(model: torch.nn.Module, optim: OptimConfig, *, checked: bool
 
 
 def optimizer_for_ds_config(model: torch.nn.Module, optim: OptimConfig, ds_config: dict[str, Any],
-                            *, model_parallel_group=None) -> torch.optim.Optimizer:
+                            *, model_parallel_group=None, print_fn=None) -> torch.optim.Optimizer:
     """``build_optimizer`` with the choice the resolved ``ds_config`` implies (module docstring):
     ``checked`` at ZeRO stage 0 without bf16 or fp16; DeepSpeed's CPU Adam, or torch's AdamW on
     the CPU, under ZeRO-Offload."""
@@ -147,4 +149,4 @@ def optimizer_for_ds_config(model: torch.nn.Module, optim: OptimConfig, ds_confi
     return build_optimizer(model, optim, checked=checked,
                            model_parallel_group=model_parallel_group,
                            cpu_adam=offload and ds_config.get("zero_force_ds_cpu_optimizer", True),
-                           cpu_offload=offload)
+                           cpu_offload=offload, print_fn=print_fn)

@@ -5,9 +5,11 @@
 #   srun bash slurm/lib/rank_env.sh python -u rtd_scale/pretrain.py ...
 #
 # RANK = SLURM_PROCID, WORLD_SIZE = SLURM_NTASKS, LOCAL_RANK = SLURM_LOCALID (the GPU index on
-# the node). MASTER_ADDR and MASTER_PORT are exported by the batch script (the first host of the
-# job and a port derived from the job id). Setting all five by hand is what keeps DeepSpeed's MPI
-# discovery from replacing MASTER_ADDR with an address from `hostname -I`.
+# the node when each task sees all of its GPUs; a task bound to one GPU uses the one it sees:
+# rtd_scale/distributed.py, cuda_device_index). MASTER_ADDR and MASTER_PORT are exported by the
+# batch script (the first host of the job and a port derived from the job id). Setting all five
+# by hand is what keeps DeepSpeed's MPI discovery from replacing MASTER_ADDR with an address
+# from `hostname -I`.
 set -euo pipefail
 
 : "${SLURM_PROCID:?not inside a Slurm job step: run through srun}"

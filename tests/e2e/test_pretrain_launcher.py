@@ -7,7 +7,7 @@ import pytest
 
 from rtd_scale.training import digest
 from tests.helpers.images import png_size
-from tests.helpers.launcher import TAGS, common, launch, scalars
+from tests.helpers.launcher import TAGS, common, launch, repeated_lines, scalars
 
 pytestmark = pytest.mark.e2e
 
@@ -25,6 +25,7 @@ def test_zero3_two_ranks_train_checkpoint_and_resume_exactly(wiki_shards, tmp_pa
     assert "micro-batch 4 × accumulation 2 × DP 2 = global 16" in r.stdout
     assert "data train: 1 × wiki_text_document" in r.stdout
     assert r.stdout.count(" validation at iteration ") == 3
+    assert repeated_lines(r) == {}  # each line from one rank (tests/e2e/test_offload_fp16.py too)
     s = scalars(str(straight / "tensorboard"))
     assert TAGS <= set(s)
     assert sorted(s["loss/total"]) == [1, 2, 3, 4, 5, 6]

@@ -27,6 +27,34 @@ def wiki_texts(n: int | None = None) -> list[str]:
     return [json.loads(line)["text"] for line in lines]
 
 
+# Jane Austen, Pride and Prejudice (1813; public domain), chapter 1's opening as a plain-text
+# edition lays it out: lines wrapped at 70 characters, paragraphs separated by a blank line
+AUSTEN = (
+    "It is a truth universally acknowledged, that a single man in possession\n"
+    "of a good fortune, must be in want of a wife.\n\n"
+    "However little known the feelings or views of such a man may be on his\n"
+    "first entering a neighbourhood, this truth is so well fixed in the minds\n"
+    "of the surrounding families, that he is considered the rightful property\n"
+    "of some one or other of their daughters.\n\n"
+    "\u201cMy dear Mr. Bennet,\u201d said his lady to him one day, \u201chave you heard that\n"
+    "Netherfield Park is let at last?\u201d\n")
+
+
+def normalisation_texts() -> list[str]:
+    """Text that only our normalisation rule encodes as the pipeline does: Austen's paragraphs
+    (line breaks, blank lines; with Windows line ends too), the NFD form of accented text,
+    whitespace other than spaces, zero-width and control characters."""
+    import unicodedata
+
+    accented = ("Caf\u00e9 na\u00efve r\u00e9sum\u00e9, \u00c5ngstr\u00f6m; "
+                "\u1f00\u03c1\u03c7\u03ae; Ti\u1ebfng Vi\u1ec7t; \ud55c\uad6d\uc5b4")
+    return [AUSTEN, AUSTEN.replace("\n", "\r\n"), unicodedata.normalize("NFD", AUSTEN + accented),
+            unicodedata.normalize("NFD", accented),
+            *[unicodedata.normalize("NFD", t) for t in wiki_texts(5)],
+            "tab\there,\u00a0no-break\u3000ideographic\u2028line  two\u200bzero-width\u00adsoft "
+            "\x07bell\x1b[0m escape\ufeff mark", "  \n\t leading and trailing \u3000\n"]
+
+
 def _wiki_sentences() -> list[str]:
     return [s for text in wiki_texts() for s in text.split(". ") if s.strip()]
 

@@ -4,14 +4,16 @@ the interpreter of the transformers major under test (it imports neither rtd_sca
     python hf_load_worker.py EXPORT_DIR SPEC_JSON OUT_PT
 
 SPEC_JSON: {"texts": [...], "discriminator": [class name, from_pretrained kwargs],
-"generator": [class name, kwargs]}.
+"generator": [class name, kwargs], "tokenizer_texts": [...]}; without "discriminator" (a
+directory that holds only a tokenizer) the models are left out.
 
 Writes, with ``torch.save``: the versions, the tokenizer's class, its ids for each text alone and
 for the first two as a pair, the loading info of each model, and in fp32 each model's last
 base model's last hidden state (plus ``logits`` where the class has them) on the padded batch of all texts
-(truncated at the recorded ``model_max_length``);
-``slow_ids``: the ids of transformers 4.x's SentencePiece ``DebertaV2Tokenizer`` where the export
-has ``spm.model``.
+(truncated at the recorded ``model_max_length``); where the export has ``spm.model``,
+``slow_ids``: the ids of the export's ``DebertaV2Tokenizer`` (on 4.x the slow SentencePiece
+class, on 5.x the class that rebuilds its normaliser) for texts + tokenizer_texts, and
+``fast_ids``: AutoTokenizer's for the same texts.
 """
 from __future__ import annotations
 
@@ -45,18 +47,21 @@ def main(export, spec_json, out_path):
               "tokenizer_class": type(tok).__name__,
               "ids": [tok(t)["input_ids"] for t in texts],
               "pair_ids": tok(texts[0], texts[1])["input_ids"]}
-    batch = tok(texts, padding=True, truncation=True, return_tensors="pt")  # model_max_length
-    batch.pop("token_type_ids", None)  # one token type; 4.x returns it, 5.x does not
-    result["attention_mask"] = batch["attention_mask"]
-    for role, where in (("discriminator", export), ("generator", os.path.join(export, "generator"))):
-        cls_name, kwargs = spec[role]
-        model, info = getattr(transformers, cls_name).from_pretrained(
-            where, output_loading_info=True, **kwargs)
-        result[f"{role}_loading_info"] = {k: sorted(map(str, v)) for k, v in info.items()}
-        result[role] = run(model.eval(), batch)
-    if os.path.isfile(os.path.join(export, "spm.model")) and int(transformers.__version__.split(".")[0]) < 5:
+    if "discriminator" in spec:
+        batch = tok(texts, padding=True, truncation=True, return_tensors="pt")  # model_max_length
+        batch.pop("token_type_ids", None)  # one token type; 4.x returns it, 5.x does not
+        result["attention_mask"] = batch["attention_mask"]
+        for role, where in (("discriminator", export), ("generator", os.path.join(export, "generator"))):
+            cls_name, kwargs = spec[role]
+            model, info = getattr(transformers, cls_name).from_pretrained(
+                where, output_loading_info=True, **kwargs)
+            result[f"{role}_loading_info"] = {k: sorted(map(str, v)) for k, v in info.items()}
+            result[role] = run(model.eval(), batch)
+    if os.path.isfile(os.path.join(export, "spm.model")):
+        more = texts + spec.get("tokenizer_texts", [])
         slow = transformers.DebertaV2Tokenizer.from_pretrained(export)
-        result["slow_ids"] = [slow(t)["input_ids"] for t in texts]
+        result["slow_ids"] = [slow(t)["input_ids"] for t in more]
+        result["fast_ids"] = [tok(t)["input_ids"] for t in more]
     torch.save(result, out_path)
 
 

@@ -1,8 +1,10 @@
 """The real entry point through the real `deepspeed` launcher, as the end-to-end tests drive it."""
 from __future__ import annotations
 
+import collections
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -68,6 +70,20 @@ def launch_together(jobs: list[list[str]], timeout: int = 300) -> list[subproces
             raise
         out.append(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr))
     return out
+
+
+# a line of DeepSpeed's logger (its launcher's too): "[2026-12-05 12:09:37,335] [INFO] [file:line:fn] …"
+_LOGGER_LINE = re.compile(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\] \[[A-Z]+\] ")
+
+
+def repeated_lines(r: subprocess.CompletedProcess) -> dict[str, int]:
+    """Lines of a run's stdout and stderr together that appear more than once, with their
+    counts; blank lines and the libraries' logger lines (DeepSpeed and its launcher log once
+    per process, under their own time stamps) left out. A line rtd_scale prints on every rank
+    shows up here."""
+    lines = [line for line in (r.stdout + "\n" + r.stderr).splitlines()
+             if line.strip() and not _LOGGER_LINE.match(line)]
+    return {line: n for line, n in collections.Counter(lines).items() if n > 1}
 
 
 def scalars(tb_dir: str) -> dict[str, dict[int, float]]:

@@ -66,6 +66,18 @@ def test_round_trip_and_workers_give_identical_bytes(corpus, tokenizer, tmp_path
     assert tokenizer.decode(ds[docs.index(no_space_run)]) == no_space_run
 
 
+def test_byte_order_marks_with_two_workers(tokenizer, tmp_path, preprocess_module, capsys):
+    """The concatenated file (a UTF-8 byte-order mark before lines 1 and 4) through the worker
+    processes: the same six documents and bytes as one process, the note printed once."""
+    args = ["--input", str(CASES / "c41_bom_concat.jsonl"), "--tokenizer-model", tokenizer.model_path]
+    assert run_cli(preprocess_module.main, [*args, "--output-prefix", str(tmp_path / "w1" / "o")]) == 0
+    proc = _run(*args, "--output-prefix", str(tmp_path / "w2" / "o"), "--workers", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("note: read 2 UTF-8 byte-order mark(s) (U+FEFF)") == 1
+    assert "done: 6 documents written, 0 empty documents skipped, 0 bad lines skipped," in proc.stdout
+    assert _snapshot(tmp_path / "w1") == _snapshot(tmp_path / "w2")
+
+
 def test_existing_dataset_is_kept_unless_resume_or_overwrite(tokenizer, tmp_path, preprocess_module, capsys):
     good = run_cli(preprocess_module.main, ["--input", str(CASES / "empty_docs.jsonl"), "--tokenizer-model",
                                             tokenizer.model_path, "--output-prefix", str(tmp_path / "out")])

@@ -71,3 +71,15 @@ def test_skip_bad_lines_trains_on_the_rest(tmp_path):
 def test_missing_input_is_one_line(tmp_path):
     proc = _run_tool("--input", str(tmp_path / "missing.jsonl"), "--output-prefix", str(tmp_path / "x"))
     assert _assert_one_line_error(proc) == f"error: input file not found: {tmp_path / 'missing.jsonl'}"
+
+
+def test_byte_order_marks_are_read_as_nothing(tmp_path):
+    """A UTF-8 byte-order mark before line 1 and line 4 (a file joined from two): every document
+    trains, the note is printed once; before, line 1 was refused ("decode using utf-8-sig")."""
+    proc = _run_tool("--input", str(CASES / "c41_bom_concat.jsonl"), "--output-prefix",
+                     str(tmp_path / "bom"), "--vocab-size", "60")
+    assert proc.returncode == 0, proc.stderr
+    assert "on 6 documents (0 empty skipped, 0 bad lines skipped)" in proc.stdout
+    assert proc.stdout.count("note: read 2 UTF-8 byte-order mark(s) (U+FEFF) at the start of a "
+                             "file or line as nothing (first: ") == 1
+    assert "\ufeff" not in (tmp_path / "bom.vocab").read_text(encoding="utf-8")

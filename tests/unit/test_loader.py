@@ -137,10 +137,11 @@ def test_plain_data_path_is_one_concatenated_dataset(two_datasets):
 
 
 @pytest.mark.parametrize("train_iters, eval_interval, start_step, available, says", [
-    (3, 1000, 0, 284, False),  # the run ends before its first validation (newcomer's report)
-    (3, 2, 0, 284, True),  # validates at 2: 2 × 200 samples against 284
-    (3, 2, 2, 284, False),  # resumed after the last validation of the run
+    (3, 1000, 0, 284, True),  # off the interval: validates once, after the last step
+    (3, 2, 0, 284, True),  # validates at 2 (2 × 200 samples against 284) and 3
+    (3, 2, 2, 284, True),  # resumed after the last validation on the interval: 3 still
     (4, 2, 2, 284, True),  # resumed, validates again at 4
+    (3, 2, 3, 284, False),  # nothing left to train (a finished run): no validation
     (3, 2, 0, 400, False),  # the split holds one validation's samples
 ])
 def test_short_validation_note_only_when_a_validation_runs(train_iters, eval_interval,

@@ -150,6 +150,74 @@ def test_parquet_txt_and_json_array_inputs(tmp_path):
     assert list(iter_records([tmp_path / "l.json"], ["text"])) == [("loose",), ("json",)]
 
 
+def _utf8_sig_texts(path: Path) -> list[str]:
+    """Each line's ``text``, every line decoded as Python's utf-8-sig does (a leading byte-order
+    mark read as nothing): what HF ``datasets`` gives for a file with one mark at its start."""
+    return [json.loads(raw.decode("utf-8-sig"))["text"] for raw in path.read_bytes().splitlines()
+            if raw.strip()]
+
+
+def test_byte_order_marks_are_read_as_nothing(tmp_path):
+    """A UTF-8 byte-order mark at the start of a file, or of a line (files joined with cat),
+    is no character of the text, in every line-read format, counted for the one log line;
+    before, line 1 of each part was invalid JSON ("decode using utf-8-sig"). A UTF-16 file
+    is named as such."""
+    import gzip
+
+    from rtd_scale.data.text import parse_line_block, read_line_range
+
+    one, two = CASES / "c41_bom.jsonl", CASES / "c41_bom_concat.jsonl"
+    assert one.read_bytes().startswith(b"\xef\xbb\xbf") and two.read_bytes().count(b"\n\xef\xbb\xbf") == 1
+    for path, marks in ((one, 1), (two, 2)):
+        stats = ReadStats()
+        assert [t for (t,) in iter_records([path], ["text"], stats=stats)] == _utf8_sig_texts(path)
+        assert (stats.records, stats.boms, stats.first_bom) == (3 * marks, marks, f"{path}:1")
+    assert len(set(_utf8_sig_texts(two))) == 3 and not any("\ufeff" in t for t in _utf8_sig_texts(two))
+    assert stats.bom_note() == ("note: read 2 UTF-8 byte-order mark(s) (U+FEFF) at the start of a "
+                                f"file or line as nothing (first: {two}:1)")
+    assert ReadStats().bom_note() is None
+
+    # a preprocessing worker's byte range that starts at the second part (line 4)
+    start = two.read_bytes().index(b"\n\xef\xbb\xbf") + 1
+    parsed = parse_line_block(read_line_range(two, 0, start, start + 10, True), two, "jsonl", ["text"])
+    parsed.shift_lines(3)
+    assert (parsed.texts, parsed.lines, parsed.boms, parsed.first_bom_line) == (
+        [(_utf8_sig_texts(two)[3],)], [4], 1, 4)
+
+    bom = "\ufeff".encode()
+    (tmp_path / "t.txt").write_bytes(bom + b"first\nsecond\n" + bom + b"third\n")
+    (tmp_path / "a.json").write_bytes(bom + b'[{"text": "x"}, {"text": "y"}]')
+    with gzip.open(tmp_path / "c.jsonl.gz", "wb") as f:
+        f.write(two.read_bytes())
+    for path, want, marks in ((tmp_path / "t.txt", ["first", "second", "third"], 2),
+                              (tmp_path / "a.json", ["x", "y"], 1),
+                              (tmp_path / "c.jsonl.gz", _utf8_sig_texts(two), 2)):
+        stats = ReadStats()
+        assert [t for (t,) in iter_records([path], ["text"], stats=stats)] == want, path
+        assert stats.boms == marks, path
+
+    (tmp_path / "u16.jsonl").write_bytes('{"text": "a"}\n'.encode("utf-16"))
+    with pytest.raises(BadLineError) as e:
+        list(iter_records([tmp_path / "u16.jsonl"], ["text"]))
+    assert str(e.value) == (f"{tmp_path / 'u16.jsonl'}:1: UTF-16 text (its byte-order mark 0xff "
+                            "0xfe), not UTF-8; save the file as UTF-8")
+
+
+def test_preprocess_reads_every_document_after_a_byte_order_mark(tokenizer, tmp_path, preprocess_module,
+                                                                 capsys):
+    """tools/preprocess_data.py on the concatenated file: all six documents, the note once.
+    With --workers 2: tests/tools/test_preprocess_cli.py::test_byte_order_marks_with_two_workers."""
+    path = CASES / "c41_bom_concat.jsonl"
+    assert run_cli(preprocess_module.main, ["--input", str(path), "--tokenizer-model", tokenizer.model_path,
+                                            "--output-prefix", str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("note: read 2 UTF-8 byte-order mark(s) (U+FEFF) at the start of a file or "
+                     f"line as nothing (first: {path}:1)\n") == 1
+    assert "done: 6 documents written, 0 empty documents skipped, 0 bad lines skipped," in out
+    ds = open_shard(tmp_path / "b_text_document_00000")
+    assert [ds[i].tolist() for i in range(len(ds))] == [tokenizer.encode(t) for t in _utf8_sig_texts(path)]
+
+
 # -- shards and the tokenizer they were made with --------------------------------------------------
 
 

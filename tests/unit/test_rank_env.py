@@ -2,6 +2,7 @@
 step's, or a single process; Slurm's hostlist syntax."""
 from __future__ import annotations
 
+import os
 import socket
 
 import pytest
@@ -111,3 +112,72 @@ def test_single_process_gets_a_free_port():
 ])
 def test_cpu_threads_are_the_cores_shared_among_a_nodes_ranks(environ, cores, want):
     assert launch_env.cpu_threads_per_rank(environ, cores=cores) == want
+
+
+class _Started(Exception):
+    """Raised by the stand-in for DeepSpeed's init_distributed: the device was chosen."""
+
+
+def _initialize_as_srun_task(monkeypatch, local_rank: int, visible: int) -> dict:
+    """``distributed.initialize`` as task ``local_rank`` of an 8-task ``srun`` step on one node
+    (SLURM_* variables only, no launcher's) where torch.cuda sees ``visible`` devices (patched:
+    the test runs on CPU), stopped where the process group would start. Returns the devices
+    set and the LOCAL_RANK DeepSpeed would read."""
+    import deepspeed
+    import torch
+    import torch.distributed as dist
+
+    from rtd_scale import distributed
+    from rtd_scale.config import ParallelConfig
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)  # restored after the test (export sets them)
+    step = {"SLURM_JOB_ID": "4242", "SLURM_PROCID": str(local_rank),
+            "SLURM_LOCALID": str(local_rank), "SLURM_NTASKS": "8", "SLURM_STEP_ID": "0",
+            "SLURM_STEP_NUM_TASKS": "8", "SLURM_STEP_NODELIST": "localhost",
+            "MASTER_ADDR": "127.0.0.1", "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(visible)))}
+    for name, value in step.items():
+        monkeypatch.setenv(name, value)
+    seen: dict = {"set_device": []}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
+    monkeypatch.setattr(torch.cuda, "set_device", seen["set_device"].append)
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+
+    def started(**kwargs):
+        seen["LOCAL_RANK"] = os.environ["LOCAL_RANK"]
+        raise _Started
+
+    monkeypatch.setattr(deepspeed, "init_distributed", started)
+    with pytest.raises(_Started):
+        distributed.initialize(ParallelConfig(), seed=1)
+    return seen
+
+
+@pytest.mark.parametrize("local_rank, visible, device", [
+    (3, 1, 0),  # srun --gpus-per-task=1: each task sees its own GPU as cuda:0
+    (0, 1, 0),
+    (5, 8, 5),  # srun --gpus-per-node, deepspeed, torchrun: local rank i uses device i
+])
+def test_a_task_uses_the_one_gpu_it_sees(monkeypatch, local_rank, visible, device):
+    """Each rank trains on a device it sees, and DeepSpeed, which reads LOCAL_RANK as the device
+    ordinal (the process group's device_id, the engine's set_device), is told the same one;
+    before, task 3 of a one-GPU-per-task step called set_device(3): invalid device ordinal."""
+    seen = _initialize_as_srun_task(monkeypatch, local_rank, visible)
+    assert seen == {"set_device": [device], "LOCAL_RANK": str(device)}
+
+
+def test_a_local_rank_past_the_visible_gpus_is_one_line(monkeypatch):
+    from rtd_scale.distributed import cuda_device_index
+
+    with pytest.raises(UserInputError) as e:
+        _initialize_as_srun_task(monkeypatch, 5, 4)
+    assert str(e.value) == (
+        "local rank 5 (LOCAL_RANK or SLURM_LOCALID) needs a CUDA device of its own, but this "
+        "process sees 4 (CUDA_VISIBLE_DEVICES=0,1,2,3); start at most 4 processes per node, or "
+        "give each process one GPU (srun --gpus-per-task=1) or all of the node's "
+        "(srun --gpus-per-node)")
+    assert not e.value.every_rank  # printed by local rank 4 only: once per node
+    with pytest.raises(UserInputError) as e:
+        cuda_device_index(4, 4)
+    assert e.value.every_rank

@@ -3,6 +3,7 @@ tokenizer.json / vocab.txt through the tokenizers library, one-line refusals, an
 Tokenizer.save_pretrained giving a Hugging Face tokenizer that encodes like the pipeline."""
 from __future__ import annotations
 
+import json
 import pickle
 import random
 
@@ -183,6 +184,69 @@ def test_normalize_text_as_a_hf_normalizer_agrees():
         assert hf.normalize_str(text) == normalize_text(text)
 
 
+def test_normalize_text_as_a_sentencepiece_charsmap_agrees():
+    """The character map a SentencePiece model applies (then collapsing and stripping spaces),
+    against normalize_text: on the fuzz pool above with U+0000 left out (the one character a
+    SentencePiece map cannot hold), letters and combining marks apart from the dropped
+    characters (a mark after a dropped one is not composed: normalize_text_charsmap's
+    docstring), and on the NFC and NFD forms of real and accented text."""
+    import unicodedata
+
+    import sentencepiece as spm
+    from sentencepiece import sentencepiece_model_pb2
+
+    spec = sentencepiece_model_pb2.NormalizerSpec(
+        name=tokmod.NORMALIZE_TEXT_RULE_NAME, precompiled_charsmap=tokmod.normalize_text_charsmap(),
+        add_dummy_prefix=False, remove_extra_whitespaces=True, escape_whitespaces=False)
+    sp = spm.SentencePieceNormalizer(normalizer_spec=spec)
+    rng = random.Random(0)
+    controls = [*range(1, 0x80), 0x85, 0xA0, 0xAD, 0x200B, 0x200D, 0x2028, 0x3000, 0xFEFF, 0xE9,
+                0x180E, 0xE0020, 0x1F600, 0x2060, 0x1C, 0x1F, 0x1680, 0x202F,
+                0x212B, 0x2126, 0x0958, 0xF900]  # singletons and a composition exclusion
+    marks = [*range(0x41, 0x5B), *range(0x61, 0x7B), 0x20, 0x0A, 0x3000, 0xE9, 0x301, 0x308, 0x30A,
+             0x1100, 0x1161, 0x11A8, 0x3B1, 0x313]  # Hangul jamo; Greek alpha, psili
+    for pool in (controls, marks):
+        for _ in range(3000):
+            s = "".join(chr(rng.choice(pool)) for _ in range(rng.randint(0, 12)))
+            assert sp.Normalize(s) == normalize_text(s), repr(s)
+    for text in byo.wiki_texts(20) + byo.normalisation_texts():
+        for form in ("NFC", "NFD"):
+            assert sp.Normalize(unicodedata.normalize(form, text)) == normalize_text(text)
+
+
+def test_the_sentencepiece_file_for_deberta_encodes_like_the_pipeline(tokenizers, tmp_path):
+    """``save_pretrained(sentencepiece_file="spm.model")`` (the DeBERTa export): the model alone,
+    as transformers 4.x's slow DebertaV2Tokenizer runs it, and transformers 5's
+    DebertaV2Tokenizer, which rebuilds its normaliser from tokenizer.json's charsmap step, give
+    the pipeline's ids on paragraph breaks and NFD text; the copy of our model exported before
+    gave [UNK] for a paragraph break, and 5.x's class its own normaliser (the controls)."""
+    import sentencepiece as spm
+    from transformers import AutoTokenizer, DebertaV2Tokenizer
+
+    tok = Tokenizer(tokenizers["ours"])
+    written = tok.save_pretrained(tmp_path / "hf", sentencepiece_file="spm.model")
+    assert sorted(p.rsplit("/", 1)[1] for p in written) == [
+        "spm.model", "tokenizer.json", "tokenizer_config.json"]
+    texts = byo.normalisation_texts() + byo.wiki_texts(20)
+    slow = spm.SentencePieceProcessor(model_file=str(tmp_path / "hf" / "spm.model"))
+    assert [slow.encode(t) for t in texts] == [tok.encode(t) for t in texts]
+    again = Tokenizer(tmp_path / "hf" / "spm.model")  # the export's file as --tokenizer-model
+    assert again.applies_normalize_text and again.specials == tok.specials
+    assert [again.encode(t) for t in texts] == [tok.encode(t) for t in texts]
+    pipeline = [[tok.cls_id, *tok.encode(t), tok.sep_id] for t in texts]
+    for cls in (DebertaV2Tokenizer, AutoTokenizer):
+        assert cls.from_pretrained(str(tmp_path / "hf"))(texts)["input_ids"] == pipeline, cls
+
+    # negative controls: the model as trained (identity normaliser), and 5.x's class without the
+    # charsmap step in tokenizer.json
+    plain = spm.SentencePieceProcessor(model_file=tokenizers["ours"])
+    paragraphs = byo.AUSTEN.split("\u201c")[0]  # the two paragraphs before the quotation marks
+    assert tok.unk_id in plain.encode(paragraphs) and tok.unk_id not in tok.encode(paragraphs)
+    tok.save_pretrained(tmp_path / "plain")
+    (tmp_path / "plain" / "spm.model").write_bytes(open(tokenizers["ours"], "rb").read())
+    assert DebertaV2Tokenizer.from_pretrained(str(tmp_path / "plain"))(texts)["input_ids"] != pipeline
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_save_pretrained_autotokenizer_matches_the_pipeline(tokenizers, layout, tmp_path):
     from transformers import AutoTokenizer
@@ -191,6 +255,10 @@ def test_save_pretrained_autotokenizer_matches_the_pipeline(tokenizers, layout, 
     written = tok.save_pretrained(tmp_path / "hf", model_max_length=512)
     assert sorted(p.rsplit("/", 1)[1] for p in written) == ["tokenizer.json", "tokenizer_config.json"]
     assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == ["tokenizer.json", "tokenizer_config.json"]
+    # the class its docstring names, which transformers 4.x has too (5.x would write
+    # TokenizersBackend; loading under 4.57.3: tests/e2e/test_hf_export_transformers4.py)
+    config = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text(encoding="utf-8"))
+    assert config["tokenizer_class"] == "PreTrainedTokenizerFast"
     hf = AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
     assert (hf.pad_token_id, hf.cls_token_id, hf.sep_token_id, hf.unk_token_id, hf.mask_token_id) == (
         tok.pad_id, tok.cls_id, tok.sep_id, tok.unk_id, tok.mask_id)

@@ -1,0 +1,49 @@
+"""The README says one thing about continuing a run at another size: `--load` does it, exactly,
+at another TP, PP or DP size or ZeRO stage (its "Resume at another size" section, pinned by
+tests/e2e/test_resume_layout.py); no other part sends a TP or PP change through an export and
+`--pretrained-checkpoint`, as it once did."""
+from __future__ import annotations
+
+import re
+
+from tests.helpers.env import REPO
+
+# a change of the tensor- or pipeline-parallel size, in the README's words
+SIZE_CHANGE = re.compile(r"\b(?:another|other|a new|a different)\s+(?:TP|PP|tensor-parallel|"
+                         r"pipeline-parallel|tensor|pipeline)\b")
+# the route of weights only
+EXPORT_ROUTE = re.compile(r"\bexport it\b|--pretrained-checkpoint|tools/export_hf\.py")
+
+
+def _clauses(text: str) -> list[str]:
+    """The sentences and semicolon clauses of the README's prose (code blocks left out), each
+    on one line."""
+    prose = re.sub(r"```.*?```", "\n\n", text, flags=re.S)
+    return [" ".join(c.split()) for c in re.split(r"(?<=[.;])\s|\n\s*\n", prose) if c.strip()]
+
+
+def offending_clauses(text: str) -> list[str]:
+    return [c for c in _clauses(text) if SIZE_CHANGE.search(c) and EXPORT_ROUTE.search(c)]
+
+
+def test_resume_at_another_size_is_load():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n### Resume at another size\n", 1)[1].split("\n## ", 1)[0]
+    assert " ".join(section.split()).startswith(
+        "`--load` continues a checkpoint saved at another tensor-parallel, pipeline-parallel or "
+        "data-parallel size, or another ZeRO stage (0–3), exactly")
+    starting = readme.split("**Starting from weights.**", 1)[1].split("\n\n", 1)[0]
+    assert "To continue a run at another TP, PP or DP size or ZeRO stage, `--load` does it, " \
+           "exactly" in " ".join(starting.split())
+
+
+def test_no_part_sends_a_tp_or_pp_change_through_an_export():
+    assert offending_clauses((REPO / "README.md").read_text(encoding="utf-8")) == []
+    # what the README said before (the control: the check finds it)
+    before = ("To continue a run at another data-parallel size or ZeRO stage, `--load` does it "
+              "with\nthe optimizer state (see \"Resume at another size\"); at another TP or PP "
+              "size, export it, then\nstart a new run with `--pretrained-checkpoint hf/base "
+              "--save runs/next`.")
+    assert offending_clauses(before) == [
+        "at another TP or PP size, export it, then start a new run with `--pretrained-checkpoint "
+        "hf/base --save runs/next`."]
