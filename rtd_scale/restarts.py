@@ -40,6 +40,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Optional, Sequence
@@ -301,6 +302,45 @@ def _with_load(cmd: list[str], save: str) -> list[str]:
     return [*cmd, "--load", save]
 
 
+def _zombie_status(pid: int) -> Optional[int]:
+    """The status of process ``pid`` once it has exited and its parent has not yet reaped it
+    (``/proc/PID/stat``'s state Z and exit_code, field 52), as bash gives it (128 + N for
+    signal N); None while it runs or once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    if fields[0] != "Z" or len(fields) < 50:
+        return None
+    code = int(fields[49])
+    return 128 + (code & 0x7F) if code & 0x7F else code >> 8
+
+
+def watch_ranks(save: str, stop: threading.Event, started: float, poll_s: float = 0.1) -> None:
+    """For a launcher without slurm/lib/rank_env.sh around each rank (the deepspeed launcher,
+    which reaps a rank up to a second after it exits): write ``<save>/logs/rank<R>.exit`` for
+    each rank (from its progress file's pid) seen exited, until ``stop``."""
+    from rtd_scale.training.heartbeat import PROGRESS_DIR, read_progress
+
+    seen: set[int] = set()
+    while not stop.wait(poll_s):
+        for name in _listdir(os.path.join(save, PROGRESS_DIR)):
+            if not (name.startswith("rank") and name.endswith(".json")) or \
+                    not name[4:-5].isdigit() or int(name[4:-5]) in seen:
+                continue
+            rank = int(name[4:-5])
+            p = read_progress(save, rank)
+            if not p or p.get("time", 0) < started - 1:
+                continue
+            status = _zombie_status(int(p["pid"]))
+            if status is not None:
+                seen.add(rank)
+                os.makedirs(os.path.join(save, LOGS), exist_ok=True)
+                with open(os.path.join(save, LOGS, f"rank{rank}.exit"), "w") as f:
+                    f.write(f"{status} {time.time()}\n")
+
+
 def supervise(cmd: list[str], *, save: str, max_restarts: int, max_same: int,
               backoff_s: float, print_fn=print) -> int:
     """Run ``cmd`` (a ``deepspeed … rtd_scale/pretrain.py … --save SAVE`` command) until it
@@ -310,7 +350,15 @@ def supervise(cmd: list[str], *, save: str, max_restarts: int, max_same: int,
     env = dict(os.environ)
     while True:
         started = time.time()
-        status = subprocess.call(_with_load(cmd, save), env=env)
+        clear_exits(save)
+        stop = threading.Event()
+        watcher = threading.Thread(target=watch_ranks, args=(save, stop, started), daemon=True)
+        watcher.start()
+        try:
+            status = subprocess.call(_with_load(cmd, save), env=env)
+        finally:
+            stop.set()
+            watcher.join()
         if status == 0:
             return 0
         failure = classify(save, status, started)
