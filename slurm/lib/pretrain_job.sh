@@ -63,6 +63,8 @@ rtd_log() { echo "[rtd-slurm $(date '+%F %T')] $*"; }
 
 # ---------------------------------------------------------------------------------- inputs ----
 : "${RTD_REPO:?set RTD_REPO to the rtd_scale checkout}"
+# shellcheck source=slurm/lib/wait.sh
+source "$RTD_REPO/slurm/lib/wait.sh"
 : "${RTD_PRESET:?}" "${RTD_TRAIN_ITERS:?}" "${RTD_GLOBAL_BATCH:?}" "${RTD_MICRO_BATCH:?}"
 : "${RTD_SEQ_LENGTH:?}"
 # RTD_LR, RTD_WARMUP_ITERS, RTD_SEED: unset (or empty), the preset's (recipe_args below)
@@ -350,15 +352,7 @@ rtd_pretrain_main() {
         srun --kill-on-bad-exit=1 bash "$RTD_REPO/slurm/lib/rank_env.sh" "${cmd[@]}" &
       fi
       srun_pid=$!
-      while :; do
-        before="$signals"
-        set +e
-        wait "$srun_pid"
-        rc=$?
-        set -e
-        if [ "$signals" != "$before" ] && [ "$rc" -gt 128 ]; then continue; fi
-        break
-      done
+      rtd_wait "$srun_pid"
       srun_pid=""
     fi
 

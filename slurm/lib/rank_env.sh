@@ -40,16 +40,9 @@ signals=0
 trap 'signals=$((signals + 1))' TERM INT HUP USR1 USR2
 "$@" > >(trap '' TERM INT HUP USR1 USR2; exec tee -a "$log") 2>&1 &
 child=$!
-while :; do
-  before=$signals
-  set +e
-  wait "$child"
-  rc=$?
-  set -e
-  # a trapped signal ends the wait (status > 128) before the command: wait again, which
-  # gives the command's own status once it has one
-  if [ "$signals" != "$before" ] && [ "$rc" -gt 128 ]; then continue; fi
-  break
-done
+# shellcheck source=slurm/lib/wait.sh
+source "$(dirname "${BASH_SOURCE[0]}")/wait.sh"
+rc=0
+rtd_wait "$child"
 printf '%s %s\n' "$rc" "$(date +%s.%N)" >"$RTD_RANK_LOG_DIR/rank$RANK.exit"
 exit "$rc"
