@@ -260,7 +260,8 @@ def decide(save: str, failure: Failure, *, restarts_done: int, max_restarts: int
                 f"(RTD_MAX_RESTARTS): {then}; the newest complete checkpoint is {tag or 'none'}")
     record = {"restart": number, "time": round(now, 3), "action": action, **{
         k: v for k, v in asdict(failure).items()}, "resume_from": tag,
-        "checkpoint_time": saved_at, "line": line}
+        "checkpoint_time": saved_at, "line": line,
+        "slurm_restart": int(os.environ.get("SLURM_RESTART_COUNT") or 0)}
     if os.path.isdir(save):
         with open(os.path.join(save, RECORDS), "a") as f:
             f.write(json.dumps(record) + "\n")
@@ -290,6 +291,17 @@ def event(save: Optional[str], environ=None, now: Optional[float] = None
                "restarts/rank": float(-1 if record.get("rank") is None else record["rank"]),
                "restarts/time_lost_s": max(0.0, now - since)}
     return scalars, record.get("line", "")
+
+
+def requeued(save: str, environ=None) -> Optional[int]:
+    """The number of the restart a requeued Slurm job is: the last record, when it requeued
+    the job this one continues (its SLURM_RESTART_COUNT one below this job's)."""
+    environ = os.environ if environ is None else environ
+    records = read_records(save)
+    if not records or records[-1].get("action") != "requeue":
+        return None
+    now = int(environ.get("SLURM_RESTART_COUNT") or 0)
+    return records[-1]["restart"] if records[-1].get("slurm_restart", -1) + 1 == now else None
 
 
 # ----------------------------------------------------------- tools/supervise.py, one node ----
@@ -397,9 +409,9 @@ def _after_failure(argv: Optional[Sequence[str]]) -> None:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = {"after-failure": _after_failure,
-                "clear-exits": lambda rest: clear_exits(rest[0])}
+                "requeued": lambda rest: print(requeued(rest[0]) or "")}
     if not argv or argv[0] not in commands:
-        print("usage: python -m rtd_scale.restarts {after-failure,clear-exits} ...",
+        print("usage: python -m rtd_scale.restarts {after-failure,requeued} ...",
               file=sys.stderr)
         return EXIT_USER_ERROR
     return run_cli(commands[argv[0]], argv[1:])

@@ -270,6 +270,9 @@ rtd_pretrain_main() {
   local tag="$tag_at_start" step phase iters seq global micro pdp pgas load_args cmd
   local restarts=0 started decision action number wait_s line requeue_left port="$MASTER_PORT"
   export RTD_RANK_LOG_DIR="$RTD_SAVE/logs"  # rank_env.sh: each rank's log and exit status
+  # a job requeued after its restarts ran out: its first run writes that restart's event
+  RTD_RESTART="$(rtd_python -m rtd_scale.restarts requeued "$RTD_SAVE")"
+  if [ -n "$RTD_RESTART" ]; then export RTD_RESTART; else unset RTD_RESTART; fi
   while :; do
     step="$(rtd_step_of "$tag")"
     if [ -n "$RTD_PHASE1_ITERS" ] && (( step < RTD_PHASE1_ITERS )); then

@@ -93,6 +93,9 @@ def test_restarts_then_requeue_then_a_crash_loop_stops_in_one_line(tmp_path):
     d4 = decide(save, f, restarts_done=2, max_restarts=2, max_same=3, backoff_s=40,
                 requeue_left=True)
     assert d4.action == "requeue" and "2 restarts used (RTD_MAX_RESTARTS): requeueing" in d4.line
+    # the requeued job (Slurm's restart count one higher) writes that failure's event
+    assert restarts.requeued(save, {"SLURM_RESTART_COUNT": "1"}) == 4
+    assert restarts.requeued(save, {"SLURM_RESTART_COUNT": "2"}) is None  # a later requeue
 
 
 def test_the_restarted_run_gets_its_event(tmp_path):
