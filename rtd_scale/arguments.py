@@ -187,6 +187,22 @@ def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
                    help="stop with an error after N iterations in a row whose loss or gradient "
                         "norm is inf or NaN (each is skipped and counted); checked at the log "
                         "interval and before a save; 0: never stop (default 5)")
+    p.add_argument("--ft-rank-section-timeouts", metavar="SECTION:SECONDS,...",
+                   help="the heartbeat's budgets (NVIDIA resiliency extension's flag and "
+                        "sections): a rank that finishes no step within its section's budget "
+                        "is declared hung, every rank's Python stack goes to "
+                        "<save>/hangs/…/stacks.txt, one line names the rank(s) and the run ends "
+                        "(exit status 75) for its supervisor to restart. Sections: setup (to "
+                        "the first step, and a validation; default 600), step (default auto: 5 "
+                        "× the median step time, at least 180), checkpointing (a save; default "
+                        "auto: 5 × the longest save, at least 420). A value is seconds, auto, "
+                        "or none (off); e.g. setup:600,step:120,checkpointing:auto")
+    p.add_argument("--straggler-threshold", type=float, metavar="FRACTION",
+                   help="name, at each log interval, the ranks whose own work per step is "
+                        "slower than FRACTION of their peers' median (time to the step's first "
+                        "collective; training/stragglers.py): in the log line, TensorBoard "
+                        "(stragglers/*) and the summary (default 0.7, Megatron-LM's and NVIDIA's "
+                        "threshold; 0: name none)")
     p.add_argument("--override-opt_param-scheduler", "--override-opt-param-scheduler",
                    dest="override_opt_param_scheduler", action="store_true",
                    help="with --load: use this run's schedule flags (--lr, --min-lr, "
@@ -245,6 +261,31 @@ _FLAG_FIELDS = {
 }
 
 
+_SECTION_FIELDS = {"setup": "setup_timeout_s", "step": "step_timeout_s",
+                   "checkpointing": "checkpointing_timeout_s"}
+
+
+def _section_timeouts(cfg: RunConfig, value: str) -> None:
+    """``--ft-rank-section-timeouts setup:600,step:auto,checkpointing:none`` into
+    ``cfg.fault_tolerance`` (seconds; auto: derived, ``None``; none: off, 0)."""
+    for item in filter(None, (v.strip() for v in value.split(","))):
+        name, _, raw = item.partition(":")
+        if name not in _SECTION_FIELDS or not raw:
+            raise UserInputError(f"--ft-rank-section-timeouts {value}: cannot read {item!r}; "
+                                 "expected SECTION:SECONDS with SECTION one of setup, step, "
+                                 "checkpointing and SECONDS a number, auto or none, e.g. "
+                                 "setup:600,step:120,checkpointing:auto")
+        if raw == "auto" and name == "setup":
+            raise UserInputError(f"--ft-rank-section-timeouts {value}: setup has no measured "
+                                 "time to derive a budget from; give seconds or none")
+        try:
+            seconds = None if raw == "auto" else 0.0 if raw == "none" else float(raw)
+        except ValueError:
+            raise UserInputError(f"--ft-rank-section-timeouts {value}: {name}:{raw} is not "
+                                 "seconds, auto or none") from None
+        setattr(cfg.fault_tolerance, _SECTION_FIELDS[name], seconds)
+
+
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     """Preset → flags → ``--set`` overrides, validated once at the end.
 
@@ -284,6 +325,10 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
             raise UserInputError("--device-peak and --peak-tflops-per-device both give the "
                                  "peak; pass one of them")
         cfg.train.peak_tflops_per_device = DEVICE_PEAK_TFLOPS[args.device_peak]
+    if args.ft_rank_section_timeouts is not None:
+        _section_timeouts(cfg, args.ft_rank_section_timeouts)
+    if args.straggler_threshold is not None:
+        cfg.fault_tolerance.straggler_threshold = args.straggler_threshold
     if args.override_opt_param_scheduler:
         cfg.optim.override_opt_param_scheduler = True
     if args.use_checkpoint_opt_param_scheduler:

@@ -18,8 +18,18 @@ import textwrap
 import warnings
 from typing import Callable, Sequence
 
-__all__ = ["HeldWarnings", "HyphenSafeHelpFormatter", "OneLineArgumentParser", "UserInputError",
+__all__ = ["EXIT_HANG", "EXIT_USER_ERROR", "HeldWarnings", "HyphenSafeHelpFormatter", "OneLineArgumentParser", "UserInputError",
            "check_writable_dir", "exit_process", "run_cli"]
+
+
+# Exit statuses of rtd_scale/pretrain.py that a supervisor (slurm/lib/pretrain_job.sh,
+# tools/supervise.py; rtd_scale/restarts.py) reads. A user-input error exits 2, argparse's status
+# for a bad command line, so one number means "the input is wrong: a restart would fail the same
+# way"; Python's status for an uncaught exception (1) and a signal's (128 + N) are what a crash
+# gives, and those are restarted. The hang watchdog (training/heartbeat.py) ends the ranks it
+# stops with 75, sysexits.h's EX_TEMPFAIL ("a temporary failure; retry").
+EXIT_USER_ERROR = 2
+EXIT_HANG = 75
 
 
 class UserInputError(ValueError):

@@ -710,6 +710,43 @@ class MonitorConfig:
 
 
 @dataclass(kw_only=True)
+class FaultToleranceConfig:
+    """The per-rank heartbeat and the straggler report (``training/heartbeat.py``,
+    ``training/stragglers.py``). Budgets are seconds without a finished step before a rank is
+    declared hung, one per section as in NVIDIA's resiliency extension (its ft_launcher's
+    ``--ft-rank-section-timeouts setup:600,step:180,checkpointing:420``, NeMo's defaults):
+    ``setup`` from the start of the training loop to the first finished step (and a validation),
+    ``step`` between two steps, ``checkpointing`` for a save. None: derived while the run goes,
+    ``safety_factor`` × the measured median step (or the longest save) with the floor below; 0:
+    that budget is off."""
+
+    setup_timeout_s: Optional[float] = 600.0
+    step_timeout_s: Optional[float] = None
+    checkpointing_timeout_s: Optional[float] = None
+    step_timeout_floor_s: float = 180.0
+    checkpointing_timeout_floor_s: float = 420.0
+    # NVIDIA resiliency extension's FaultToleranceConfig.safety_factor: observed × 5
+    safety_factor: float = 5.0
+    # a rank whose own work per step is slower than this fraction of the median rank's is named
+    # (Megatron-LM's StragglerDetector and the resiliency extension report ranks below 0.7);
+    # 0: name none
+    straggler_threshold: float = 0.7
+
+    def validate(self) -> None:
+        for name in ("setup_timeout_s", "step_timeout_s", "checkpointing_timeout_s"):
+            v = getattr(self, name)
+            if v is not None and v < 0:
+                raise ConfigError(f"--ft-rank-section-timeouts: fault_tolerance.{name} must be "
+                                  f">= 0 seconds (0: off; auto: derived), got {v}")
+        _positive("fault_tolerance", step_timeout_floor_s=self.step_timeout_floor_s,
+                  checkpointing_timeout_floor_s=self.checkpointing_timeout_floor_s,
+                  safety_factor=self.safety_factor)
+        if not 0 <= self.straggler_threshold < 1:
+            raise ConfigError("--straggler-threshold must be in [0, 1) (a fraction of the "
+                              f"median rank's speed; 0: name none), got {self.straggler_threshold}")
+
+
+@dataclass(kw_only=True)
 class RunConfig:
     """The whole tree. Builders get only their section."""
 
@@ -721,6 +758,7 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    fault_tolerance: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -739,6 +777,7 @@ class RunConfig:
         self.optim.validate()
         self.train.validate()
         self.monitor.validate(self.train.train_iters)
+        self.fault_tolerance.validate()
         train = self.train
         if train.eval_dump_dir and not self.dumps_evaluations():
             warnings.warn(f"--eval-dump-dir {train.eval_dump_dir} has no effect: validation is "

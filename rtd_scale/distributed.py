@@ -232,9 +232,11 @@ def initialize(parallel: ParallelConfig, *, seed: int,
                     if launch.world_size == 1 else "pass the launcher a free --master_port"
                     if launch.source == "launcher" else
                     "set MASTER_PORT to a free port on the first node (the same for every task)")
-            raise UserInputError(
+            err = UserInputError(
                 f"MASTER_PORT {launch.master_port} is already in use on {launch.master_addr} "
-                f"(rank 0 listens there to start the run); {hint}") from None
+                f"(rank 0 listens there to start the run); {hint}")
+            err.restartable = True  # the port may be free again by then (pretrain.main)
+            raise err from None
     world = dist.get_world_size()
     tp, pp = parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size
     if world % (tp * pp):

@@ -11,7 +11,11 @@ can fail on user input (config, ds_config, tokenizer vs shards, ``--load``, the 
 its error) → distributed start (MASTER_ADDR resolved first) → model → DeepSpeed engine →
 resolved config and ds_config written into the run directory → train → test split
 (``--test-data-path``) → summary (``run.py``'s phases). A user error prints one line
-``error: <what> — <fix>`` and exits 1 before anything is written.
+``error: <what> — <fix>`` and exits 2 (``cli_errors.EXIT_USER_ERROR``, argparse's status for a
+bad command line) before anything is written; a crash exits otherwise (1 for a Python
+exception, 128 + N for signal N), which is what slurm/lib/pretrain_job.sh and
+tools/supervise.py restart (``rtd_scale/restarts.py``). A native crash (SIGSEGV, SIGBUS, SIGABRT,
+SIGFPE, SIGILL) prints the Python stack of every thread first (``faulthandler``).
 """
 from __future__ import annotations
 
@@ -28,8 +32,8 @@ if __name__ == "__main__" and __package__ in (None, ""):
 
 from rtd_scale import launch_env  # noqa: E402
 from rtd_scale.arguments import build_parser, config_from_args  # noqa: E402
-from rtd_scale.cli_errors import (HeldWarnings, UserInputError, exit_process,  # noqa: E402
-                                  one_line_warnings)
+from rtd_scale.cli_errors import (EXIT_USER_ERROR, HeldWarnings, UserInputError,  # noqa: E402
+                                  exit_process, one_line_warnings)
 from rtd_scale.run import run  # noqa: E402
 
 
@@ -67,10 +71,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise
         if rank == 0 or getattr(e, "every_rank", False):  # a file only that rank reads
             print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-        return 1
+        # a lost connection, a timeout or a taken port is the moment's fault, not the input's:
+        # status 1, which a supervisor restarts
+        transient = isinstance(e, (ConnectionError, TimeoutError)) or getattr(
+            e, "restartable", False)
+        return 1 if transient else EXIT_USER_ERROR
     return 0
 
 
 if __name__ == "__main__":
+    import faulthandler
+
+    faulthandler.enable()  # a native crash prints every thread's Python stack to stderr
     one_line_warnings()  # as a program only: a caller of main() keeps its own warning display
     exit_process(main())

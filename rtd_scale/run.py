@@ -135,17 +135,23 @@ def write_run_files(cfg: RunConfig, ctx, model, prep: Prepared, ds_config: dict,
 def train_phase(cfg: RunConfig, ctx, eng, prep: Prepared, resumed: Resumed, ds_config: dict,
                 stop, print_fn):
     """The training loop (``training/loop.py``) with its TensorBoard, W&B and profiler sinks,
-    closed however it ends. Returns the loop's result."""
+    the rank's heartbeat and the straggler meter, closed however it ends; a restarted run first
+    writes its restart's event (``restarts.event``). Returns the loop's result."""
+    from rtd_scale.restarts import event
     from rtd_scale.training.checkpoint import choose
+    from rtd_scale.training.heartbeat import Heartbeat
     from rtd_scale.training.loop import train
     from rtd_scale.training.metrics import MetricsLogger, TensorBoardLogger
     from rtd_scale.training.profiler import StepProfiler
+    from rtd_scale.training.stragglers import StragglerMeter
 
     start_step = resumed.start_step
     # a crashed run's events after its last checkpoint are hidden: one value per step
     tb = MetricsLogger(TensorBoardLogger(
         cfg.train.tensorboard_dir if ctx.is_logging_rank else None, purge_step=start_step + 1))
     profiler = None
+    heartbeat = Heartbeat(cfg.fault_tolerance, rank=ctx.rank, world_size=ctx.world_size,
+                          save=cfg.train.save).start(start_step)
     try:
         if ctx.is_logging_rank and cfg.monitor.uses_wandb:  # the same scalars as TensorBoard
             from rtd_scale.training.wandb_logger import WandbLogger
@@ -160,11 +166,18 @@ def train_phase(cfg: RunConfig, ctx, eng, prep: Prepared, resumed: Resumed, ds_c
         profiler = StepProfiler(cfg.monitor, rank=ctx.rank, device=ctx.device,
                                 tensorboard_dir=cfg.train.tensorboard_dir,
                                 first_step=start_step + 1, print_fn=print_fn)
+        restart = event(cfg.train.save) if ctx.is_logging_rank else None
+        if restart is not None:  # at the resumed step, with the restart's line as text
+            tb.write(start_step, restart[0])
+            tb.write_text("restarts/cause", restart[1], start_step)
         return train(cfg, ctx, eng, prep.data, start_step=start_step,
                      consumed_samples=resumed.consumed, tb=tb, print_fn=print_fn,
                      stop=stop, layout=prep.layout, resumed_from=resumed.resumed_from,
-                     profiler=profiler)
+                     profiler=profiler, heartbeat=heartbeat,
+                     stragglers=StragglerMeter(cfg.fault_tolerance.straggler_threshold,
+                                               ctx.host_group))
     finally:
+        heartbeat.close()
         if profiler is not None:
             profiler.close()
         tb.close()
@@ -188,6 +201,7 @@ def finish(cfg: RunConfig, ctx, eng, model, prep: Prepared, result, start_step: 
                "test": result.test,
                "checkpoint_dir": result.checkpoint_dir,
                "interrupted": result.interrupted, "last_step": result.last_step,
+               "stragglers": result.stragglers,
                "tensorboard_dir": cfg.train.tensorboard_dir, "start_step": start_step,
                "export_hint": export_hint(cfg)}
     if ctx.is_logging_rank and result.history:

@@ -49,6 +49,9 @@
 #   RTD_MASTER_PORT    10000 + job id mod 20000
 #   RTD_LAUNCHER       srun                 srun: one task per rank; torchrun: one per node
 #   RTD_MAX_REQUEUES   100                  stop requeueing after this many restarts (0: never)
+#   RTD_MAX_RESTARTS   3                    new sruns in one allocation after a crash or a hang
+#   RTD_MAX_FAILURES_AT_STEP 3              stop once one iteration failed this often in a row
+#   RTD_RESTART_BACKOFF 10                  seconds before the first restart, doubled each time
 #   RTD_VENV           <repo>/.venv         activated when present
 #   RTD_REPO           (found)              the rtd_scale checkout
 # A small test on one CPU node (tests/e2e/test_slurm.py runs the same on pretrain_large.sh):

@@ -36,6 +36,7 @@ from rtd_scale.phases import PHASE_DATA_WAIT
 from rtd_scale.training.checkpoint import save as checkpoint_save
 from rtd_scale.training.digest import DataDigest
 from rtd_scale.training.faults import FaultPlan
+from rtd_scale.training.heartbeat import Heartbeat
 from rtd_scale.training.diagnostics import (VALID_AUC, VALID_AUC_CHANCE_SD, auc_chance_sd,
                                             gather_scores, roc_auc, table_cosines)
 from rtd_scale.training.optimizer import NonFiniteSkippingAdamW
@@ -45,6 +46,7 @@ from rtd_scale.training.pipeline import pipeline_forward, pipeline_train_step
 from rtd_scale.training.profiler import StepProfiler
 from rtd_scale.training.signals import StopRequest
 from rtd_scale.training.step import eval_step, train_step
+from rtd_scale.training.stragglers import StragglerMeter
 from rtd_scale.training.throughput import ThroughputMeter, loss_scale, memory_gib
 from rtd_scale.training.timers import PhaseTimers, timer_scalars
 
@@ -60,6 +62,7 @@ class TrainResult:
     test: Optional[dict[str, float]] = None  # the test split's scalars after the last step
     checkpoint_dir: Optional[str] = None
     interrupted: bool = False  # stopped early (a signal, the launcher's exit), after saving
+    stragglers: Optional[dict] = None  # training/stragglers.py's summary
 
 
 class NonFiniteIterationsError(UserInputError):
@@ -314,7 +317,8 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
           start_step: int, consumed_samples: int, tb: MetricsLogger, print_fn=print,
           stop: Optional[StopRequest] = None, layout: Optional[dict] = None,
           resumed_from: Optional[str] = None,
-          profiler: Optional[StepProfiler] = None) -> TrainResult:
+          profiler: Optional[StepProfiler] = None, heartbeat: Optional[Heartbeat] = None,
+          stragglers: Optional[StragglerMeter] = None) -> TrainResult:
     """Run optimizer steps start_step … train_iters − 1 (0-based; logs count them from 1).
 
     ``data["train"]`` is read from ``consumed_samples`` on; ``data["valid"]``, when present, is
@@ -327,7 +331,10 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
     Non-finite iterations (``NonFiniteGuard``) are skipped and counted (``optim/skipped_iters``
     per log interval); no checkpoint is saved while the last iteration was skipped.
     ``resumed_from`` (the checkpoint directory ``--load`` took) is named as the last good one
-    until this run saves. ``profiler`` (``training/profiler.py``) is told each finished step.
+    until this run saves. ``profiler`` (``training/profiler.py``) is told each finished step,
+    ``heartbeat`` (``training/heartbeat.py``) each finished step and each save or evaluation;
+    ``stragglers`` (``training/stragglers.py``) marks each step and names slow ranks at the log
+    interval.
 
     Raises:
         NonFiniteIterationsError: ``train.max_consecutive_nonfinite_iters`` iterations in a row
@@ -371,12 +378,18 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
         return done % t.log_interval == 0 or done in (start_step + 1, t.train_iters)
 
     for step in range(start_step, t.train_iters):
+        if stragglers:
+            stragglers.step_start()
         if will_log(step + 1):  # the schedule's value for this update (before it steps)
             lr_used = engine.lr_scheduler.lr()  # settles a skip the device decided: a host read
         with timers(PHASE_DATA_WAIT):
             batches = [next(train_batches) for _ in range(gas)]
+        if stragglers:
+            stragglers.data_done()
         if faults.enabled:
             batches = faults.before_step(step + 1, batches, model.special_ids)
+        if stragglers:  # ready to compute: the step's first collective comes after this
+            stragglers.ready()
         if ctx.pp_size > 1:
             outs = pipeline_train_step(engine, batches, step=step, ctx=ctx, timers=timers)
             for out in outs:
@@ -418,16 +431,20 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
                 scalars["optim/loss_scale"] = scale
             scalars.update(table_cosines(model, ctx.tp_group,
                                          zero3=engine.zero_optimization_stage() == 3) or {})
+            slow = stragglers.gather(1000.0 * elapsed / steps_since_log, scalars) \
+                if stragglers else ""  # an all-gather of 2 floats per rank
             if ctx.is_logging_rank:
                 tb.write(done, scalars)
                 print_fn(format_log_line(done, t.train_iters, consumed_samples,
                                          1000.0 * elapsed / steps_since_log, scalars,
-                                         t.global_batch_size))
+                                         t.global_batch_size) + slow)
                 result.history.append((done, scalars))
             acc.reset()
             last_log, steps_since_log = now, 0
             guard.check(done, last_good, t.load or t.save)  # after the line that shows it
         if valid_loader is not None and (done % t.eval_interval == 0 or done == t.train_iters):
+            if heartbeat:
+                heartbeat.enter("setup")  # a validation has the setup budget
             scalars = evaluate(cfg, ctx, engine, valid_loader, iteration=done)
             if ctx.is_logging_rank:
                 tb.write(done, scalars)
@@ -444,6 +461,8 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
                          f"{guard.consecutive()} iteration(s) had a non-finite loss or gradient "
                          f"norm; the last good checkpoint is {last_good or 'none'}")
         if save_due:
+            if heartbeat:
+                heartbeat.enter("checkpointing")
             result.checkpoint_dir = checkpoint_save.save(
                 engine, t.save, step=done, rank=ctx.rank,
                 client_state={"step": done, "consumed_samples": consumed_samples,
@@ -454,12 +473,17 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
                 print_fn(f"saved checkpoint at iteration {done:8d} to {result.checkpoint_dir}")
         if profiler is not None:
             profiler.step(done)
+        if heartbeat:
+            heartbeat.beat(done)
         if stopping:
             if ctx.is_logging_rank:
                 print_fn(stop_line(stop.reason(stopping), done, t.save,
                                    result.checkpoint_dir if save_due else None, last_good))
             result.interrupted, result.last_step = True, done
             break
+    if heartbeat:
+        heartbeat.enter("setup")  # the test split, then the run's end: no step budget
+    result.stragglers = stragglers.summary() if stragglers else None
     if "test" in data and t.eval_iters > 0 and not result.interrupted:
         test_loader = make_loader(cfg, ctx, data["test"], consumed=0,
                                   total=t.eval_iters * t.global_batch_size)

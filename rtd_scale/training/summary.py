@@ -8,6 +8,7 @@ import math
 
 from rtd_scale.training.diagnostics import (AVG_COSINE_DISCRIMINATOR, AVG_COSINE_GENERATOR,
                                             VALID_AUC, VALID_AUC_CHANCE_SD, prior_bce)
+from rtd_scale.training.stragglers import summary_line
 
 
 def start_lines(cfg, ctx, model, ds_config: dict, dp: int, gas: int, data: dict) -> list[str]:
@@ -101,6 +102,9 @@ def summary_text(summary: dict) -> str:
                        "0.5); train longer (see the README, \"What 300 CPU steps can and "
                        "cannot show\")")
         lines.append(f"  verdict: {verdict}")
+    stragglers = summary_line(summary.get("stragglers"))
+    if stragglers:
+        lines.append(stragglers)
     test = summary.get("test")
     if test:
         lines.append(f"  test (--test-data-path) L_MLM {test['test/loss/mlm']:.4f}, L_RTD "

@@ -43,12 +43,28 @@
 #      stops with one line naming each and why, instead of a fresh start over the old run.
 #   A signal sent straight to the tasks (--signal=USR1@N, without B:) also works: the tasks save
 #   and exit 0 before the last step, and this shell requeues because the run is not finished.
+#
+# Failures (rtd_scale/restarts.py decides; README, "Unattended runs"):
+#   - each rank runs inside slurm/lib/rank_env.sh, which copies its output to
+#     RTD_SAVE/logs/rank<R>.log and records its exit status in rank<R>.exit;
+#   - a step that fails is classified: a user-input error (pretrain.py's exit status 2 after its
+#     `error:` line) stops the job with one line, no restart; a hang (the ranks' heartbeat,
+#     --ft-rank-section-timeouts, found a rank that stopped finishing steps: its stack file and
+#     line are in RTD_SAVE/hangs/) or a crash (a signal, an exception, a collective error) is
+#     restarted: a new srun in the same allocation from the newest complete checkpoint, after
+#     RTD_RESTART_BACKOFF seconds doubled each time, up to RTD_MAX_RESTARTS times; then the job
+#     requeues itself (RTD_MAX_REQUEUES). Each restart is one line here, one line in
+#     RTD_SAVE/restarts.jsonl and one TensorBoard event (restarts/*) in the restarted run;
+#   - the same iteration failing RTD_MAX_FAILURES_AT_STEP times in a row (a crash loop) stops
+#     the job with one line naming the iteration and the failing rank's log.
 
 rtd_die() { echo "error: $*" >&2; exit 1; }
 rtd_log() { echo "[rtd-slurm $(date '+%F %T')] $*"; }
 
 # ---------------------------------------------------------------------------------- inputs ----
 : "${RTD_REPO:?set RTD_REPO to the rtd_scale checkout}"
+# shellcheck source=slurm/lib/wait.sh
+source "$RTD_REPO/slurm/lib/wait.sh"
 : "${RTD_PRESET:?}" "${RTD_TRAIN_ITERS:?}" "${RTD_GLOBAL_BATCH:?}" "${RTD_MICRO_BATCH:?}"
 : "${RTD_SEQ_LENGTH:?}"
 # RTD_LR, RTD_WARMUP_ITERS, RTD_SEED: unset (or empty), the preset's (recipe_args below)
@@ -65,6 +81,9 @@ rtd_log() { echo "[rtd-slurm $(date '+%F %T')] $*"; }
 : "${RTD_BF16:=1}"
 : "${RTD_EXTRA_ARGS:=}"
 : "${RTD_MAX_REQUEUES:=100}"
+: "${RTD_MAX_RESTARTS:=3}"
+: "${RTD_MAX_FAILURES_AT_STEP:=3}"
+: "${RTD_RESTART_BACKOFF:=10}"
 : "${RTD_VENV:=$RTD_REPO/.venv}"
 : "${RTD_LAUNCHER:=srun}"
 : "${RTD_PHASE1_ITERS:=}"  # unset: one phase
@@ -127,6 +146,9 @@ rtd_pretrain_main() {
   rtd_positive_int RTD_SEQ_LENGTH "$RTD_SEQ_LENGTH"
   rtd_positive_int RTD_TP "$RTD_TP"
   rtd_count RTD_MAX_REQUEUES "$RTD_MAX_REQUEUES"  # else `-ge` fails and every stop requeues
+  rtd_count RTD_MAX_RESTARTS "$RTD_MAX_RESTARTS"
+  rtd_count RTD_MAX_FAILURES_AT_STEP "$RTD_MAX_FAILURES_AT_STEP"
+  rtd_count RTD_RESTART_BACKOFF "$RTD_RESTART_BACKOFF"
   if [ -n "$RTD_PHASE1_ITERS" ]; then
     rtd_positive_int RTD_PHASE1_ITERS "$RTD_PHASE1_ITERS"
     (( RTD_PHASE1_ITERS < RTD_TRAIN_ITERS )) || rtd_die "RTD_PHASE1_ITERS=$RTD_PHASE1_ITERS" \
@@ -246,6 +268,11 @@ rtd_pretrain_main() {
   local extra_args=()
   read -r -a extra_args <<<"$RTD_EXTRA_ARGS"
   local tag="$tag_at_start" step phase iters seq global micro pdp pgas load_args cmd
+  local restarts=0 started decision action number wait_s line requeue_left port="$MASTER_PORT"
+  export RTD_RANK_LOG_DIR="$RTD_SAVE/logs"  # rank_env.sh: each rank's log and exit status
+  # a job requeued after its restarts ran out: its first run writes that restart's event
+  RTD_RESTART="$(rtd_python -m rtd_scale.restarts requeued "$RTD_SAVE")"
+  if [ -n "$RTD_RESTART" ]; then export RTD_RESTART; else unset RTD_RESTART; fi
   while :; do
     step="$(rtd_step_of "$tag")"
     if [ -n "$RTD_PHASE1_ITERS" ] && (( step < RTD_PHASE1_ITERS )); then
@@ -309,6 +336,11 @@ rtd_pretrain_main() {
     fi
 
     if [ "$preempted" = 0 ]; then
+      # a restart gets its own port: the failed step's rendezvous may still hold the old one
+      export MASTER_PORT=$(( port + restarts ))
+      mkdir -p "$RTD_RANK_LOG_DIR"
+      rm -f "$RTD_RANK_LOG_DIR"/rank*.exit
+      started="$(date +%s.%N)"
       if [ "$RTD_LAUNCHER" = torchrun ]; then
         # Megatron-LM's habit: one torchrun per node, which starts the node's ranks and meets the
         # others at a c10d rendezvous on the first node. torchrun passes SIGUSR1 on to its workers
@@ -323,19 +355,41 @@ rtd_pretrain_main() {
         srun --kill-on-bad-exit=1 bash "$RTD_REPO/slurm/lib/rank_env.sh" "${cmd[@]}" &
       fi
       srun_pid=$!
-      while :; do
-        before="$signals"
-        set +e
-        wait "$srun_pid"
-        rc=$?
-        set -e
-        if [ "$signals" != "$before" ] && [ "$rc" -gt 128 ]; then continue; fi
-        break
-      done
+      rtd_wait "$srun_pid"
       srun_pid=""
     fi
 
     tag="$(rtd_latest_tag)"
+    if [ "$rc" != 0 ] && [ "$preempted" = 0 ]; then
+      # a failed step: rtd_scale/restarts.py says why (a user error, a hang, a crash) and what
+      # follows, and appends the record the restarted run turns into its TensorBoard event
+      requeue_left=()
+      if [ "${SLURM_RESTART_COUNT:-0}" -lt "$RTD_MAX_REQUEUES" ]; then requeue_left=(--requeue-left); fi
+      decision="$(rtd_python -m rtd_scale.restarts after-failure --save "$RTD_SAVE" \
+        --status "$rc" --started "$started" --restarts-done "$restarts" \
+        --max-restarts "$RTD_MAX_RESTARTS" --max-same "$RTD_MAX_FAILURES_AT_STEP" \
+        --backoff "$RTD_RESTART_BACKOFF" ${requeue_left[@]+"${requeue_left[@]}"})" || \
+        rtd_die "training failed (srun exit status $rc); latest checkpoint: ${tag:-none}"
+      read -r action number wait_s <<<"${decision%%$'\n'*}"
+      line="${decision#*$'\n'}"
+      case "$action" in
+        restart)
+          rtd_log "$line"
+          sleep "$wait_s"
+          restarts=$(( restarts + 1 ))
+          export RTD_RESTART="$number"  # the restarted run writes this restart's event
+          tag="$(rtd_latest_tag)"
+          continue ;;
+        requeue)
+          rtd_log "$line"
+          scontrol requeue "$SLURM_JOB_ID" || rtd_die "scontrol requeue $SLURM_JOB_ID failed;" \
+            "resubmit the same command to continue from $RTD_SAVE"
+          return 0 ;;
+        *)
+          echo "$line" >&2
+          exit 1 ;;
+      esac
+    fi
     # phase 1 done (not stopped early): the same job goes on to phase 2
     if [ "$phase" = 1 ] && [ "$rc" = 0 ] && [ "$preempted" = 0 ] && \
         (( $(rtd_step_of "$tag") >= RTD_PHASE1_ITERS )); then

@@ -26,4 +26,25 @@ tp="${RTD_TP:-1}"
 echo "[rank_env] host $(hostname) node ${SLURM_NODEID:-0}: RANK $RANK LOCAL_RANK $LOCAL_RANK" \
   "of WORLD_SIZE $WORLD_SIZE; TP rank $(( RANK % tp )) DP rank $(( RANK / tp )) (TP $tp);" \
   "master $MASTER_ADDR:$MASTER_PORT"
-exec "$@"
+if [ -z "${RTD_RANK_LOG_DIR:-}" ]; then exec "$@"; fi
+
+# With RTD_RANK_LOG_DIR (pretrain_job.sh sets <save>/logs), this shell stays as the rank's
+# watcher: the rank's output also goes to rank<RANK>.log there (appended, a header per start),
+# and its exit status with the time to rank<RANK>.exit, which rtd_scale/restarts.py reads to
+# name the rank that failed first and tell a user error (status 2) from a crash. Slurm signals
+# every process of the task (SIGUSR1 to save, SIGTERM at the end): the command handles them,
+# this shell and tee only wait (tee ignores them, so a save still has its stdout).
+mkdir -p "$RTD_RANK_LOG_DIR"
+log="$RTD_RANK_LOG_DIR/rank$RANK.log"
+echo "=== $(date '+%F %T') job ${SLURM_JOB_ID:-?} step ${SLURM_STEP_ID:-?} restart" \
+  "${RTD_RESTART:-0}: rank $RANK on $(hostname)" >>"$log"
+signals=0
+trap 'signals=$((signals + 1))' TERM INT HUP USR1 USR2
+"$@" > >(trap '' TERM INT HUP USR1 USR2; exec tee -a "$log") 2>&1 &
+child=$!
+# shellcheck source=slurm/lib/wait.sh
+source "$(dirname "${BASH_SOURCE[0]}")/wait.sh"
+rc=0
+rtd_wait "$child"
+printf '%s %s\n' "$rc" "$(date +%s.%N)" >"$RTD_RANK_LOG_DIR/rank$RANK.exit"
+exit "$rc"

@@ -7,8 +7,10 @@
   MASTER_ADDR on the first node, megatron-core's TP groups inside a node, DP groups across, and
   the gloo traffic crossing the bridge;
 - slurm/pretrain_base.sh with --nodes=2 at TP 2 × DP 2 (ZeRO-3, the script's own): each rank
-  logs where it sits; preempted by SIGUSR1, requeued, resumed at the saved step; its losses
-  equal a single-node run of the same layout (the `deepspeed` launcher, 4 local ranks);
+  logs where it sits; preempted by SIGUSR1, requeued, resumed at the saved step; then rank 3 (on
+  the second node) segfaults at the last iteration and the job restarts itself in the same
+  allocation from the saved step; its losses, before and after both, equal a single-node run of
+  the same layout (the `deepspeed` launcher, 4 local ranks);
 - the same job with RTD_LAUNCHER=torchrun (one `torchrun --nnodes 2 --rdzv-backend c10d` per
   node, started by srun): the same losses;
 - an elastic requeue at TP 1: preempted on 2 nodes (DP 4), shrunk to 1 node (DP 2) with
@@ -334,7 +336,10 @@ def preempted_job(cluster, job_env, tmp_path_factory) -> Preempted:
     resume, finish (Slurm's requeue hold is cut short as in tests/e2e/test_slurm.py)."""
     work = tmp_path_factory.mktemp("mn_preempt")
     save = work / "run"
-    env = {**job_env, "RTD_SAVE": str(save)}
+    # a segfault on the second node at the last iteration: after the requeue (the preemption
+    # comes at iteration 2 or later and saves before 6), restarted in the same allocation
+    env = {**job_env, "RTD_SAVE": str(save), "RTD_FAULTS": f"segv@{ITERS}:3!once",
+           "RTD_RESTART_BACKOFF": "1"}
     job, out, seconds = _preempt_and_requeue(cluster, env, work)
     print(f"[multinode] preempted, requeued and resumed 2-node job: {seconds:.1f} s")
     return Preempted(job=job, out=out, save=save)
@@ -381,9 +386,10 @@ def test_two_nodes_ranks_log_where_they_sit(cluster, preempted_job):
         assert "batch: micro-batch 4 × accumulation 2 × data-parallel 2 = global 16 (TP 2)" \
             in part
         assert "world 4 = TP 2 × PP 1 × DP 2" in part and "ZeRO stage 3" in part
-        ranks = sorted((int(m[3]), m[1], int(m[2]), int(m[4]), int(m[5]), int(m[6]), int(m[7]),
-                        int(m[8]), m[9]) for m in RANK_LINE.finditer(part))
-        master = f"{n1}:{10000 + job % 20000}"
+        ranks = sorted({(int(m[3]), m[1], int(m[2]), int(m[4]), int(m[5]), int(m[6]),
+                         int(m[7]), int(m[8]), m[9].rsplit(":", 1)[0])
+                        for m in RANK_LINE.finditer(part)})  # the restart's srun: same places
+        master = n1
         assert ranks == [(0, n1, 0, 0, 4, 0, 0, 2, master), (1, n1, 0, 1, 4, 1, 0, 2, master),
                          (2, n2, 1, 0, 4, 0, 1, 2, master), (3, n2, 1, 1, 4, 1, 1, 2, master)], \
             part[-3000:]
@@ -403,7 +409,15 @@ def test_two_nodes_preemption_resumes_at_the_saved_step(preempted_job):
     assert [int(m[1]) for m in ITERATION.finditer(first)] == list(range(1, saved + 1))
     assert f"resuming: the newest complete checkpoint in {save} is global_step{saved}" in second
     assert f"resumed from {save} at iteration {saved}" in second
-    assert [int(m[1]) for m in ITERATION.finditer(second)] == list(range(saved + 1, ITERS + 1))
+    # rank 3 segfaulted in the last iteration; the job's own restart resumed from the same step
+    assert [int(m[1]) for m in ITERATION.finditer(second)] == \
+        [*range(saved + 1, ITERS), *range(saved + 1, ITERS + 1)], second[-3000:]
+    (restart,) = [line.split("] ", 1)[1] for line in second.splitlines()
+                  if line.startswith("[rtd-slurm ") and "] restart " in line]
+    assert restart.startswith(f"restart 1 (1 of 3 here): crash: rank 3 died of SIGSEGV at "
+                              f"iteration {ITERS}; its log: {save}/logs/rank3.log; resuming "
+                              f"from global_step{saved} in 1 s"), restart
+    assert second.count(f"resumed from {save} at iteration {saved}") == 2
     assert "training finished" in second
     assert (save / "latest").read_text().strip() == f"global_step{ITERS}"
     for tag in (f"global_step{saved}", f"global_step{ITERS}"):  # both nodes' ranks saved

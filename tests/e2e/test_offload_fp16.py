@@ -18,6 +18,7 @@ from rtd_scale.training.ds_config import fp16_supported
 from tests.helpers.env import REPO
 from tests.helpers import dist as harness
 from tests.helpers.launcher import launch, repeated_lines
+from rtd_scale.cli_errors import EXIT_USER_ERROR
 
 pytestmark = pytest.mark.e2e
 
@@ -118,7 +119,7 @@ def test_fp16_trains_or_is_refused_in_one_line(wiki_shards, tmp_path, capsys, mo
     if not fp16_supported():
         monkeypatch.chdir(REPO)
         monkeypatch.setenv("WORLD_SIZE", "2")
-        assert pretrain.main(argv) == 1
+        assert pretrain.main(argv) == EXIT_USER_ERROR
         err = capsys.readouterr().err.strip().splitlines()
         assert err == ["error: --ds_config ds_configs/zero2_fp16.json: --fp16: DeepSpeed runs "
                        "fp16 only where the accelerator supports it (a CUDA GPU, or a CPU with "

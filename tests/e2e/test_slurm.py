@@ -3,7 +3,13 @@ packages by tools/slurm_local_start.sh (stopped again at the end of this module)
 
 - slurm/preprocess.sh as a 2-task array job makes the shards the training jobs read;
 - slurm/pretrain_large.sh with the small-test overrides (tiny preset, CPU, 2 tasks) trains 20
-  steps and checkpoints;
+  steps and checkpoints, meeting on the way a SIGSTOP of rank 0 (the test-only fault hook,
+  RTD_FAULTS): the hang is found within the heartbeat's budget with every rank's stack, the run
+  is restarted in the same allocation from the newest checkpoint, and the job completes by
+  itself (a segfault's restart on Slurm: tests/e2e/test_multinode.py);
+- a user-input error stops a job in one line with no restart; a crash loop (the same iteration
+  failing RTD_MAX_FAILURES_AT_STEP times) stops it in one line naming the iteration and the
+  rank's log;
 - a second job, in two phases (BERT's schedule: steps 1-10 at 32 tokens and global batch 32,
   11-20 at 64 tokens and batch 16), gets the preemption signal in phase 1 (scancel
   --signal=USR1 --batch, as Slurm's --signal=B:USR1@600 would send it): it saves, requeues
@@ -16,6 +22,7 @@ mirror); any other failure fails. The script checks (bash -n, shellcheck) need n
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 import re
@@ -27,7 +34,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.env import REPO, TEST_DATA
-from tests.helpers.launcher import adam_steps
+from tests.helpers.launcher import adam_steps, scalars
 from tests.helpers.slurm import SlurmClient, shellcheck, wait_for
 
 # installs Slurm with apt and runs its daemons on fixed ports: one machine-wide module at a
@@ -204,9 +211,14 @@ def test_impossible_batch_arithmetic_stops_the_job(slurm_shards, tmp_path):
 
 
 def test_pretrain_large_small_overrides_two_ranks(slurm_shards, tmp_path):
+    """The job completes by itself through a SIGSTOP of rank 0 at iteration 12, restarted from
+    the checkpoint at 10."""
     env, shard_dir = slurm_shards
     save = tmp_path / "run"
-    env = {**env, "RTD_TRAIN_ITERS": "20", "RTD_SAVE_INTERVAL": "10", "RTD_SAVE": str(save)}
+    env = {**env, "RTD_TRAIN_ITERS": "20", "RTD_SAVE_INTERVAL": "10", "RTD_SAVE": str(save),
+           "RTD_FAULTS": "stop@12:0!once", "RTD_RESTART_BACKOFF": "1",
+           "RTD_EXTRA_ARGS": f"--ft-rank-section-timeouts setup:300,step:{STEP_BUDGET} "
+                             "--data-digest " + str(tmp_path / "digest.jsonl")}
     client = SlurmClient(env)
     t0 = time.monotonic()
     job = client.sbatch(tmp_path, *SMALL_TEST, LARGE)  # submitted from outside the repository
@@ -223,13 +235,16 @@ def test_pretrain_large_small_overrides_two_ranks(slurm_shards, tmp_path):
     assert "micro-batch 4 × accumulation 2 × data-parallel 2 = global 16" in out
     assert "starting fresh" in out
     running = [line for line in out.splitlines() if "] running: srun" in line]
-    assert len(running) == 1 and "--load" not in running[0], running  # a fresh start loads nothing
+    assert len(running) == 2 and "--load" not in running[0], running  # a fresh start loads nothing
+    assert all(f"--load {save} " in line for line in running[1:]), running
     a, b = (_output_name(shard_dir.parent / f) for f in ("a.jsonl", "b.jsonl"))
     assert f"--data-path {shard_dir}/{a} {shard_dir}/{b} " in out
     assert re.search(r"world 2 = TP 1 ×.* DP 2", out), out[-3000:]  # 2 ranks joined one group
     steps = [(int(m[1]), int(m[2]), float(m[3])) for m in ITERATION.finditer(out)]
-    assert [s for s, _, _ in steps] == list(range(1, 21)), out[-3000:]
+    # 11 ran before the hang in 12 and again after it
+    assert [s for s, _, _ in steps] == [*range(1, 12), *range(11, 21)], out[-3000:]
     assert all(total == 20 and math.isfinite(loss) for _, total, loss in steps), steps
+    _assert_restarts(out, save, tmp_path / "digest.jsonl")
     assert (save / "latest").read_text().strip() == "global_step20"
     for tag in ("global_step10", "global_step20"):  # every rank wrote its own RNG state
         assert sorted(p.name for p in (save / tag).glob("rng_rank*.pt")) == \
@@ -244,6 +259,75 @@ def test_pretrain_large_small_overrides_two_ranks(slurm_shards, tmp_path):
     out = (tmp_path / f"slurm-rtd-debertav3-large-{again}.out").read_text()
     assert "already holds the final checkpoint (global_step20): nothing to do" in out, out
     assert "running: srun" not in out
+
+
+STEP_BUDGET = 10  # the heartbeat's step budget in the fault tests, seconds
+
+
+def _assert_restarts(out: str, save: Path, digest: Path) -> None:
+    """The hang of test_pretrain_large_small_overrides_two_ranks: one line, the stack file with
+    every rank, the restart, the repeated iteration bitwise equal, the restart's event."""
+    restarts = [line.split("] ", 1)[1] for line in out.splitlines()
+                if line.startswith("[rtd-slurm ") and "] restart " in line]
+    assert len(restarts) == 1, out[-3000:]
+    assert restarts[0].startswith(
+        f"restart 1 (1 of 3 here): hang: rank 0 stopped beating at iteration 12; its log: "
+        f"{save}/logs/rank0.log; every rank's stack: {save}/hangs/iteration12-"), restarts[0]
+    assert "resuming from global_step10 in 1 s" in restarts[0]
+    (record,) = [json.loads(p.read_text()) for p in (save / "hangs").glob("*/hang.json")]
+    assert record["ranks"] == [0] and STEP_BUDGET < record["waited_s"] < STEP_BUDGET + 2
+    print(f"\n[slurm] hang found {record['waited_s']:.1f} s after rank 0's last beat")
+    stacks = Path(record["stacks"]).read_text()
+    assert "=== rank 0 ===\nrank 0: no stack: did not answer" in stacks
+    assert "=== rank 1 ===\nrank 1 (host " in stacks and "distributed_c10d.py" in stacks
+    assert f"error: hang: rank 0 stopped beating at iteration 12 (" in out
+    assert "[rtd-fault] rank 0: injecting stop@12:0!once" in (save / "logs" / "rank0.log"
+                                                              ).read_text()
+    rows: dict[int, list[str]] = {}
+    for line in digest.read_text().splitlines():
+        rows.setdefault(json.loads(line)["step"], []).append(line)
+    assert {s: len(v) for s, v in rows.items() if len(v) > 1} == {11: 2}
+    assert json.loads(rows[11][0]) == json.loads(rows[11][1])
+    tb = scalars(str(save / "tensorboard"))
+    assert tb["restarts/count"] == {10: 1.0} and tb["restarts/failed_iteration"] == {10: 12.0}
+    print(f"[slurm] time lost to the hang: {tb['restarts/time_lost_s'][10]:.1f} s")
+
+
+def test_a_user_error_and_a_crash_loop_stop_the_job_in_one_line(slurm_shards, tmp_path):
+    env, _ = slurm_shards
+    client = SlurmClient(env)
+    jobs = {}
+    for name, extra in (("user", {"RTD_EXTRA_ARGS": "--mask-prob 2"}),
+                        ("loop", {"RTD_FAULTS": "exit=3@2:1", "RTD_MAX_FAILURES_AT_STEP": "2",
+                                  "RTD_RESTART_BACKOFF": "0"})):
+        (tmp_path / name).mkdir()
+        jobs[name] = client.sbatch(tmp_path / name, *SMALL_TEST, LARGE, env={
+            **env, "RTD_TRAIN_ITERS": "3", "RTD_WARMUP_ITERS": "1",
+            "RTD_SAVE": str(tmp_path / name / "run"), **extra})
+    try:
+        for name, job in jobs.items():
+            wait_for(f"the {name} job to end", lambda: not client.queued(job), 480)
+    finally:
+        for job in jobs.values():
+            client.run("scancel", str(job), check=False, timeout=30)
+    out = {name: (tmp_path / name / f"slurm-rtd-debertav3-large-{job}.out").read_text()
+           for name, job in jobs.items()}
+    for name, job in jobs.items():
+        state = client.job(job)
+        assert state["JobState"] == "FAILED" and state["ExitCode"] == "1:0", (state, out[name])
+    user = out["user"]
+    assert user.count("] running: srun") == 1 and "] restart " not in user
+    assert "error: not restarting: the run stopped on a user-input error (exit status 2: its " \
+        "error line is above); fix it and resubmit (the run directory is as it was)" in user
+    assert len([line for line in user.splitlines() if "--mask-prob" in line
+                and line.startswith("error: ")]) == 1, user[-3000:]
+    loop = out["loop"]
+    assert loop.count("] running: srun") == 2 and loop.count("] restart 1 (1 of 3 here)") == 1
+    save = tmp_path / "loop" / "run"
+    assert (f"error: iteration 2 failed 2 times in a row, the last time: rank 1 exited with exit "
+            f"status 3 (its log: {save}/logs/rank1.log); not restarting "
+            f"(RTD_MAX_FAILURES_AT_STEP=2); the newest complete checkpoint is none") in loop, \
+        loop[-3000:]
 
 
 PHASE1 = 10  # the two-phase job: steps 1-10 in phase 1, 11-20 in phase 2

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from tests.helpers.env import PORT_TAKEN, REPO, free_port
+from rtd_scale.cli_errors import EXIT_USER_ERROR
 
 # dropout 0 in both encoders, where megatron-core's RNG policy makes dropout depend on the TP size
 NO_DROPOUT = [f"--set=model.{m}.{d}=0.0" for m in ("generator", "discriminator")
@@ -183,7 +184,7 @@ def pretrain_error(capsys, argv, monkeypatch, world_size: int = 2) -> str:
 
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("WORLD_SIZE", str(world_size))
-    assert pretrain.main(argv) == 1
+    assert pretrain.main(argv) == EXIT_USER_ERROR
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: "), err
     return err[0]

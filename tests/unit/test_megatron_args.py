@@ -13,6 +13,7 @@ from rtd_scale.config import PRESETS, ConfigError, apply_override, preset
 from rtd_scale.megatron_args import REFUSED
 from rtd_scale.arguments import build_parser, config_from_args
 from rtd_scale.pretrain import main
+from rtd_scale.cli_errors import EXIT_USER_ERROR
 
 BASE = ["--ds_config", "ds_configs/zero0.json", "--data-path", "data/x_text_document",
         "--tokenizer-model", "spm.model"]
@@ -247,7 +248,7 @@ REFUSED_CASES = [[r.flags[0]] + (["4"] if r.nargs else []) for r in REFUSED]
 
 @pytest.mark.parametrize("argv", REFUSED_CASES, ids=[a[0] for a in REFUSED_CASES])
 def test_refused_flags_are_one_line_naming_the_flag(argv, capsys):
-    assert main([*BASE, *argv]) == 1
+    assert main([*BASE, *argv]) == EXIT_USER_ERROR
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"error: {' '.join(argv)}: not supported: ")
 

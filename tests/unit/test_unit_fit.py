@@ -18,6 +18,7 @@ from rtd_scale.objectives.unit_fit import (WARN_BELOW_SHARE, UnitFit, check_samp
                                            measure_unit_fit, unit_fit_warning,
                                            warn_if_units_overflow)
 from tests.helpers.env import REPO
+from rtd_scale.cli_errors import EXIT_USER_ERROR
 
 
 def _train(prefix: str, seq_length: int):
@@ -136,7 +137,7 @@ def test_pretrain_warns_once_at_start_before_building_anything(cjk_shards, tmp_p
             "--train-iters", "5", "--seq-length", "64", "--micro-batch-size", "8",
             "--global-batch-size", "8", "--mask-strategy", "span"]
     with pytest.warns(UserWarning) as record:
-        assert pretrain.main(argv) == 1
+        assert pretrain.main(argv) == EXIT_USER_ERROR
     assert capsys.readouterr().err.strip() == "error: stopped after the start-up checks"
     found = [w for w in record if "MLM slots" in str(w.message)]
     assert len(found) == 1, [str(w.message) for w in record]

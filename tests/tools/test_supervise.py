@@ -1,0 +1,86 @@
+"""tools/supervise.py's decisions on a stand-in for the launcher (a small Python script that
+exits as it is told, writing the progress file a rank writes): a user error is not restarted
+and says so in one line; a crash loop stops after --max-failures-at-step failures of the same
+iteration, naming it; a crash elsewhere is restarted with the restart's number in RTD_RESTART.
+The real launcher with real faults: tests/e2e/test_unattended.py."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.helpers.env import REPO
+
+# each start, as the deepspeed launcher does: a child "rank 1" writes its progress (iteration 5)
+# and exits with the plan's next status; the launcher polls it once a second and exits with it
+STAND_IN = r"""
+import json, os, subprocess, sys, time
+save, plan = sys.argv[sys.argv.index("--save") + 1], sys.argv[1].split(",")
+os.makedirs(os.path.join(save, "progress"), exist_ok=True)
+starts = os.path.join(save, "starts")
+n = len(open(starts).read().splitlines()) if os.path.exists(starts) else 0
+with open(starts, "a") as f:
+    f.write(os.environ.get("RTD_RESTART", "-") + "\n")
+rank = ("import json, os, sys, time\n"
+        f"json.dump(dict(rank=1, host='h', pid=os.getpid(), iteration=5, time=time.time()), "
+        f"open({os.path.join(save, 'progress', 'rank1.json')!r}, 'w'))\n"
+        f"sys.exit({int(plan[n])})\n")
+child = subprocess.Popen([sys.executable, "-c", rank])
+time.sleep(1.0)
+status = child.wait()
+if status == 2:
+    print("error: --mask-prob 2: must be in (0, 1)", file=sys.stderr)
+sys.exit(status)
+"""
+
+
+def _supervise(tmp_path, plan: str, *flags: str) -> subprocess.CompletedProcess:
+    (tmp_path / "stand_in.py").write_text(STAND_IN)
+    return subprocess.run([sys.executable, str(REPO / "tools" / "supervise.py"), "--backoff",
+                           "0", *flags, "--", sys.executable, str(tmp_path / "stand_in.py"),
+                           plan, "--save", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+
+
+def _lines(r) -> list[str]:
+    return [line.split("] ", 1)[1] for line in r.stdout.splitlines()
+            if line.startswith("[rtd-supervise ")]
+
+
+def test_a_user_error_is_not_restarted(tmp_path):
+    r = _supervise(tmp_path, "2,0")
+    assert r.returncode == 2
+    assert r.stderr == "error: --mask-prob 2: must be in (0, 1)\n"
+    assert _lines(r) == ["error: not restarting: the run stopped on a user-input error (exit "
+                         "status 2: its error line is above); fix it and resubmit (the run "
+                         "directory is as it was)"]
+    assert (tmp_path / "run" / "starts").read_text() == "-\n"  # one start, no restart
+
+
+def test_a_crash_is_restarted_and_the_restart_knows_its_number(tmp_path):
+    r = _supervise(tmp_path, "1,0")
+    assert r.returncode == 0, r.stdout + r.stderr
+    # the rank that failed, seen exited before the launcher reaped it (restarts.watch_ranks)
+    assert _lines(r) == ["restart 1 (1 of 3 here): crash: rank 1 exited with exit status 1 at "
+                         "iteration 5; starting again from scratch (no complete checkpoint yet) "
+                         "in 0 s"]
+    assert (tmp_path / "run" / "starts").read_text() == "-\n1\n"
+    record = json.loads((tmp_path / "run" / "restarts.jsonl").read_text())
+    assert (record["restart"], record["cause"], record["iteration"]) == (1, "crash", 5)
+
+
+def test_a_crash_loop_stops_after_k_failures_of_the_same_iteration(tmp_path):
+    r = _supervise(tmp_path, "1,1,1,0", "--max-failures-at-step", "2")
+    assert r.returncode == 1
+    lines = _lines(r)
+    assert len(lines) == 2 and lines[0].startswith("restart 1 (1 of 3 here): crash:")
+    assert lines[1] == ("error: iteration 5 failed 2 times in a row, the last time: rank 1 "
+                        "exited with exit status 1; not restarting "
+                        "(RTD_MAX_FAILURES_AT_STEP=2); the newest complete checkpoint is none")
+    assert (tmp_path / "run" / "starts").read_text() == "-\n1\n"
+
+
+def test_a_command_without_save_is_refused(tmp_path):
+    r = subprocess.run([sys.executable, str(REPO / "tools" / "supervise.py"), "--", "true"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.startswith("error: the command has no --save DIR")
