@@ -14,9 +14,9 @@ import os
 
 from rtd_scale import megatron_args
 from rtd_scale.cli_errors import OneLineArgumentParser, UserInputError
-from rtd_scale.config import (AttentionType, ConfigError, LayerNormPosition, LRDecayStyle,
-                              LossSpikePolicy, Precision, PRESETS, RunConfig, Sharing, SharingScope,
-                              WSDDecayStyle, apply_override, preset)
+from rtd_scale.config import (AttentionType, ConfigError, LayerNormPosition, LossSpikePolicy,
+                              LRDecayStyle, Precision, PRESETS, RunConfig, Sharing,
+                              SharingScope, WSDDecayStyle, apply_override, preset)
 from rtd_scale.training.throughput import DEVICE_PEAK_TFLOPS
 
 

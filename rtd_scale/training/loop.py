@@ -580,13 +580,14 @@ def _answer_spikes(found: list[Spike], t, state: SpikeState, ours: list[tuple[in
 def _log_rollback(tb: MetricsLogger, sp: Spike, state: SpikeState, limit: int, back_step: int,
                   back_dir: str, seconds: float, print_fn) -> None:
     """The rollback's line and its TensorBoard record (after ``tb.rewind``, so kept):
-    ``loss_spike/ratio`` at the spike's last iteration, ``loss_spike/rollbacks``, ``loss_spike/rolled_back_to_iteration`` and
-    ``loss_spike/skipped_samples`` at the spike's first iteration, and the exact range as text
-    (TensorBoard's float32 scalars cannot hold a sample index above 2**24)."""
+    ``loss_spike/ratio`` at the spike's last iteration, ``loss_spike/rollbacks``,
+    ``loss_spike/rolled_back_to_iteration`` and ``loss_spike/skipped_samples`` at its first,
+    and the exact range as text (TensorBoard's float32 scalars cannot hold a sample index
+    above 2**24)."""
     a, b = sp.samples
     line = (f"loss spike at {sp.describe()}: rolled back to iteration {back_step} ({back_dir}, "
-            f"loaded in {seconds:.1f} s); global samples {a}–{b - 1} ({b - a}) will not be read; rollback "
-            f"{state.rollbacks} of at most {limit} (--max-loss-spike-rollbacks)")
+            f"loaded in {seconds:.1f} s); global samples {a}–{b - 1} ({b - a}) will not be "
+            f"read; rollback {state.rollbacks} of at most {limit} (--max-loss-spike-rollbacks)")
     tb.write(sp.last_step, {"loss_spike/ratio": sp.ratio})
     tb.write(sp.first_step, {"loss_spike/rollbacks": float(state.rollbacks),
                              "loss_spike/rolled_back_to_iteration": float(back_step),

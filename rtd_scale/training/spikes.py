@@ -16,9 +16,9 @@ debertav3-tiny presets and a known-answer run), the highest robust z of a loss a
 window was 4.4 at window 20, 3.3 at 50 and 2.3 at 100 (Z = 6 by default), and the highest
 ratio to the median 1.37 (the known-answer run's end, where L_MLM ≈ 0.6 wiggles by a third and
 the z clause keeps the limit above it); text read with another tokenizer's ids in half a
-global batch (``training/faults.py``) raised the tiny preset's L_MLM to 1.24 × its median
-(limit 1.10 ×). The logarithm makes the rule scale-free: a loss of 2 and one of 9 get the same
-relative limit. The rule arms once the window is full.
+global batch (``training/faults.py``) raised the tiny preset's L_MLM to 1.22 × its
+20-iteration median (limit 1.15 ×). The logarithm makes the rule scale-free: a loss of 2 and
+one of 9 get the same relative limit. The rule arms once the window is full.
 
 A *spike* is an iteration whose L_MLM or L_RTD crosses its limit; the gradient norm, whose
 clipped jumps are common and harmless on their own (OLMo 2, arXiv 2501.00656 §3.2, counts them
@@ -236,7 +236,8 @@ class SpikeMonitor:
     def check(self) -> list[Spike]:
         """Apply the rule to the iterations recorded since the last call (one all-reduce over
         every rank, one host read). Returns the spikes, oldest first: each a run of consecutive
-        iterations that crossed a limit, from its first to its last loss spike (:func:`_spike_of`)."""
+        iterations that crossed a limit, from its first to its last loss spike
+        (:func:`_spike_of`)."""
         n = len(self.pending)
         if n == 0:
             return []
