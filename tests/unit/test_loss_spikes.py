@@ -69,7 +69,7 @@ def test_one_raised_iteration_is_the_one_spike_found(name):
 def test_the_tiny_presets_limit_is_below_the_corrupted_batchs_rise():
     """Past the steep descent, the tiny preset's L_MLM limit (window 20, as in the e2e test)
     stays under the rise a batch of text read with another tokenizer's ids in half the global
-    batch gave (1.24 × the median at iteration 32, tests/e2e/test_loss_spike_rollback.py).
+    batch gave (1.22 × the median at iteration 32, tests/e2e/test_loss_spike_rollback.py).
     A window that holds part of the descent has a wider spread and so a higher limit (1.29 ×
     at iteration 25 with window 20; 1.22 × at iteration 115 with window 100 over this
     120-iteration curve): a spike there has to be larger to count."""
