@@ -14,9 +14,9 @@ import os
 
 from rtd_scale import megatron_args
 from rtd_scale.cli_errors import OneLineArgumentParser, UserInputError
-from rtd_scale.config import (AttentionType, ConfigError, LayerNormPosition, LRDecayStyle,
-                              Precision, PRESETS, RunConfig, Sharing, SharingScope,
-                              WSDDecayStyle, apply_override, preset)
+from rtd_scale.config import (AttentionType, ConfigError, LayerNormPosition, LossSpikePolicy,
+                              LRDecayStyle, Precision, PRESETS, RunConfig, Sharing,
+                              SharingScope, WSDDecayStyle, apply_override, preset)
 from rtd_scale.training.throughput import DEVICE_PEAK_TFLOPS
 
 
@@ -203,6 +203,28 @@ def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
                         "collective; training/stragglers.py): in the log line, TensorBoard "
                         "(stragglers/*) and the summary (default 0.7, Megatron-LM's and NVIDIA's "
                         "threshold; 0: name none)")
+    p.add_argument("--loss-spike-policy", choices=[m.value for m in LossSpikePolicy],
+                   help="what a loss spike does. A spike: an iteration whose L_MLM or L_RTD "
+                        "exceeds its median over the previous --loss-spike-window-iters "
+                        "iterations by more than --loss-spike-threshold robust standard "
+                        "deviations (1.4826 × the median absolute deviation, of the logarithm) "
+                        "and by more than 10%% of the median (train.loss_spike_min_rise); armed "
+                        "once the window is full; spikes leave the window out; read at the log "
+                        "interval and before a save (no host sync per step). rollback "
+                        "(default): reload the newest checkpoint this run saved or resumed "
+                        "from before the spike, never read the spiking iterations' samples "
+                        "(with the iterations just before them whose gradient norm crossed the "
+                        "same rule), record them in every later checkpoint so any resume skips "
+                        "them, and continue: a run left alone for weeks should not train on a "
+                        "damaged model, and a false alarm costs only the iterations since that "
+                        "checkpoint; warn: one line and loss_spike/* in TensorBoard; off")
+    p.add_argument("--loss-spike-window-iters", type=int, metavar="N",
+                   help="iterations a spike is measured against (default 100)")
+    p.add_argument("--loss-spike-threshold", type=float, metavar="Z",
+                   help="robust standard deviations above the window's median (default 6)")
+    p.add_argument("--max-loss-spike-rollbacks", type=int, metavar="N",
+                   help="rollbacks in the whole run (counted across resumes) after which a "
+                        "spike stops it with one line, exit status 1 (default 5)")
     p.add_argument("--override-opt_param-scheduler", "--override-opt-param-scheduler",
                    dest="override_opt_param_scheduler", action="store_true",
                    help="with --load: use this run's schedule flags (--lr, --min-lr, "
@@ -254,6 +276,9 @@ _FLAG_FIELDS = {
         "lr_warmup_init", "lr_wsd_decay_style", "lr_wsd_decay_iters", "lr_wsd_decay_samples")},
     "peak_tflops_per_device": ("train", "peak_tflops_per_device"),
     "max_consecutive_nonfinite_iters": ("train", "max_consecutive_nonfinite_iters"),
+    **{name: ("train", name) for name in (
+        "loss_spike_policy", "loss_spike_window_iters", "loss_spike_threshold",
+        "max_loss_spike_rollbacks")},
     "override_data_order": ("train", "override_data_order"),
     **{name: ("monitor", name) for name in (
         "wandb_project", "wandb_exp_name", "wandb_entity", "wandb_save_dir", "profile",

@@ -102,6 +102,19 @@ class Precision(str, enum.Enum):
     FP16 = "fp16"
 
 
+class LossSpikePolicy(str, enum.Enum):
+    """What a loss spike does (``--loss-spike-policy``; the rule: ``training/spikes.py``).
+
+    ROLLBACK (default): reload the newest checkpoint this run saved (or resumed from) before the
+    spike, skip the samples of the spiking iterations from then on, and continue (PaLM's manual
+    cure, arXiv 2204.02311 §5.1, done by the run). WARN: one line and a TensorBoard scalar, and
+    training goes on. OFF: no detection."""
+
+    OFF = "off"
+    WARN = "warn"
+    ROLLBACK = "rollback"
+
+
 def _positive(section: str, **values: float) -> None:
     for name, v in values.items():
         if v is None or v <= 0:
@@ -630,6 +643,15 @@ class TrainConfig:
     # stop after this many iterations in a row with a non-finite loss or gradient norm (each
     # is skipped); checked at the log interval and before a save; 0: never stop
     max_consecutive_nonfinite_iters: int = 5
+    # loss spikes (training/spikes.py): a step whose L_MLM or L_RTD exceeds its median over the
+    # last loss_spike_window_iters steps by more than loss_spike_threshold robust standard
+    # deviations of the logarithm and by more than loss_spike_min_rise of the median
+    loss_spike_policy: LossSpikePolicy = LossSpikePolicy.ROLLBACK
+    loss_spike_window_iters: int = 100
+    loss_spike_threshold: float = 6.0
+    loss_spike_min_rise: float = 0.1
+    # rollbacks in the whole run (kept in the checkpoints) after which a spike stops it
+    max_loss_spike_rollbacks: int = 5
     # a device's peak TFLOP/s, MFU's denominator in the log (--peak-tflops-per-device or
     # --device-peak); None: the GPU's bf16 dense datasheet value when its name is known
     peak_tflops_per_device: Optional[float] = None
@@ -655,6 +677,18 @@ class TrainConfig:
         if self.max_consecutive_nonfinite_iters < 0:
             raise ConfigError("--max-consecutive-nonfinite-iters must be >= 0 (0: never stop), "
                               f"got {self.max_consecutive_nonfinite_iters}")
+        self.loss_spike_policy = LossSpikePolicy(self.loss_spike_policy)
+        if self.loss_spike_window_iters < 10:
+            raise ConfigError("--loss-spike-window-iters must be >= 10 (the iterations a spike "
+                              "is measured against; the spread of fewer is no estimate), got "
+                              f"{self.loss_spike_window_iters}")
+        if not self.loss_spike_threshold > 0 or not self.loss_spike_min_rise >= 0:
+            raise ConfigError("--loss-spike-threshold must be > 0 (robust standard deviations) "
+                              "and train.loss_spike_min_rise >= 0 (a fraction of the median), "
+                              f"got {self.loss_spike_threshold} and {self.loss_spike_min_rise}")
+        if self.max_loss_spike_rollbacks < 0:
+            raise ConfigError("--max-loss-spike-rollbacks must be >= 0 (0: the first spike "
+                              f"stops the run), got {self.max_loss_spike_rollbacks}")
         if self.peak_tflops_per_device is not None and not self.peak_tflops_per_device > 0:
             raise ConfigError("--peak-tflops-per-device must be > 0 (TFLOP/s of one device), "
                               f"got {self.peak_tflops_per_device}")

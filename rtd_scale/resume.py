@@ -33,11 +33,13 @@ class Converted:
 @dataclass
 class Resumed:
     """Where training continues: the last step done, the samples consumed (in this run's data
-    order) and the checkpoint directory it came from (None for a fresh run)."""
+    order), the checkpoint directory it came from (None for a fresh run) and its record of
+    loss spikes (the client state's ``training/spikes.py`` field; None when it has none)."""
 
     start_step: int = 0
     consumed: int = 0
     resumed_from: Optional[str] = None
+    loss_spikes: Optional[dict] = None
 
 
 def convert_if_needed(cfg: RunConfig, ctx, prep, print_fn) -> Converted:
@@ -109,6 +111,7 @@ def resume(cfg: RunConfig, ctx, eng, model, prep, converted: Converted, *,
     (a fresh :class:`Resumed` without ``--load``); the logging rank prints what changed."""
     from rtd_scale import distributed
     from rtd_scale.training.checkpoint import choose, files, load as ckpt_load
+    from rtd_scale.training.spikes import CLIENT_KEY
 
     if not cfg.train.load:
         return Resumed()
@@ -137,6 +140,7 @@ def resume(cfg: RunConfig, ctx, eng, model, prep, converted: Converted, *,
     old_batch = saved.get("global_batch_size")
     if meta_batch is None and old_batch is not None and old_batch != cfg.train.global_batch_size:
         eng.lr_scheduler.keep_iterations(old_batch, cfg.optim)  # a checkpoint without metadata
+    loss_spikes = client.get(CLIENT_KEY)
     train_data = prep.data["train"]
     old_data, new_data = client.get("data"), train_data.state()
     read, consumed, repacked_note = consumed, *train_data.continue_after(consumed, old_data)
@@ -146,8 +150,12 @@ def resume(cfg: RunConfig, ctx, eng, model, prep, converted: Converted, *,
         for line in _resume_notes(cfg, saved, start_step, consumed, old_data, new_data,
                                   repacked_note, schedule_note, train_data):
             print_fn(line)
+        if (loss_spikes or {}).get("skipped_samples"):
+            ranges = ", ".join(f"{a}–{b - 1}" for a, b in loss_spikes["skipped_samples"])
+            print_fn(f"note: global samples {ranges} are not read (loss-spike rollbacks: "
+                     f"{loss_spikes.get('rollbacks', 0)}; --loss-spike-policy)")
         print_fn(f"learning rate of iteration {start_step + 1}: {eng.get_lr()[0]!r}")
-    return Resumed(start_step, consumed, resumed_from)
+    return Resumed(start_step, consumed, resumed_from, loss_spikes)
 
 
 def _resume_notes(cfg: RunConfig, saved: dict, start_step: int, consumed: int, old_data,

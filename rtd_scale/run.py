@@ -45,7 +45,9 @@ def run(cfg: RunConfig, print_fn=print, stop=None, validated=None) -> dict:
         resumed = resume(cfg, ctx, eng, model, prep, converted, schedule_note=schedule_note,
                          print_fn=print_fn)
         write_run_files(cfg, ctx, model, prep, converted.ds_config, print_fn)
-        result = train_phase(cfg, ctx, eng, prep, resumed, converted.ds_config, stop, print_fn)
+        result = train_phase(cfg, ctx, eng, prep, resumed, converted.ds_config, stop, print_fn,
+                             reload=rollback_reload(cfg, ctx, eng, model, prep, converted,
+                                                    resumed.resumed_from))
         return finish(cfg, ctx, eng, model, prep, result, resumed.start_step, print_fn)
     finally:
         distributed.teardown()
@@ -132,17 +134,46 @@ def write_run_files(cfg: RunConfig, ctx, model, prep: Prepared, ds_config: dict,
             print_fn(line)
 
 
+def rollback_reload(cfg: RunConfig, ctx, eng, model, prep: Prepared, converted: Converted,
+                    resumed_from: Optional[str]):
+    """How a loss-spike rollback (``training/loop.py``) loads a checkpoint: through
+    :func:`resume.resume`, as ``--load`` would — the one this run resumed from with its own
+    conversion (another layout, global batch or packing), one it saved itself at this run's
+    layout. Returns ``reload(directory) -> (its step, its consumed samples)``. Collective."""
+    import copy
+
+    from rtd_scale.training.checkpoint import files, load as checkpoint_load
+
+    def reload(path: str) -> tuple[int, int]:
+        run_cfg, run_prep, run_converted = cfg, prep, converted
+        if path != resumed_from:  # this run's own: its layout, batch and data
+            run_cfg = copy.copy(cfg)
+            run_cfg.train = copy.copy(cfg.train)
+            run_cfg.train.load = path
+            run_prep = copy.copy(prep)
+            run_prep.resume = checkpoint_load.take(path)
+            run_prep.meta = files.read_meta(run_prep.resume.load_dir, run_prep.resume.tag)
+            run_converted = Converted(converted.ds_config)
+        again = resume(run_cfg, ctx, eng, model, run_prep, run_converted, schedule_note=None,
+                       print_fn=lambda *_: None)
+        return again.start_step, again.consumed
+
+    return reload
+
+
 def train_phase(cfg: RunConfig, ctx, eng, prep: Prepared, resumed: Resumed, ds_config: dict,
-                stop, print_fn):
+                stop, print_fn, reload=None):
     """The training loop (``training/loop.py``) with its TensorBoard, W&B and profiler sinks,
     the rank's heartbeat and the straggler meter, closed however it ends; a restarted run first
-    writes its restart's event (``restarts.event``). Returns the loop's result."""
+    writes its restart's event (``restarts.event``). ``reload``: how a loss-spike rollback loads
+    a checkpoint (:func:`rollback_reload`). Returns the loop's result."""
     from rtd_scale.restarts import event
     from rtd_scale.training.checkpoint import choose
     from rtd_scale.training.heartbeat import Heartbeat
     from rtd_scale.training.loop import train
     from rtd_scale.training.metrics import MetricsLogger, TensorBoardLogger
     from rtd_scale.training.profiler import StepProfiler
+    from rtd_scale.training.spikes import CLIENT_KEY, SpikeState
     from rtd_scale.training.stragglers import StragglerMeter
 
     start_step = resumed.start_step
@@ -175,7 +206,9 @@ def train_phase(cfg: RunConfig, ctx, eng, prep: Prepared, resumed: Resumed, ds_c
                      stop=stop, layout=prep.layout, resumed_from=resumed.resumed_from,
                      profiler=profiler, heartbeat=heartbeat,
                      stragglers=StragglerMeter(cfg.fault_tolerance.straggler_threshold,
-                                               ctx.host_group))
+                                               ctx.host_group),
+                     reload=reload,
+                     spike_state=SpikeState.from_client({CLIENT_KEY: resumed.loss_spikes}))
     finally:
         heartbeat.close()
         if profiler is not None:

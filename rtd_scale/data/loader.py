@@ -9,6 +9,13 @@ workers (tests/e2e/test_pretrain_launcher.py). (Megatron-LM's ``MegatronPretrain
 the same contract but gives rank r the r-th micro-batch of every group of dp micro-batches instead
 of one contiguous slice.)
 
+Skipped ranges: half-open ranges [start, end) of global sample indices that the run never reads
+(the samples a loss-spike rollback stepped over, ``training/spikes.py``; kept in every later
+checkpoint). A step then reads the next G indices at or after ``consumed`` outside them, and
+``consumed`` becomes one past the last index read (:func:`advance`), so the position stays one
+number and a resume at any data-parallel size or global batch skips the same samples. Without
+ranges every step reads [consumed, consumed + G), as above.
+
 Loading: a ``torch.utils.data.DataLoader`` over ``BlendedDataset.host_batch`` with the sampler
 yielding one micro-batch's indices at a time (``batch_size=None``), ``num_workers`` worker
 processes (``--num-workers``; each reopens the shard memory maps), ``prefetch_factor``
@@ -21,7 +28,7 @@ diverge).
 from __future__ import annotations
 
 import signal
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence
 
 import numpy as np
 import torch
@@ -30,19 +37,68 @@ from rtd_scale.config import rank_share
 from rtd_scale.data.packed import HostBatch, MicroBatch
 
 
+Ranges = Sequence[tuple[int, int]]
+
+
+def merge_ranges(ranges: Ranges) -> list[tuple[int, int]]:
+    """``ranges`` ([start, end) pairs of global sample indices) sorted, empty ones dropped, and
+    overlapping or touching ones merged."""
+    out: list[tuple[int, int]] = []
+    for a, b in sorted((int(a), int(b)) for a, b in ranges if int(b) > int(a)):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def global_batch(consumed_samples: int, global_batch_size: int,
+                 skip: Ranges = ()) -> np.ndarray:
+    """Global sample indices (int64 [G]) of the optimizer step that starts at position
+    ``consumed_samples``: the next G indices from there outside the ``skip`` ranges."""
+    parts, need, k = [], global_batch_size, consumed_samples
+    for a, b in merge_ranges(skip):
+        if b <= k:
+            continue
+        if a > k:
+            take = min(need, a - k)
+            parts.append(np.arange(k, k + take, dtype=np.int64))
+            need -= take
+        if need == 0:
+            break
+        k = max(k, b)
+    if need:
+        parts.append(np.arange(k, k + need, dtype=np.int64))
+    return np.concatenate(parts)
+
+
+def advance(consumed_samples: int, global_batch_size: int, skip: Ranges = ()) -> int:
+    """The position after the optimizer step that starts at ``consumed_samples``: one past the
+    last index it reads (``consumed_samples + G`` when nothing is skipped)."""
+    if not skip:
+        return consumed_samples + global_batch_size
+    return int(global_batch(consumed_samples, global_batch_size, skip)[-1]) + 1
+
+
 def rank_micro_batches(consumed_samples: int, *, global_batch_size: int, micro_batch_size: int,
-                       dp_rank: int, dp_size: int) -> list[np.ndarray]:
+                       dp_rank: int, dp_size: int, skip: Ranges = ()) -> list[np.ndarray]:
     """Global sample indices (int64 [b] each) of rank ``dp_rank``'s micro-batches in the optimizer
-    step that starts after ``consumed_samples`` samples: the rank's contiguous G/dp slice of
-    [consumed, consumed + G), in order."""
+    step that starts after ``consumed_samples`` samples: the rank's contiguous G/dp slice of the
+    step's global batch (:func:`global_batch`: [consumed, consumed + G) without ``skip``), in
+    order."""
     per_rank, _ = rank_share(global_batch_size, micro_batch_size, dp_size)
+    if skip:
+        mine = global_batch(consumed_samples, global_batch_size, skip)[
+            dp_rank * per_rank:(dp_rank + 1) * per_rank]
+        return [mine[j:j + micro_batch_size] for j in range(0, per_rank, micro_batch_size)]
     first = consumed_samples + dp_rank * per_rank
     return [np.arange(first + j, first + j + micro_batch_size, dtype=np.int64)
             for j in range(0, per_rank, micro_batch_size)]
 
 
 def micro_batches(dataset, *, consumed_samples: int, seed: int, global_batch_size: int,
-                  micro_batch_size: int, dp_rank: int, dp_size: int) -> list[MicroBatch]:
+                  micro_batch_size: int, dp_rank: int, dp_size: int,
+                  skip: Ranges = ()) -> list[MicroBatch]:
     """This data-parallel rank's micro-batches of the optimizer step that starts after
     ``consumed_samples`` samples of one ``PackedDataset``, read in the process (no loader): the
     training loop's path (``BlendedDataset`` of that one dataset, ``rank_micro_batches``), for
@@ -52,28 +108,30 @@ def micro_batches(dataset, *, consumed_samples: int, seed: int, global_batch_siz
     data = BlendedDataset([dataset], [1.0], seed=seed)
     return [data[k] for k in rank_micro_batches(consumed_samples, global_batch_size=global_batch_size,
                                                 micro_batch_size=micro_batch_size, dp_rank=dp_rank,
-                                                dp_size=dp_size)]
+                                                dp_size=dp_size, skip=skip)]
 
 
 class DataParallelSampler:
-    """Yields this rank's micro-batches (int64 [b] global sample indices) for every optimizer
-    step from ``consumed_samples`` until ``total_samples`` (exclusive; a whole number of global
-    batches is read).
+    """Yields this rank's micro-batches (int64 [b] global sample indices) for (total_samples −
+    consumed_samples) / G optimizer steps from ``consumed_samples`` (a whole number of global
+    batches; without skipped ranges, until ``total_samples``).
 
     Args:
         total_samples: where to stop (e.g. consumed + remaining steps × G).
         consumed_samples: where to start (from the checkpoint; 0 for a fresh run).
         global_batch_size, micro_batch_size: G and b; G must divide by b × dp_size.
         dp_rank, dp_size: this rank's data-parallel position.
+        skip: [start, end) ranges of global sample indices never read (module docstring).
     """
 
     def __init__(self, *, total_samples: int, consumed_samples: int, global_batch_size: int,
-                 micro_batch_size: int, dp_rank: int, dp_size: int):
+                 micro_batch_size: int, dp_rank: int, dp_size: int, skip: Ranges = ()):
         assert 0 <= dp_rank < dp_size and consumed_samples >= 0
         _, self.micro_batches_per_step = rank_share(global_batch_size, micro_batch_size, dp_size)
         self.total, self.consumed = total_samples, consumed_samples
         self.global_batch_size, self.micro_batch_size = global_batch_size, micro_batch_size
         self.dp_rank, self.dp_size = dp_rank, dp_size
+        self.skip = merge_ranges(skip)
 
     @property
     def steps(self) -> int:
@@ -83,11 +141,13 @@ class DataParallelSampler:
         return self.steps * self.micro_batches_per_step
 
     def __iter__(self) -> Iterator[np.ndarray]:
-        for t in range(self.steps):
+        position = self.consumed
+        for _ in range(self.steps):
             yield from rank_micro_batches(
-                self.consumed + t * self.global_batch_size,
-                global_batch_size=self.global_batch_size, micro_batch_size=self.micro_batch_size,
-                dp_rank=self.dp_rank, dp_size=self.dp_size)
+                position, global_batch_size=self.global_batch_size,
+                micro_batch_size=self.micro_batch_size, dp_rank=self.dp_rank,
+                dp_size=self.dp_size, skip=self.skip)
+            position = advance(position, self.global_batch_size, self.skip)
 
 
 class _HostBatches:

@@ -10,8 +10,8 @@
 - ``sleep=SECONDS``: the rank sleeps that long before each of its steps from STEP on (a slow
   rank: a throttled GPU, a noisy neighbour);
 - ``corrupt``: this rank's micro-batches of that step are replaced by a corrupted copy (every
-  non-special token becomes the same rarely seen id: a batch of garbage, as a broken shard or a
-  bad document would give).
+  non-special token is mirrored in the vocabulary: text read with another tokenizer's ids,
+  as a shard made with the wrong tokenizer would give).
 
 STEP is the 1-based iteration about to run (the one the log line will print); RANK a global
 rank or ``*`` (every rank), rank 0 when left out. ``!once``: the fault fires the first time that
@@ -140,12 +140,20 @@ class FaultPlan:
 
 def corrupt(mb, special_ids: Sequence[int] = (0, 1, 2, 3, 4)):
     """A copy of micro-batch ``mb`` whose every id outside ``special_ids`` (default: the [PAD]
-    [CLS] [SEP] [UNK] [MASK] ids of tokenizers rtd_scale trains, ``data/tokenizer.py``) is the
-    largest such id in it: garbage with the batch's shape, padding and sample indices."""
+    [CLS] [SEP] [UNK] [MASK] ids of tokenizers rtd_scale trains, ``data/tokenizer.py``) is
+    mirrored within the range of such ids in it, lo + hi − id: the batch's text read with
+    another vocabulary, as a shard made with the wrong tokenizer would give, with its shape,
+    padding and sample indices. Frequent pieces (low ids: SentencePiece and BPE vocabularies
+    are ordered by frequency) become rare ones, so the MLM loss jumps once the generator knows
+    the unigram distribution. (One id repeated is no spike: a tied MLM head predicts the token
+    its context is made of; uniform random ids barely beat ln V early in training.)"""
     import torch
 
     ids = mb.input_ids.clone()
-    real = ~torch.isin(ids, torch.tensor(list(special_ids), dtype=ids.dtype))
+    specials = torch.tensor(list(special_ids), dtype=ids.dtype)
+    real = ~torch.isin(ids, specials)
     if real.any():
-        ids[real] = int(ids[real].max())
+        lo, hi = int(ids[real].min()), int(ids[real].max())
+        mirrored = lo + hi - ids[real]
+        ids[real] = torch.where(torch.isin(mirrored, specials), hi, mirrored)  # specials stay
     return type(mb)(ids, mb.sample_index.clone())

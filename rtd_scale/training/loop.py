@@ -23,17 +23,17 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
 from rtd_scale.cli_errors import UserInputError
-from rtd_scale.config import RunConfig, rank_share
+from rtd_scale.config import LossSpikePolicy, RunConfig, rank_share
 from rtd_scale.data.blend import BlendedDataset
-from rtd_scale.data.loader import DataParallelSampler, build_loader
+from rtd_scale.data.loader import DataParallelSampler, advance, build_loader, merge_ranges
 from rtd_scale.distributed import DeepSpeedMpu, ParallelContext
 from rtd_scale.phases import PHASE_DATA_WAIT
-from rtd_scale.training.checkpoint import save as checkpoint_save
+from rtd_scale.training.checkpoint import load as checkpoint_load, save as checkpoint_save
 from rtd_scale.training.digest import DataDigest
 from rtd_scale.training.faults import FaultPlan
 from rtd_scale.training.heartbeat import Heartbeat
@@ -45,6 +45,8 @@ from rtd_scale.training.metrics import (MetricAccumulator, MetricsLogger, format
 from rtd_scale.training.pipeline import pipeline_forward, pipeline_train_step
 from rtd_scale.training.profiler import StepProfiler
 from rtd_scale.training.signals import StopRequest
+from rtd_scale.training.spikes import (CLIENT_KEY as SPIKES_KEY, LossSpikeRollbacksError, Spike,
+                                       SpikeMonitor, SpikeRule, SpikeState)
 from rtd_scale.training.step import eval_step, train_step
 from rtd_scale.training.stragglers import StragglerMeter
 from rtd_scale.training.throughput import ThroughputMeter, loss_scale, memory_gib
@@ -171,12 +173,13 @@ class NonFiniteGuard:
 
 
 def make_loader(cfg: RunConfig, ctx: ParallelContext, data: BlendedDataset, *, consumed: int,
-                total: int):
-    """The loader of ``data`` from sample ``consumed`` to ``total`` for this rank."""
+                total: int, skip=()):
+    """The loader of ``data`` for this rank: (total − consumed) / G steps from sample
+    ``consumed``, never reading the ``skip`` ranges (``data/loader.py``)."""
     sampler = DataParallelSampler(total_samples=total, consumed_samples=consumed,
                                   global_batch_size=cfg.train.global_batch_size,
                                   micro_batch_size=cfg.train.micro_batch_size,
-                                  dp_rank=ctx.dp_rank, dp_size=ctx.dp_size)
+                                  dp_rank=ctx.dp_rank, dp_size=ctx.dp_size, skip=skip)
     return build_loader(data, sampler, num_workers=cfg.data.num_workers,
                         pin_memory=ctx.device.type == "cuda",
                         prefetch_factor=cfg.data.prefetch_factor, seed=cfg.train.seed)
@@ -318,7 +321,9 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
           stop: Optional[StopRequest] = None, layout: Optional[dict] = None,
           resumed_from: Optional[str] = None,
           profiler: Optional[StepProfiler] = None, heartbeat: Optional[Heartbeat] = None,
-          stragglers: Optional[StragglerMeter] = None) -> TrainResult:
+          stragglers: Optional[StragglerMeter] = None,
+          spike_state: Optional[SpikeState] = None,
+          reload: Optional[Callable[[str], tuple[int, int]]] = None) -> TrainResult:
     """Run optimizer steps start_step … train_iters − 1 (0-based; logs count them from 1).
 
     ``data["train"]`` is read from ``consumed_samples`` on; ``data["valid"]``, when present, is
@@ -336,9 +341,19 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
     ``stragglers`` (``training/stragglers.py``) marks each step and names slow ranks at the log
     interval.
 
+    Loss spikes (``training/spikes.py``, ``--loss-spike-policy``) are looked for at the log
+    interval and before each save. Under ``rollback`` the newest checkpoint this run saved, or
+    ``resumed_from``, before the spike is loaded by ``reload(its directory)`` (collective;
+    returns its step and consumed samples: ``run.rollback_reload``, which loads it as
+    ``--load`` would; without it ``checkpoint.load.load``, for checkpoints at this layout), the
+    spike's samples join ``spike_state.skipped`` (the checkpoint's,
+    ``SpikeState.from_client``), and training continues from there. Every checkpoint records
+    ``spike_state``.
+
     Raises:
         NonFiniteIterationsError: ``train.max_consecutive_nonfinite_iters`` iterations in a row
             were skipped (checked at the log interval and before each save).
+        LossSpikeRollbacksError: a spike after ``train.max_loss_spike_rollbacks`` rollbacks.
     """
     t = cfg.train
     stop = stop or StopRequest((), watch_launcher=False)  # never entered: never stops
@@ -351,9 +366,10 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
     own_norm = engine.zero_optimization_stage() == 0  # DeepSpeed keeps no norm at stage 0
     mp_group = DeepSpeedMpu().get_model_parallel_group()
     _, gas = rank_share(t.global_batch_size, t.micro_batch_size, ctx.dp_size)
+    spike = spike_state or SpikeState()
     total = consumed_samples + (t.train_iters - start_step) * t.global_batch_size
     train_batches = iter(make_loader(cfg, ctx, data["train"], consumed=consumed_samples,
-                                     total=total))
+                                     total=total, skip=spike.skipped))
     valid_loader = None
     if "valid" in data and t.evaluates:
         valid_loader = make_loader(cfg, ctx, data["valid"], consumed=0,
@@ -365,6 +381,14 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
     faults = FaultPlan.from_env(ctx.rank, marker_dir=t.save)  # tests only (training/faults.py)
     guard = NonFiniteGuard(engine, ctx.device, t.max_consecutive_nonfinite_iters)
     last_good = resumed_from
+    spikes = None
+    if t.loss_spike_policy is not LossSpikePolicy.OFF:
+        spikes = SpikeMonitor(SpikeRule(t.loss_spike_window_iters, t.loss_spike_threshold,
+                                        t.loss_spike_min_rise, spike.window), ctx.device,
+                              loss_rank=ctx.is_last_stage and ctx.tp_rank == 0,
+                              norm_rank=ctx.dp_rank == 0 if guard.on_device else ctx.rank == 0)
+    # the checkpoints a rollback may return to: this run's, and the one it resumed from
+    ours: list[tuple[int, str]] = [(start_step, resumed_from)] if resumed_from else []
     meter = ThroughputMeter(cfg, world_size=ctx.world_size, device=ctx.device)
     timers = PhaseTimers(t.timing_log_level, ctx.device)  # --timing-log-level (training/timers.py)
     if ctx.is_logging_rank:  # the resolved configs, next to the scalars they produce
@@ -377,7 +401,8 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
         # every log_interval steps, and the run's first and last step (the summary's ends)
         return done % t.log_interval == 0 or done in (start_step + 1, t.train_iters)
 
-    for step in range(start_step, t.train_iters):
+    step = start_step
+    while step < t.train_iters:
         if stragglers:
             stragglers.step_start()
         if will_log(step + 1):  # the schedule's value for this update (before it steps)
@@ -408,9 +433,13 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
         if digest.enabled:
             digest.add(batches, outs)
             digest.write(step + 1, consumed_samples, data["train"].locate)
+        read_from, consumed_samples = consumed_samples, advance(
+            consumed_samples, t.global_batch_size, spike.skipped)
+        if spikes is not None:
+            spikes.record(step + 1, outs, engine.optimizer.grad_norm if guard.on_device
+                          else engine.get_global_grad_norm(), (read_from, consumed_samples))
         del outs
         steps_since_log += 1
-        consumed_samples += t.global_batch_size
         done = step + 1
         if will_log(done):
             scalars = acc.reduce(ctx.dp_group)
@@ -454,6 +483,36 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
         stopping = stop.agreed(ctx.host_group)  # one int64 all-reduced on the host
         save_due = t.save and ((t.save_interval and done % t.save_interval == 0)
                                or done == t.train_iters or stopping)
+        found = spikes.check() if spikes is not None and (will_log(done) or save_due) else []
+        back = _answer_spikes(found, t, spike, ours, done, tb, print_fn if ctx.is_logging_rank
+                              else None, rollback_possible=not stopping)
+        if back is not None:  # reload the checkpoint before the spike, skip its samples
+            back_step, back_dir = back
+            began = time.perf_counter()
+            if reload is not None:
+                back_step, consumed_samples = reload(back_dir)
+            else:
+                client = checkpoint_load.load(engine, back_dir, rank=ctx.rank)
+                back_step, consumed_samples = int(client["step"]), int(client["consumed_samples"])
+            spike.skipped = merge_ranges([*spike.skipped, found[0].samples])
+            spike.rollbacks += 1
+            spikes.forget_after(back_step)
+            ours = [(k, d) for k, d in ours if k <= back_step]
+            result.history = [h for h in result.history if h[0] <= back_step]
+            result.valid_history = [h for h in result.valid_history if h[0] <= back_step]
+            tb.rewind(back_step + 1)  # TensorBoard: one value per step, as after a crash
+            _log_rollback(tb, found[0], spike, t.max_loss_spike_rollbacks, back_step, back_dir,
+                          time.perf_counter() - began, print_fn if ctx.is_logging_rank else None)
+            train_batches = iter(make_loader(
+                cfg, ctx, data["train"], consumed=consumed_samples, skip=spike.skipped,
+                total=consumed_samples + (t.train_iters - back_step) * t.global_batch_size))
+            acc.reset()
+            guard = NonFiniteGuard(engine, ctx.device, t.max_consecutive_nonfinite_iters)
+            last_good, step = back_dir, back_step
+            last_log, steps_since_log = time.perf_counter(), 0
+            continue
+        if found and t.loss_spike_policy is LossSpikePolicy.ROLLBACK and stopping:
+            save_due = False  # never save a spiked state; the resume finds the spike again
         if save_due and guard.check(done, last_good, t.load or t.save):
             save_due = False  # never a checkpoint right after a skipped (non-finite) iteration
             if ctx.is_logging_rank:
@@ -466,9 +525,11 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
             result.checkpoint_dir = checkpoint_save.save(
                 engine, t.save, step=done, rank=ctx.rank,
                 client_state={"step": done, "consumed_samples": consumed_samples,
-                              "data": data["train"].state(), "config": cfg.to_dict()},
+                              "data": data["train"].state(), "config": cfg.to_dict(),
+                              SPIKES_KEY: _spike_client(spike, spikes)},
                 layout=layout)
             last_good = result.checkpoint_dir
+            ours.append((done, result.checkpoint_dir))
             if ctx.is_logging_rank:
                 print_fn(f"saved checkpoint at iteration {done:8d} to {result.checkpoint_dir}")
         if profiler is not None:
@@ -481,6 +542,7 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
                                    result.checkpoint_dir if save_due else None, last_good))
             result.interrupted, result.last_step = True, done
             break
+        step += 1
     if heartbeat:
         heartbeat.enter("setup")  # the test split, then the run's end: no step budget
     result.stragglers = stragglers.summary() if stragglers else None
@@ -495,3 +557,69 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
                                        scalars, split="test"))
             result.test = scalars
     return result
+
+
+def _spike_client(state: SpikeState, monitor: Optional[SpikeMonitor]) -> dict:
+    """The checkpoint's record of spikes (``spikes.CLIENT_KEY``): the skipped samples, the
+    rollbacks and the rule's window as it stands (the checkpoint's own, with detection off)."""
+    if monitor is not None:
+        state.window = monitor.rule.state()
+    return state.to_client()
+
+
+def _answer_spikes(found: list[Spike], t, state: SpikeState, ours: list[tuple[int, str]],
+                   done: int, tb: MetricsLogger, print_fn,
+                   rollback_possible: bool) -> Optional[tuple[int, str]]:
+    """What the spikes ``check`` found call for under ``t.loss_spike_policy``: the checkpoint
+    (step, directory) to roll back to, or None after a warning line per spike (``print_fn``:
+    the logging rank's) and ``loss_spike/ratio`` (``Spike.ratio``) at its last iteration.
+
+    Raises:
+        LossSpikeRollbacksError: the run already rolled back ``max_loss_spike_rollbacks`` times.
+    """
+    if not found:
+        return None
+    first = found[0]
+    before = [(k, d) for k, d in ours if k < first.first_step]
+    rollback = t.loss_spike_policy is LossSpikePolicy.ROLLBACK
+    if rollback and before:
+        back_step, back_dir = max(before)
+        if state.rollbacks >= t.max_loss_spike_rollbacks:
+            raise LossSpikeRollbacksError(
+                f"loss spike at {first.describe()} after {state.rollbacks} rollback(s) "
+                f"(--max-loss-spike-rollbacks {t.max_loss_spike_rollbacks}); stopped at "
+                f"iteration {done}; the last checkpoint before it is {back_dir}; lower --lr or "
+                f"raise --lr-warmup-iters, or raise --max-loss-spike-rollbacks, then resume "
+                f"with --load {t.load or t.save}")
+        if rollback_possible:
+            return back_step, back_dir
+        why = "the run stops here without saving, and its resume finds the spike again"
+    elif rollback:
+        why = "no checkpoint of this run before it to roll back to; training goes on"
+    else:
+        why = "--loss-spike-policy warn: training goes on"
+    for sp in found:
+        tb.write(sp.last_step, {"loss_spike/ratio": sp.ratio})
+        if print_fn is not None:
+            print_fn(f"warning: loss spike at {sp.describe()}; {why}")
+    return None
+
+
+def _log_rollback(tb: MetricsLogger, sp: Spike, state: SpikeState, limit: int, back_step: int,
+                  back_dir: str, seconds: float, print_fn) -> None:
+    """The rollback's line and its TensorBoard record (after ``tb.rewind``, so kept):
+    ``loss_spike/ratio`` at the spike's last iteration, ``loss_spike/rollbacks``,
+    ``loss_spike/rolled_back_to_iteration`` and ``loss_spike/skipped_samples`` at its first,
+    and the exact range as text (TensorBoard's float32 scalars cannot hold a sample index
+    above 2**24)."""
+    a, b = sp.samples
+    line = (f"loss spike at {sp.describe()}: rolled back to iteration {back_step} ({back_dir}, "
+            f"loaded in {seconds:.1f} s); global samples {a}–{b - 1} ({b - a}) will not be "
+            f"read; rollback {state.rollbacks} of at most {limit} (--max-loss-spike-rollbacks)")
+    tb.write(sp.last_step, {"loss_spike/ratio": sp.ratio})
+    tb.write(sp.first_step, {"loss_spike/rollbacks": float(state.rollbacks),
+                             "loss_spike/rolled_back_to_iteration": float(back_step),
+                             "loss_spike/skipped_samples": float(b - a)})
+    tb.write_text("loss_spike/rollback", line, sp.first_step)
+    if print_fn is not None:
+        print_fn(line)

@@ -14,8 +14,11 @@ valid/mlm/accuracy, valid/rtd/...) and valid/rtd/auc (the discriminator's held-o
 From training/throughput.py: throughput/tflops_per_device, throughput/mfu (a fraction; with a
 known peak), memory/allocated_gib, memory/reserved_gib, memory/peak_allocated_gib (CUDA; max over
 ranks), time/eta_s, and optim/loss_scale under fp16. From training/timers.py, with
---timing-log-level 1 or 2: timers/<phase>_ms (milliseconds per iteration of each phase). Text:
-config/run and config/ds_config (the resolved configs, at the run's first step).
+--timing-log-level 1 or 2: timers/<phase>_ms (milliseconds per iteration of each phase). From
+training/loop.py at a loss spike (training/spikes.py): loss_spike/ratio, and at a rollback
+loss_spike/rollbacks, loss_spike/rolled_back_to_iteration, loss_spike/skipped_samples. Text:
+config/run and config/ds_config (the resolved configs, at the run's first step), and
+loss_spike/rollback (a rollback's line, with the exact samples skipped).
 """
 from __future__ import annotations
 
@@ -117,6 +120,16 @@ class TensorBoardLogger:
                 self.writer.add_scalar(tag, value, step)
         self.writer.flush()
 
+    def rewind(self, step: int) -> None:
+        """Hide the events written so far at ``step`` or later (a loss-spike rollback replays
+        them): a new writer with that ``purge_step``, as a resumed run's."""
+        if self.writer is not None:
+            log_dir = self.writer.log_dir
+            self.writer.close()
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(log_dir=log_dir, purge_step=step)
+
     def write_text(self, tag: str, text: str, step: int) -> None:
         """``text`` as a fenced block under TensorBoard's Text tab (``add_text`` renders
         Markdown), e.g. the resolved config at the run's first step."""
@@ -145,6 +158,14 @@ class MetricsLogger:
     def write_text(self, tag: str, text: str, step: int) -> None:
         for sink in self.sinks:
             sink.write_text(tag, text, step)
+
+    def rewind(self, step: int) -> None:
+        """The run goes back to before ``step`` (a loss-spike rollback): TensorBoard hides what
+        it holds from ``step`` on; W&B keeps it and ignores the replayed steps until they pass
+        its last (its steps only increase)."""
+        for sink in self.sinks:
+            if hasattr(sink, "rewind"):
+                sink.rewind(step)
 
     def close(self) -> None:
         for sink in self.sinks:

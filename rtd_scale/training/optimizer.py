@@ -28,7 +28,8 @@ class NonFiniteSkippingAdamW(torch.optim.AdamW):
 
     The flag is the L2 norm of all of this rank's gradients (``torch._foreach_norm``), ANDed
     over ``model_parallel_group`` so that tensor-parallel peers agree; data-parallel peers hold
-    the same reduced gradients at stage 0. ``skipped`` is the last step's flag, a bool tensor.
+    the same reduced gradients at stage 0. ``skipped`` is the last step's flag, a bool tensor;
+    ``grad_norm`` the L2 norm of this rank's gradients at that step, a float64 tensor (no sync).
 
     The update is AdamW's (arXiv 1711.05101; torch.optim.AdamW's single-tensor form, with the
     step count kept on the device), so it agrees with ``torch.optim.AdamW`` to rounding.
@@ -38,6 +39,7 @@ class NonFiniteSkippingAdamW(torch.optim.AdamW):
         super().__init__(params, foreach=False, **kwargs)
         self.model_parallel_group = model_parallel_group
         self.skipped: Optional[torch.Tensor] = None
+        self.grad_norm: Optional[torch.Tensor] = None
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -45,8 +47,9 @@ class NonFiniteSkippingAdamW(torch.optim.AdamW):
         params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
         if not params:
             return None
-        norms = torch._foreach_norm([p.grad for p in params])
-        ok = torch.isfinite(torch.stack(norms).sum()).to(torch.int32)
+        norms = torch.stack(torch._foreach_norm([p.grad for p in params]))
+        self.grad_norm = norms.double().pow(2).sum().sqrt()  # this rank's (training/spikes.py)
+        ok = torch.isfinite(norms.sum()).to(torch.int32)
         if (torch.distributed.is_initialized() and self.model_parallel_group is not None
                 and torch.distributed.get_world_size(self.model_parallel_group) > 1):
             torch.distributed.all_reduce(ok, op=torch.distributed.ReduceOp.MIN,

@@ -40,7 +40,7 @@ def test_once_fires_a_single_time_per_save_directory(tmp_path):
     mb = MicroBatch(torch.tensor([[1, 7, 9, 2, 0]]), torch.tensor([11]))
     assert plan.before_step(1, [mb])[0] is mb
     hit = plan.before_step(2, [mb])[0]
-    assert hit.input_ids.tolist() == [[1, 9, 9, 2, 0]]
+    assert hit.input_ids.tolist() == [[1, 9, 7, 2, 0]]
     assert (tmp_path / "faults" / "fired-corrupt@2_0_once-rank0").read_text() == "2\n"
     # a restarted run (a new plan, the same --save) reaches iteration 2 again: no fault
     again = FaultPlan(parse("corrupt@2:0!once"), rank=0, marker_dir=str(tmp_path))
@@ -50,10 +50,11 @@ def test_once_fires_a_single_time_per_save_directory(tmp_path):
     assert always.before_step(2, [mb])[0] is not mb
 
 
-def test_corrupt_keeps_shape_specials_padding_and_sample_index():
+def test_corrupt_mirrors_the_ids_and_keeps_shape_specials_padding_and_sample_index():
     mb = MicroBatch(torch.tensor([[1, 5, 6, 300, 2, 0, 0], [1, 8, 2, 9, 44, 2, 0]]),
                     torch.tensor([3, 4]))
     bad = faults.corrupt(mb, special_ids=(0, 1, 2, 3, 4))
-    assert bad.input_ids.tolist() == [[1, 300, 300, 300, 2, 0, 0], [1, 300, 2, 300, 300, 2, 0]]
+    # lo + hi − id over the real ids 5…300: frequent (low) pieces become rare (high) ones
+    assert bad.input_ids.tolist() == [[1, 300, 299, 5, 2, 0, 0], [1, 297, 2, 296, 261, 2, 0]]
     assert bad.sample_index.tolist() == [3, 4]
     assert mb.input_ids[0, 1] == 5  # the loader's batch is left alone

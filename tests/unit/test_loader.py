@@ -10,7 +10,8 @@ import torch
 from rtd_scale.cli_errors import UserInputError
 from rtd_scale.config import ConfigError, DataConfig, preset
 from rtd_scale.data.blend import SPLIT_INDEX_BASE, BlendSchedule, build_split
-from rtd_scale.data.loader import DataParallelSampler, rank_micro_batches
+from rtd_scale.data.loader import (DataParallelSampler, advance, global_batch, merge_ranges,
+                                   rank_micro_batches)
 from rtd_scale.data.packed import PackedDataset
 
 
@@ -101,6 +102,56 @@ def test_sampler_resumes_exactly_and_ranks_split_the_global_batch():
     # step t: rank 0 reads [8t, 8t+4), rank 1 [8t+4, 8t+8), in micro-batches of 2
     np.testing.assert_array_equal(np.concatenate(full[0][2:4] + full[1][2:4]), np.arange(8, 16))
     assert [m.tolist() for m in rank_micro_batches(16, dp_rank=1, **kw)] == [[20, 21], [22, 23]]
+
+
+# overlapping and touching on purpose; the checkpoint's field lists them merged
+SKIPPED = [(5, 9), (20, 22), (21, 30), (30, 31)]
+
+
+def _stream_without(skipped, start: int, steps: int, batch: int) -> list[list[int]]:
+    """The reference: sample indices from ``start`` on minus the skipped ones, ``batch`` a step."""
+    gone = {k for a, b in skipped for k in range(a, b)}
+    stream = (k for k in range(start, 10_000) if k not in gone)
+    return [[next(stream) for _ in range(batch)] for _ in range(steps)]
+
+
+def _steps(dp_size: int, consumed: int, steps: int, batch: int, skip) -> list[list[int]]:
+    """Every step's global batch as the ranks' samplers read it (rank 0's slice first)."""
+    per_step = batch // dp_size // 2  # micro-batches of 2
+    ranks = [list(DataParallelSampler(total_samples=consumed + steps * batch,
+                                      consumed_samples=consumed, global_batch_size=batch,
+                                      micro_batch_size=2, dp_rank=r, dp_size=dp_size, skip=skip))
+             for r in range(dp_size)]
+    return [np.concatenate([m for r in range(dp_size)
+                            for m in ranks[r][t * per_step:(t + 1) * per_step]]).tolist()
+            for t in range(steps)]
+
+
+@pytest.mark.parametrize("dp_size", [1, 2, 4])
+def test_skipped_samples_are_never_read_at_any_data_parallel_size_and_after_resume(dp_size):
+    """The loss-spike rollback's ranges (training/spikes.py): every step reads the next global
+    batch outside them, split over the ranks as usual; a resume at the position the loop records
+    (``advance``), at another data-parallel size or global batch, reads on exactly."""
+    from rtd_scale.training.spikes import CLIENT_KEY, SpikeState
+
+    assert merge_ranges(SKIPPED) == [(5, 9), (20, 31)]
+    want = _stream_without(SKIPPED, 0, 10, 8)
+    assert want[0] == [0, 1, 2, 3, 4, 9, 10, 11] and want[2] == list(range(31, 39))
+    assert _steps(dp_size, 0, 10, 8, SKIPPED) == want
+    position = 0
+    for _ in range(3):  # the checkpoint after step 3 records this position and the ranges
+        position = advance(position, 8, SKIPPED)
+    assert position == want[2][-1] + 1 == 39
+    client = {CLIENT_KEY: SpikeState(skipped=SKIPPED, rollbacks=2).to_client()}
+    skip = SpikeState.from_client(client).skipped
+    assert skip == [(5, 9), (20, 31)]
+    assert _steps(dp_size, position, 7, 8, skip) == want[3:]
+    # a resume at another global batch, from a position before a skipped range
+    assert _steps(dp_size, 17, 3, 16, skip) == _stream_without(SKIPPED, 17, 3, 16)
+    assert global_batch(17, 4, skip).tolist() == [17, 18, 19, 31]
+    # without ranges: the contiguous batches of before (the control)
+    assert _steps(dp_size, 0, 3, 8, ()) == [list(range(8 * t, 8 * t + 8)) for t in range(3)]
+    assert advance(16, 8) == 24
 
 
 def test_data_path_and_split_flags_parse():

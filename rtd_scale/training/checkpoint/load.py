@@ -83,8 +83,18 @@ def load(engine, load: str, *, rank: int, universal_root: Optional[str] = None,
     choice = choice or take(load)
     groups = getattr(engine.optimizer, "optimizer", engine.optimizer).param_groups
     hyper = [{k: v for k, v in g.items() if k != "params"} for g in groups]
-    client_state = load_checked(engine, universal_root or choice.load_dir, choice.tag,
-                                flag=f"--load {load}")
+    # an engine built to load a universal conversion reloading a checkpoint saved at its own
+    # layout (a loss-spike rollback, training/spikes.py): DeepSpeed reads the flag at each load
+    config = getattr(engine, "_config", None)
+    universal_engine = bool(getattr(config, "load_universal_checkpoint", False))
+    if universal_engine and universal_root is None:
+        config.load_universal_checkpoint = False
+    try:
+        client_state = load_checked(engine, universal_root or choice.load_dir, choice.tag,
+                                    flag=f"--load {load}")
+    finally:
+        if universal_engine:
+            config.load_universal_checkpoint = True
     if universal_root is not None:
         # ZeRO-3's universal load gives every group the first group's hyper-parameters
         # (stage3.py load_hp_checkpoint_state_from_checkpoint_dir_stage3): the no-decay group
