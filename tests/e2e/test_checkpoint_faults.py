@@ -72,7 +72,7 @@ def test_a_full_disk_is_one_line_and_keeps_the_previous_checkpoint(matrix):
     if row["resumed_from"] == "skipped":
         pytest.skip(row["note"])
     # the run itself: one error line, no traceback, naming the path and the space needed
-    assert "the run exited 1 with 1 error line(s), 0 traceback(s): error: --save " in row["note"]
+    assert "the run exited 2 with 1 error line(s), 0 traceback(s): error: --save " in row["note"]
     assert "no space left on the device of" in row["note"]
     assert "free at least" in row["note"] and "the partial global_step2 was removed" in row["note"]
     assert row["note"].endswith("takes global_step1")
