@@ -224,7 +224,7 @@ def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
                    help="robust standard deviations above the window's median (default 6)")
     p.add_argument("--max-loss-spike-rollbacks", type=int, metavar="N",
                    help="rollbacks in the whole run (counted across resumes) after which a "
-                        "spike stops it with one line, exit status 1 (default 5)")
+                        "spike stops it with one line, exit status 2, not restarted (default 5)")
     p.add_argument("--override-opt_param-scheduler", "--override-opt-param-scheduler",
                    dest="override_opt_param_scheduler", action="store_true",
                    help="with --load: use this run's schedule flags (--lr, --min-lr, "
