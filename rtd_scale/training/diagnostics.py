@@ -4,7 +4,7 @@ Table 1 (DeBERTaV3, arXiv 2111.09543 §3.2–3.3) reports, for each model, the *
 similarity among the word embeddings of its own table*: ES 0.02 (generator) / 0.02
 (discriminator), NES 0.45 / 0.02, GDES 0.45 / 0.29. ``table_cosines`` measures that quantity on
 this run's tables (``embedding/avg_cosine_generator``, ``embedding/avg_cosine_discriminator``;
-the discriminator's table as its sharing mode's rule reads it, ``model/embeddings.py``
+the discriminator's table as its sharing mode's rule reads it, ``model/sharing.py``
 ``Tie.diagnostic_rows``: under GDES E_G + E_Δ, under ES E_G itself), and, under its own
 name, the row-wise cosine between a token's generator row and its discriminator row
 (``embedding/rowwise_cosine_generator_discriminator``: 1 under ES; not a Table-1 number).
@@ -88,7 +88,7 @@ def table_cosines(model, tp_group: Optional[dist.ProcessGroup],
     """
     if not model.pre_process:
         return None
-    from rtd_scale.model.embeddings import sharing_rule
+    from rtd_scale.model.sharing import sharing_rule
 
     g_table, d_mod = model.generator_table, model.discriminator_table
     tie = sharing_rule(model.cfg.sharing).table  # the mode's view of the discriminator's table
