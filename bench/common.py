@@ -252,7 +252,7 @@ def _compiled(module: torch.nn.Module, backend: Optional[str]):
     return torch.compile(module, backend=backend) if backend else module
 
 
-# rtd_scale's embedding components (rtd_scale/model/embeddings.py, COMPONENT_LEAVES) → the
+# rtd_scale's embedding components (rtd_scale/model/sharing.py, COMPONENT_LEAVES) → the
 # modules of a Hugging Face ``*Embeddings`` layer (ElectraEmbeddings, DebertaV2Embeddings)
 HF_EMBEDDING_MODULES = {"table": "word_embeddings", "position": "position_embeddings",
                         "token_type": "token_type_embeddings", "norm": "LayerNorm"}
@@ -275,7 +275,7 @@ class ResidualEmbedding(torch.nn.Module):
 
 def share_hf_embeddings(model, generator: torch.nn.Module, discriminator: torch.nn.Module) -> None:
     """Tie the discriminator's Hugging Face embedding layer to the generator's as rtd_scale ties
-    its own: the sharing rule of ``model.sharing`` (``rtd_scale.model.embeddings.sharing_rule``)
+    its own: the sharing rule of ``model.sharing`` (``rtd_scale.model.sharing.sharing_rule``)
     at ``model.sharing_scope`` and attention, component by component (``HF_EMBEDDING_MODULES``):
     ``Same`` → the generator's module itself (ES), ``Residual`` → a ``ResidualEmbedding`` over
     it (GDES); a component the rule does not tie stays the discriminator's own (NES: all), and
@@ -285,7 +285,7 @@ def share_hf_embeddings(model, generator: torch.nn.Module, discriminator: torch.
         ValueError: a tie or a component this reference has no Hugging Face form for.
     """
     from rtd_scale.config import AttentionType
-    from rtd_scale.model.embeddings import Residual, Same, sharing_rule
+    from rtd_scale.model.sharing import Residual, Same, sharing_rule
 
     relative = AttentionType(model.attention_type) is AttentionType.DISENTANGLED
     ties = sharing_rule(model.sharing).ties(model.sharing_scope, relative)

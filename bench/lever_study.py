@@ -4,7 +4,7 @@ Each lever is the main job's command (``tools/run_default.sh``: the ``debertav3-
 the sample corpus, 2 ranks, ZeRO-3, 600 steps, validation every 100 steps over 8 global batches)
 at the preset's earlier mask rate and dropout (``BASE``), with one change, run through the real ``deepspeed`` launcher. The table gives the held-out RTD
 AUC at every validation, the last validation L_MLM and MLM accuracy, the seconds a step took and
-the exact flags; the figure (``--work-dir/levers.png``, ``rtd_scale.training.curves``) puts the
+the exact flags; the figure (``--work-dir/levers.png``, ``tools/curves.py``) puts the
 runs on one set of axes.
 
     python bench/lever_study.py --work-dir runs/levers                  # every lever
@@ -47,6 +47,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+if str(REPO / "tools") not in sys.path:  # tools/curves.py, tools/plot_run.py's figure
+    sys.path.append(str(REPO / "tools"))
 
 from bench.runs import child_env, logger, run_logged, tokenized  # noqa: E402
 from rtd_scale.atomic import write_atomic  # noqa: E402
@@ -119,7 +121,7 @@ def results_of(name: str, run_dir: Path, flags: tuple[str, ...], seconds: float 
                steps: int, scale: int) -> dict:
     """The validations of one run, read from its TensorBoard events; steps are reported as the
     main job's (a run of half the steps at twice the batch is drawn at 2 × its step)."""
-    from rtd_scale.training import curves
+    import curves
 
     run = curves.load_run(str(run_dir), name=name)
     auc = {s * scale: v for s, v in run.scalars.get("valid/rtd/auc", {}).items()}
@@ -213,7 +215,7 @@ def main(argv=None) -> None:
     write_atomic(work / "levers.md", text)
     print(text, flush=True)
 
-    from rtd_scale.training import curves
+    import curves
     runs = []
     for n in args.levers:
         for seed in args.seeds:

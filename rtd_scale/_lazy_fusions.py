@@ -15,6 +15,11 @@ replaced by :func:`lazy_compile`: the decorated function is compiled with the sa
 its first call, outside a dynamo trace. Inside one (``--compile-layers``) the plain function is
 called, which dynamo traces into as it would a nested compiled function. ``torch.compile`` itself
 is restored as soon as that import ends.
+
+Opt-in: ``import rtd_scale`` installs the hook only under ``RTD_SCALE_LAZY_FUSIONS=1``
+(``rtd_scale/__init__.py``), which the tests and ``tools/run_default.sh`` set. A GPU run that
+calls the fusions compiles them on first use either way (torch.compile is lazy), so there the hook
+moves TorchInductor's import from start-up to the first step and saves nothing.
 """
 from __future__ import annotations
 

@@ -242,9 +242,9 @@ def finish(cfg: RunConfig, ctx, eng, model, prep: Prepared, result, start_step: 
 
         print_fn(summary_text(summary))
         if cfg.train.save:  # draws --save/curves.png; a failure warns, never fails the run
-            from rtd_scale.training.curves import write_after_run
+            from rtd_scale.training.summary import write_curves
 
-            print_fn(write_after_run(cfg.train.save, cfg.train.tensorboard_dir,
-                                     result.valid_history))
+            print_fn(write_curves(cfg.train.save, cfg.train.tensorboard_dir,
+                                  result.valid_history))
     torch.distributed.barrier()
     return summary

@@ -2,11 +2,17 @@
 from __future__ import annotations
 
 import os
-import warnings
 
-import pytest
+# Before anything imports rtd_scale: every process of the suite (the test workers, the ranks and
+# tools they start, which inherit it) defers megatron-core's and DeepSpeed's import-time
+# torch.compile calls (rtd_scale/_lazy_fusions.py); no test calls a fused kernel on CPU.
+os.environ.setdefault("RTD_SCALE_LAZY_FUSIONS", "1")
 
-from tests.helpers.env import CASES, TEST_DATA, free_port
+import warnings  # noqa: E402
+
+import pytest  # noqa: E402
+
+from tests.helpers.env import CASES, TEST_DATA, free_port  # noqa: E402
 
 warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
 warnings.filterwarnings("ignore", message=".*Apex is not installed.*")

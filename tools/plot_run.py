@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Draw the learning curves of one or more runs from their TensorBoard events, as the end-of-run
-summary draws ``curves.png`` (rtd_scale.training.curves: L_MLM with ln V, L_RTD with the
+summary draws ``curves.png`` (tools/curves.py: L_MLM with ln V, L_RTD with the
 replaced-fraction prior, held-out AUC with its chance band, Table-1 embedding cosines, learning
 rate, tokens/s; one colour per run).
 
@@ -20,9 +20,9 @@ from typing import Optional, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import curves  # noqa: E402  (tools/curves.py: a script's own folder is first on sys.path)
 from rtd_scale.cli_errors import (OneLineArgumentParser, UserInputError,  # noqa: E402
                                   exit_process, run_cli)
-from rtd_scale.training import curves  # noqa: E402
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:

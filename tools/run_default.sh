@@ -15,6 +15,9 @@ start=$(date +%s)
 # shellcheck disable=SC1091
 source tools/setup_env.sh
 export PYTHONWARNINGS="ignore::UserWarning:megatron,ignore::FutureWarning"
+# a CPU run never calls megatron-core's fused kernels: compile them on first use, not at every
+# rank's import (rtd_scale/_lazy_fusions.py; a few seconds of each process's start on 2 cores)
+export RTD_SCALE_LAZY_FUSIONS=1
 
 data=data/sample
 python tools/build_sample_corpus.py --output "$data/corpus.jsonl"

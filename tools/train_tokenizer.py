@@ -4,7 +4,7 @@
     python tools/train_tokenizer.py --input data/sample/corpus.jsonl --output-prefix data/sample/spm
 
 Inputs are .jsonl / .json / .parquet / .txt (rtd_scale.data.text); every --json-keys field of every
-record is one document. Documents are normalised (rtd_scale.data.tokenizer.normalize_text) and cut
+record is one document. Documents are normalised (rtd_scale.data.normalize_text.normalize_text) and cut
 into sentences of at most --max-sentence-length bytes, so long lines and space-free runs train
 instead of being dropped by SentencePiece. Writes PREFIX.model and PREFIX.vocab atomically.
 
@@ -33,7 +33,8 @@ from rtd_scale.cli_errors import (OneLineArgumentParser, UserInputError,  # noqa
                                   exit_process, run_cli)
 from rtd_scale.data.text import (BadLineError, ReadStats, check_inputs, input_bytes, is_compressed,  # noqa: E402
                                  iter_records)
-from rtd_scale.data.tokenizer import DEFAULT_MAX_SENTENCE_BYTES, MODEL_TYPES, train_tokenizer  # noqa: E402
+from rtd_scale.data.tokenizer_training import (DEFAULT_MAX_SENTENCE_BYTES, MODEL_TYPES,  # noqa: E402
+                                               train_tokenizer)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

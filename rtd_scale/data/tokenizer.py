@@ -1,8 +1,10 @@
 """The pipeline's tokenizer: SentencePiece models (ours or any other), Hugging Face
-``tokenizer.json`` files and WordPiece ``vocab.txt`` files, with the special ids each defines.
+``tokenizer.json`` files and WordPiece ``vocab.txt`` files, with the special ids each defines;
+what the preprocessor, the trainer and the export read. Making a tokenizer file is
+``data/tokenizer_training.py``; the normalisation rule is ``data/normalize_text.py``.
 
-Models trained by tools/train_tokenizer.py (:func:`train_tokenizer`) have fixed special ids
-(:meth:`Tokenizer.verify_special_ids` checks them after training):
+Models trained by tools/train_tokenizer.py (``data/tokenizer_training.py``'s ``train_tokenizer``)
+have fixed special ids (:meth:`Tokenizer.verify_special_ids` checks them after training):
 
 | id | piece    | constant  | SentencePiece kind | role                                        |
 |----|----------|-----------|--------------------|---------------------------------------------|
@@ -13,10 +15,8 @@ Models trained by tools/train_tokenizer.py (:func:`train_tokenizer`) have fixed 
 | 4  | `[MASK]` | `MASK_ID` | control symbol     | the MLM mask token                          |
 
 Ids 0, 1, 2 and 4 are SentencePiece *control* symbols: encoding text never produces them (the
-literal text "[MASK]" becomes ordinary pieces), and decoding drops them. SentencePiece places the
-pad and unk pieces at the ids given (pad_id=0, unk_id=3, bos_id=eos_id=-1) and then fills the
-free ids with the control symbols in order, which gives [CLS]=1, [SEP]=2, [MASK]=4 (checked
-after every training run). Encoding never adds [CLS]/[SEP]; the packed dataset does.
+literal text "[MASK]" becomes ordinary pieces), and decoding drops them. Encoding never adds
+[CLS]/[SEP]; the packed dataset does.
 
 Other tokenizers (bring your own): the special pieces are found by name, DeBERTaV3's appended
 [MASK] is recognised, and a tokenizer lacking a pad or mask piece is refused in one line naming
@@ -24,13 +24,13 @@ the piece and how to add it (:class:`Tokenizer`). The rest of the pipeline takes
 from the tokenizer object (``tok.pad_id`` … ``tok.special_ids``), never from the constants above,
 which describe only the models this project trains.
 
-Normalisation happens once, in :func:`normalize_text`, identically when the tokenizer is trained
-and whenever text is encoded (tests/unit/test_tokenizer.py's normalisation tests). SentencePiece's
-own normaliser is set to ``identity`` so there is a single rule, and ``decode(encode(t)) ==
-normalize_text(t)`` for text the model covers. A tokenizer with a normaliser of its own is the
-truth for its text: :func:`normalize_text` is applied only to tokenizers without one (see
-:class:`Tokenizer`). :meth:`Tokenizer.save_pretrained` writes a Hugging Face tokenizer that encodes
-like the pipeline, :func:`normalize_text` included.
+Normalisation happens once, in ``data/normalize_text.py``'s :func:`normalize_text`, identically when
+the tokenizer is trained and whenever text is encoded (tests/unit/test_tokenizer.py's
+normalisation tests). SentencePiece's own normaliser is set to ``identity`` so there is a single
+rule, and ``decode(encode(t)) == normalize_text(t)`` for text the model covers. A tokenizer with
+a normaliser of its own is the truth for its text: :func:`normalize_text` is applied only to
+tokenizers without one (see :class:`Tokenizer`). :meth:`Tokenizer.save_pretrained` writes a
+Hugging Face tokenizer that encodes like the pipeline, :func:`normalize_text` included.
 
 Nothing here imports megatron-core or DeepSpeed; ``tokenizers`` and ``transformers`` are imported
 only for tokenizer.json / vocab.txt files and for :meth:`Tokenizer.save_pretrained`.
@@ -38,32 +38,25 @@ only for tokenizer.json / vocab.txt files and for :meth:`Tokenizer.save_pretrain
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import io
 import json
 import os
-import random
-import re
-import time
-import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Literal, Sequence
+from typing import Literal, Sequence
 
 import numpy as np
 import sentencepiece as spm
 
-from rtd_scale.atomic import write_atomic
 from rtd_scale.cli_errors import UserInputError
+from rtd_scale.data.normalize_text import (NORMALIZE_TEXT_RULE_NAME, normalize_text,
+                                      normalize_text_charsmap, normalize_text_hf_normalizer)
 
 __all__ = [
     "ADD_PIECES_TOOL",
     "CLS_ID",
     "DEBERTA_V3_PIECES",
-    "DEFAULT_MAX_SENTENCE_BYTES",
     "MASK_ID",
-    "ModelType",
     "PAD_ID",
     "ROLES",
     "SEP_ID",
@@ -75,16 +68,8 @@ __all__ = [
     "TRAIN_TOKENIZER_HINT",
     "Tokenizer",
     "TokenizerModelError",
-    "TokenizerTrainingError",
-    "TrainingSummary",
     "UNK_ID",
-    "add_special_pieces",
     "file_sha256",
-    "normalize_text",
-    "normalize_text_charsmap",
-    "normalize_text_hf_normalizer",
-    "split_for_training",
-    "train_tokenizer",
 ]
 
 PAD_ID = 0
@@ -94,132 +79,10 @@ UNK_ID = 3
 MASK_ID = 4
 SPECIAL_IDS: tuple[int, ...] = (PAD_ID, CLS_ID, SEP_ID, UNK_ID, MASK_ID)
 SPECIAL_PIECES: tuple[str, ...] = ("[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]")  # index == id
-_CONTROL_SYMBOLS = ("[CLS]", "[SEP]", "[MASK]")  # placed by SentencePiece at 1, 2, 4 (see above)
-
-ModelType = Literal["unigram", "bpe"]
-MODEL_TYPES: tuple[str, ...] = ("unigram", "bpe")
-# SentencePiece's default --max_sentence_length (bytes); longer training sentences are dropped by
-# the trainer, so split_for_training cuts documents to fit.
-DEFAULT_MAX_SENTENCE_BYTES = 4192
 TRAIN_TOKENIZER_HINT = "train it with tools/train_tokenizer.py"
 # The class Tokenizer.save_pretrained's tokenizer_config.json names: it loads tokenizer.json as
 # written under transformers 4.x and 5.x
 HF_TOKENIZER_CLASS = "PreTrainedTokenizerFast"
-
-
-# ---------------------------------------------------------------------------------------------
-# Normalisation
-# ---------------------------------------------------------------------------------------------
-
-# Characters dropped by normalize_text: Unicode category Cc that is not whitespace (NUL, BEL, ESC,
-# DEL, C1 controls), all of Cf (zero-width space/joiners U+200B-U+200F, word joiner U+2060, BOM
-# U+FEFF, soft hyphen U+00AD, bidi controls, tag characters, ...) and lone surrogates Cs. Fixed
-# ranges, generated from Unicode 15.0 (Python 3.11's unicodedata), so the rule does not move with
-# the Python version. Whitespace controls (\t \n \v \f \r, U+001C-U+001F, U+0085) are whitespace
-# and become a space instead.
-_DROP_RANGES: tuple[tuple[int, int], ...] = (
-    (0x0000, 0x0008), (0x000E, 0x001B), (0x007F, 0x0084), (0x0086, 0x009F), (0x00AD, 0x00AD),
-    (0x0600, 0x0605), (0x061C, 0x061C), (0x06DD, 0x06DD), (0x070F, 0x070F), (0x0890, 0x0891),
-    (0x08E2, 0x08E2), (0x180E, 0x180E), (0x200B, 0x200F), (0x202A, 0x202E), (0x2060, 0x2064),
-    (0x2066, 0x206F), (0xD800, 0xDFFF), (0xFEFF, 0xFEFF), (0xFFF9, 0xFFFB), (0x110BD, 0x110BD),
-    (0x110CD, 0x110CD), (0x13430, 0x13438), (0x1BCA0, 0x1BCA3), (0x1D173, 0x1D17A),
-    (0xE0001, 0xE0001), (0xE0020, 0xE007F),
-)
-# The ASCII part of the rule, for bytes: Cc that is not whitespace (dropped), and whitespace
-# (str.isspace: \t \n \v \f \r and U+001C-U+001F) made a space.
-_ASCII_DROP = bytes([*range(0x00, 0x09), *range(0x0E, 0x1C), 0x7F])
-_ASCII_WHITESPACE_TO_SPACE = bytes.maketrans(b"\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f", b" " * 9)
-_DROP_RE = re.compile(
-    "[" + "".join(f"\\U{a:08x}-\\U{b:08x}" for a, b in _DROP_RANGES) + "]"
-)
-
-
-def normalize_text(text: str) -> str:
-    """Normalise raw text; the one rule used for tokenizer training and for every encode.
-
-    In order: (1) drop control characters that are not whitespace (category Cc: NUL, BEL, ESC, DEL,
-    C1), format characters (category Cf: U+200B zero-width space, U+200C/U+200D zero-width
-    (non-)joiners, U+2060 word joiner, U+FEFF BOM, U+00AD soft hyphen, bidi controls) and lone
-    surrogates; (2) Unicode NFC; (3) turn every run of whitespace (str.isspace: \\t \\n \\v \\f \\r,
-    U+001C-U+001F, U+0085, NBSP, U+2000-U+200A, U+2028/2029, U+3000, ...) into one ASCII space
-    and strip both ends. Dropping comes before NFC so that removing a zero-width character
-    between a letter and its combining mark still yields NFC text. Idempotent.
-
-    Example: ``"before\\x00after\\x0bvertical\\u200btab "`` → ``"beforeafter verticaltab"``.
-    """
-    # Two fast paths give the same result as the general one (tested character by character and
-    # by fuzzing): they are ~4x faster, and this runs on every document of the corpus.
-    if text.isascii():  # on bytes: ASCII whitespace to " ", ASCII Cc dropped, runs of " " collapsed
-        raw = text.encode("ascii").translate(_ASCII_WHITESPACE_TO_SPACE, _ASCII_DROP)
-        while b"  " in raw:
-            raw = raw.replace(b"  ", b" ")
-        return raw.strip(b" ").decode("ascii")
-    collapsed = " ".join(text.split())
-    if collapsed.isprintable():  # nothing to drop (no Cc, Cf, Cs left); NFC commutes with (3)
-        return unicodedata.normalize("NFC", collapsed)
-    text = unicodedata.normalize("NFC", _DROP_RE.sub("", text))
-    return " ".join(text.split())
-
-
-_SENTENCE_END_RE = re.compile(r"(?<=[.!?]) ")
-
-
-def split_for_training(text: str, max_bytes: int = DEFAULT_MAX_SENTENCE_BYTES) -> list[str]:
-    """Cut normalised ``text`` into training sentences of at most ``max_bytes`` UTF-8 bytes each.
-
-    SentencePiece trains on one sentence per line and silently drops lines longer than its
-    ``max_sentence_length`` (bytes), so a corpus whose every line is long trains on nothing
-    (tests/unit/test_tokenizer.py::test_every_line_too_long_trains).
-    Here: split at sentence ends (". ", "! ", "? "); a sentence still too long is packed greedily
-    from whole words; a single word longer than ``max_bytes`` (e.g. a 70,000-character run with no
-    spaces, tests/unit/test_tokenizer.py::test_no_space_run_trains_and_neighbours_intact) is
-    hard-cut at UTF-8 character boundaries. Joining the pieces with spaces gives back
-    ``text`` except where a word was hard-cut. ``text`` must already be normalised (single spaces).
-    """
-    if max_bytes < 4:
-        raise ValueError(f"max_bytes must be >= 4 (one UTF-8 character), got {max_bytes}")
-    out: list[str] = []
-    for sentence in _SENTENCE_END_RE.split(text):
-        if _utf8_len(sentence) <= max_bytes:
-            if sentence:
-                out.append(sentence)
-            continue
-        chunk: list[str] = []
-        chunk_bytes = 0
-        for word in sentence.split(" "):
-            word_bytes = _utf8_len(word)
-            if chunk and chunk_bytes + 1 + word_bytes <= max_bytes:
-                chunk.append(word)
-                chunk_bytes += 1 + word_bytes
-                continue
-            if chunk:
-                out.append(" ".join(chunk))
-            if word_bytes <= max_bytes:
-                chunk, chunk_bytes = [word], word_bytes
-            else:
-                pieces = _hard_split(word, max_bytes)
-                out.extend(pieces[:-1])
-                chunk, chunk_bytes = [pieces[-1]], _utf8_len(pieces[-1])
-        if chunk:
-            out.append(" ".join(chunk))
-    return out
-
-
-def _utf8_len(s: str) -> int:
-    return len(s) if s.isascii() else len(s.encode("utf-8"))
-
-
-def _hard_split(word: str, max_bytes: int) -> list[str]:
-    data = word.encode("utf-8")
-    pieces = []
-    start = 0
-    while start < len(data):
-        end = min(start + max_bytes, len(data))
-        while end < len(data) and (data[end] & 0xC0) == 0x80:  # don't cut inside a character
-            end -= 1
-        pieces.append(data[start:end].decode("utf-8"))
-        start = end
-    return pieces
 
 
 # ---------------------------------------------------------------------------------------------
@@ -764,302 +627,3 @@ def _hf_from_vocab_txt(model_path: str, data: bytes):
     present = [name for names in SPECIAL_PIECE_NAMES.values() for name in names if name in vocab]
     tok.add_special_tokens(present)  # as BertTokenizer: never split, matched in text
     return tok
-
-
-@functools.lru_cache(maxsize=1)
-def _whitespace_ranges() -> tuple[tuple[int, int], ...]:
-    """The code points ``str.isspace`` holds true for, as (first, last) ranges."""
-    spaces: list[tuple[int, int]] = []
-    for i in range(0x110000):
-        if chr(i).isspace():
-            if spaces and spaces[-1][1] == i - 1:
-                spaces[-1] = (spaces[-1][0], i)
-            else:
-                spaces.append((i, i))
-    return tuple(spaces)
-
-
-# The name a SentencePiece model's normaliser gets when it holds :func:`normalize_text_charsmap`
-# (the DeBERTa export's spm.model); the pipeline treats it as ``identity``: normalize_text runs
-# first, and the map changes nothing in its output.
-NORMALIZE_TEXT_RULE_NAME = "rtd_scale_normalize_text"
-
-
-@functools.lru_cache(maxsize=1)
-def normalize_text_charsmap() -> bytes:
-    """:func:`normalize_text` as a SentencePiece ``precompiled_charsmap`` (the character map a
-    SentencePiece model applies, longest match first, before its ``remove_extra_whitespaces``
-    collapses and strips spaces), for readers that run a SentencePiece model or its map alone:
-    transformers 4.x's slow ``DebertaV2Tokenizer`` (``spm.model``) and 5.x's
-    ``DebertaV2Tokenizer``, which takes the map from tokenizer.json's ``Precompiled`` normaliser.
-
-    Rules: every dropped character (``_DROP_RANGES``) to nothing, every other ``str.isspace``
-    character to a space, every character NFC changes to its NFC form, and every NFD sequence
-    of a character NFC keeps (``é`` as ``e`` + U+0301, Hangul syllables as jamo) to that
-    character. Paragraph breaks, the dropped characters, NFC text and the NFD form of nearly all
-    of it then give ``normalize_text``'s result (tests/unit/test_tokenizer_byo.py, fuzzed).
-    What a map of replacements cannot do: drop U+0000 (SentencePiece's map is a trie of
-    NUL-terminated keys), and compose a letter with a mark that follows a dropped character
-    (``e`` + U+200B + U+0301) or another combining mark (``a`` + U+0316 + U+0301, which NFC
-    makes ``á`` + U+0316), or marks out of canonical order; all rare outside constructed text.
-    Built with SentencePiece's own compiler from a rule file (0.17 MB; 0.4 s, once per
-    process)."""
-    import tempfile
-
-    from sentencepiece import sentencepiece_model_pb2
-
-    rules: dict[str, str] = {}
-    for first, last in _DROP_RANGES:
-        for cp in range(max(first, 1), last + 1):
-            if not 0xD800 <= cp <= 0xDFFF:  # lone surrogates never reach a byte-level reader
-                rules[chr(cp)] = ""
-    for first, last in _whitespace_ranges():
-        rules.update((chr(cp), " ") for cp in range(first, last + 1) if cp != 0x20)
-    for cp in range(0x110000):
-        c = chr(cp)
-        if c in rules or not (unicodedata.decomposition(c) or 0xAC00 <= cp <= 0xD7A3):
-            continue  # Hangul syllables decompose by rule, not by table
-        nfc = unicodedata.normalize("NFC", c)
-        if nfc != c:
-            rules[c] = nfc
-        else:
-            nfd = unicodedata.normalize("NFD", c)
-            if nfd != c:
-                rules[nfd] = c
-    with tempfile.TemporaryDirectory() as tmp:
-        tsv = os.path.join(tmp, "normalize_text.tsv")  # SentencePiece's rule file: hex in, tab, hex out
-        with open(tsv, "w", encoding="ascii") as f:
-            for src, dst in rules.items():
-                f.write(" ".join(f"{ord(x):X}" for x in src) + "\t" +
-                        " ".join(f"{ord(x):X}" for x in dst) + "\n")
-        proto = sentencepiece_model_pb2.ModelProto()
-        spm.set_min_log_level(1)  # the compiler's INFO lines say nothing to a user
-        try:
-            compiled = spm.SentencePieceNormalizer(rule_tsv=tsv).serialized_model_proto()
-        finally:
-            spm.set_min_log_level(0)  # SentencePiece's default
-        proto.ParseFromString(compiled)
-    return proto.normalizer_spec.precompiled_charsmap
-
-
-@functools.lru_cache(maxsize=1)
-def normalize_text_hf_normalizer():
-    """:func:`normalize_text` as a ``tokenizers`` normaliser (for exported tokenizers): drop the
-    same characters (lone surrogates cannot occur in UTF-8), NFC, every run of ``str.isspace``
-    characters to one space, strip. Agrees with :func:`normalize_text` (fuzzed in the tests)."""
-    from tokenizers import Regex, normalizers
-
-    def char_class(ranges):
-        return "[" + "".join(f"\\x{{{a:X}}}" if a == b else f"\\x{{{a:X}}}-\\x{{{b:X}}}" for a, b in ranges) + "]"
-
-    spaces = _whitespace_ranges()
-    drop = [r for r in _DROP_RANGES if r != (0xD800, 0xDFFF)]
-    return normalizers.Sequence([
-        normalizers.Replace(Regex(char_class(drop)), ""),
-        normalizers.NFC(),
-        normalizers.Replace(Regex(char_class(spaces) + "+"), " "),
-        normalizers.Replace(Regex(r"\A | \z"), ""),
-    ])
-
-
-def add_special_pieces(model_path: str | Path, output_path: str | Path,
-                       pieces: Sequence[str] | None = None) -> list[tuple[str, int]]:
-    """Append ``pieces`` to a SentencePiece model as control pieces and write it to
-    ``output_path`` (atomically); every existing id keeps its value, so the new pieces get ids
-    piece count, piece count + 1, …. Control pieces never come from encoding text.
-
-    ``pieces`` defaults to the missing ones among pad and mask (then cls, sep), named in the
-    model's own style: ``<pad>`` / ``<mask>`` when its unknown piece is ``<unk>`` (SentencePiece's
-    default layout), else ``[PAD]`` / ``[MASK]``. Returns [(piece, id)] added.
-
-    Raises:
-        TokenizerModelError: the input is not a SentencePiece model, a piece is already in it,
-            or there is nothing to add.
-    """
-    from sentencepiece import sentencepiece_model_pb2
-
-    data = Path(model_path).read_bytes() if Path(model_path).is_file() else None
-    if data is None:
-        raise TokenizerModelError(f"--input {model_path}: no such SentencePiece model")
-    sp = spm.SentencePieceProcessor()
-    try:
-        sp.LoadFromSerializedProto(data)
-    except (RuntimeError, OSError):
-        raise TokenizerModelError(f"--input {model_path} is not a SentencePiece model") from None
-    existing = {sp.id_to_piece(i) for i in range(sp.get_piece_size())}
-    if pieces is None:
-        angle = sp.id_to_piece(sp.unk_id()) == "<unk>"
-        pieces = [names[1] if angle else names[0] for role, names in SPECIAL_PIECE_NAMES.items()
-                  if role in ("pad", "cls", "sep", "mask") and not existing & set(names)]
-    already = [p for p in pieces if p in existing]
-    if already:
-        raise TokenizerModelError(f"--input {model_path} already has {', '.join(already)}; nothing to add")
-    if not pieces:
-        raise TokenizerModelError(f"--input {model_path} already has pad, cls, sep and mask pieces; nothing to add")
-    proto = _sp_proto(data)
-    start = len(proto.pieces)
-    for piece in pieces:
-        proto.pieces.append(sentencepiece_model_pb2.ModelProto.SentencePiece(
-            piece=piece, score=0.0, type=sentencepiece_model_pb2.ModelProto.SentencePiece.CONTROL))
-    write_atomic(Path(output_path), proto.SerializeToString())
-    return [(piece, start + k) for k, piece in enumerate(pieces)]
-
-
-# ---------------------------------------------------------------------------------------------
-# Training
-# ---------------------------------------------------------------------------------------------
-
-
-class TokenizerTrainingError(UserInputError):
-    """Training cannot proceed on this corpus with these settings; the message names the flag."""
-
-
-@dataclass(frozen=True)
-class TrainingSummary:
-    """What :func:`train_tokenizer` did. ``seconds`` is wall time, reading included."""
-
-    model_path: str
-    vocab_path: str
-    vocab_size: int
-    model_type: str
-    documents: int  # documents read, empty ones included
-    empty_documents: int  # empty after normalisation (not trained on)
-    sentences: int  # training sentences after split_for_training
-    sentences_fed: int  # sentences given to SentencePiece (<= input_sentence_size)
-    seconds: float
-
-
-_VOCAB_TOO_HIGH_RE = re.compile(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)")
-# SentencePiece's trainer_interface.cc: every character kept by character_coverage plus the meta
-# pieces (specials; the 256 byte pieces with byte_fallback) must fit: "N vs <that sum>".
-_VOCAB_TOO_LOW_RE = re.compile(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)")
-
-
-def train_tokenizer(
-    documents: Iterable[str],
-    output_prefix: str | Path,
-    *,
-    vocab_size: int = 8000,
-    model_type: ModelType = "unigram",
-    max_sentence_bytes: int = DEFAULT_MAX_SENTENCE_BYTES,
-    input_sentence_size: int = 2_000_000,
-    character_coverage: float = 0.9995,
-    seed: int = 0,
-    num_threads: int | None = None,
-    byte_fallback: bool = False,
-    verbose: bool = False,
-) -> TrainingSummary:
-    """Train a SentencePiece model with the fixed special ids on raw ``documents``.
-
-    Each document is normalised (:func:`normalize_text`) and cut by :func:`split_for_training`
-    into sentences of at most ``max_sentence_bytes`` UTF-8 bytes. If there are more than
-    ``input_sentence_size`` sentences (0 = no limit), a uniform sample of that many is kept
-    (reservoir sampling seeded by ``seed``, so the sample is reproducible); SentencePiece itself
-    then trains on all it is given. Writes ``{output_prefix}.model`` and ``.vocab`` (each via a
-    temporary name and a rename) only after the special ids are verified. The model bytes are a
-    function of the documents and the settings, ``num_threads`` included (it is recorded in the
-    model), so a re-run on the same machine reproduces the same file and SHA-256.
-
-    Raises TokenizerTrainingError (a ValueError) for an empty corpus, a ``vocab_size`` the corpus
-    cannot support (naming the largest SentencePiece suggests), or a trainer failure; ValueError
-    for invalid settings. ``num_threads`` defaults to ``os.cpu_count()``. ``byte_fallback`` adds
-    256 byte pieces (ids 5-260) so characters outside ``character_coverage`` become UTF-8 bytes
-    instead of [UNK]; the special ids stay 0-4.
-    """
-    start = time.perf_counter()
-    if model_type not in MODEL_TYPES:
-        raise ValueError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}")
-    if vocab_size <= len(SPECIAL_IDS):
-        raise ValueError(f"vocab_size (--vocab-size) must exceed {len(SPECIAL_IDS)} special pieces, got {vocab_size}")
-    if max_sentence_bytes < 4:
-        raise ValueError(f"max_sentence_bytes (--max-sentence-length) must be >= 4, got {max_sentence_bytes}")
-    if input_sentence_size < 0:
-        raise ValueError(f"input_sentence_size (--input-sentence-size) must be >= 0, got {input_sentence_size}")
-    if not 0.0 < character_coverage <= 1.0:
-        raise ValueError(f"character_coverage (--character-coverage) must be in (0, 1], got {character_coverage}")
-
-    rng = random.Random(seed)
-    sample: list[str] = []
-    n_docs = n_empty = n_sentences = 0
-    for doc in documents:
-        n_docs += 1
-        text = normalize_text(doc)
-        if not text:
-            n_empty += 1
-            continue
-        for sentence in split_for_training(text, max_sentence_bytes):
-            if input_sentence_size == 0 or len(sample) < input_sentence_size:
-                sample.append(sentence)
-            else:  # reservoir sampling, Algorithm R
-                j = rng.randrange(n_sentences + 1)
-                if j < input_sentence_size:
-                    sample[j] = sentence
-            n_sentences += 1
-    if not sample:
-        what = "no documents" if n_docs == 0 else f"all {n_docs:,} documents are empty after normalisation"
-        raise TokenizerTrainingError(f"nothing to train the tokenizer on: {what}")
-
-    out = Path(output_prefix)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    model_path, vocab_path = Path(f"{out}.model"), Path(f"{out}.vocab")
-    # Trained from memory into memory (sentence_iterator / model_writer): no temporary path is
-    # recorded in the model's trainer_spec, so equal inputs and settings give identical bytes.
-    model_bytes = io.BytesIO()
-    spm.set_random_generator_seed(seed)
-    try:
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(sample),
-            model_writer=model_bytes,
-            model_type=model_type,
-            vocab_size=vocab_size,
-            character_coverage=character_coverage,
-            max_sentence_length=max_sentence_bytes,
-            input_sentence_size=0,  # sampling was done above
-            shuffle_input_sentence=False,
-            num_threads=num_threads or os.cpu_count() or 1,
-            normalization_rule_name="identity",  # normalize_text is the one rule
-            pad_id=PAD_ID,
-            pad_piece=SPECIAL_PIECES[PAD_ID],
-            unk_id=UNK_ID,
-            unk_piece=SPECIAL_PIECES[UNK_ID],
-            bos_id=-1,
-            eos_id=-1,
-            control_symbols=list(_CONTROL_SYMBOLS),
-            byte_fallback=byte_fallback,
-            minloglevel=0 if verbose else 2,
-        )
-    except RuntimeError as e:
-        message = " ".join(str(e).split())
-        m = _VOCAB_TOO_HIGH_RE.search(message)
-        if m:
-            raise TokenizerTrainingError(
-                f"--vocab-size {m.group(1)} is too high for this corpus: SentencePiece can make at most "
-                f"{m.group(2)} pieces from it; pass --vocab-size {m.group(2)} or less, or train on more text"
-            ) from None
-        m = _VOCAB_TOO_LOW_RE.search(message)
-        if m:
-            pieces = "special and byte pieces" if byte_fallback else "special pieces"
-            raise TokenizerTrainingError(
-                f"--vocab-size {m.group(1)} is too small for this corpus: its characters (at "
-                f"--character-coverage {character_coverage:g}) and the {pieces} need {m.group(2)}; "
-                f"pass --vocab-size {m.group(2)} or more"
-            ) from None
-        raise TokenizerTrainingError(f"SentencePiece training failed: {message}") from None
-    del sample
-    trained = _tokenizer_from_bytes(str(model_path), model_bytes.getvalue())
-    trained.verify_special_ids()
-    # SentencePiece's .vocab format: piece, tab, score (C++ ostream default = 6 significant digits).
-    vocab_text = "".join(f"{trained.id_to_piece(i)}\t{trained._sp.get_score(i):g}\n" for i in range(trained.vocab_size))
-    write_atomic(vocab_path, vocab_text.encode("utf-8"))
-    write_atomic(model_path, model_bytes.getvalue())
-    return TrainingSummary(
-        model_path=str(model_path),
-        vocab_path=str(vocab_path),
-        vocab_size=trained.vocab_size,
-        model_type=model_type,
-        documents=n_docs,
-        empty_documents=n_empty,
-        sentences=n_sentences,
-        sentences_fed=min(n_sentences, input_sentence_size) if input_sentence_size else n_sentences,
-        seconds=time.perf_counter() - start,
-    )

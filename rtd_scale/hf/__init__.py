@@ -4,7 +4,7 @@
 - ``convert``: our canonical state dict (``rtd_scale.model.weights.full_state_dict``: TP shards
   gathered, vocabulary padding removed, names independent of the pipeline split) ↔ Hugging Face
   state dicts and configs, driven by the target's adapter and the sharing mode's rule
-  (``rtd_scale/model/embeddings.py``, ``SHARING_RULES``).
+  (``rtd_scale/model/sharing.py``, ``SHARING_RULES``).
 - ``adapters``: the registry, (``LayerNormPosition``, ``AttentionType``) → the target's adapter;
   ``electra``, ``roberta_preln``, ``debertav2``: one module per target, each stating its name
   maps once (ours → Hugging Face's; import inverts them); ``common``: what they share (fused

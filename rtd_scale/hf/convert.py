@@ -1,6 +1,6 @@
 """Our canonical state dict ↔ Hugging Face transformers state dicts and configs, through the
 target's adapter (``adapters.adapter_for``: one module per target, the table in ``adapters``)
-and the sharing mode's rule (``rtd_scale/model/embeddings.py``, ``SHARING_RULES``).
+and the sharing mode's rule (``rtd_scale/model/sharing.py``, ``SHARING_RULES``).
 
 The canonical state is ``rtd_scale.model.weights.full_state_dict``'s: fp32 tensors, tensor-parallel
 shards gathered, vocabulary padding removed, a layer's index its global number − 1. Its names, for
@@ -69,7 +69,7 @@ from rtd_scale.hf.common import (  # noqa: F401  (the public names of the export
     split_qkv,
     unfused_names,
 )
-from rtd_scale.model.embeddings import SharingConflict, sharing_rule
+from rtd_scale.model.sharing import SharingConflict, sharing_rule
 
 
 def class_names(model: ModelConfig) -> tuple[str, str]:

@@ -10,7 +10,7 @@ index i local to the pipeline stage (``model/weights.py`` maps it to the global 
 
     embeddings.*                    ``EncoderEmbeddings`` (table, position, token_type, norm,
                                     projection), first stage only; what the discriminator
-                                    shares with the generator is ``model/embeddings.py``'s
+                                    shares with the generator is ``model/sharing.py``'s
     block.layers.{i}.*              one layer, see ``model/layers.py`` (post) or megatron-core's
                                     ``TransformerLayer`` (pre: ``input_layernorm``,
                                     ``pre_mlp_layernorm`` and the same attention / MLP linears)

@@ -15,7 +15,8 @@ from torch.profiler import record_function
 from rtd_scale.config import LayerNormPosition, ModelConfig, RTDConfig
 from megatron.core import parallel_state
 
-from rtd_scale.model.embeddings import TiedOutputTable, TokenTable, embedding_pair
+from rtd_scale.model.embeddings import TiedOutputTable, TokenTable
+from rtd_scale.model.sharing import embedding_pair
 from rtd_scale.model import weights
 from rtd_scale.model.encoder import Encoder, transformer_config
 from rtd_scale.model.heads import MLMHead, RTDHead, mlm_loss, vocab_parallel_top1_correct

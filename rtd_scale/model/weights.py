@@ -17,7 +17,7 @@ residual branch (attention ``linear_proj``, MLP ``linear_fc2``) N(0, (std / sqrt
 post-LayerNorm layout N(0, std²) like every other weight (BERT / ELECTRA, whose LayerNorm after
 each add rescales the residual stream); biases 0; LayerNorm weight 1, bias 0 (also the norms that
 TransformerEngine fuses into a linear, ``layer_norm_weight`` / ``layer_norm_bias``); a parameter
-marked ``mark_zero_init`` exactly 0 (the sharing rules of ``model/embeddings.py`` mark theirs:
+marked ``mark_zero_init`` exactly 0 (the sharing rules of ``model/sharing.py`` mark theirs:
 GDES's E_Δ and P_Δ, arXiv 2111.09543 §3.3); vocabulary padding rows 0. Disentangled attention's
 relative table ``<encoder>.rel_embeddings.weight`` [2k, H] is N(0, std²) and its norm
 ``rel_embeddings_norm`` 1 / 0 (Hugging Face ``DebertaV2PreTrainedModel`` draws every embedding
@@ -46,7 +46,7 @@ def mark_vocab_parallel(param: torch.nn.Parameter, dim: int = 0) -> None:
 
 def mark_zero_init(param: torch.nn.Parameter) -> None:
     """Record that ``initialize`` sets ``param`` to exactly 0 (a residual that starts at 0, as a
-    sharing rule of ``model/embeddings.py`` says)."""
+    sharing rule of ``model/sharing.py`` says)."""
     setattr(param, ZERO_INIT_ATTR, True)
 
 

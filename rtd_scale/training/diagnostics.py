@@ -4,7 +4,7 @@ Table 1 (DeBERTaV3, arXiv 2111.09543 §3.2–3.3) reports, for each model, the *
 similarity among the word embeddings of its own table*: ES 0.02 (generator) / 0.02
 (discriminator), NES 0.45 / 0.02, GDES 0.45 / 0.29. ``table_cosines`` measures that quantity on
 this run's tables (``embedding/avg_cosine_generator``, ``embedding/avg_cosine_discriminator``;
-the discriminator's table as its sharing mode's rule reads it, ``model/embeddings.py``
+the discriminator's table as its sharing mode's rule reads it, ``model/sharing.py``
 ``Tie.diagnostic_rows``: under GDES E_G + E_Δ, under ES E_G itself), and, under its own
 name, the row-wise cosine between a token's generator row and its discriminator row
 (``embedding/rowwise_cosine_generator_discriminator``: 1 under ES; not a Table-1 number).
@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 __all__ = ["avg_pairwise_cosine", "cosine_parts", "cosine_from_parts", "table_cosines",
            "roc_auc", "auc_chance_sd", "auc_chance_sd_of_counts", "prior_bce",
-           "gather_scores", "score_known_answer"]
+           "gather_scores"]
 
 AVG_COSINE_GENERATOR = "embedding/avg_cosine_generator"
 AVG_COSINE_DISCRIMINATOR = "embedding/avg_cosine_discriminator"
@@ -88,7 +88,7 @@ def table_cosines(model, tp_group: Optional[dist.ProcessGroup],
     """
     if not model.pre_process:
         return None
-    from rtd_scale.model.embeddings import sharing_rule
+    from rtd_scale.model.sharing import sharing_rule
 
     g_table, d_mod = model.generator_table, model.discriminator_table
     tie = sharing_rule(model.cfg.sharing).table  # the mode's view of the discriminator's table
@@ -193,37 +193,3 @@ def gather_scores(scores: torch.Tensor, labels: torch.Tensor,
     allp = torch.cat(parts, dim=1)
     return allp[0], allp[1].to(torch.int8)
 
-
-def score_known_answer(language, token_to_word: dict[int, int],
-                       dump: dict) -> dict[str, float]:
-    """The optimum on one evaluation's own samples, masks and replacements (``--eval-dump-dir``):
-
-    - ``masked_floor``: the Bayes-optimal generator's mean loss at the masked positions (what
-      the run's ``mlm loss`` on the same batches approaches; exact when a masked slot always
-      receives [MASK], ``rtd.mask_token_prob`` 1);
-    - ``oracle_auc``: the chain oracle's ROC AUC on the run's replacements;
-    - ``auc``: the run's discriminator's ROC AUC on the same tokens (the logged ``rtd auc``);
-    - ``replaced_fraction``.
-    Positions whose token is not a word of the language ([CLS], [SEP], [PAD]) are boundaries and
-    are not scored. ``language``: ``data/known_answer.py``'s ``MarkovLanguage``; ``dump``: one
-    file of ``--eval-dump-dir`` (``training/loop.py``'s ``evaluate``).
-    """
-    import numpy as np
-
-    ids = dump["input_ids"].numpy()
-    lut = np.full(int(max(ids.max(), dump["corrupted_ids"].numpy().max(),
-                          max(token_to_word))) + 1, -1)
-    for tok, w in token_to_word.items():
-        lut[tok] = w
-    words, corrupted = lut[ids], lut[dump["corrupted_ids"].numpy()]
-    boundary = words < 0
-    masked = dump["masked"].numpy().astype(bool) & ~boundary
-    labels = (dump["corrupted_ids"].numpy() != ids)[~boundary]
-    oracle = language.oracle_scores(np.where(boundary, 0, corrupted), boundary)[~boundary]
-    floor = language.masked_cross_entropy(np.where(boundary, 0, words), masked, boundary)
-    logits = dump["rtd_logits"].numpy().astype(np.float64)[~boundary]
-    lab = torch.from_numpy(labels.astype(np.int64))
-    return {"masked_floor": float(floor.mean()),
-            "oracle_auc": roc_auc(torch.from_numpy(oracle), lab),
-            "auc": roc_auc(torch.from_numpy(logits), lab),
-            "replaced_fraction": float(labels.mean())}

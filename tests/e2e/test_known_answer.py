@@ -1,6 +1,6 @@
 """It learns: the real path (tools/make_known_answer_corpus.py → tools/preprocess_data.py →
 shards → the deepspeed launcher) on a language whose optimum is known
-(``rtd_scale/data/known_answer.py``: a sparse Markov chain over 64 made-up words, 3 successors
+(``verify/known_answer.py``: a sparse Markov chain over 64 made-up words, 3 successors
 each), scored on the run's own held-out samples, masks and replacements (``--eval-dump-dir``).
 
 Thresholds, fixed before any run and derived from the computed optimum, not from this
@@ -51,11 +51,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from rtd_scale.data.known_answer import MarkovLanguage, word_ids_of_tokens
 from rtd_scale.data.tokenizer import Tokenizer
-from rtd_scale.training.diagnostics import score_known_answer
 from tests.helpers.env import REPO
 from tests.helpers.launcher import NO_DROPOUT, launch, launch_together, scalars
+from verify.known_answer import MarkovLanguage, score_known_answer, word_ids_of_tokens
 
 ITERS = 500
 MLM_GAP_CLOSED = 0.5  # of (H_unigram − floor)

@@ -113,7 +113,7 @@ def every_layout(out: Path) -> dict[str, str]:
     """Each layout's file (layout -> what to pass as --tokenizer-model): ours (trained by
     rtd_scale's trainer), the builders above, and ``default_layout_extended`` (default_layout with
     <pad> and <mask> appended by add_special_pieces)."""
-    from rtd_scale.data.tokenizer import add_special_pieces, train_tokenizer
+    from rtd_scale.data.tokenizer_training import add_special_pieces, train_tokenizer
 
     paths = {"ours": train_tokenizer(wiki_texts(), out / "ours", vocab_size=600, num_threads=1).model_path}
     for name in ("deberta_v3", "default_layout", "roberta_names"):

@@ -30,7 +30,8 @@ def write_corpus(directory: Path) -> Path:
 
 def train(corpus: Path, directory: Path):
     """A 400-piece Tokenizer trained on ``corpus`` into ``directory``."""
-    from rtd_scale.data.tokenizer import Tokenizer, train_tokenizer
+    from rtd_scale.data.tokenizer import Tokenizer
+    from rtd_scale.data.tokenizer_training import train_tokenizer
 
     return Tokenizer(train_tokenizer(texts(corpus), directory / "spm", vocab_size=400, num_threads=2).model_path)
 

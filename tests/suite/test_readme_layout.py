@@ -1,5 +1,5 @@
-"""The README's Layout section names every file of the product, its tools, Slurm scripts and
-benchmarks, and every folder of tests/, and names nothing that is not there: a new module
+"""The README's Layout section names every file of the product, its tools, test oracles, Slurm
+scripts and benchmarks, and every folder of tests/, and names nothing that is not there: a new module
 appears in the list with its job, and a moved one moves there too."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import subprocess
 
 from tests.helpers.env import REPO
 
-TOPS = ("rtd_scale", "tools", "slurm", "bench")
+TOPS = ("rtd_scale", "tools", "verify", "slurm", "bench")
 
 
 def layout_tree() -> dict[str, str]:

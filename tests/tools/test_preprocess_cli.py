@@ -10,7 +10,7 @@ import numpy as np
 
 from rtd_scale.cli_errors import run_cli
 from rtd_scale.data.shards import open_shard, read_manifest, read_shard_meta
-from rtd_scale.data.tokenizer import normalize_text
+from rtd_scale.data.normalize_text import normalize_text
 from tests.helpers.env import CASES, REPO
 from tests.helpers.preprocess_corpus import snapshot as _snapshot
 from tests.helpers.preprocess_corpus import texts as _texts

@@ -7,7 +7,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from rtd_scale.data.tokenizer import Tokenizer, normalize_text
+from rtd_scale.data.normalize_text import normalize_text
+from rtd_scale.data.tokenizer import Tokenizer
 from tests.helpers.env import CASES, REPO
 from tests.helpers.env import case_texts as _case_texts
 

@@ -9,7 +9,7 @@ import re
 import subprocess
 import sys
 
-from rtd_scale.data.tokenizer import train_tokenizer
+from rtd_scale.data.tokenizer_training import train_tokenizer
 from tests.helpers.env import CASES, REPO
 
 CORPUS = CASES / "list_a.jsonl"  # 10 documents, 35 training sentences

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from rtd_scale.data.tokenizer import normalize_text
+from rtd_scale.data.normalize_text import normalize_text
 from tests.helpers.env import CASES, REPO
 
 CORPUS = CASES / "list_a.jsonl"

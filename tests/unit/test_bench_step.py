@@ -71,7 +71,7 @@ def _tied(pair, base: str) -> dict:
 ])
 def test_the_hf_reference_ties_its_embeddings_by_the_products_sharing_rule(sharing, expected):
     """bench.common.hf_electra ties the discriminator's embedding layer as rtd_scale's rule
-    (rtd_scale/model/embeddings.py SHARING_RULES, scope "embeddings") ties its own: ES the
+    (rtd_scale/model/sharing.py SHARING_RULES, scope "embeddings") ties its own: ES the
     generator's modules themselves, NES none, GDES the token and position tables as
     E.detach() + E_Δ; L_RTD reaches E_Δ and, under ES, the one table, never E_G under GDES."""
     import torch
@@ -120,12 +120,12 @@ def test_a_tie_the_hf_reference_cannot_write_is_an_error(monkeypatch):
 
     from bench import common
     from rtd_scale.config import Sharing
-    from rtd_scale.model import embeddings
+    from rtd_scale.model import sharing
 
-    class Halved(embeddings.Tie):
+    class Halved(sharing.Tie):
         pass
 
-    monkeypatch.setitem(embeddings.SHARING_RULES, Sharing.NES, embeddings.SharingRule(Halved()))
+    monkeypatch.setitem(sharing.SHARING_RULES, Sharing.NES, sharing.SharingRule(Halved()))
     cfg = common.run_config("electra-small", micro_batch=2, seq_length=16, tiny=True)
     cfg.model.sharing = Sharing.NES
     cfg.validate()

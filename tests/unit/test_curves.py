@@ -1,5 +1,6 @@
-"""rtd_scale.training.curves: the six panels and their reference lines on synthetic scalars, the
-end-of-run curves.png and its failures (a warning line, never an exception)."""
+"""tools/curves.py: the six panels and their reference lines on synthetic scalars, the end-of-run
+curves.png as the summary draws it (rtd_scale.training.summary.write_curves loads the file) and its
+failures (a warning line, never an exception)."""
 from __future__ import annotations
 
 import json
@@ -9,9 +10,12 @@ import numpy as np
 import pytest
 
 from rtd_scale.cli_errors import UserInputError
-from rtd_scale.training import curves
 from rtd_scale.training.diagnostics import VALID_AUC_CHANCE_SD, prior_bce
+from rtd_scale.training.summary import CURVES_TOOL, write_curves
 from tests.helpers.images import png_size, synthetic_scalars, write_events
+from tests.helpers.tools import load_tool
+
+curves = load_tool("curves")
 
 
 def _lines(fig) -> dict:
@@ -147,3 +151,22 @@ def test_a_failure_to_draw_is_a_warning_line_and_leaves_nothing(tmp_path, monkey
     line = curves.write_after_run(str(run), None, [])
     assert line == f"warning: {run}/curves.png not drawn (No space left on device)"
     assert sorted(p.name for p in run.iterdir()) == ["config.json", "tensorboard"]
+
+
+def test_the_summary_draws_with_the_tools_figure_and_names_the_command_without_it(tmp_path):
+    """The route a run takes (rtd_scale/run.py's finish): the same picture and line as the tool's
+    own ``write_after_run``; a package without its repository's tools/ prints the command."""
+    run = _finished_run(tmp_path)
+    assert str(CURVES_TOOL) == curves.__file__  # the file tools/plot_run.py draws with
+    line = write_curves(str(run), str(run / "tensorboard"), [(5, {VALID_AUC_CHANCE_SD: 0.02})])
+    assert line == f"  curves:      {run}/curves.png"
+    assert png_size(run / "curves.png") == (1500, 860)
+    (run / "curves.png").unlink()
+    line = write_curves(str(run), None, [], tool=tmp_path / "absent" / "curves.py")
+    assert line == f"  curves:      python tools/plot_run.py {run}"
+    assert not (run / "curves.png").exists()
+    broken = tmp_path / "broken.py"
+    broken.write_text("raise ImportError('no module named matplotlib')\n")
+    line = write_curves(str(run), None, [], tool=broken)
+    assert line == (f"warning: {run}/curves.png not drawn ({broken}: no module named "
+                    "matplotlib)")

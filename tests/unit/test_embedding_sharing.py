@@ -1,5 +1,5 @@
 """What ES and GDES share past the token table (``model.sharing_scope``,
-``rtd_scale/model/embeddings.py``): identity of the shared parameters, the gradient paths of
+``rtd_scale/model/sharing.py``): identity of the shared parameters, the gradient paths of
 every shared tensor, the zero-initialised GDES residuals, the old token-only scope, the config
 field and flag, and checkpoint compatibility.
 
@@ -19,7 +19,7 @@ import torch
 from rtd_scale.config import (AttentionType, ConfigError, LayerNormPosition, Sharing,
                               SharingScope, preset)
 from rtd_scale.model import weights
-from rtd_scale.model.embeddings import GDESPositions, GDESTable
+from rtd_scale.model.sharing import GDESPositions, GDESTable
 
 from tests.helpers.tiny_model import grad_abs_sums as _grad_sums
 from tests.helpers.tiny_model import sample_ids as _ids

@@ -16,7 +16,7 @@ import torch
 from rtd_scale.config import Sharing
 from rtd_scale.hf import convert
 from rtd_scale.hf.export import write_export
-from rtd_scale.model.embeddings import exact_residual
+from rtd_scale.model.sharing import exact_residual
 from tests.helpers.env import TEST_DATA
 from tests.helpers.hf_models import (  # noqa: F401
     DISENTANGLED,

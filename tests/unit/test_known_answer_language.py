@@ -1,5 +1,5 @@
-"""The known-answer language's optimum (``rtd_scale/data/known_answer.py``), the scoring of a
-run's dump (``training/diagnostics.score_known_answer``) and the shuffled-labels negative control
+"""The known-answer language's optimum (``verify/known_answer.py``), the scoring of a run's
+dump (``verify.known_answer.score_known_answer``) and the shuffled-labels negative control
 (``objectives/losses.shuffled_labels``), each against values worked out by hand."""
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from rtd_scale.data.known_answer import MarkovLanguage, word_ids_of_tokens
 from rtd_scale.objectives.losses import shuffled_labels
-from rtd_scale.training.diagnostics import roc_auc, score_known_answer
+from rtd_scale.training.diagnostics import roc_auc
+from verify.known_answer import MarkovLanguage, score_known_answer, word_ids_of_tokens
 
 
 @pytest.fixture(scope="module")

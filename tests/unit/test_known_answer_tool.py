@@ -1,6 +1,6 @@
 """tools/make_known_answer_corpus.py on bad input: one line naming the flag and the fix, exit
 status 1 (2 for argparse's own errors), no traceback, and nothing written; and chains that
-cannot be drawn are refused up front instead of hanging (rtd_scale/data/known_answer.py's
+cannot be drawn are refused up front instead of hanging (verify/known_answer.py's
 chain_problem)."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 import pytest
 
 from rtd_scale.cli_errors import run_cli
-from rtd_scale.data.known_answer import MAX_WORDS, MarkovLanguage, chain_problem
+from verify.known_answer import MAX_WORDS, MarkovLanguage, chain_problem
 from tests.helpers.tools import load_tool
 
 tool = load_tool("make_known_answer_corpus")

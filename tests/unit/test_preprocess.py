@@ -28,7 +28,8 @@ from rtd_scale.data.shards import (
     shard_paths,
 )
 from rtd_scale.data.text import BadLineError, ReadStats, iter_records
-from rtd_scale.data.tokenizer import Tokenizer, train_tokenizer
+from rtd_scale.data.tokenizer import Tokenizer
+from rtd_scale.data.tokenizer_training import train_tokenizer
 from tests.helpers.env import CASES
 from tests.helpers.preprocess_corpus import texts as _texts
 from tests.helpers.preprocess_corpus import (  # noqa: F401 (module-scoped fixtures)

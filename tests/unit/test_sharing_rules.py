@@ -1,4 +1,4 @@
-"""Everything a sharing mode means comes from ``rtd_scale/model/embeddings.py``'s
+"""Everything a sharing mode means comes from ``rtd_scale/model/sharing.py``'s
 ``SHARING_RULES``: a fourth mode, added here and nowhere in the product, builds, trains a step,
 exports with parity, imports back bitwise and is read by Table 1's diagnostic.
 
@@ -9,7 +9,7 @@ would export, import or measure the wrong table here; and its residual is named 
 ``delta``, so no rule keyed on a parameter's name can pass for the sharing rule. A mode must be a
 member of ``config.Sharing`` to pass config validation, so the fixture adds one to the enum for
 the test's duration and removes it after: what a new mode's author would write in
-``config.py`` and ``embeddings.py``, done in the test instead.
+``config.py`` and ``sharing.py``, done in the test instead.
 
 A static check goes with it: no product file but those two names a sharing mode.
 """
@@ -21,8 +21,8 @@ import pytest
 import torch
 
 from rtd_scale.config import LayerNormPosition, Sharing
-from rtd_scale.model import embeddings
-from rtd_scale.model.embeddings import SHARING_RULES, SharingRule, Tie, exact_residual
+from rtd_scale.model import embeddings, sharing
+from rtd_scale.model.sharing import SHARING_RULES, SharingRule, Tie, exact_residual
 from tests.helpers.env import REPO
 from tests.helpers.hf_models import (
     TOL,
@@ -47,7 +47,7 @@ class HalfTable(torch.nn.Module):
     def __init__(self, generator_table):
         super().__init__()
         self.generator_table = generator_table
-        self.offset = embeddings.zero_residual(generator_table)
+        self.offset = sharing.zero_residual(generator_table)
 
     @property
     def vocab_start_index(self) -> int:
@@ -186,13 +186,13 @@ def test_a_fourth_mode_is_one_rule(single_process_group, tok, tmp_path, half_mod
 
 # A sharing mode by name: a Sharing member, or a mode's value as a string literal.
 _MODE = re.compile(r"\bSharing\.(ES|NES|GDES)\b|[\"'](es|nes|gdes)[\"']")
-_MAY_NAME_MODES = {"rtd_scale/config.py", "rtd_scale/model/embeddings.py"}
+_MAY_NAME_MODES = {"rtd_scale/config.py", "rtd_scale/model/sharing.py"}
 
 
-def test_only_config_and_embeddings_name_a_sharing_mode():
-    """A new mode touches only ``config.py`` (the enum) and ``model/embeddings.py`` (its rule):
+def test_only_config_and_sharing_name_a_sharing_mode():
+    """A new mode touches only ``config.py`` (the enum) and ``model/sharing.py`` (its rule):
     no other product file names one (the HF adapters, diagnostics, weights and checkpoint code
-    ask ``embeddings.sharing_rule``)."""
+    ask ``sharing.sharing_rule``; the embedding modules, ``model/embeddings.py``, know no mode)."""
     named = {}
     for path in sorted((REPO / "rtd_scale").rglob("*.py")):
         rel = path.relative_to(REPO).as_posix()
@@ -200,3 +200,5 @@ def test_only_config_and_embeddings_name_a_sharing_mode():
         if hits and rel not in _MAY_NAME_MODES:
             named[rel] = hits
     assert named == {}
+    # the control: the two files that hold the modes are seen naming them
+    assert all(_MODE.search((REPO / rel).read_text(encoding="utf-8")) for rel in _MAY_NAME_MODES)

@@ -17,7 +17,9 @@ import pydoc_data.topics
 import pytest
 import sentencepiece as spm
 
+from rtd_scale.data import normalize_text as normmod
 from rtd_scale.data import tokenizer as tokmod
+from rtd_scale.data.normalize_text import normalize_text
 from rtd_scale.data.text import BadLineError, ReadStats, iter_records
 from rtd_scale.data.tokenizer import (
     CLS_ID,
@@ -28,8 +30,9 @@ from rtd_scale.data.tokenizer import (
     UNK_ID,
     Tokenizer,
     TokenizerModelError,
+)
+from rtd_scale.data.tokenizer_training import (
     TokenizerTrainingError,
-    normalize_text,
     split_for_training,
     train_tokenizer,
 )
@@ -141,7 +144,7 @@ def test_normalize_text_rules(raw, expected):
 
 
 def test_drop_table_is_unicode_control_and_format():
-    for a, b in tokmod._DROP_RANGES:
+    for a, b in normmod._DROP_RANGES:
         for cp in range(a, b + 1):
             ch = chr(cp)
             assert unicodedata.category(ch) in ("Cc", "Cf", "Cs") and not ch.isspace(), hex(cp)
@@ -265,7 +268,7 @@ def test_fast_paths_match_the_plain_rule_on_random_text():
     import random
     import unicodedata
 
-    from rtd_scale.data.tokenizer import _DROP_RE
+    from rtd_scale.data.normalize_text import _DROP_RE
 
     def plain(text: str) -> str:
         return " ".join(unicodedata.normalize("NFC", _DROP_RE.sub("", text)).split())

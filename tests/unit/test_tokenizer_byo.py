@@ -9,12 +9,13 @@ import random
 
 import pytest
 
+from rtd_scale.data import normalize_text as normmod
 from rtd_scale.data import tokenizer as tokmod
+from rtd_scale.data.normalize_text import normalize_text
 from rtd_scale.data.tokenizer import (
     SpecialIds,
     Tokenizer,
     TokenizerModelError,
-    normalize_text,
 )
 from tests.helpers import byo_tokenizers as byo
 
@@ -114,6 +115,32 @@ def test_vocab_txt_case_follows_the_vocabulary(tmp_path):
     assert cased.encode("THE") == [cased.unk_id]
 
 
+def test_vocab_txt_gives_the_ids_of_transformers_bert_tokenizer(tokenizers, tmp_path):
+    """The vocab.txt reader builds BERT's WordPiece itself (the ``tokenizers`` library alone, no
+    transformers import in every preprocessing worker and rank; the case read from the
+    vocabulary, which transformers takes from a tokenizer_config.json a bare vocab.txt lacks):
+    its ids are transformers' ``BertTokenizer``'s on real text, the normalisation texts and
+    literal special pieces, uncased and cased. The control: the other case setting differs."""
+    from transformers import BertTokenizer
+
+    texts = [*byo.wiki_texts(40), *byo.normalisation_texts(), "[MASK] and [CLS] x, [SEP]",
+             "Na\u00efve CAF\u00c9 \u6771\u4eac \u00adsoft", "a" * 150]
+    path = tokenizers["wordpiece_vocab"]
+    vocab = dict((t, i) for i, t in enumerate(open(path, encoding="utf-8").read().splitlines()))
+    ours, bert = Tokenizer(path), BertTokenizer(vocab=vocab, do_lower_case=True)
+    for text in texts:
+        assert ours.encode(text) == bert(text, add_special_tokens=False)["input_ids"], text[:80]
+    cased_vocab = [*byo.BERT_SPECIALS, "The", "the", "River", "river", "##s", "caf", "##\u00e9", "."]
+    (tmp_path / "vocab.txt").write_text("\n".join(cased_vocab) + "\n", encoding="utf-8")
+    cased = Tokenizer(tmp_path / "vocab.txt")
+    vocab = {t: i for i, t in enumerate(cased_vocab)}
+    as_cased = BertTokenizer(vocab=vocab, do_lower_case=False)
+    for text in ("The river Rivers the.", "THE caf\u00e9 River", "the Caf\u00e9 rivers"):
+        assert cased.encode(text) == as_cased(text, add_special_tokens=False)["input_ids"], text
+    lowered = BertTokenizer(vocab=vocab, do_lower_case=True)
+    assert cased.encode("The River") != lowered("The River", add_special_tokens=False)["input_ids"]
+
+
 # -- refusals: one line naming the missing piece and the fix ------------------------------------
 
 
@@ -173,7 +200,7 @@ def test_unreadable_files_are_one_line(tmp_path):
 
 
 def test_normalize_text_as_a_hf_normalizer_agrees():
-    hf = tokmod.normalize_text_hf_normalizer()
+    hf = normmod.normalize_text_hf_normalizer()
     rng = random.Random(0)
     pool = [*range(0, 0x80), 0x85, 0xA0, 0xAD, 0x200B, 0x200D, 0x2028, 0x3000, 0xFEFF, 0x301, 0x308,
             0xE9, 0x1100, 0x1161, 0x11A8, 0x180E, 0xE0020, 0x1F600, 0x2060, 0x1C, 0x1F, 0x1680, 0x202F]
@@ -196,7 +223,7 @@ def test_normalize_text_as_a_sentencepiece_charsmap_agrees():
     from sentencepiece import sentencepiece_model_pb2
 
     spec = sentencepiece_model_pb2.NormalizerSpec(
-        name=tokmod.NORMALIZE_TEXT_RULE_NAME, precompiled_charsmap=tokmod.normalize_text_charsmap(),
+        name=normmod.NORMALIZE_TEXT_RULE_NAME, precompiled_charsmap=normmod.normalize_text_charsmap(),
         add_dummy_prefix=False, remove_extra_whitespaces=True, escape_whitespaces=False)
     sp = spm.SentencePieceNormalizer(normalizer_spec=spec)
     rng = random.Random(0)

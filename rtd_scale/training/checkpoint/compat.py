@@ -27,7 +27,7 @@ def scope_shapes_parameters(model: dict[str, Any]) -> bool:
     sharing mode shares something past the token table, ``model/embeddings.py``
     ``SharingRule.layer_components``; never under disentangled attention)."""
     from rtd_scale.config import AttentionType, ModelConfig, SharingScope
-    from rtd_scale.model.embeddings import sharing_rule
+    from rtd_scale.model.sharing import sharing_rule
 
     relative = AttentionType(model.get("attention_type", "bert")).relative_positions
     rule = sharing_rule(model.get("sharing", ModelConfig.sharing))  # the field's default

@@ -21,11 +21,12 @@ What a run must approach, computed from the chain alone:
 - ``oracle_scores``: an oracle discriminator that knows the chain's true probabilities (not the
   generator's): a token's score is −log p(c_t | c_{t−1}, c_{t+1}) on the corrupted sequence,
   the Markov blanket of c_t. Its ROC AUC on a run's own replacements (``--eval-dump-dir``;
-  ``training/diagnostics.py``'s ``score_known_answer``) is the reference the discriminator's AUC
-  is measured against: a good generator makes replacements that even the oracle cannot see, and
-  the oracle's AUC says how many.
+  :func:`score_known_answer`) is the reference the discriminator's AUC is measured against: a
+  good generator makes replacements that even the oracle cannot see, and the oracle's AUC says
+  how many.
 
-No torch, no megatron: numpy only (``data/`` imports nothing from the training stack).
+A test oracle, not part of the product: ``rtd_scale`` never imports ``verify``
+(tests/unit/test_layering.py). numpy only at import; :func:`score_known_answer` imports torch.
 """
 from __future__ import annotations
 
@@ -282,3 +283,41 @@ def word_ids_of_tokens(language: MarkovLanguage, encode) -> dict[int, int]:
                          f"one token each (e.g. {split[:3]}); train the tokenizer with a larger "
                          "--vocab-size")
     return out
+
+
+def score_known_answer(language: MarkovLanguage, token_to_word: dict[int, int],
+                       dump: dict) -> dict[str, float]:
+    """The optimum on one evaluation's own samples, masks and replacements (``--eval-dump-dir``):
+
+    - ``masked_floor``: the Bayes-optimal generator's mean loss at the masked positions (what
+      the run's ``mlm loss`` on the same batches approaches; exact when a masked slot always
+      receives [MASK], ``rtd.mask_token_prob`` 1);
+    - ``oracle_auc``: the chain oracle's ROC AUC on the run's replacements;
+    - ``auc``: the run's discriminator's ROC AUC on the same tokens (the logged ``rtd auc``);
+    - ``replaced_fraction``.
+    Positions whose token is not a word of the language ([CLS], [SEP], [PAD]) are boundaries and
+    are not scored. ``token_to_word``: :func:`word_ids_of_tokens`; ``dump``: one file of
+    ``--eval-dump-dir`` (``rtd_scale/training/loop.py``'s ``evaluate``). The AUCs are
+    ``rtd_scale.training.diagnostics.roc_auc``, the one the run logs.
+    """
+    import torch
+
+    from rtd_scale.training.diagnostics import roc_auc
+
+    ids = dump["input_ids"].numpy()
+    lut = np.full(int(max(ids.max(), dump["corrupted_ids"].numpy().max(),
+                          max(token_to_word))) + 1, -1)
+    for tok, w in token_to_word.items():
+        lut[tok] = w
+    words, corrupted = lut[ids], lut[dump["corrupted_ids"].numpy()]
+    boundary = words < 0
+    masked = dump["masked"].numpy().astype(bool) & ~boundary
+    labels = (dump["corrupted_ids"].numpy() != ids)[~boundary]
+    oracle = language.oracle_scores(np.where(boundary, 0, corrupted), boundary)[~boundary]
+    floor = language.masked_cross_entropy(np.where(boundary, 0, words), masked, boundary)
+    logits = dump["rtd_logits"].numpy().astype(np.float64)[~boundary]
+    lab = torch.from_numpy(labels.astype(np.int64))
+    return {"masked_floor": float(floor.mean()),
+            "oracle_auc": roc_auc(torch.from_numpy(oracle), lab),
+            "auc": roc_auc(torch.from_numpy(logits), lab),
+            "replaced_fraction": float(labels.mean())}

@@ -1,5 +1,6 @@
-"""A run's learning curves on one figure: ``curves.png`` at the end of a run, and
-``tools/plot_run.py`` for any number of finished or running runs.
+"""A run's learning curves on one figure: ``tools/plot_run.py``'s, for any number of finished or
+running runs, and ``curves.png`` at the end of a run (the summary loads this file,
+``rtd_scale/training/summary.py``'s ``write_curves``; not part of the package).
 
 Six panels, one colour per run (the legend names the run directory):
 
