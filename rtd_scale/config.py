@@ -29,7 +29,7 @@ VOCAB_PAD_MULTIPLE = 128
 
 class Sharing(str, enum.Enum):
     """Embedding sharing between generator and discriminator (arXiv 2111.09543 §3.2–3.3). What
-    each mode means is its rule in ``rtd_scale/model/embeddings.py`` (``SHARING_RULES``); a new
+    each mode means is its rule in ``rtd_scale/model/sharing.py`` (``SHARING_RULES``); a new
     mode is a member here and a rule there."""
 
     ES = "es"  # one table, trained by L_MLM + λ L_RTD (ELECTRA)
@@ -39,7 +39,7 @@ class Sharing(str, enum.Enum):
 
 class SharingScope(str, enum.Enum):
     """What ES and GDES share besides the token table (``--sharing-scope``; the rules per mode
-    are ``rtd_scale/model/embeddings.py``'s).
+    are ``rtd_scale/model/sharing.py``'s).
 
     EMBEDDINGS (default): what the reference implementations share. ES: the whole embedding
     layer — token, position and token-type tables and the embedding LayerNorm; each model keeps
@@ -231,7 +231,7 @@ class ModelConfig:
 
     def shares_embedding_layer(self) -> bool:
         """Whether the sharing reaches past the token table: ES or GDES with scope "embeddings"
-        and absolute positions (``model/embeddings.py`` says what each mode shares)."""
+        and absolute positions (``model/sharing.py`` says what each mode shares)."""
         return (self.sharing is not Sharing.NES
                 and self.sharing_scope is SharingScope.EMBEDDINGS
                 and not AttentionType(self.attention_type).relative_positions)

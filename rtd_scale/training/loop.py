@@ -207,7 +207,7 @@ def evaluate(cfg: RunConfig, ctx: ParallelContext, engine, loader,
     evaluated to ``{dir}/{split}_iter{iteration}_dp{rank}.pt`` (``torch.save`` of a dict of
     [n, s] CPU tensors ``input_ids``, ``masked``, ``corrupted_ids``, ``rtd_logits`` and [n]
     ``sample_index``): the run's own replacements, for offline analysis (e.g. an oracle
-    discriminator's AUC on them, ``data/known_answer.py``).
+    discriminator's AUC on them, ``verify/known_answer.py``).
     """
     acc = MetricAccumulator(ctx.device)
     _, gas = rank_share(cfg.train.global_batch_size, cfg.train.micro_batch_size, ctx.dp_size)

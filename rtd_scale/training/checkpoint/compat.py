@@ -24,7 +24,7 @@ _ENCODER_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidd
 
 def scope_shapes_parameters(model: dict[str, Any]) -> bool:
     """Whether ``model.sharing_scope`` changes the parameters of a recorded model config (its
-    sharing mode shares something past the token table, ``model/embeddings.py``
+    sharing mode shares something past the token table, ``model/sharing.py``
     ``SharingRule.layer_components``; never under disentangled attention)."""
     from rtd_scale.config import AttentionType, ModelConfig, SharingScope
     from rtd_scale.model.sharing import sharing_rule
