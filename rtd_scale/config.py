@@ -633,9 +633,9 @@ class TrainConfig:
     # a device's peak TFLOP/s, MFU's denominator in the log (--peak-tflops-per-device or
     # --device-peak); None: the GPU's bf16 dense datasheet value when its name is known
     peak_tflops_per_device: Optional[float] = None
-    # with --load: accept another --seed than the checkpoint's; the data order (and masks,
-    # sampling noise) follow the new seed from the resumed sample on
-    # (training/checkpoint/compat.py, check_compatible)
+    # with --load: accept another --seed than the checkpoint's, or other training data than it
+    # was trained on; the data order (and masks, sampling noise) start anew at the resumed
+    # sample (training/checkpoint/compat.py, check_compatible and check_same_data)
     override_data_order: bool = False
 
     @property

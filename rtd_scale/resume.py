@@ -135,10 +135,8 @@ def _resume_notes(cfg: RunConfig, saved: dict, start_step: int, consumed: int, o
                      "state, the step count and the schedule carry on")
     if repacked_note:
         notes.append(repacked_note)
-    elif old_data is not None and old_data != new_data:
-        notes.append(f"note: the training data differ from the checkpoint's ({old_data} → "
-                     f"{new_data}); the run continues at sample {consumed} of the new "
-                     "data's order, not where the old order would have gone")
+    elif old_data is not None and (change := compat.data_change(old_data, new_data)):
+        notes.append(compat.data_change_note(change, consumed, train_data))  # accepted: prepare
     old_iters = saved.get("train_iters")
     if old_iters is not None and old_iters != cfg.train.train_iters:
         if cfg.optim.lr_decay_iters is None and cfg.optim.lr_decay_samples is None:

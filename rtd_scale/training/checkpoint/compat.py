@@ -151,17 +151,92 @@ def check_compatible(load_dir: str, tag: str, config: dict[str, Any],
     return meta
 
 
-def data_order_note(saved_seed: int, seed: int, consumed: int, data) -> str:
-    """The note a resumed run prints when ``--override-data-order`` lets ``seed`` replace the
-    checkpoint's ``saved_seed``: where the new order starts (``data``: the training split's
-    ``BlendedDataset``; its global sample ``consumed`` is the first one read)."""
+def data_change(saved: dict[str, Any], now: dict[str, Any]) -> Optional[str]:
+    """The first way the training data of ``now`` (``BlendedDataset.state``) differ from the
+    checkpoint's ``saved``, in words naming the shard, or None when they are the same: what each
+    shard holds (the SHA-256 of its ``.idx`` and ``.bin``; a moved or renamed copy is the same
+    data), the shards of each dataset, the blend weights and ``--split``. Another
+    ``--seq-length`` is the same data packed anew (``BlendedDataset.continue_after``)."""
+    old_sets, new_sets = saved.get("shards") or [], now.get("shards") or []
+    if len(old_sets) != len(new_sets):
+        return f"--data-path blends {len(new_sets)} dataset(s), the checkpoint's {len(old_sets)}"
+    for d, (old, new) in enumerate(zip(old_sets, new_sets)):
+        for i, (a, b) in enumerate(zip(old, new)):
+            files = [kind for kind in ("idx", "bin")
+                     if a.get(f"{kind}_sha256") != b.get(f"{kind}_sha256")]
+            if files:
+                more = sum(1 for x, y in zip(old[i + 1:], new[i + 1:]) if x != y)
+                return (f"shard {b['name']} holds other data than the checkpoint's {a['name']} "
+                        f"(its {' and '.join('.' + f for f in files)} differ: sha256 "
+                        f"{a.get(files[-1] + '_sha256', '')[:12]} → "
+                        f"{b[files[-1] + '_sha256'][:12]})"
+                        + (f", and {more} more shard(s) of that dataset" if more else ""))
+        if len(old) != len(new):
+            names = [x["name"] for x in (new if len(new) > len(old) else old)[min(len(old),
+                                                                                  len(new)):]]
+            return (f"dataset {new[0]['name'] if new else d} has {len(new)} shard(s), the "
+                    f"checkpoint's {len(old)} ({'added' if len(new) > len(old) else 'removed'}: "
+                    f"{', '.join(names[:3])})")
+    for key, flag in (("weights", "the blend weights of --data-path"), ("split", "--split")):
+        if key in saved and saved[key] != now.get(key):
+            show = lambda v: " ".join(f"{x:g}" for x in v)  # noqa: E731
+            return f"{flag} {show(saved[key])} → {show(now[key])}"
+    return None
+
+
+def check_same_data(load_dir: str, tag: str, saved: Optional[dict[str, Any]], data, *,
+                    override: bool, consumed: int) -> Optional[str]:
+    """Refuse, before anything is built, a ``--load`` whose training data differ from the data
+    the checkpoint was trained on (:func:`data_change`: regenerated, re-ordered or removed
+    shards, an edited blend), unless ``override`` (``--override-data-order``: the new data's
+    order starts where the run resumes, and the resume says where, :func:`data_order_note`).
+    ``saved``: the checkpoint's ``data`` record (its ``rtd_meta.json``); ``data``: this run's
+    training ``BlendedDataset``; ``consumed``: the samples the checkpoint had read.
+
+    A checkpoint without a fingerprint of its shards (saved before they were recorded) resumes:
+    the returned note says its data could not be checked; its next checkpoint records one.
+
+    Raises:
+        UserInputError: naming the changed shard and ``--override-data-order``.
+    """
+    if not saved or "shards" not in saved:
+        return (f"note: {tag} records no fingerprint of its training data (saved before "
+                "checkpoints recorded one), so the shards could not be checked against it; "
+                "the next checkpoint records one")
+    change = data_change(saved, data.state())
+    if change is None or override:
+        return None
+    raise UserInputError(
+        f"--load {load_dir}: {tag} was trained on other data: {change}; restore the data it was "
+        "trained on, or pass --override-data-order to continue on these data, their order "
+        f"starting at global sample {consumed:,} where the run resumes")
+
+
+def _where(consumed: int, data) -> str:
+    """Where global sample ``consumed`` of ``data`` (a ``BlendedDataset``) sits: the dataset,
+    its epoch and position in that epoch's order."""
     import numpy as np
 
     d, j = data.schedule.locate(np.array([consumed], np.int64))
     ds = data.datasets[int(d[0])]
     epoch, position = divmod(int(j[0]), len(ds))
+    return (f"{ds.name} resumes in epoch {epoch} at position {position} of its {len(ds)} "
+            "(counted from 0) of the new order")
+
+
+def data_order_note(saved_seed: int, seed: int, consumed: int, data) -> str:
+    """The note a resumed run prints when ``--override-data-order`` lets ``seed`` replace the
+    checkpoint's ``saved_seed``: where the new order starts (``data``: the training split's
+    ``BlendedDataset``; its global sample ``consumed`` is the first one read)."""
     return (f"note: --override-data-order: the data order follows --seed {seed} (the "
-            f"checkpoint's was {saved_seed}) from sample {consumed} on: {ds.name} resumes in "
-            f"epoch {epoch} at position {position} of its {len(ds)} (counted from 0) of the new "
-            "order, so this epoch skips some unread samples and repeats some read ones; masks "
+            f"checkpoint's was {saved_seed}) from sample {consumed} on: {_where(consumed, data)}, "
+            "so this epoch skips some unread samples and repeats some read ones; masks "
             "and sampling noise follow the new seed too")
+
+
+def data_change_note(change: str, consumed: int, data) -> str:
+    """The note a resumed run prints when ``--override-data-order`` accepted other training
+    data (``change``: :func:`data_change`'s words): where the new data's order starts."""
+    return (f"note: --override-data-order: the training data differ from the checkpoint's "
+            f"({change}); the run reads them from global sample {consumed} of their order on: "
+            f"{_where(consumed, data)}")
