@@ -110,6 +110,7 @@ def _conversion_seconds(r, run, was: str, now: str) -> float:
     m = re.fullmatch(rf"converted {re.escape(str(run))}/global_step3 from {re.escape(was)} to "
                      rf"{re.escape(now)} \({what}\) in (\d+\.\d) s", lines[0])
     assert m, lines[0]
+    print(f"{run.name}: conversion {was} -> {now}: {m.group(1)} s")
     return float(m.group(1))
 
 
@@ -158,8 +159,7 @@ def _assert_state_close(run, ref_state: dict, tmp_path_factory, what: str) -> No
 
 
 def _assert_canonical_resume(r, run, ref, ref_state, tmp_path_factory, was, now, before):
-    seconds = _conversion_seconds(r, run, was, now)
-    print(f"conversion {was} -> {now}: {seconds} s")
+    _conversion_seconds(r, run, was, now)
     _assert_steps(r, run, ref)
     _assert_state_close(run, ref_state, tmp_path_factory, f"{was} -> {now}")
     assert file_digests(run / "global_step3") == before  # the original is only read
@@ -195,17 +195,16 @@ def test_offload_checkpoint_resumes_without_offload(wiki_shards, straight, offlo
     offloaded: torch's AdamW gets its step count as a tensor and continues; the original
     checkpoint's files stay byte-identical. Steps 1–3 ran in DeepSpeed's CPU Adam, 4–6 in
     torch's AdamW: the final weights differ from the reference's (torch's AdamW throughout) by
-    the two implementations' rounding, which Adam's normalisation lifts to 1.2e-5 of the
-    largest value on GDES's E_Δ (rows with near-zero gradients; measured), so they are held to
-    10 × REL; the losses, lr and gradient norm of steps 4–6 to REL."""
+    the two implementations' rounding, which Adam's normalisation lifts on GDES's E_Δ (rows with
+    near-zero gradients) to 7.9e-6 of its largest value here and 1.2e-5 against a run that was
+    offloaded throughout (measured), so they are held to 10 × REL; the losses, lr and gradient
+    norm of steps 4–6 to REL."""
     run = cut_back(offloaded, tmp_path / f"offload_to_z{zero}", 3)
     before = file_digests(run / "global_step3")
     r = launch(_args(wiki_shards, run, 6, zero, ["--load", str(run)]), ranks=ranks)
     seconds = _assert_continues(r, run, straight, "TP 1 × PP 1 × DP 2, ZeRO-3",
                                 f"TP 1 × PP 1 × DP {ranks}, ZeRO-{zero}", weights_rel=10 * REL)
     assert 0.0 < seconds < 120.0
-    print(f"conversion of the DP 2 ZeRO-3 offload checkpoint for DP {ranks} ZeRO-{zero}: "
-          f"{seconds} s")
     assert file_digests(run / "global_step3") == before
 
 

@@ -1,11 +1,11 @@
 """The layout-free state (training/checkpoint/layout_free.py) as the hub between every pair of
 ds_configs/ files and precisions, at DP 2 (gloo, CPU): gathered from each, loaded into each, and
 the next step taken. Pairwise through the hub: a source's state equals the reference's, a
-target holds the reference's state exactly after the load and continues its step 3 — ZeRO-Offload
-on and off (DeepSpeed's CPU Adam counts AdamW steps in an int, torch's AdamW in a tensor), ZeRO
-0–3, fp32 and bf16. The ZeRO-Offload changes at one stage, which DeepSpeed loads itself, go
-through checkpoint.save / checkpoint.load and continue too. One world for all of it; the real
-launches of these conversions are in tests/e2e/test_resume_layout.py."""
+target holds the reference's state exactly after the load and continues its step 3 —
+ZeRO-Offload on and off (DeepSpeed's CPU Adam counts AdamW steps in an int, torch's AdamW in a
+tensor), ZeRO 0–3, fp32, and bf16 at ZeRO-0 and 1. The ZeRO-Offload changes at one stage, which
+DeepSpeed loads itself, go through checkpoint.save / checkpoint.load and continue too. One world
+for all of it; the real launches of these conversions are in tests/e2e/test_resume_layout.py."""
 from __future__ import annotations
 
 import json
@@ -33,10 +33,10 @@ def matrix(tmp_path_factory):
             continue  # refused where DeepSpeed has no fp16 (tests/e2e/test_offload_fp16.py)
         configs[path.stem] = (user, "fp16" if "fp16" in user else "fp32")
     assert {"zero0", "zero1", "zero2", "zero2_offload", "zero3", "zero3_offload"} <= set(configs)
-    # the reference first; bf16 where DeepSpeed keeps masters in its own files (its bf16
-    # optimizer at ZeRO-0/1) and in ZeRO-3's partitions
+    # the reference first; bf16 where DeepSpeed keeps the fp32 masters in other places than in
+    # fp32: per-parameter copies at ZeRO-0 (FP16_UnfusedOptimizer), bf16_* files at ZeRO-1
     configs = {"zero1": configs.pop("zero1"), **configs}
-    for stage in ("zero0", "zero1", "zero3"):
+    for stage in ("zero0", "zero1"):
         configs[f"{stage}_bf16"] = (configs[stage][0], "bf16")
     pairs = [("zero2_offload", "zero2"), ("zero2", "zero2_offload"),
              ("zero3_offload", "zero3"), ("zero3", "zero3_offload")]
