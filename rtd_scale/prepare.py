@@ -101,6 +101,9 @@ def prepare(cfg: RunConfig, world_size: int, print_fn=None) -> Prepared:
               "tensor_model_parallel_size": cfg.parallel.tensor_model_parallel_size,
               "pipeline_model_parallel_size": cfg.parallel.pipeline_model_parallel_size,
               "zero_stage": zero}
+    if cfg.train.save or cfg.train.load:
+        dataset["train"].state()  # the shards' hashes a checkpoint records: now, not at a save
+
     meta = choice = None
     if cfg.train.load:
         choice = ckpt_load.take(cfg.train.load)  # checkpoint/checks.py's CHECKS, before the build

@@ -390,9 +390,15 @@ class PackedDataset:
 
     def shard_contents(self) -> list[dict]:
         """What each of the dataset's shards holds (``ShardIndex.content``), in order; hashed
-        on first use (a save or a ``--load``), then kept."""
+        on first use (``prepare``, before a run that saves or loads starts), then kept; a
+        hashing that takes long prints progress as an index build does."""
         if self._content is None:
-            self._content = [s.content(self.cache) for s in self.shards]
+            progress = BuildProgress(f"the content hash of {self.name}")
+            self._content = []
+            for i, shard in enumerate(self.shards):
+                self._content.append(shard.content(self.cache))
+                progress.update(i + 1, len(self.shards), "shards hashed")
+            progress.finish(f"{len(self.shards)} shard(s)")
         return self._content
 
     # -- index construction ----------------------------------------------------------------------

@@ -132,18 +132,22 @@ def resumes(wiki_shards, two_steps, swapped_data, tmp_path_factory):
                           "--override-opt_param-scheduler"],
              "to_bf16": BF16,
              "other_data": ["--data-path", swapped_data, "--override-data-order"]}
-    jobs, runs = [], {}
+    runs, jobs = {}, {}
     for name, extra in flags.items():
         runs[name] = shutil.copytree(two_steps, root / name)
-        jobs.append(common(wiki_shards, runs[name], 3, ["--eval-iters", "0", "--load",
-                                                         str(runs[name]), *extra]))
+        jobs[name] = common(wiki_shards, runs[name], 3, ["--eval-iters", "0", "--load",
+                                                          str(runs[name]), *extra])
     runs["bf16"] = root / "bf16"
-    jobs.append(common(wiki_shards, runs["bf16"], 3, ["--eval-iters", "0", *BF16],
-                       save_interval=2))
-    results = dict(zip(runs, launch_together(jobs, timeout=600)))
+    jobs["bf16"] = common(wiki_shards, runs["bf16"], 3, ["--eval-iters", "0", *BF16],
+                          save_interval=2)
+    # to_fp32 needs bf16's checkpoint: a second round, which other_data shares (two cores)
+    first = [n for n in jobs if n != "other_data"]
+    results = dict(zip(first, launch_together([jobs[n] for n in first], timeout=600)))
     runs["to_fp32"] = cut_back(runs["bf16"], root / "to_fp32", 2)
-    (results["to_fp32"],) = launch_together([common(
-        wiki_shards, runs["to_fp32"], 3, ["--eval-iters", "0", "--load", str(runs["to_fp32"])])])
+    jobs["to_fp32"] = common(wiki_shards, runs["to_fp32"], 3, ["--eval-iters", "0", "--load",
+                                                               str(runs["to_fp32"])])
+    second = ["other_data", "to_fp32"]
+    results.update(zip(second, launch_together([jobs[n] for n in second], timeout=600)))
     for name, r in results.items():
         assert r.returncode == 0, (name, r.stdout[-2000:], r.stderr[-3000:])
     return runs, results
