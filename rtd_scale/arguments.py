@@ -227,17 +227,20 @@ def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
                         "spike stops it with one line, exit status 2, not restarted (default 5)")
     p.add_argument("--override-opt_param-scheduler", "--override-opt-param-scheduler",
                    dest="override_opt_param_scheduler", action="store_true",
-                   help="with --load: use this run's schedule flags (--lr, --min-lr, "
-                        "--lr-warmup-*, --lr-decay-*, --lr-wsd-*) from the first resumed "
-                        "iteration when they differ from the checkpoint's")
+                   help="with --load: use this run's optimizer flags (the schedule's --lr, "
+                        "--min-lr, --lr-warmup-*, --lr-decay-*, --lr-wsd-*, and --weight-decay, "
+                        "--adam-beta1, --adam-beta2, --adam-eps, --clip-grad) from the first "
+                        "resumed iteration when they differ from the checkpoint's; without "
+                        "this or the next flag such a difference is refused")
     p.add_argument("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler",
                    dest="use_checkpoint_opt_param_scheduler", action="store_true",
-                   help="with --load: keep the checkpoint's learning-rate schedule, whatever "
-                        "the schedule flags say")
+                   help="with --load: keep the checkpoint's schedule and optimizer values, "
+                        "whatever those flags say (config.json records them)")
     p.add_argument("--override-data-order", action="store_true", default=None,
-                   help="with --load: accept a --seed other than the checkpoint's; the sample "
-                        "order, masks and sampling noise follow the new seed from the resumed "
-                        "sample on")
+                   help="with --load: accept a --seed other than the checkpoint's, or training "
+                        "data other than it was trained on (regenerated or re-ordered shards, "
+                        "an edited blend: refused without it); the new order, masks and "
+                        "sampling noise start at the resumed sample")
     megatron_args.add_model_args(p)
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="override any config field, e.g. --set model.generator.num_layers=2")

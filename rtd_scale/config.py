@@ -523,8 +523,8 @@ class OptimConfig:
     adam_beta2: float = 0.98
     adam_eps: float = 1e-6
     clip_grad: float = 1.0  # global gradient-norm clip; 0 disables
-    # On --load, when lr, min_lr, lr_warmup_iters or lr_decay_iters differ from the
-    # checkpoint's (Megatron-LM's flags and meaning): the flags' values win from the first
+    # On --load, when any field above differs from the checkpoint's (Megatron-LM's flags and
+    # meaning, for the schedule and AdamW's values alike): the flags' values win from the first
     # resumed iteration, or the checkpoint's are kept; a difference with neither is an error.
     override_opt_param_scheduler: bool = False
     use_checkpoint_opt_param_scheduler: bool = False
@@ -655,9 +655,9 @@ class TrainConfig:
     # a device's peak TFLOP/s, MFU's denominator in the log (--peak-tflops-per-device or
     # --device-peak); None: the GPU's bf16 dense datasheet value when its name is known
     peak_tflops_per_device: Optional[float] = None
-    # with --load: accept another --seed than the checkpoint's; the data order (and masks,
-    # sampling noise) follow the new seed from the resumed sample on
-    # (training/checkpoint/compat.py, check_compatible)
+    # with --load: accept another --seed than the checkpoint's, or other training data than it
+    # was trained on; the data order (and masks, sampling noise) start anew at the resumed
+    # sample (training/checkpoint/compat.py, check_compatible and check_same_data)
     override_data_order: bool = False
 
     @property
@@ -860,6 +860,29 @@ class RunConfig:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
+        """The inverse of :meth:`to_dict` (a run's ``config.json``, a checkpoint's
+        ``rtd_meta.json``): its preset, then every recorded field, validated (fields this
+        version does not know are ignored)."""
+        cfg = preset(d.get("preset", "tiny"))
+
+        def fill(obj: Any, values: dict[str, Any]) -> None:
+            for f in dataclasses.fields(obj):
+                if f.name not in values:
+                    continue
+                current, value = getattr(obj, f.name), values[f.name]
+                if dataclasses.is_dataclass(current) and isinstance(value, dict):
+                    fill(current, value)
+                elif isinstance(current, enum.Enum):
+                    setattr(obj, f.name, type(current)(value))
+                else:
+                    setattr(obj, f.name, value)
+
+        fill(cfg, d)
+        cfg.validate()
+        return cfg
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """The end-of-run exports: ``--export`` (a consolidated, TP-agnostic fp32 state dict),
 ``--export-hf`` (a Hugging Face transformers directory) and the summary's line that exports the
-run later (``tools/export_hf.py``). Each gathers through ``hf/consolidate.py``, so this module
-stays outside ``training/`` (which never imports ``hf/``)."""
+run later (``tools/export_hf.py``). Each gathers the canonical state as a resume at another
+layout does (``training/checkpoint/layout_free.py``) and writes it through ``hf/``, so this
+module stays outside ``training/`` (which never imports ``hf/``)."""
 from __future__ import annotations
 
 import os
@@ -15,7 +16,7 @@ def export_consolidated(engine, model, cfg: RunConfig, ctx, path: str) -> None:
     atomically. Collective: every rank must call it."""
     import torch
 
-    from rtd_scale.hf.consolidate import gather_full_state
+    from rtd_scale.training.checkpoint.layout_free import gather_full_state
 
     state = gather_full_state(engine, model, ctx, cfg.model.vocab_size)
     if ctx.is_logging_rank:
@@ -32,7 +33,7 @@ def export_hf(engine, model, cfg: RunConfig, ctx, tokenizer, print_fn) -> None:
     ``generator/``, the tokenizer in both. Collective: every rank must call it."""
     import torch
 
-    from rtd_scale.hf.consolidate import gather_full_state
+    from rtd_scale.training.checkpoint.layout_free import gather_full_state
     from rtd_scale.hf.export import write_export
 
     out = cfg.train.export_hf

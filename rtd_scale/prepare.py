@@ -1,8 +1,8 @@
 """Every check on user input that needs no process group, run by every rank before
 ``distributed.initialize``: the W&B and profiler flags, the batch arithmetic against the
 ds_config, the tokenizer against every shard, the sample indices, the checkpoint ``--load``
-takes (chosen here, once per run) against this run's config and layout, the exports' shapes and
-directories, and the output paths. A refused run writes nothing."""
+takes (chosen here, once per run) against this run's config, layout and data, the exports'
+shapes and directories, and the output paths. A refused run writes nothing."""
 from __future__ import annotations
 
 import os
@@ -101,11 +101,21 @@ def prepare(cfg: RunConfig, world_size: int, print_fn=None) -> Prepared:
               "tensor_model_parallel_size": cfg.parallel.tensor_model_parallel_size,
               "pipeline_model_parallel_size": cfg.parallel.pipeline_model_parallel_size,
               "zero_stage": zero}
+    if cfg.train.save or cfg.train.load:
+        dataset["train"].state()  # the shards' hashes a checkpoint records: now, not at a save
+
     meta = choice = None
     if cfg.train.load:
         choice = ckpt_load.take(cfg.train.load)  # checkpoint/checks.py's CHECKS, before the build
         meta = compat.check_compatible(choice.load_dir, choice.tag, cfg.to_dict(), layout)
-        for line in choice.notes if print_fn else ():
+        notes = list(choice.notes)
+        if meta is not None:
+            unchecked = compat.check_same_data(
+                choice.load_dir, choice.tag, meta.get("data"), dataset["train"],
+                override=bool(cfg.train.override_data_order),
+                consumed=int(meta.get("consumed_samples") or 0))
+            notes += [unchecked] if unchecked else []
+        for line in notes if print_fn else ():
             print_fn(line)
     if cfg.train.export_hf:  # a shape Hugging Face cannot hold fails now, not after training
         from rtd_scale.hf import convert, export as hf_export

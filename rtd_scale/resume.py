@@ -1,33 +1,21 @@
-"""``--load``: the checkpoint :func:`prepare.prepare` chose (once per run) converted when it was
-saved at another layout (:func:`convert_for_layout`, before the engine is built), then loaded
-into the engine and the data position, step and notes taken from it (:func:`resume`).
+"""``--load``: the checkpoint :func:`prepare.prepare` chose (once per run), converted to the
+layout-free state when it was saved at another layout or precision (:func:`convert_for_layout`,
+before the engine is built), then loaded into the engine and the data position, step and notes
+taken from it (:func:`resume`).
 
-The learning rate and weight decay after the load are this run's schedule's at the restored
-position, set once (``checkpoint.load.refresh_learning_rate``, inside ``checkpoint.load.load`` and
-``reshard.load_canonical``); at another global batch the scheduler restores the position moved
-to the step the run reached (``MegatronLRScheduler.expect_checkpoint_batch``) before that.
-The conversion reads ``hf/consolidate.py``'s layout-free state, so this module stays outside
-``training/``.
+After the load, the optimizer runs with this run's hyperparameters (``checkpoint.load.
+apply_hyperparameters``: betas and eps, then the learning rate and weight decay of this run's
+schedule at the restored position); at another global batch the scheduler restores the position
+moved to the step the run reached (``MegatronLRScheduler.expect_checkpoint_batch``) before that.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 from rtd_scale.cli_errors import UserInputError
 from rtd_scale.config import RunConfig
-
-
-@dataclass
-class Converted:
-    """Where the engine loads a checkpoint saved at another layout from: ``universal``, a
-    DeepSpeed universal checkpoint's root (the ds_config then has ``checkpoint.load_universal``),
-    or ``canonical``, rtd_scale's layout-free state; both None when no conversion was needed."""
-
-    ds_config: dict[str, Any]
-    universal: Optional[str] = None
-    canonical: Optional[str] = None
 
 
 @dataclass
@@ -42,50 +30,31 @@ class Resumed:
     loss_spikes: Optional[dict] = None
 
 
-def convert_if_needed(cfg: RunConfig, ctx, prep, print_fn) -> Converted:
-    """A checkpoint saved at another layout, converted first (``training/reshard.py``): to
-    DeepSpeed's universal checkpoint or to rtd_scale's layout-free state."""
+def convert_if_needed(cfg: RunConfig, ctx, prep, print_fn) -> Optional[str]:
+    """The layout-free state of a checkpoint saved at another layout or precision
+    (``training/checkpoint/convert.py``), or None when DeepSpeed loads it as it is."""
     from rtd_scale.training.checkpoint import compat
 
-    ds_config = prep.ds_config
-    if not compat.needs_conversion(prep.meta, prep.layout):
-        return Converted(ds_config)
-    root, is_universal = convert_for_layout(prep.resume, ctx, prep.meta, prep.layout,
-                                            print_fn if ctx.is_logging_rank else None,
-                                            cfg.data.tokenizer_model)
-    if not is_universal:
-        return Converted(ds_config, canonical=root)
-    ds_config = {**ds_config, "checkpoint": {**ds_config.get("checkpoint", {}),
-                                             "load_universal": True}}
-    return Converted(ds_config, universal=root)
+    if not compat.needs_conversion(prep.meta, prep.layout, cfg.train.precision.value):
+        return None
+    return convert_for_layout(prep.resume, ctx, prep.meta, prep.layout, cfg.train.precision.value,
+                              print_fn if ctx.is_logging_rank else None, cfg.data.tokenizer_model)
 
 
-def convert_for_layout(choice, ctx, meta: dict, layout: dict, print_fn,
-                       tokenizer_model: Optional[str] = None) -> tuple[str, bool]:
-    """The conversion of ``choice`` (the checkpoint ``--load`` takes), saved at another layout:
-    rank 0 writes it (or finds it) beside the checkpoint while the others wait; every rank
-    raises the same one-line error when it fails. Returns (its root, whether it is DeepSpeed's
-    universal checkpoint rather than rtd_scale's layout-free state; ``training/reshard.py``)."""
+def convert_for_layout(choice, ctx, meta: dict, layout: dict, precision: str, print_fn,
+                       tokenizer_model: Optional[str] = None) -> str:
+    """The layout-free state of ``choice`` (the checkpoint ``--load`` takes): rank 0 writes it
+    (or finds it) beside the checkpoint while the others wait; every rank raises the same
+    one-line error when it fails. Returns its directory."""
     import torch.distributed as dist
 
-    from rtd_scale.training import reshard
-    from rtd_scale.training.checkpoint import compat
+    from rtd_scale.training.checkpoint import compat, convert
 
-    universal = reshard.uses_universal(meta["layout"], layout)
     result: list = [None]
     if ctx.rank == 0:
         try:
-            if universal:
-                root, seconds, fresh = reshard.convert(choice.load_dir, choice.tag)
-                reshard.check_converted_safe(root, choice.tag)
-            else:
-                from rtd_scale.hf.consolidate import consolidate_training_state
-
-                root, seconds, fresh = reshard.convert_canonical(
-                    choice.load_dir, choice.tag,
-                    lambda run, tag, out: consolidate_training_state(run, tag, out,
-                                                                     tokenizer_model))
-                reshard.check_canonical_safe(root)
+            root, seconds, fresh = convert.convert(choice.load_dir, choice.tag, tokenizer_model)
+            convert.check_safe(root)
             result = [(root, seconds, fresh, None)]
         except UserInputError as e:
             result = [(None, 0.0, False, str(e))]
@@ -95,19 +64,20 @@ def convert_for_layout(choice, ctx, meta: dict, layout: dict, print_fn,
     if error is not None:
         raise UserInputError(error)
     if print_fn:
-        was = compat.describe_layout(meta["layout"])
-        now = compat.describe_layout(layout)
+        old = compat.precision_of(meta)
+        changed = old != precision
+        was = compat.describe_layout(meta["layout"], old if changed else None)
+        now = compat.describe_layout(layout, precision if changed else None)
         how = f"in {seconds:.1f} s" if fresh else "reusing the conversion made earlier"
-        what = (f"DeepSpeed universal checkpoint {os.path.join(root, choice.tag)}" if universal
-                else f"layout-free state {root}")
-        print_fn(f"converted {choice.path} from {was} to {now} ({what}) {how}")
-    return root, universal
+        print_fn(f"converted {choice.path} from {was} to {now} (layout-free state {root}) {how}")
+    return root
 
 
-def resume(cfg: RunConfig, ctx, eng, model, prep, converted: Converted, *,
+def resume(cfg: RunConfig, ctx, eng, model, prep, converted: Optional[str], *,
            schedule_note: Optional[str], print_fn) -> Resumed:
-    """Load the checkpoint ``prep.resume`` (chosen by ``prepare``) into ``eng``; its lr and
-    weight decay are set from this run's resolved schedule. Returns where training continues
+    """Load the checkpoint ``prep.resume`` (chosen by ``prepare``) into ``eng`` (through its
+    layout-free state ``converted`` when that is not None); the optimizer's hyperparameters are
+    then this run's (``checkpoint.load.apply_hyperparameters``). Returns where training continues
     (a fresh :class:`Resumed` without ``--load``); the logging rank prints what changed."""
     from rtd_scale import distributed
     from rtd_scale.training.checkpoint import choose, files, load as ckpt_load
@@ -121,17 +91,16 @@ def resume(cfg: RunConfig, ctx, eng, model, prep, converted: Converted, *,
     meta_batch = ((prep.meta or {}).get("config") or {}).get("train", {}).get("global_batch_size")
     if meta_batch is not None:
         eng.lr_scheduler.expect_checkpoint_batch(meta_batch, cfg.optim)
-    if converted.canonical is not None:
-        from rtd_scale.training import reshard
+    if converted is not None:
+        from rtd_scale.training.checkpoint import layout_free
 
-        client = reshard.load_canonical(eng, model, ctx, converted.canonical, prep.resume,
-                                        flag=f"--load {cfg.train.load}")
+        client = layout_free.load(eng, model, ctx, converted, prep.resume.path,
+                                  flag=f"--load {cfg.train.load}")
     else:
-        client = ckpt_load.load(eng, cfg.train.load, rank=ctx.rank,
-                                universal_root=converted.universal, choice=prep.resume)
+        client = ckpt_load.load(eng, cfg.train.load, rank=ctx.rank, choice=prep.resume)
+    ckpt_load.apply_hyperparameters(eng, cfg.optim)
     start_step = int(client.get("step", 0))
-    if converted.universal is not None or converted.canonical is not None:
-        # dropout: a fresh stream per rank (training/reshard.py)
+    if converted is not None:  # dropout: a fresh stream per rank (layout_free's RNG policy)
         distributed.seed_after_build(ctx, cfg.train.seed + start_step)
     resumed_from = os.path.join(choose.split_load(cfg.train.load)[0],
                                 files.tag_for(start_step))
@@ -174,10 +143,8 @@ def _resume_notes(cfg: RunConfig, saved: dict, start_step: int, consumed: int, o
                      "state, the step count and the schedule carry on")
     if repacked_note:
         notes.append(repacked_note)
-    elif old_data is not None and old_data != new_data:
-        notes.append(f"note: the training data differ from the checkpoint's ({old_data} → "
-                     f"{new_data}); the run continues at sample {consumed} of the new "
-                     "data's order, not where the old order would have gone")
+    elif old_data is not None and (change := compat.data_change(old_data, new_data)):
+        notes.append(compat.data_change_note(change, consumed, train_data))  # accepted: prepare
     old_iters = saved.get("train_iters")
     if old_iters is not None and old_iters != cfg.train.train_iters:
         if cfg.optim.lr_decay_iters is None and cfg.optim.lr_decay_samples is None:

@@ -19,7 +19,7 @@ from rtd_scale import launch_env
 from rtd_scale.atomic import write_atomic
 from rtd_scale.config import RunConfig
 from rtd_scale.prepare import Prepared, prepare
-from rtd_scale.resume import Converted, Resumed, convert_if_needed, resume
+from rtd_scale.resume import Resumed, convert_if_needed, resume
 
 
 def run(cfg: RunConfig, print_fn=print, stop=None, validated=None) -> dict:
@@ -44,8 +44,8 @@ def run(cfg: RunConfig, print_fn=print, stop=None, validated=None) -> dict:
         model, eng, converted = set_up(cfg, ctx, prep, print_fn)
         resumed = resume(cfg, ctx, eng, model, prep, converted, schedule_note=schedule_note,
                          print_fn=print_fn)
-        write_run_files(cfg, ctx, model, prep, converted.ds_config, print_fn)
-        result = train_phase(cfg, ctx, eng, prep, resumed, converted.ds_config, stop, print_fn,
+        write_run_files(cfg, ctx, model, prep, prep.ds_config, print_fn)
+        result = train_phase(cfg, ctx, eng, prep, resumed, prep.ds_config, stop, print_fn,
                              reload=rollback_reload(cfg, ctx, eng, model, prep, converted,
                                                     resumed.resumed_from))
         return finish(cfg, ctx, eng, model, prep, result, resumed.start_step, print_fn)
@@ -65,8 +65,8 @@ def nothing_to_do(cfg: RunConfig, meta: dict, rank: int, print_fn) -> dict:
 
 def check_before_start(cfg: RunConfig, prep: Prepared, rank: int) -> Optional[str]:
     """The last checks before anything is built: whole words or spans that overflow the MLM
-    slots (one warning, rank 0), and the schedule flags against the checkpoint's
-    (``engine.resolve_resume_schedule``; its note, or None)."""
+    slots (one warning, rank 0), and the optimizer flags against the checkpoint's
+    (``engine.resolve_resume_optimizer``; its note, or None)."""
     from rtd_scale.training import engine
 
     if rank == 0:  # whole words or spans that overflow the MLM slots: one line, at start
@@ -74,9 +74,12 @@ def check_before_start(cfg: RunConfig, prep: Prepared, rank: int) -> Optional[st
         warn_if_units_overflow(cfg.rtd, prep.data["train"], prep.tokenizer, seed=cfg.train.seed)
     if prep.meta is None:
         return None
-    return engine.resolve_resume_schedule(
+    note = engine.resolve_resume_optimizer(
         cfg.optim, prep.meta["config"].get("optim", {}), source=cfg.train.load,
         saved_train_iters=prep.meta["config"].get("train", {}).get("train_iters"))
+    # the ds_config was resolved from the flags; a kept --clip-grad is the checkpoint's
+    prep.ds_config["gradient_clipping"] = cfg.optim.clip_grad
+    return note
 
 
 def pretrained_weights(cfg: RunConfig) -> tuple[Optional[str], Optional[str]]:
@@ -92,10 +95,10 @@ def pretrained_weights(cfg: RunConfig) -> tuple[Optional[str], Optional[str]]:
     return path, None
 
 
-def set_up(cfg: RunConfig, ctx, prep: Prepared, print_fn) -> tuple[Any, Any, Converted]:
+def set_up(cfg: RunConfig, ctx, prep: Prepared, print_fn) -> tuple[Any, Any, Optional[str]]:
     """The model (with ``--pretrained-checkpoint``'s weights when it starts the run), the
-    checkpoint's conversion when it was saved at another layout, and the DeepSpeed engine.
-    Returns (model, engine, the conversion: the ds_config the engine was built with)."""
+    checkpoint's conversion when it was saved at another layout or precision, and the DeepSpeed
+    engine. Returns (model, engine, the layout-free state's directory or None)."""
     from rtd_scale import distributed
     from rtd_scale.model.build import build_model
     from rtd_scale.training import engine
@@ -113,7 +116,7 @@ def set_up(cfg: RunConfig, ctx, prep: Prepared, print_fn) -> tuple[Any, Any, Con
                         print_fn=print_fn if ctx.is_logging_rank else None)
     distributed.seed_after_build(ctx, cfg.train.seed)
     converted = convert_if_needed(cfg, ctx, prep, print_fn)
-    eng = engine.build_engine(model, cfg, converted.ds_config, distributed.DeepSpeedMpu(),
+    eng = engine.build_engine(model, cfg, prep.ds_config, distributed.DeepSpeedMpu(),
                               print_fn=print_fn if ctx.is_logging_rank else None)
     return model, eng, converted
 
@@ -134,12 +137,12 @@ def write_run_files(cfg: RunConfig, ctx, model, prep: Prepared, ds_config: dict,
             print_fn(line)
 
 
-def rollback_reload(cfg: RunConfig, ctx, eng, model, prep: Prepared, converted: Converted,
+def rollback_reload(cfg: RunConfig, ctx, eng, model, prep: Prepared, converted: Optional[str],
                     resumed_from: Optional[str]):
     """How a loss-spike rollback (``training/loop.py``) loads a checkpoint: through
     :func:`resume.resume`, as ``--load`` would — the one this run resumed from with its own
-    conversion (another layout, global batch or packing), one it saved itself at this run's
-    layout. Returns ``reload(directory) -> (its step, its consumed samples)``. Collective."""
+    conversion ``converted`` (the layout-free state of another layout or precision, or None),
+    one it saved itself at this run's layout. Returns ``reload(directory) -> (its step, its consumed samples)``. Collective."""
     import copy
 
     from rtd_scale.training.checkpoint import files, load as checkpoint_load
@@ -153,7 +156,7 @@ def rollback_reload(cfg: RunConfig, ctx, eng, model, prep: Prepared, converted: 
             run_prep = copy.copy(prep)
             run_prep.resume = checkpoint_load.take(path)
             run_prep.meta = files.read_meta(run_prep.resume.load_dir, run_prep.resume.tag)
-            run_converted = Converted(converted.ds_config)
+            run_converted = None
         again = resume(run_cfg, ctx, eng, model, run_prep, run_converted, schedule_note=None,
                        print_fn=lambda *_: None)
         return again.start_step, again.consumed

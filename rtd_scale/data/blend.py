@@ -150,10 +150,13 @@ class BlendedDataset:
         return f"{SPLIT_NAMES[self.part]}: " + " + ".join(parts)
 
     def state(self) -> dict:
-        """What a checkpoint records to tell whether a resumed run reads the same data."""
+        """What a checkpoint records to tell whether a resumed run reads the same data: the
+        packing, the blend, and what every shard of every dataset holds (``shards``:
+        ``PackedDataset.shard_contents``, hashed on first use)."""
         return {"samples": [len(ds) for ds in self.datasets],
                 "weights": [float(w) for w in self.schedule.weights],
-                "seq_length": self.seq_length, "split": list(self.datasets[0].split)}
+                "seq_length": self.seq_length, "split": list(self.datasets[0].split),
+                "shards": [ds.shard_contents() for ds in self.datasets]}
 
     def continue_after(self, consumed: int, saved: Optional[dict]) -> tuple[int, Optional[str]]:
         """Where a resumed run reads on when the checkpoint read ``consumed`` samples of data
@@ -167,7 +170,7 @@ class BlendedDataset:
         other difference keeps ``consumed`` (the caller notes it)."""
         if not saved or saved.get("seq_length") in (None, self.seq_length) or any(
                 saved.get(k) != v for k, v in self.state().items()
-                if k not in ("samples", "seq_length")):
+                if k not in ("samples", "seq_length", "shards")):
             return consumed, None
         old, new = sum(saved.get("samples") or [0]), sum(len(ds) for ds in self.datasets)
         if old <= 0:

@@ -176,6 +176,26 @@ class ShardIndex:
             out += [st.st_size, st.st_mtime_ns]
         return out
 
+    def content(self, cache: "IndexCache") -> dict:
+        """What this shard holds, for a checkpoint to record: the SHA-256 of its ``.idx`` and
+        of its ``.bin`` (its name only to name it), not its path, size or mtime, so a shard
+        regenerated in place with the same counts (two documents swapped) differs and a moved
+        copy does not. Hashed once (the ``.bin`` read at ~1.4 GB/s on one core) and cached under
+        ``cache`` keyed by :meth:`fingerprint`, as the sample index is (a rewritten file has
+        another mtime, so it is hashed again)."""
+        def build() -> dict:
+            out = {"name": os.path.basename(self.prefix)}
+            for kind, path in (("idx", self.idx_path), ("bin", self.bin_path)):
+                h = hashlib.sha256()
+                with open(path, "rb") as f:
+                    for block in iter(lambda: f.read(16 << 20), b""):
+                        h.update(block)
+                out[f"{kind}_sha256"] = h.hexdigest()
+            return out
+
+        name = f"{os.path.basename(self.prefix)}.{_digest(self.fingerprint())}.content.json"
+        return {**cache.get_json(name, build), "name": os.path.basename(self.prefix)}
+
 
 class IndexCache:
     """``.npy`` arrays under one directory, built on a miss and loaded memory-mapped on a hit.
@@ -218,6 +238,26 @@ class IndexCache:
                               "--data-cache-path DIR to cache it in a writable directory")
                 self.directory = None
         return arr
+
+    def get_json(self, name: str, build: Callable[[], dict]) -> dict:
+        """The JSON object stored as ``name``, built and stored if absent or unreadable."""
+        if self.directory is not None:
+            try:
+                with open(os.path.join(self.directory, name), encoding="utf-8") as f:
+                    value = json.load(f)
+                if isinstance(value, dict):
+                    return value
+            except (OSError, ValueError):
+                pass
+        value = build()
+        if self.directory is not None:
+            text = (json.dumps(value, indent=1, sort_keys=True) + "\n").encode()
+            try:
+                os.makedirs(self.directory, exist_ok=True)
+                self._write(os.path.join(self.directory, name), lambda f: f.write(text))
+            except OSError:
+                pass  # kept in memory; the sample index's own write warns about the directory
+        return value
 
     @staticmethod
     def _write(path: str, write: Callable) -> None:
@@ -346,6 +386,20 @@ class PackedDataset:
         lens = np.diff(self._doc_starts[lo:hi + 1]) if hi > lo else np.zeros(0, np.int64)
         self.stream_tokens = int(lens.sum() + np.count_nonzero(lens))
         self._orders: dict[tuple, np.ndarray] = {}
+        self._content: Optional[list[dict]] = None
+
+    def shard_contents(self) -> list[dict]:
+        """What each of the dataset's shards holds (``ShardIndex.content``), in order; hashed
+        on first use (``prepare``, before a run that saves or loads starts), then kept; a
+        hashing that takes long prints progress as an index build does."""
+        if self._content is None:
+            progress = BuildProgress(f"the content hash of {self.name}")
+            self._content = []
+            for i, shard in enumerate(self.shards):
+                self._content.append(shard.content(self.cache))
+                progress.update(i + 1, len(self.shards), "shards hashed")
+            progress.finish(f"{len(self.shards)} shard(s)")
+        return self._content
 
     # -- index construction ----------------------------------------------------------------------
 

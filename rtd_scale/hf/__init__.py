@@ -13,7 +13,8 @@
 - ``pretrained``: reads an export directory, an ``--export`` .pt file or a Hugging Face ELECTRA,
   RoBERTa-PreLayerNorm or DeBERTaV3 directory into a canonical state dict and loads it into a
   model at any TP / PP layout.
-- ``consolidate``: one canonical state from a DeepSpeed checkpoint of any TP × PP × ZeRO layout.
+- ``consolidate``: the export's read of a DeepSpeed checkpoint of any TP × PP × ZeRO layout
+  (``training/checkpoint/convert.py``'s restart of its world).
 
 Targets: the table in ``adapters``.
 """

@@ -20,7 +20,8 @@ from rtd_scale.training.ds_config import load_ds_config, resolve_ds_config  # no
 from rtd_scale.training.optimizer import optimizer_for_ds_config
 
 
-# The schedule's fields a resumed run compares with its checkpoint's, and their flags.
+# The optimizer's fields a resumed run compares with its checkpoint's, and their flags: the
+# schedule's (megatron-core's OptimizerParamScheduler) ...
 SCHEDULE_FIELDS = {"lr": "--lr", "min_lr": "--min-lr", "lr_warmup_iters": "--lr-warmup-iters",
                    "lr_decay_iters": "--lr-decay-iters", "lr_decay_style": "--lr-decay-style",
                    "lr_warmup_fraction": "--lr-warmup-fraction",
@@ -29,24 +30,33 @@ SCHEDULE_FIELDS = {"lr": "--lr", "min_lr": "--min-lr", "lr_warmup_iters": "--lr-
                    "lr_wsd_decay_style": "--lr-wsd-decay-style",
                    "lr_wsd_decay_iters": "--lr-wsd-decay-iters",
                    "lr_wsd_decay_samples": "--lr-wsd-decay-samples"}
+# ... and AdamW's and the update's (Megatron-LM's OptimizerConfig): every field of
+# config.OptimConfig but the two flags that decide (tests/unit/test_resume_optimizer.py)
+OPTIMIZER_FIELDS = {"weight_decay": "--weight-decay", "adam_beta1": "--adam-beta1",
+                    "adam_beta2": "--adam-beta2", "adam_eps": "--adam-eps",
+                    "clip_grad": "--clip-grad"}
+RESUME_FIELDS = {**SCHEDULE_FIELDS, **OPTIMIZER_FIELDS}
 
 
-def resolve_resume_schedule(optim: OptimConfig, saved: dict[str, Any], *, source: str,
-                            saved_train_iters: Optional[int] = None) -> Optional[str]:
-    """Decide the learning-rate schedule of a resumed run (Megatron-LM's rule,
-    ``OptimizerParamScheduler._check_and_set``): when one of ``optim``'s ``SCHEDULE_FIELDS``
-    (peak, floor, warm-up and decay lengths, decay style) differs from ``saved`` (the
-    checkpoint's ``optim`` section; fields it lacks are not compared), the flags'
-    values apply from the first resumed iteration with ``override_opt_param_scheduler``, and
-    the checkpoint's are copied into ``optim`` with ``use_checkpoint_opt_param_scheduler``.
-    A changed ``--train-iters`` alone is no difference (the decay follows it when
-    lr_decay_iters is unset). Returns a one-line note saying which schedule applies, or None
-    when nothing differs.
+def resolve_resume_optimizer(optim: OptimConfig, saved: dict[str, Any], *, source: str,
+                             saved_train_iters: Optional[int] = None) -> Optional[str]:
+    """Decide the optimizer settings of a resumed run, one rule for all of them (Megatron-LM's
+    rule for the schedule, ``OptimizerParamScheduler._check_and_set``, extended to AdamW's
+    weight decay, betas and eps and to gradient clipping): when one of ``optim``'s
+    ``RESUME_FIELDS`` differs from ``saved`` (the checkpoint's ``optim`` section; fields it lacks
+    are not compared), the flags' values apply from the first resumed iteration with
+    ``override_opt_param_scheduler``, and the checkpoint's are copied into ``optim`` with
+    ``use_checkpoint_opt_param_scheduler`` — either way ``optim`` (so ``config.json``) holds
+    what the optimizer then runs with (``checkpoint.load.apply_hyperparameters``; without it,
+    torch's ``load_state_dict`` would keep the checkpoint's betas and eps while the schedule
+    set the new weight decay). A changed ``--train-iters`` alone is no difference (the decay
+    follows it when lr_decay_iters is unset). Returns a one-line note saying which values
+    apply, or None when nothing differs.
 
     Raises:
         UserInputError: a difference and neither flag (naming both values of each field).
     """
-    diffs = [name for name in SCHEDULE_FIELDS
+    diffs = [name for name in RESUME_FIELDS
              if name in saved and saved[name] != getattr(optim, name)]
     if not diffs:
         return None
@@ -60,20 +70,22 @@ def resolve_resume_schedule(optim: OptimConfig, saved: dict[str, Any], *, source
             return str(value.value)
         return f"{value:g}" if isinstance(value, float) else str(value)
 
-    change = ", ".join(f"{SCHEDULE_FIELDS[n]} {show(n, saved[n])} → {show(n, getattr(optim, n))}"
+    change = ", ".join(f"{RESUME_FIELDS[n]} {show(n, saved[n])} → {show(n, getattr(optim, n))}"
                        for n in diffs)
+    what = ("the learning-rate schedule differs" if set(diffs) <= set(SCHEDULE_FIELDS)
+            else "the optimizer settings differ")
     if optim.override_opt_param_scheduler:
-        return (f"note: the learning-rate schedule differs from the checkpoint's ({change}); "
+        return (f"note: {what} from the checkpoint's ({change}); "
                 "--override-opt_param-scheduler: the new values apply from the first resumed "
                 "iteration")
     if optim.use_checkpoint_opt_param_scheduler:
         for name in diffs:
             setattr(optim, name, saved[name])
         optim.validate()  # the saved strings back to their enums
-        return (f"note: the learning-rate schedule differs from the checkpoint's ({change}); "
+        return (f"note: {what} from the checkpoint's ({change}); "
                 "--use-checkpoint-opt_param-scheduler: the checkpoint's values are kept")
     raise UserInputError(
-        f"--load {source}: the learning-rate schedule differs from the checkpoint's ({change}); "
+        f"--load {source}: {what} from the checkpoint's ({change}); "
         "pass --override-opt_param-scheduler to use the new values from the first resumed "
         "iteration, or --use-checkpoint-opt_param-scheduler to keep the checkpoint's")
 

@@ -27,7 +27,7 @@ Skipped updates do not advance the schedule (Megatron-LM steps its scheduler onl
 
 Resume: the checkpoint (DeepSpeed's ``lr_scheduler`` entry) restores the position
 (``num_steps``) only; lengths, peak and floor are this run's ``OptimConfig``, which
-``engine.resolve_resume_schedule`` already reconciled with the checkpoint's
+``engine.resolve_resume_optimizer`` already reconciled with the checkpoint's
 (``--override-opt_param-scheduler`` / ``--use-checkpoint-opt_param-scheduler``). A checkpoint of
 the earlier LambdaLR schedule (``last_epoch`` counted iterations) resumes at ``last_epoch`` ×
 global batch size. A resume at another global batch keeps an iteration schedule at the step it

@@ -53,12 +53,12 @@ def _export_tool(run, out):
 
 def _model_from_export_pt(path, tok):
     """Our model at TP = PP = 1 with the trained weights of an ``--export`` file."""
-    from rtd_scale.hf.consolidate import run_config_from_dict
+    from rtd_scale.config import RunConfig
     from rtd_scale.model import weights
     from tests.helpers.tiny_model import build
 
     blob = torch.load(path, weights_only=True)
-    cfg = run_config_from_dict(blob["config"])
+    cfg = RunConfig.from_dict(blob["config"])
     model = build(cfg, seed=0, tok=tok)  # at TP 1 as one pipeline stage: the whole model
     weights.load_full_state_dict(model, blob["model"], tp_rank=0)
     return model.eval(), blob["model"]

@@ -555,10 +555,11 @@ def test_elastic_requeue_continues_on_fewer_nodes(cluster, job_env, tmp_path_fac
     """TP 1 on 2 nodes × 2 tasks (DP 4, accumulation 1): SIGUSR1, save, requeue; while Slurm
     holds the requeued job it is shrunk to 1 node × 2 tasks (`scontrol update NumNodes=1
     NumTasks=2`). The same job id then redoes the batch arithmetic (DP 2, accumulation 2),
-    converts the checkpoint (DeepSpeed universal checkpoint) and continues at the saved step.
+    converts the checkpoint (its layout-free state, the 4-rank world restarted on the one node)
+    and continues at the saved step.
     Every step's losses equal an uninterrupted run's (2 local ranks) within 1e-5 relative; the
     two sizes sum the global batch's gradients in different orders. Dropout is off: at a new
-    size each rank seeds a fresh dropout stream (rtd_scale/training/reshard.py)."""
+    size each rank seeds a fresh dropout stream (training/checkpoint/layout_free.py)."""
     work = tmp_path_factory.mktemp("mn_elastic")
     save = work / "run"
     env = {**job_env, "RTD_SAVE": str(save), "RTD_TP": "1", "RTD_EXTRA_ARGS": " ".join(NO_DROPOUT)}

@@ -1,4 +1,4 @@
-"""Bad input to the entry point: one line naming the thing and the fix, exit 1, nothing written."""
+"""Bad input to the entry point: one line naming the thing and the fix, exit 2, nothing written."""
 from __future__ import annotations
 
 import json
@@ -202,15 +202,17 @@ def test_save_into_an_existing_run_needs_load(wiki_shards, tmp_path, capsys, mon
 
 def test_load_refuses_a_layout_it_cannot_convert_or_another_model(wiki_shards, tmp_path, capsys,
                                                                    monkeypatch):
-    """Another TP, PP, DP size or ZeRO stage resumes (tests/e2e/test_resume_layout.py), except
-    from ZeRO-0 under --fp16, whose AdamW state DeepSpeed keeps in one flat fp16 optimizer: one
-    line naming both layouts and the fix. This run: TP 1 × PP 1 × DP 2, ZeRO-3."""
+    """Another TP, PP, DP size, ZeRO stage or precision resumes (tests/e2e/test_resume_layout.py),
+    except from ZeRO-0 under --fp16, whose AdamW state DeepSpeed keeps in one flat fp16
+    optimizer: one line naming both layouts, both precisions and the fix. This run: TP 1 × PP 1
+    × DP 2, ZeRO-3, fp32."""
     layout = {"world_size": 1, "data_parallel_size": 1, "tensor_model_parallel_size": 1,
               "pipeline_model_parallel_size": 1, "zero_stage": 0}
     run = _fake_checkpoint(tmp_path / "zero0_fp16", layout=layout, train={"precision": "fp16"})
     msg = _error(capsys, _args(wiki_shards, tmp_path / "new", "--load", str(run)), monkeypatch)
     assert msg == (f"error: --load {run}: global_step4 was saved at TP 1 × PP 1 × DP 1, ZeRO-0, "
-                   "this run is TP 1 × PP 1 × DP 2, ZeRO-3: the checkpoint is ZeRO-0 under "
+                   "fp16, this run is TP 1 × PP 1 × DP 2, ZeRO-3, fp32: the checkpoint is ZeRO-0 "
+                   "under "
                    "--fp16, whose AdamW state DeepSpeed keeps in one flat fp16 optimizer that "
                    "cannot be re-split; resume at the checkpoint's layout, or use a "
                    "ds_configs/zero1.json-style file on both runs"), msg

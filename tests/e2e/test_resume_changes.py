@@ -4,15 +4,30 @@
   ``--override-data-order``, which says where the new order starts;
 * BERT's two-phase schedule (arXiv 1810.04805 §A.2): ``--load`` with a new ``--seq-length`` and
   ``--global-batch-size`` keeps the optimizer state and the step count, and continues at the
-  same fraction of the data (``BlendedDataset.continue_after``)."""
+  same fraction of the data (``BlendedDataset.continue_after``);
+* a changed optimizer setting (``--weight-decay``, ``--adam-beta2``, ``--adam-eps``) is refused in
+  one line naming both values, unless ``--override-opt_param-scheduler`` (the new values run) or
+  ``--use-checkpoint-opt_param-scheduler`` (the checkpoint's run): the optimizer's param_groups,
+  the weights and ``config.json`` agree with what the log says;
+* fp32 ↔ bf16 converts through the layout-free state and the losses continue;
+* other training data (two documents swapped) are refused in one line naming the shard, unless
+  ``--override-data-order``, which says where the new order starts.
+
+The resumes that train share two rounds of one-rank launches run side by side
+(``launch_together``, module fixture ``resumes``)."""
 from __future__ import annotations
 
+import json
 import re
 import shutil
 
 import pytest
+import torch
 
-from tests.helpers.launcher import adam_steps, common, launch, pretrain_error
+from tests.helpers.env import REPO
+from tests.helpers.launcher import (adam_steps, common, cut_back, fp32_weights, launch,
+                                    launch_together, pretrain_error, scalars)
+from tests.helpers.tools import load_tool
 
 ITERATION = re.compile(r"^ iteration\s+(\d+)/\s*\d+ \| consumed samples:\s+(\d+) \|", re.M)
 
@@ -80,3 +95,163 @@ def test_second_phase_at_a_longer_sequence_and_another_batch(wiki_shards, two_st
     # the AdamW moments came along: their step count is the run's, not the phase's
     assert adam_steps(save / "global_step2") == {2.0}
     assert adam_steps(save / "global_step4") == {4.0}
+
+
+# ------------------------------------------- optimizer settings, precision, data (one fixture) ----
+
+BF16 = ["--bf16", "--ds_config", "ds_configs/zero1.json"]  # DeepSpeed's bf16_zero_pp_rank_* files
+PRECISION_REL = 5e-4
+
+
+@pytest.fixture(scope="module")
+def swapped_data(wiki_shards, tmp_path_factory):
+    """The wiki corpus preprocessed again with its first two documents swapped (same
+    documents, same counts, other order) by the real tool; returns its prefix."""
+    out = tmp_path_factory.mktemp("swapped")
+    lines = (REPO / "tests" / "data" / "wiki_sample.jsonl").read_text().splitlines(True)
+    (out / "wiki_sample.jsonl").write_text("".join([lines[1], lines[0], *lines[2:]]))
+    load_tool("preprocess_data").main(["--input", str(out / "wiki_sample.jsonl"),
+                                       "--tokenizer-model", wiki_shards[0],
+                                       "--output-prefix", str(out / "wiki"), "--workers", "1"])
+    return str(out / "wiki_text_document")
+
+
+@pytest.fixture(scope="module")
+def resumes(wiki_shards, two_steps, swapped_data, tmp_path_factory):
+    """Run directories and results of the resumes to step 3 of ``two_steps`` (fp32, ZeRO-3,
+    saved at 2): ``same`` (nothing changed), ``checkpoint_wd`` (--weight-decay 0.5 with
+    --use-checkpoint-opt_param-scheduler), ``override`` (--weight-decay 0.5 --adam-beta2 0.9
+    --adam-eps 1e-3 with --override-opt_param-scheduler), ``to_bf16``
+    (--bf16 at ZeRO-1), ``other_data`` (the swapped corpus with --override-data-order); ``bf16``,
+    an uninterrupted bf16 ZeRO-1 run of 3 steps saved at 2, and ``to_fp32``, its checkpoint at 2
+    resumed in fp32 at ZeRO-3."""
+    root = tmp_path_factory.mktemp("resumes")
+    flags = {"same": [], "checkpoint_wd": ["--weight-decay", "0.5",
+                                           "--use-checkpoint-opt_param-scheduler"],
+             "override": ["--weight-decay", "0.5", "--adam-beta2", "0.9", "--adam-eps", "1e-3",
+                          "--override-opt_param-scheduler"],
+             "to_bf16": BF16,
+             "other_data": ["--data-path", swapped_data, "--override-data-order"]}
+    runs, jobs = {}, {}
+    for name, extra in flags.items():
+        runs[name] = shutil.copytree(two_steps, root / name)
+        jobs[name] = common(wiki_shards, runs[name], 3, ["--eval-iters", "0", "--load",
+                                                          str(runs[name]), *extra])
+    runs["bf16"] = root / "bf16"
+    jobs["bf16"] = common(wiki_shards, runs["bf16"], 3, ["--eval-iters", "0", *BF16],
+                          save_interval=2)
+    # to_fp32 needs bf16's checkpoint: a second round, which other_data shares (two cores)
+    first = [n for n in jobs if n != "other_data"]
+    results = dict(zip(first, launch_together([jobs[n] for n in first], timeout=600)))
+    runs["to_fp32"] = cut_back(runs["bf16"], root / "to_fp32", 2)
+    jobs["to_fp32"] = common(wiki_shards, runs["to_fp32"], 3, ["--eval-iters", "0", "--load",
+                                                               str(runs["to_fp32"])])
+    second = ["other_data", "to_fp32"]
+    results.update(zip(second, launch_together([jobs[n] for n in second], timeout=600)))
+    for name, r in results.items():
+        assert r.returncode == 0, (name, r.stdout[-2000:], r.stderr[-3000:])
+    return runs, results
+
+
+def _param_groups(ckpt_dir) -> list[dict]:
+    (path,) = ckpt_dir.glob("*optim_states.pt")
+    states = torch.load(path, map_location="cpu", weights_only=False)
+    return states["optimizer_state_dict"]["optimizer_state_dict"]["param_groups"]
+
+
+def _optim_config(run) -> dict:
+    return json.loads((run / "config.json").read_text())["optim"]
+
+
+def test_a_changed_optimizer_setting_is_refused_in_one_line(wiki_shards, two_steps, tmp_path,
+                                                            capsys, monkeypatch):
+    save = shutil.copytree(two_steps, tmp_path / "run")
+    resume = common(wiki_shards, save, 3, ["--eval-iters", "0", "--load", str(save)])
+    tail = ("; pass --override-opt_param-scheduler to use the new values from the first resumed "
+            "iteration, or --use-checkpoint-opt_param-scheduler to keep the checkpoint's")
+    err = pretrain_error(capsys, resume + ["--weight-decay", "0.5"], monkeypatch, world_size=1)
+    assert err == (f"error: --load {save}: the optimizer settings differ from the checkpoint's "
+                   f"(--weight-decay 0.01 → 0.5){tail}")
+    err = pretrain_error(capsys, resume + ["--adam-beta2", "0.9", "--adam-eps", "1e-3"],
+                         monkeypatch, world_size=1)
+    assert err == (f"error: --load {save}: the optimizer settings differ from the checkpoint's "
+                   f"(--adam-beta2 0.98 → 0.9, --adam-eps 1e-06 → 0.001){tail}")
+    assert not (save / "global_step3").exists()
+
+
+def test_the_optimizer_runs_with_what_the_log_and_config_json_say(resumes):
+    runs, results = resumes
+    same = fp32_weights(runs["same"], "global_step3")
+    assert _param_groups(runs["same"] / "global_step3")[0]["weight_decay"] == 0.01
+
+    # the checkpoint's settings kept: the weights of the unchanged resume, to the bit
+    assert ("note: the optimizer settings differ from the checkpoint's (--weight-decay 0.01 → "
+            "0.5); --use-checkpoint-opt_param-scheduler: the checkpoint's values are kept"
+            in results["checkpoint_wd"].stdout)
+    assert _optim_config(runs["checkpoint_wd"])["weight_decay"] == 0.01
+    assert _param_groups(runs["checkpoint_wd"] / "global_step3")[0]["weight_decay"] == 0.01
+    kept = fp32_weights(runs["checkpoint_wd"], "global_step3")
+    assert all(torch.equal(kept[n], w) for n, w in same.items())
+
+    # the new settings asked for: in the optimizer, in config.json, and in the weights
+    assert ("note: the optimizer settings differ from the checkpoint's (--weight-decay 0.01 → "
+            "0.5, --adam-beta2 0.98 → 0.9, --adam-eps 1e-06 → 0.001); "
+            "--override-opt_param-scheduler: the new values apply from the first resumed "
+            "iteration" in results["override"].stdout)
+    config = _optim_config(runs["override"])
+    assert (config["weight_decay"], config["adam_beta2"], config["adam_eps"]) == (0.5, 0.9, 1e-3)
+    groups = _param_groups(runs["override"] / "global_step3")
+    assert [g["weight_decay"] for g in groups] == [0.5, 0.0]  # no decay on biases and norms
+    assert all(tuple(g["betas"]) == (0.9, 0.9) and g["eps"] == 1e-3 for g in groups)
+    weights = fp32_weights(runs["override"], "global_step3")
+    assert any(not torch.equal(weights[n], w) for n, w in same.items())
+
+
+def test_fp32_and_bf16_convert_into_each_other_and_continue(resumes):
+    """Each direction converts through the layout-free state (the fp32 masters and both moments)
+    and its step 3 is the uninterrupted run's in its new precision, within what steps 1–2 in
+    the other precision change (measured 6.6e-5 relative); two steps of training move the loss
+    by several times more (3.5e-3)."""
+    runs, results = resumes
+    for name, was, now, ref in (
+            ("to_bf16", "ZeRO-3, fp32", "ZeRO-1, bf16", "bf16"),
+            ("to_fp32", "ZeRO-1, bf16", "ZeRO-3, fp32", "same")):
+        run = runs[name]
+        assert (f"converted {run}/global_step2 from TP 1 × PP 1 × DP 1, {was} to TP 1 × PP 1 × "
+                f"DP 1, {now} (layout-free state {run}/global_step2_canonical) in "
+                in results[name].stdout), results[name].stdout[-3000:]
+        got = scalars(str(run / "tensorboard"))["loss/total"]
+        want = scalars(str(runs[ref] / "tensorboard"))["loss/total"]
+        print(name, got, want)
+        assert max(got) == 3
+        assert abs(got[3] - want[3]) <= PRECISION_REL * abs(want[3]), (name, got, want)
+        assert abs(want[1] - want[3]) > 4 * PRECISION_REL * abs(want[3])
+
+
+def test_other_data_are_refused_in_one_line_unless_overridden(wiki_shards, two_steps,
+                                                              swapped_data, resumes, tmp_path,
+                                                              capsys, monkeypatch):
+    save = shutil.copytree(two_steps, tmp_path / "run")
+    err = pretrain_error(capsys, common(wiki_shards, save, 3, [
+        "--eval-iters", "0", "--load", str(save), "--data-path", swapped_data]), monkeypatch,
+        world_size=1)
+    m = re.fullmatch(
+        rf"error: --load {re.escape(str(save))}: global_step2 was trained on other data: shard "
+        r"wiki_text_document_00000 holds other data than the checkpoint's "
+        r"wiki_text_document_00000 \(its (?:\.idx and )?\.bin differ: sha256 [0-9a-f]{12} → "
+        r"[0-9a-f]{12}\); restore the data it was trained on, or pass --override-data-order to "
+        r"continue on these data, their order starting at global sample 32 where the run "
+        r"resumes", err)
+    assert m, err
+    assert not (save / "global_step3").exists()
+
+    runs, results = resumes
+    out = results["other_data"].stdout
+    assert f"resumed from {runs['other_data']} at iteration 2 (32 samples consumed)" in out
+    note = re.search(r"^note: --override-data-order: the training data differ from the "
+                     r"checkpoint's \(shard wiki_text_document_00000 holds other data .*\); the "
+                     r"run reads them from global sample 32 of their order on: "
+                     r"wiki_text_document resumes in epoch 0 at position 32 of its \d+ \(counted "
+                     r"from 0\) of the new order$", out, re.M)
+    assert note, out[-3000:]
+    assert [int(m[0]) for m in ITERATION.findall(out)] == [3]

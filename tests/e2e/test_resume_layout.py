@@ -1,21 +1,20 @@
 """``--load`` of a checkpoint saved at another process layout, through the real ``deepspeed``
-launcher: the resumed steps 4–6 repeat the uninterrupted run's losses, learning rate and
-gradient norm within 1e-5 relative, and its final fp32 weights (and, where the layout changes
-tensor or pipeline parallelism, both AdamW moments) too (training/reshard.py).
-
-- TP 1 × PP 1, DP and ZeRO 1–3 changes: DeepSpeed's universal checkpoint (DP 2 ZeRO-3 ↔ DP 1
-  ZeRO-1);
-- TP, PP and ZeRO-0 changes: rtd_scale's layout-free state (TP 2 × DP 2 ZeRO-3 → TP 1 ZeRO-0,
-  PP 2 ZeRO-1 → PP 1 ZeRO-2, TP 1 → TP 2 ZeRO-1; DeBERTa's layout TP 1 → TP 2 ZeRO-3).
-Each path has a control: its converted AdamW moments zeroed, step 5 (the first update) differs.
+launcher and rtd_scale's layout-free state (training/checkpoint/convert.py, layout_free.py): the
+resumed steps 4–6 repeat the uninterrupted run's losses, learning rate and gradient norm within
+1e-5 relative, and its final fp32 weights (and, where the layout changes tensor or pipeline
+parallelism, both AdamW moments) too: DP 2 ZeRO-3 ↔ DP 1 ZeRO-1, TP 2 × DP 2 ZeRO-3 → TP 1 ZeRO-0,
+PP 2 ZeRO-1 → PP 1 ZeRO-2, TP 1 → TP 2 ZeRO-1, DeBERTa's layout TP 1 → TP 2 ZeRO-3; and a
+ZeRO-Offload checkpoint resumed without offload at ZeRO-1, ZeRO-2 and on another rank count
+(tests/multiproc/test_layout_free.py takes every pair of ds_configs/ files through the same state).
+The route has a control: the converted AdamW moments zeroed, step 5 (the first update) differs.
 
 Runs are shared: one uninterrupted run per model layout (post-LN BERT attention: TP 1 × DP 2,
-ZeRO-3; DeBERTa: TP 1 × DP 1, ZeRO-1; 6 steps, checkpoints at 3 and 6) is the reference of
-every pair in that layout, and also the source of the pairs that start from it. rtd_scale's
-samples, masks and sampling noise are functions of the global sample index and step, its
-initial weights of (seed, parameter name) at any TP size, and its losses are normalised over
-the global batch, so steps 1–3 are the same at every layout (dropout 0: megatron-core's dropout
-RNG depends on the TP rank).
+ZeRO-3; DeBERTa: TP 1 × DP 1, ZeRO-1; 6 steps, checkpoints at 3 and 6) is the reference
+of every pair in that layout — the uninterrupted run at the new layout too: rtd_scale's samples,
+masks and sampling noise are functions of the global sample index and step, its initial weights
+of (seed, parameter name) at any TP size, and its losses are normalised over the global batch,
+so every step is the same at every layout within rounding (dropout 0: megatron-core's dropout
+RNG depends on the TP rank) — and the source of the pairs that start from it.
 """
 from __future__ import annotations
 
@@ -45,10 +44,10 @@ def _args(wiki_shards, save, iters, zero, extra=(), layout=POST_LN, tp=1, pp=1):
 def _canonical(run, tag, tmp_path_factory) -> dict:
     """The layout-free training state of ``run``'s checkpoint ``tag`` (fp32 weights and both
     AdamW moments under canonical names), gathered by restarting its layout."""
-    from rtd_scale.hf.consolidate import consolidate_training_state
+    from rtd_scale.training.checkpoint.convert import write_training_state
 
     out = tmp_path_factory.mktemp("canonical")
-    consolidate_training_state(str(run), tag, str(out))
+    write_training_state(str(run), tag, str(out))
     return torch.load(out / "state.pt", weights_only=True)
 
 
@@ -60,6 +59,16 @@ def straight(wiki_shards, tmp_path_factory):
     r = launch(_args(wiki_shards, run, 6, 3), ranks=2)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     return run, scalars(str(run / "tensorboard")), fp32_weights(run, "global_step6")
+
+
+@pytest.fixture(scope="module")
+def offloaded(wiki_shards, tmp_path_factory):
+    """The same run to step 3 with ZeRO-Offload (ds_configs/zero3_offload.json: DeepSpeed's CPU
+    Adam, which counts AdamW steps in an int); its steps 1–3 are the reference's."""
+    run = tmp_path_factory.mktemp("layout") / "offloaded"
+    r = launch(_args(wiki_shards, run, 3, "3_offload"), ranks=2)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    return run
 
 
 @pytest.fixture(scope="module")
@@ -84,36 +93,45 @@ def _assert_steps(r, run, ref: dict) -> None:
     assert f"resumed from {run} at iteration 3 (48 samples consumed)" in r.stdout
     resumed = scalars(str(run / "tensorboard"))
     assert max(resumed["loss/mlm"]) == 6 and {4, 5, 6} <= set(resumed["loss/mlm"])
+    tags = ("loss/mlm", "loss/rtd", "optim/lr", "optim/grad_norm")
+    worst = {tag: max(abs(resumed[tag][s] - ref[tag][s]) / abs(ref[tag][s]) for s in (4, 5, 6))
+             for tag in tags}
+    print(f"{run.name}: steps 4–6, largest relative difference: "
+          + ", ".join(f"{tag} {v:.2g}" for tag, v in worst.items()))
     for step in (4, 5, 6):
-        for tag in ("loss/mlm", "loss/rtd", "optim/lr", "optim/grad_norm"):
+        for tag in tags:
             assert_close(resumed[tag][step], ref[tag][step], REL, (tag, step))
 
 
-def _conversion_seconds(r, run, was: str, now: str, universal: bool) -> float:
+def _conversion_seconds(r, run, was: str, now: str) -> float:
     lines = [line for line in r.stdout.splitlines() if line.startswith("converted ")]
     assert len(lines) == 1, lines
-    what = (rf"DeepSpeed universal checkpoint {re.escape(str(run))}/global_step3_universal/"
-            r"global_step3" if universal else
-            rf"layout-free state {re.escape(str(run))}/global_step3_canonical")
+    what = rf"layout-free state {re.escape(str(run))}/global_step3_canonical"
     m = re.fullmatch(rf"converted {re.escape(str(run))}/global_step3 from {re.escape(was)} to "
                      rf"{re.escape(now)} \({what}\) in (\d+\.\d) s", lines[0])
     assert m, lines[0]
+    print(f"{run.name}: conversion {was} -> {now}: {m.group(1)} s")
     return float(m.group(1))
 
 
-def _assert_continues(r, run, straight, was: str, now: str) -> float:
-    """The resumed run converted once through the universal checkpoint, then repeated steps
-    4–6 and the final weights; returns the conversion's seconds."""
-    seconds = _conversion_seconds(r, run, was, now, universal=True)
+def _assert_continues(r, run, straight, was: str, now: str, weights_rel: float = REL) -> float:
+    """The resumed run converted once, then repeated steps 4–6 and the final fp32 weights (read
+    by DeepSpeed's own ``zero_to_fp32``; ``torch.allclose`` with rtol and atol × the tensor's
+    largest value ``weights_rel``); returns the conversion's seconds."""
+    seconds = _conversion_seconds(r, run, was, now)
     _assert_steps(r, run, straight[1])
     ref_weights = straight[2]
     weights = fp32_weights(run, "global_step6")
     assert sorted(weights) == sorted(ref_weights)
+    worst = max(float((w - ref_weights[n]).abs().max() / ref_weights[n].abs().max())
+                for n, w in weights.items())
+    print(f"{run.name}: final fp32 weights, largest |difference| / max |reference|: {worst:.2g}")
     for name, w in weights.items():
         scale = ref_weights[name].abs().max().item()
-        assert torch.allclose(w, ref_weights[name], rtol=REL, atol=REL * scale), name
-    assert not list(run.glob(".global_step3_universal.tmp-*"))  # renamed when complete
-    assert (run / "global_step3_universal" / "global_step3" / "rtd_universal_complete").is_file()
+        assert torch.allclose(w, ref_weights[name], rtol=weights_rel,
+                              atol=weights_rel * scale), name
+    assert not list(run.glob(".global_step3_canonical.tmp-*"))  # renamed when complete
+    assert (run / "global_step3_canonical" / "rtd_canonical_complete").is_file()
     return seconds
 
 
@@ -129,7 +147,7 @@ def _max_rel(got: dict, ref: dict) -> dict[str, float]:
 
 def _assert_state_close(run, ref_state: dict, tmp_path_factory, what: str) -> None:
     """The resumed run's final fp32 weights and both AdamW moments, merged from its own layout,
-    equal the reference's as the weights of the universal pairs do (``torch.allclose`` with
+    equal the reference's as the weights of the DP pairs do (``torch.allclose`` with
     rtol REL and atol REL × the tensor's largest value)."""
     got = _canonical(run, "global_step6", tmp_path_factory)
     print(f"{what}: max |difference| / max |reference| per tensor at step 6: "
@@ -141,8 +159,7 @@ def _assert_state_close(run, ref_state: dict, tmp_path_factory, what: str) -> No
 
 
 def _assert_canonical_resume(r, run, ref, ref_state, tmp_path_factory, was, now, before):
-    seconds = _conversion_seconds(r, run, was, now, universal=False)
-    print(f"conversion {was} -> {now}: {seconds} s")
+    _conversion_seconds(r, run, was, now)
     _assert_steps(r, run, ref)
     _assert_state_close(run, ref_state, tmp_path_factory, f"{was} -> {now}")
     assert file_digests(run / "global_step3") == before  # the original is only read
@@ -171,30 +188,34 @@ def _zeroed_moments_part_at_step5(wiki_shards, zeroed, zero: int, ref: dict) -> 
     assert abs(got["loss/mlm"][5] - ref["loss/mlm"][5]) > 10 * REL * abs(ref["loss/mlm"][5])
 
 
-def test_zero3_two_ranks_resumes_at_zero1_one_rank_with_its_adam_moments(
-        wiki_shards, straight, tmp_path):
-    """DP 2 ZeRO-3 → DP 1 ZeRO-1; the original checkpoint's files stay byte-identical. Then the
-    same resume with the conversion's AdamW moments zeroed (reused, not converted again):
-    step 4 (the restored weights) still matches, step 5 (the first update) no longer does — the
-    moments, not the weights alone, carried the continuation."""
+@pytest.mark.parametrize("zero,ranks", [(1, 2), (2, 2), (3, 1)])
+def test_offload_checkpoint_resumes_without_offload(wiki_shards, straight, offloaded, tmp_path,
+                                                    zero, ranks):
+    """DP 2 ZeRO-3 with ZeRO-Offload → ZeRO-1 and ZeRO-2 on 2 ranks, ZeRO-3 on 1, none
+    offloaded: torch's AdamW gets its step count as a tensor and continues; the original
+    checkpoint's files stay byte-identical. Steps 1–3 ran in DeepSpeed's CPU Adam, 4–6 in
+    torch's AdamW: the final weights differ from the reference's (torch's AdamW throughout) by
+    the two implementations' rounding, which Adam's normalisation lifts on GDES's E_Δ (rows with
+    near-zero gradients) to 7.9e-6 of its largest value here and 1.2e-5 against a run that was
+    offloaded throughout (measured), so they are held to 10 × REL; the losses, lr and gradient
+    norm of steps 4–6 to REL."""
+    run = cut_back(offloaded, tmp_path / f"offload_to_z{zero}", 3)
+    before = file_digests(run / "global_step3")
+    r = launch(_args(wiki_shards, run, 6, zero, ["--load", str(run)]), ranks=ranks)
+    seconds = _assert_continues(r, run, straight, "TP 1 × PP 1 × DP 2, ZeRO-3",
+                                f"TP 1 × PP 1 × DP {ranks}, ZeRO-{zero}", weights_rel=10 * REL)
+    assert 0.0 < seconds < 120.0
+    assert file_digests(run / "global_step3") == before
+
+
+def test_zero3_two_ranks_resumes_at_zero1_one_rank(wiki_shards, straight, tmp_path):
+    """DP 2 ZeRO-3 → DP 1 ZeRO-1; the original checkpoint's files stay byte-identical."""
     run = cut_back(straight[0], tmp_path / "z3_to_z1", 3)
     before = file_digests(run / "global_step3")
     r = launch(_args(wiki_shards, run, 6, 1, ["--load", str(run)]), ranks=1)
-    seconds = _assert_continues(r, run, straight, "TP 1 × PP 1 × DP 2, ZeRO-3",
-                                "TP 1 × PP 1 × DP 1, ZeRO-1")
-    assert 0.0 < seconds < 120.0
-    print(f"conversion of the DP 2 ZeRO-3 checkpoint: {seconds} s")
+    _assert_continues(r, run, straight, "TP 1 × PP 1 × DP 2, ZeRO-3",
+                      "TP 1 × PP 1 × DP 1, ZeRO-1")
     assert file_digests(run / "global_step3") == before
-
-    zeroed = cut_back(run, tmp_path / "zeroed_moments", 3)
-    moments = list((zeroed / "global_step3_universal" / "global_step3" / "zero").glob(
-        "*/exp_avg*.pt"))
-    assert len(moments) > 20
-    for path in moments:
-        state = torch.load(path, weights_only=False)
-        assert state["param"].abs().max() > 0, path  # what the conversion carried
-        torch.save({"param": torch.zeros_like(state["param"])}, path)
-    _zeroed_moments_part_at_step5(wiki_shards, zeroed, 1, straight[1])
 
 
 def test_zero1_one_rank_resumes_at_zero3_two_ranks_exactly(wiki_shards, straight, tmp_path):

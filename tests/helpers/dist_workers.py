@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
 
 import torch
 import torch.distributed as dist
@@ -332,7 +334,7 @@ def split_invariance(ctx, layouts, strategies, steps: int = 2):
     without a normaliser (its own mean: what step 1 must log)."""
     from rtd_scale import distributed
     from rtd_scale.data.packed import MicroBatch
-    from rtd_scale.hf.consolidate import gather_full_state
+    from rtd_scale.training.checkpoint.layout_free import gather_full_state
     from rtd_scale.training import engine as engine_mod
     from rtd_scale.training.step import train_step
     from rtd_scale.training.metrics import MetricAccumulator
@@ -380,4 +382,129 @@ def split_invariance(ctx, layouts, strategies, steps: int = 2):
                     logged.append((scalars["loss/mlm"], scalars["loss/rtd"]))
             state = gather_full_state(eng, model, ctx, cfg.model.vocab_size)
             out[(strategy, mbs, stage)] = {"weights": state, "logged": logged, "masked": masked}
+    return out
+
+
+def _matrix_engine(ctx, ds_user: dict, precision: str):
+    """A tiny GDES model (dropout 0) and its DeepSpeed engine at DP ``ctx.dp_size`` for the
+    ds_config ``ds_user`` (a file of ds_configs/) in ``precision``: lr 1e-3 without warm-up,
+    weight decay 0.1, one micro-batch of 2 per rank and step."""
+    from rtd_scale import distributed
+    from rtd_scale.config import Precision
+    from rtd_scale.training import engine as engine_mod
+
+    cfg = tiny_config(Sharing.GDES)
+    cfg.train.precision = Precision(precision)
+    cfg.train.micro_batch_size, cfg.train.global_batch_size = 2, 2 * ctx.dp_size
+    cfg.optim.lr, cfg.optim.min_lr, cfg.optim.lr_warmup_iters = 1e-3, 1e-3, 0
+    cfg.optim.weight_decay = 0.1
+    cfg.validate()
+    model = tiny_model.build(cfg, ctx, seed=7, tp=ctx.tp_size)
+    distributed.seed_after_build(ctx, 7)
+    ds = engine_mod.resolve_ds_config(ds_user, cfg, data_parallel_size=ctx.dp_size,
+                                      gradient_accumulation_steps=1, fp16_ok=False)
+    return cfg, model, engine_mod.build_engine(model, cfg, ds, distributed.DeepSpeedMpu())
+
+
+def _matrix_step(ctx, eng, cfg, step: int) -> float:
+    """Optimizer step ``step`` (0-based) on this rank's 2 samples of ``fixed_batch``; returns
+    L_MLM + λ·L_RTD over the global batch."""
+    from rtd_scale.data.packed import MicroBatch
+    from rtd_scale.training.metrics import MetricAccumulator
+    from rtd_scale.training.step import train_step
+
+    ids, index = fixed_batch(b=12)
+    first = (step * ctx.dp_size + ctx.dp_rank) * 2
+    outs = train_step(eng, [MicroBatch(ids[first:first + 2], index[first:first + 2])],
+                      step=step, ctx=ctx)
+    acc = MetricAccumulator(ctx.device)
+    for o in outs:
+        acc.add(o, cfg.rtd.rtd_lambda)
+    return acc.reduce(ctx.dp_group)["loss/total"]
+
+
+def _matrix_state(ctx, eng, model, cfg) -> dict:
+    from rtd_scale.training.checkpoint import layout_free
+
+    state = {"fp32": layout_free.gather_full_state(eng, model, ctx, cfg.model.vocab_size)}
+    for key in layout_free.ADAM_STATE_KEYS:
+        state[key] = layout_free.gather_full_state(eng, model, ctx, cfg.model.vocab_size, key)
+    return state
+
+
+def _max_rel(got: dict, ref: dict) -> float:
+    """The largest |got − ref| / max |ref| over every tensor of every kind."""
+    return max(float((got[k][n] - ref[k][n]).abs().max() / ref[k][n].abs().max().clamp_min(1e-30))
+               for k in ref for n in ref[k])
+
+
+def layout_free_matrix(ctx, configs: dict, pairs: list, out_dir: str) -> dict:
+    """The layout-free state as the hub of every (ds_config, precision) pair: ``configs`` maps
+    a name to (ds_config dict, precision). A reference (the first config) trains steps 1–2 and
+    writes its layout-free state (``layout_free.write``), then trains step 3. Every config then
+    (a) as a source trains steps 1–2 itself and gathers its state; (b) as a target loads the
+    reference's state (``layout_free.load_into``), gathers it back, and trains step 3. ``pairs``
+    (source, target) of one ZeRO stage go through DeepSpeed's own save and load instead
+    (``checkpoint.save.save`` of the source after its steps 1–2, ``checkpoint.load.load``), then
+    step 3. A control loads the reference's state with its moments zeroed. Returns, per name, the
+    gathered differences, AdamW step counts and step-3 losses against the reference's."""
+    from rtd_scale.training.checkpoint import layout_free, load, save
+
+    names = list(configs)
+    out = {"source": {}, "target": {}, "pair": {}}
+    cfg, model, eng = _matrix_engine(ctx, *configs[names[0]])
+    for step in range(2):
+        _matrix_step(ctx, eng, cfg, step)
+    ref_dir = os.path.join(out_dir, "reference")
+    os.makedirs(ref_dir, exist_ok=True)
+    layout_free.write(eng, model, ctx, cfg.model.vocab_size, ref_dir, ctx.rank)
+    dist.barrier()
+    ref_state = torch.load(os.path.join(ref_dir, layout_free.STATE_FILE), weights_only=True)
+    out["loss3"] = _matrix_step(ctx, eng, cfg, 2)
+    ref_after = _matrix_state(ctx, eng, model, cfg)
+    for name in names:
+        cfg, model, eng = _matrix_engine(ctx, *configs[name])
+        for step in range(2):
+            _matrix_step(ctx, eng, cfg, step)
+        state = _matrix_state(ctx, eng, model, cfg)
+        if name in {source for source, _ in pairs}:  # DeepSpeed's own files of steps 1–2
+            save.save(eng, os.path.join(out_dir, name), step=2, client_state={"step": 2},
+                      rank=ctx.rank)
+        out["source"][name] = {
+            "rel": _max_rel(state, ref_state), "adam_step": layout_free._adam_step(eng),
+            # the optimizer's fp32 masters, not the 16-bit compute weights
+            "fp32_masters": any(bool((w.bfloat16().float() != w).any())
+                                for w in state["fp32"].values()),
+            "moments": all(bool(t.abs().max() > 0) for k in layout_free.ADAM_STATE_KEYS
+                           for t in state[k].values())}
+        cfg, model, eng = _matrix_engine(ctx, *configs[name])
+        layout_free.load_into(eng, model, ctx, ref_dir, flag="--load test")
+        loaded = _matrix_state(ctx, eng, model, cfg)
+        steps = layout_free._adam_step(eng)
+        loss = _matrix_step(ctx, eng, cfg, 2)
+        out["target"][name] = {"loaded_rel": _max_rel(loaded, ref_state), "adam_step": steps,
+                               "loss3": loss,
+                               "after_rel": _max_rel(_matrix_state(ctx, eng, model, cfg),
+                                                     ref_after)}
+    ctrl_dir = os.path.join(out_dir, "control")
+    if ctx.rank == 0:  # the reference's state without its moments
+        os.makedirs(ctrl_dir)
+        for name in (layout_free.STATE_FILE, layout_free.INFO_FILE):
+            shutil.copy(os.path.join(ref_dir, name), ctrl_dir)
+        zeroed = {k: {n: torch.zeros_like(t) if k != "fp32" else t for n, t in v.items()}
+                  for k, v in ref_state.items()}
+        torch.save(zeroed, os.path.join(ctrl_dir, layout_free.STATE_FILE))
+    dist.barrier()
+    cfg, model, eng = _matrix_engine(ctx, *configs[names[0]])
+    layout_free.load_into(eng, model, ctx, ctrl_dir, flag="--load test")
+    out["control"] = {"loss3": _matrix_step(ctx, eng, cfg, 2),
+                      "after_rel": _max_rel(_matrix_state(ctx, eng, model, cfg), ref_after)}
+    for source, target in pairs:
+        cfg, model, eng = _matrix_engine(ctx, *configs[target])
+        load.load(eng, os.path.join(out_dir, source), rank=ctx.rank)
+        steps = layout_free._adam_step(eng)
+        loss = _matrix_step(ctx, eng, cfg, 2)
+        out["pair"][(source, target)] = {
+            "adam_step": steps, "loss3": loss,
+            "after_rel": _max_rel(_matrix_state(ctx, eng, model, cfg), ref_after)}
     return out

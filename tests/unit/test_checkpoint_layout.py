@@ -1,6 +1,6 @@
-"""The layout rules of ``--load`` (training/checkpoint/compat.py) and the conversions' all-or-nothing
-writes (training/reshard.py); the conversions themselves run in
-tests/e2e/test_resume_layout.py."""
+"""The layout rules of ``--load`` (training/checkpoint/compat.py) and the conversion's
+all-or-nothing writes (training/checkpoint/convert.py); the conversions themselves run in
+tests/multiproc/test_layout_free.py and tests/e2e/test_resume_layout.py."""
 from __future__ import annotations
 
 import types
@@ -9,9 +9,7 @@ import pytest
 import torch
 
 from rtd_scale.cli_errors import UserInputError
-from rtd_scale.hf.consolidate import consolidate_training_state
-from rtd_scale.training import reshard
-from rtd_scale.training.checkpoint import checks, compat
+from rtd_scale.training.checkpoint import checks, compat, convert, layout_free
 from rtd_scale.training.checkpoint.files import CheckpointReadError, SafeCheckpointEngine
 
 DP2_Z3 = {"world_size": 2, "data_parallel_size": 2, "tensor_model_parallel_size": 1,
@@ -27,7 +25,7 @@ def test_another_dp_size_or_zero_stage_needs_a_conversion_and_passes():
     compat.check_convertible("run", "global_step3", DP2_Z3, DP1_Z1)  # no error
 
 
-def test_another_tp_pp_size_or_zero0_now_converts_and_picks_its_route():
+def test_another_tp_pp_size_zero_stage_or_precision_converts():
     # TP 2 → 3: the layout-free state holds the real vocabulary rows, padded again for TP 3
     tp2 = {**DP2_Z3, "data_parallel_size": 1, "tensor_model_parallel_size": 2}
     tp3 = {**DP2_Z3, "world_size": 3, "data_parallel_size": 1, "tensor_model_parallel_size": 3}
@@ -37,8 +35,16 @@ def test_another_tp_pp_size_or_zero0_now_converts_and_picks_its_route():
     for saved, layout in ((tp2, tp3), (pp2, DP1_Z1), (DP2_Z3, dp1_z0), (tp2_dp2, tp2),
                           (dp1_z0, DP2_Z3)):
         compat.check_convertible("run", "global_step3", saved, layout)  # no error
-        assert not reshard.uses_universal(saved, layout)
-    assert reshard.uses_universal(DP2_Z3, DP1_Z1) and reshard.uses_universal(DP1_Z1, DP2_Z3)
+        assert compat.needs_conversion({"layout": saved}, layout)
+    # a precision change alone converts (DeepSpeed's files differ per precision); a checkpoint
+    # without a recorded precision was fp32
+    fp32 = {"layout": dict(DP1_Z1), "config": {"train": {"precision": "fp32"}}}
+    assert compat.needs_conversion(fp32, DP1_Z1, "bf16")
+    assert not compat.needs_conversion(fp32, DP1_Z1, "fp32")
+    assert compat.needs_conversion({"layout": dict(DP1_Z1)}, DP1_Z1, "bf16")
+    compat.check_convertible("run", "global_step3", DP1_Z1, DP1_Z1, saved_precision="fp32",
+                             precision="bf16")  # no error
+    assert (compat.describe_layout(DP1_Z1, "bf16") == "TP 1 × PP 1 × DP 1, ZeRO-1, bf16")
 
 
 def test_zero0_under_fp16_is_one_line_naming_both_layouts():
@@ -58,51 +64,29 @@ def test_zero0_under_fp16_is_one_line_naming_both_layouts():
                                  saved_precision="bf16", precision="bf16")  # no error
 
 
-def test_a_failed_conversion_leaves_nothing_and_the_checkpoint_untouched(tmp_path):
-    tag = tmp_path / "global_step3"
-    tag.mkdir()
-    (tag / "rtd_meta.json").write_text("{}")  # no DeepSpeed files: the converter fails
-    with pytest.raises(UserInputError) as e:
-        reshard.convert(str(tmp_path), "global_step3")
-    assert str(e.value).startswith(f"--load {tmp_path}: DeepSpeed's universal conversion of "
-                                   "global_step3 failed (")
-    assert str(e.value).endswith("); resume at the checkpoint's layout")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step3"]
-    assert sorted(p.name for p in tag.iterdir()) == ["rtd_meta.json"]
-    assert not reshard.is_converted(str(tmp_path), "global_step3")
-
-
 def test_a_failed_layout_free_conversion_leaves_nothing_and_the_checkpoint_untouched(tmp_path):
     tag = tmp_path / "global_step3"
     tag.mkdir()
     (tag / "rtd_complete.json").write_text('{"files": {}}')  # complete, but no metadata
     with pytest.raises(UserInputError) as e:
-        reshard.convert_canonical(str(tmp_path), "global_step3", consolidate_training_state)
+        convert.convert(str(tmp_path), "global_step3")
     assert str(e.value) == (f"--load {tmp_path}: global_step3 has no rtd_meta.json (layout and "
                             "config); it was not written by rtd_scale")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step3"]
     assert sorted(p.name for p in tag.iterdir()) == ["rtd_complete.json"]
-    assert not reshard.is_canonical_converted(str(tmp_path), "global_step3")
+    assert not convert.is_converted(str(tmp_path), "global_step3")
 
 
-def test_conversions_run_the_before_build_checks_of_the_one_list(tmp_path, monkeypatch):
-    """A check added to checks.CHECKS at BEFORE_BUILD reaches every folder of both conversions,
-    as it reaches a checkpoint's (load.take)."""
+def test_the_conversion_runs_the_before_build_checks_of_the_one_list(tmp_path, monkeypatch):
+    """A check added to checks.CHECKS at BEFORE_BUILD reaches the conversion, as it reaches a
+    checkpoint's (load.take)."""
     seen = []
     probe = checks.Check("probe", checks.Moment.BEFORE_BUILD,
                          lambda ckpt_dir: seen.append(ckpt_dir))
     monkeypatch.setattr(checks, "CHECKS", (*checks.CHECKS, probe))
-    folder = tmp_path / "global_step3_universal" / "global_step3"
-    for name in ("module.w", "module.b"):
-        (folder / "zero" / name).mkdir(parents=True)
-    torch.save({"step": torch.tensor(3.0)}, folder / "zero" / "optimizer_state.pt")  # no folder
-    reshard.check_converted_safe(str(folder.parent), "global_step3")
-    assert seen == [str(folder), str(folder / "zero"), str(folder / "zero" / "module.b"),
-                    str(folder / "zero" / "module.w")]
-    seen.clear()
     canonical = tmp_path / "global_step3_canonical"
     canonical.mkdir()
-    reshard.check_canonical_safe(str(canonical))
+    convert.check_safe(str(canonical))
     assert seen == [str(canonical)]
 
 
@@ -117,33 +101,28 @@ class _Payload:
 
 
 def test_the_layout_free_state_is_read_as_safely_as_a_checkpoint(tmp_path):
-    """load_canonical reads state.pt through files.safe_load: a crafted file is one line naming
-    it, and its payload never runs."""
+    """layout_free.load reads state.pt through files.safe_load: a crafted file is one line
+    naming it, and its payload never runs."""
     root, marker = tmp_path / "global_step3_canonical", tmp_path / "marker"
     root.mkdir()
-    torch.save({"fp32": {"w": torch.zeros(2)}, "x": _Payload(marker)}, root / reshard.STATE_FILE)
+    torch.save({"fp32": {"w": torch.zeros(2)}, "x": _Payload(marker)},
+               root / layout_free.STATE_FILE)
     engine = types.SimpleNamespace(checkpoint_engine=SafeCheckpointEngine(None))
     with pytest.raises(CheckpointReadError) as e:
-        reshard.load_canonical(engine, None, None, str(root), None, flag="--load run")
-    assert str(e.value).startswith(f"{root / reshard.STATE_FILE}: refused to load: it holds "
+        layout_free.load(engine, None, None, str(root), str(tmp_path), flag="--load run")
+    assert str(e.value).startswith(f"{root / layout_free.STATE_FILE}: refused to load: it holds "
                                    "Python objects other than tensors")
     assert "\n" not in str(e.value) and not marker.exists()
 
 
 def test_a_complete_conversion_is_reused_and_is_converted_says_so(tmp_path):
-    """The marker that makes a conversion count is the one is_converted and
-    is_canonical_converted read: with it, the conversion is reused (nothing is written)."""
+    """The marker that makes a conversion count is the one is_converted reads: with it, the
+    conversion is reused (nothing is written)."""
     never = lambda *_: pytest.fail("a complete conversion was converted again")  # noqa: E731
-    universal = tmp_path / "global_step3_universal" / "global_step3"
-    universal.mkdir(parents=True)
-    assert not reshard.is_converted(str(tmp_path), "global_step3")
-    (universal / reshard.DONE_FILE).write_text("global_step3\n")
-    assert reshard.is_converted(str(tmp_path), "global_step3")
-    assert reshard.convert(str(tmp_path), "global_step3") == (str(universal.parent), 0.0, False)
     canonical = tmp_path / "global_step3_canonical"
     canonical.mkdir()
-    assert not reshard.is_canonical_converted(str(tmp_path), "global_step3")
-    (canonical / reshard.CANONICAL_DONE).write_text("global_step3\n")
-    assert reshard.is_canonical_converted(str(tmp_path), "global_step3")
-    assert reshard.convert_canonical(str(tmp_path), "global_step3", never) == (
+    assert not convert.is_converted(str(tmp_path), "global_step3")
+    (canonical / convert.DONE_FILE).write_text("global_step3\n")
+    assert convert.is_converted(str(tmp_path), "global_step3")
+    assert convert.convert(str(tmp_path), "global_step3", write=never) == (
         str(canonical), 0.0, False)

@@ -190,3 +190,16 @@ def test_blend_weights_must_be_positive_and_finite(path):
     with pytest.raises(ConfigError, match="positive WEIGHT PREFIX pairs"):
         DataConfig(data_path=path).sources()
     assert DataConfig(data_path=["3", "A", "1", "B"]).sources() == [(0.75, ["A"]), (0.25, ["B"])]
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_a_recorded_config_reads_back_as_itself(name):
+    """RunConfig.from_dict inverts to_dict (what config.json and rtd_meta.json hold), enums
+    included; a field changed from the preset is read back changed."""
+    from rtd_scale.config import RunConfig
+
+    cfg = preset(name)
+    cfg.train.precision, cfg.optim.adam_eps = Precision.BF16, 1e-3
+    back = RunConfig.from_dict(cfg.to_dict())
+    assert back.to_dict() == cfg.to_dict()
+    assert back.train.precision is Precision.BF16 and back.optim.adam_eps == 1e-3

@@ -220,11 +220,12 @@ def test_checkpoint_from_before_the_scope_field_shared_tokens_only(tmp_path):
 def test_export_of_a_run_from_before_the_scope_field_reads_tokens():
     """``tools/export_hf.py --load`` rebuilds the model of an old run as it was: ES / GDES with
     absolute positions shared the token table only; elsewhere the preset's scope stays."""
-    from rtd_scale.hf.consolidate import run_config_from_dict
+    from rtd_scale.config import RunConfig
+    from rtd_scale.training.checkpoint.compat import upgrade_config
 
     d = preset("tiny").to_dict()
     del d["model"]["sharing_scope"]
-    assert run_config_from_dict(d).model.sharing_scope is SharingScope.TOKENS
+    assert RunConfig.from_dict(upgrade_config(d)).model.sharing_scope is SharingScope.TOKENS
     d = preset("debertav3-tiny").to_dict()
     del d["model"]["sharing_scope"]
-    assert run_config_from_dict(d).model.sharing_scope is SharingScope.EMBEDDINGS
+    assert RunConfig.from_dict(upgrade_config(d)).model.sharing_scope is SharingScope.EMBEDDINGS

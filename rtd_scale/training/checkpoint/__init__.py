@@ -31,7 +31,12 @@ Modules, one job each:
 - ``checks``: ``CHECKS``, the one list of checks every reader runs, each with its moment;
 - ``choose``: which checkpoint ``--load`` (and the export) takes, falling back to an older
   complete one;
-- ``compat``: whether a checkpoint can continue this run (process layout, model shape, seed);
+- ``compat``: whether a checkpoint can continue this run (process layout, precision, model
+  shape, seed, data);
+- ``layout_free``: the layout-free training state (fp32 masters and both AdamW moments under
+  canonical names), gathered from an engine and sliced into one at any layout;
+- ``convert``: a checkpoint's own world restarted to read it: its layout-free state beside it
+  for a resume at another layout or precision, its weights for the export;
 - ``save``: the collective save;
 - ``load``: ``take`` (choose and check before anything is built), ``load_checked`` (DeepSpeed's
   load with the checks, training's and the export's alike) and training's ``load``.

@@ -1,6 +1,7 @@
 """The checks a checkpoint passes before its weights are used: one list, ``CHECKS``, that every
 reader runs — training's ``--load`` at its own layout (``load.load``) and at another
-(``training/reshard.py``), and the export (``hf/consolidate.py``) — each check at its moment:
+(``convert.py``, ``layout_free.py``), and the export (``hf/consolidate.py``) — each check at its
+moment:
 
 ==================  ============  ==========================================================
 check               moment        refuses
@@ -23,9 +24,8 @@ BEFORE_BUILD on the chosen directory, before any process group, model or engine 
 on the DeepSpeed engine, before it reads a file; AFTER_LOAD on the loaded engine, before the
 first step (training) or gather (export). ``load.take`` runs CHOOSE and BEFORE_BUILD,
 ``load.load_checked`` LOAD and AFTER_LOAD around DeepSpeed's load; a conversion to another
-layout runs BEFORE_BUILD on what it wrote (``reshard.check_converted_safe``,
-``reshard.check_canonical_safe``), and the layout-free load (``reshard.load_canonical``) LOAD
-and AFTER_LOAD around its own.
+layout runs BEFORE_BUILD on what it wrote (``convert.check_safe``), and the layout-free load
+(``layout_free.load``) LOAD and AFTER_LOAD around its own.
 
 Not in the list: whether a checkpoint fits this run's flags (``compat.check_compatible``:
 layout, model shape, seed) — that compares it with a run config, which only training has.

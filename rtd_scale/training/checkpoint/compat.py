@@ -1,7 +1,7 @@
-"""Whether a checkpoint can continue this run: its process layout (another one converts,
-``training/reshard.py``, except ZeRO-0 under fp16), its model shape and its seed. Checked before
-anything is built (``rtd_scale/prepare.py``); not one of ``checks.CHECKS``, which every reader of a
-checkpoint runs: these compare it with a run's flags."""
+"""Whether a checkpoint can continue this run: its process layout and precision (another one
+converts through the layout-free state, ``checkpoint/convert.py``, except ZeRO-0 under fp16), its
+model shape and its seed. Checked before anything is built (``rtd_scale/prepare.py``); not one of
+``checks.CHECKS``, which every reader of a checkpoint runs: these compare it with a run's flags."""
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -34,6 +34,17 @@ def scope_shapes_parameters(model: dict[str, Any]) -> bool:
     return bool(rule.layer_components(SharingScope.EMBEDDINGS, relative))
 
 
+def upgrade_config(d: dict[str, Any]) -> dict[str, Any]:
+    """A recorded run config (``rtd_meta.json``, ``config.json``) with the fields added since it
+    was written filled as that run had them, for ``RunConfig.from_dict``."""
+    m = d.get("model", {})
+    if "sharing_scope" not in m and scope_shapes_parameters(m):
+        # recorded before model.sharing_scope existed: ES / GDES shared the token table only
+        # (elsewhere the scope changes nothing, config.SharingScope)
+        return {**d, "model": {**m, "sharing_scope": _SCOPE_BEFORE_IT_EXISTED}}
+    return d
+
+
 def _sharing_scope(model: dict[str, Any]) -> str:
     """The sharing scope that shapes the parameters: "tokens" wherever the scope changes nothing
     (NES, disentangled attention: ``config.SharingScope``), so a checkpoint written before the
@@ -43,34 +54,50 @@ def _sharing_scope(model: dict[str, Any]) -> str:
     return model.get("sharing_scope", _SCOPE_BEFORE_IT_EXISTED)
 
 
-def describe_layout(layout: dict[str, Any]) -> str:
-    """``TP 1 × PP 1 × DP 2, ZeRO-3``: how the log and the errors name a process layout."""
+def describe_layout(layout: dict[str, Any], precision: Optional[str] = None) -> str:
+    """``TP 1 × PP 1 × DP 2, ZeRO-3`` (``…, bf16`` with ``precision``): how the log and the errors
+    name a process layout."""
     return (f"TP {layout.get('tensor_model_parallel_size')} × PP "
             f"{layout.get('pipeline_model_parallel_size')} × DP {layout.get('data_parallel_size')}"
-            f", ZeRO-{layout.get('zero_stage')}")
+            f", ZeRO-{layout.get('zero_stage')}" + (f", {precision}" if precision else ""))
 
 
-def needs_conversion(meta: Optional[dict[str, Any]], layout: dict[str, Any]) -> bool:
-    """Whether the checkpoint of ``meta`` was saved at a process layout other than ``layout``."""
-    return meta is not None and any((meta.get("layout") or {}).get(k) != v
-                                    for k, v in layout.items())
+def precision_of(meta: Optional[dict[str, Any]]) -> str:
+    """The precision a checkpoint was trained in (its recorded config; fp32 when unrecorded)."""
+    return ((meta or {}).get("config") or {}).get("train", {}).get("precision", "fp32")
+
+
+def needs_conversion(meta: Optional[dict[str, Any]], layout: dict[str, Any],
+                     precision: Optional[str] = None) -> bool:
+    """Whether the checkpoint of ``meta`` was saved at a process layout other than ``layout``,
+    or (``precision`` given) in another precision: DeepSpeed keeps fp32 master weights in other
+    files and formats per precision (its bf16 optimizer's ``bf16_zero_pp_rank_*`` at ZeRO-0/1;
+    none at ZeRO-0 in fp32), so a precision change goes through the layout-free state, which
+    holds the fp32 masters whatever the precision. ZeRO-Offload is no part of it: an offloaded
+    optimizer keeps the same files (``layout_free.match_adam_steps`` gives its step the form
+    this run's optimizer keeps)."""
+    if meta is None:
+        return False
+    return (any((meta.get("layout") or {}).get(k) != v for k, v in layout.items())
+            or (precision is not None and precision_of(meta) != precision))
 
 
 def check_convertible(load_dir: str, tag: str, saved: dict[str, Any],
                       layout: dict[str, Any], *, saved_precision: Optional[str] = None,
                       precision: Optional[str] = None) -> None:
     """Refuse a layout change ``--load`` cannot honour, in one line naming both layouts and the
-    fix. Every change of TP, PP, DP size and ZeRO stage 0–3 converts (``training/reshard.py``):
-    DeepSpeed's universal checkpoint between TP 1 × PP 1 layouts at ZeRO 1–3, rtd_scale's
-    layout-free state otherwise. Not ZeRO-0 under fp16 on either side: DeepSpeed keeps its
-    AdamW state in one flat fp16 optimizer there, not per parameter.
+    fix. Every change of TP, PP, DP size, ZeRO stage 0–3 and precision converts through the
+    layout-free state (``checkpoint/convert.py``). Not ZeRO-0 under fp16 on either side:
+    DeepSpeed keeps its AdamW state in one flat fp16 optimizer there, not per parameter.
 
     Raises:
         UserInputError: the change is not one of those.
     """
-    if all(saved.get(k) == v for k, v in layout.items()):
+    if all(saved.get(k) == v for k, v in layout.items()) and saved_precision == precision:
         return
-    was, now = describe_layout(saved), describe_layout(layout)
+    changed = saved_precision != precision
+    was = describe_layout(saved, saved_precision if changed else None)
+    now = describe_layout(layout, precision if changed else None)
     head = f"--load {load_dir}: {tag} was saved at {was}, this run is {now}"
     for side, lay, prec in (("the checkpoint", saved, saved_precision),
                             ("this run", layout, precision)):
@@ -87,8 +114,8 @@ def check_compatible(load_dir: str, tag: str, config: dict[str, Any],
     a process layout :func:`check_convertible` refuses, another model shape, or another seed.
     Returns the checkpoint's metadata (None for a checkpoint without it).
 
-    A checkpoint at another TP, PP, DP size or ZeRO stage passes: it is converted first
-    (``training/reshard.py``).
+    A checkpoint at another TP, PP, DP size, ZeRO stage or precision passes: it is converted
+    first (``checkpoint/convert.py``).
 
     Raises:
         UserInputError: naming each difference and the fix.
@@ -97,7 +124,7 @@ def check_compatible(load_dir: str, tag: str, config: dict[str, Any],
     if meta is None:
         return None
     check_convertible(load_dir, tag, meta.get("layout") or {}, layout,
-                      saved_precision=(meta.get("config") or {}).get("train", {}).get("precision"),
+                      saved_precision=precision_of(meta),
                       precision=config.get("train", {}).get("precision"))
     old, new = meta["config"]["model"], config["model"]
     old = {**_FIELDS_BEFORE_THEY_EXISTED, **old}
@@ -124,17 +151,92 @@ def check_compatible(load_dir: str, tag: str, config: dict[str, Any],
     return meta
 
 
-def data_order_note(saved_seed: int, seed: int, consumed: int, data) -> str:
-    """The note a resumed run prints when ``--override-data-order`` lets ``seed`` replace the
-    checkpoint's ``saved_seed``: where the new order starts (``data``: the training split's
-    ``BlendedDataset``; its global sample ``consumed`` is the first one read)."""
+def data_change(saved: dict[str, Any], now: dict[str, Any]) -> Optional[str]:
+    """The first way the training data of ``now`` (``BlendedDataset.state``) differ from the
+    checkpoint's ``saved``, in words naming the shard, or None when they are the same: what each
+    shard holds (the SHA-256 of its ``.idx`` and ``.bin``; a moved or renamed copy is the same
+    data), the shards of each dataset, the blend weights and ``--split``. Another
+    ``--seq-length`` is the same data packed anew (``BlendedDataset.continue_after``)."""
+    old_sets, new_sets = saved.get("shards") or [], now.get("shards") or []
+    if len(old_sets) != len(new_sets):
+        return f"--data-path blends {len(new_sets)} dataset(s), the checkpoint's {len(old_sets)}"
+    for d, (old, new) in enumerate(zip(old_sets, new_sets)):
+        for i, (a, b) in enumerate(zip(old, new)):
+            files = [kind for kind in ("idx", "bin")
+                     if a.get(f"{kind}_sha256") != b.get(f"{kind}_sha256")]
+            if files:
+                more = sum(1 for x, y in zip(old[i + 1:], new[i + 1:]) if x != y)
+                return (f"shard {b['name']} holds other data than the checkpoint's {a['name']} "
+                        f"(its {' and '.join('.' + f for f in files)} differ: sha256 "
+                        f"{a.get(files[-1] + '_sha256', '')[:12]} → "
+                        f"{b[files[-1] + '_sha256'][:12]})"
+                        + (f", and {more} more shard(s) of that dataset" if more else ""))
+        if len(old) != len(new):
+            names = [x["name"] for x in (new if len(new) > len(old) else old)[min(len(old),
+                                                                                  len(new)):]]
+            return (f"dataset {new[0]['name'] if new else d} has {len(new)} shard(s), the "
+                    f"checkpoint's {len(old)} ({'added' if len(new) > len(old) else 'removed'}: "
+                    f"{', '.join(names[:3])})")
+    for key, flag in (("weights", "the blend weights of --data-path"), ("split", "--split")):
+        if key in saved and saved[key] != now.get(key):
+            show = lambda v: " ".join(f"{x:g}" for x in v)  # noqa: E731
+            return f"{flag} {show(saved[key])} → {show(now[key])}"
+    return None
+
+
+def check_same_data(load_dir: str, tag: str, saved: Optional[dict[str, Any]], data, *,
+                    override: bool, consumed: int) -> Optional[str]:
+    """Refuse, before anything is built, a ``--load`` whose training data differ from the data
+    the checkpoint was trained on (:func:`data_change`: regenerated, re-ordered or removed
+    shards, an edited blend), unless ``override`` (``--override-data-order``: the new data's
+    order starts where the run resumes, and the resume says where, :func:`data_order_note`).
+    ``saved``: the checkpoint's ``data`` record (its ``rtd_meta.json``); ``data``: this run's
+    training ``BlendedDataset``; ``consumed``: the samples the checkpoint had read.
+
+    A checkpoint without a fingerprint of its shards (saved before they were recorded) resumes:
+    the returned note says its data could not be checked; its next checkpoint records one.
+
+    Raises:
+        UserInputError: naming the changed shard and ``--override-data-order``.
+    """
+    if not saved or "shards" not in saved:
+        return (f"note: {tag} records no fingerprint of its training data (saved before "
+                "checkpoints recorded one), so the shards could not be checked against it; "
+                "the next checkpoint records one")
+    change = data_change(saved, data.state())
+    if change is None or override:
+        return None
+    raise UserInputError(
+        f"--load {load_dir}: {tag} was trained on other data: {change}; restore the data it was "
+        "trained on, or pass --override-data-order to continue on these data, their order "
+        f"starting at global sample {consumed:,} where the run resumes")
+
+
+def _where(consumed: int, data) -> str:
+    """Where global sample ``consumed`` of ``data`` (a ``BlendedDataset``) sits: the dataset,
+    its epoch and position in that epoch's order."""
     import numpy as np
 
     d, j = data.schedule.locate(np.array([consumed], np.int64))
     ds = data.datasets[int(d[0])]
     epoch, position = divmod(int(j[0]), len(ds))
+    return (f"{ds.name} resumes in epoch {epoch} at position {position} of its {len(ds)} "
+            "(counted from 0) of the new order")
+
+
+def data_order_note(saved_seed: int, seed: int, consumed: int, data) -> str:
+    """The note a resumed run prints when ``--override-data-order`` lets ``seed`` replace the
+    checkpoint's ``saved_seed``: where the new order starts (``data``: the training split's
+    ``BlendedDataset``; its global sample ``consumed`` is the first one read)."""
     return (f"note: --override-data-order: the data order follows --seed {seed} (the "
-            f"checkpoint's was {saved_seed}) from sample {consumed} on: {ds.name} resumes in "
-            f"epoch {epoch} at position {position} of its {len(ds)} (counted from 0) of the new "
-            "order, so this epoch skips some unread samples and repeats some read ones; masks "
+            f"checkpoint's was {saved_seed}) from sample {consumed} on: {_where(consumed, data)}, "
+            "so this epoch skips some unread samples and repeats some read ones; masks "
             "and sampling noise follow the new seed too")
+
+
+def data_change_note(change: str, consumed: int, data) -> str:
+    """The note a resumed run prints when ``--override-data-order`` accepted other training
+    data (``change``: :func:`data_change`'s words): where the new data's order starts."""
+    return (f"note: --override-data-order: the training data differ from the checkpoint's "
+            f"({change}); the run reads them from global sample {consumed} of their order on: "
+            f"{_where(consumed, data)}")

@@ -1,7 +1,7 @@
 """Reading a checkpoint back, through ``checks.CHECKS`` at every moment: ``take`` chooses it and
 checks its files before anything is built, ``load_checked`` is DeepSpeed's load with the checks
 around it (training's ``--load`` and the export alike), ``load`` is training's whole resume at
-the checkpoint's own layout (``training/reshard.py``: at another)."""
+the checkpoint's own layout (at another: ``layout_free.load``)."""
 from __future__ import annotations
 
 import os
@@ -44,11 +44,24 @@ def refresh_learning_rate(engine) -> None:
     """After a load, set the optimizer's learning rate and weight decay from this run's
     schedule at the restored position: the checkpoint's optimizer state carries the previous
     run's last values, stale when the schedule or --train-iters changed. The scheduler
-    (``training/lr_schedule.py``) holds this run's values, as ``engine.resolve_resume_schedule``
+    (``training/lr_schedule.py``) holds this run's values, as ``engine.resolve_resume_optimizer``
     left them."""
     sched = engine.lr_scheduler
     if sched is not None:
         sched.step(0)
+
+
+def apply_hyperparameters(engine, optim) -> None:
+    """After a load, this run's optimizer hyperparameters in every parameter group: AdamW's
+    betas and eps from ``optim`` (torch's ``load_state_dict`` restores the checkpoint's), then
+    the learning rate and weight decay from the schedule (:func:`refresh_learning_rate`). What
+    differs from the checkpoint was accepted first (``engine.resolve_resume_optimizer``), so
+    the optimizer runs with what ``config.json`` says."""
+    base = getattr(engine.optimizer, "optimizer", engine.optimizer)
+    for group in base.param_groups:
+        group["betas"] = (optim.adam_beta1, optim.adam_beta2)
+        group["eps"] = optim.adam_eps
+    refresh_learning_rate(engine)
 
 
 def _set_rng_state(state: dict[str, Any]) -> None:
@@ -64,52 +77,26 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def load(engine, load: str, *, rank: int, universal_root: Optional[str] = None,
-         choice: Optional[Choice] = None) -> dict[str, Any]:
+def load(engine, load: str, *, rank: int, choice: Optional[Choice] = None) -> dict[str, Any]:
     """Load the checkpoint :func:`take` picks for ``--load load`` into ``engine`` (``choice``:
-    that pick, made earlier by the caller); returns its client state. The optimizer's learning
-    rate and weight decay are then this run's schedule's at the restored position
+    that pick, made earlier by the caller), saved at this run's layout; returns its client
+    state. The optimizer state takes the form this run's optimizer keeps
+    (``layout_free.match_optimizer``: ZeRO-Offload on one side only), and the optimizer's
+    learning rate and weight decay are this run's schedule's at the restored position
     (:func:`refresh_learning_rate`).
-
-    ``universal_root``: the checkpoint was saved at another layout and this is its universal
-    conversion (``training/reshard.py``; the engine was built with ``load_universal``); the
-    per-rank RNG files are not restored (the RNG policy there).
 
     Raises:
         UserInputError: no complete checkpoint, or one that fails ``checks.CHECKS``.
         CheckpointReadError: a file is unreadable or holds more than tensors (on the rank that
             reads it).
     """
+    from rtd_scale.training.checkpoint import layout_free
+
     choice = choice or take(load)
-    groups = getattr(engine.optimizer, "optimizer", engine.optimizer).param_groups
-    hyper = [{k: v for k, v in g.items() if k != "params"} for g in groups]
-    # an engine built to load a universal conversion reloading a checkpoint saved at its own
-    # layout (a loss-spike rollback, training/spikes.py): DeepSpeed reads the flag at each load
-    config = getattr(engine, "_config", None)
-    universal_engine = bool(getattr(config, "load_universal_checkpoint", False))
-    if universal_engine and universal_root is None:
-        config.load_universal_checkpoint = False
-    try:
-        client_state = load_checked(engine, universal_root or choice.load_dir, choice.tag,
-                                    flag=f"--load {load}")
-    finally:
-        if universal_engine:
-            config.load_universal_checkpoint = True
-    if universal_root is not None:
-        # ZeRO-3's universal load gives every group the first group's hyper-parameters
-        # (stage3.py load_hp_checkpoint_state_from_checkpoint_dir_stage3): the no-decay group
-        # would get wd_mult 1. Keep each group's own; the schedule sets lr and decay below.
-        for g, h in zip(groups, hyper):
-            g.update(h)
-        # ... and one step tensor to every group's state, which torch's AdamW then increments
-        # in place once per group and step: each group gets its own copy.
-        base = getattr(engine.optimizer, "optimizer", engine.optimizer)
-        for state in base.state.values():
-            if hasattr(state.get("step"), "clone"):
-                state["step"] = state["step"].clone()
+    built = layout_free.group_settings(engine)
+    client_state = load_checked(engine, choice.load_dir, choice.tag, flag=f"--load {load}")
+    layout_free.match_optimizer(engine, built)
     refresh_learning_rate(engine)
-    if universal_root is not None:
-        return client_state
     rng_path = os.path.join(choice.path, rng_file(rank))
     if not os.path.isfile(rng_path):
         raise CheckpointReadError(f"{rng_path}: missing; resume from another checkpoint "

@@ -147,8 +147,14 @@ def save(engine, save_dir: str, *, step: int, client_state: dict[str, Any], rank
         agree.attempt(rng_path, files.write_torch, rng_path, _rng_state())
         ce.written.append(rng_path)
         if rank == 0:
+            # what a resume reads before anything is built: the layout and precision it must
+            # match or convert from (the ds_config restarts this layout, checkpoint/convert.py)
+            # and the data it was trained on (compat.check_same_data)
+            ds_config = getattr(engine, "config", None)
             meta = {"step": step, "consumed_samples": client_state.get("consumed_samples"),
                     "layout": layout or {}, "config": client_state.get("config", {}),
+                    "data": client_state.get("data"),
+                    "ds_config": ds_config if isinstance(ds_config, dict) else None,
                     "record_format": files.RECORD_FORMAT}
             meta_path = os.path.join(ckpt_dir, files.META_FILE)
             agree.attempt(meta_path, write_atomic, meta_path,
