@@ -19,10 +19,11 @@ from rtd_scale.model.embeddings import TiedOutputTable, TokenTable, embedding_pa
 from rtd_scale.model import weights
 from rtd_scale.model.encoder import Encoder, transformer_config
 from rtd_scale.model.heads import MLMHead, RTDHead, mlm_loss, vocab_parallel_top1_correct
-from rtd_scale.objectives.losses import (MLM_COUNT, RTD_COUNT, micro_batch_normaliser,
-                                         replaced_labels, rtd_loss, shuffled_labels,
-                                         total_loss)
-from rtd_scale.objectives.masking import mask_tokens, masked_positions, prediction_budget
+from rtd_scale.objectives.losses import (MLM_COUNT, RTD_COUNT, loss_counts,
+                                         micro_batch_normaliser, replaced_labels, rtd_loss,
+                                         shuffled_labels, total_loss)
+from rtd_scale.objectives.masking import (MaskedBatch, mask_tokens, masked_positions,
+                                          prediction_budget)
 from rtd_scale.objectives.sampling import sample_from_logits
 from rtd_scale.phases import (PHASE_DISCRIMINATOR_FORWARD, PHASE_GENERATOR_FORWARD,
                                        PHASE_MASK, PHASE_SAMPLE)
@@ -195,8 +196,10 @@ class RTDModel(torch.nn.Module):
 
     # --- the step, in pieces shared by the single-stage forward and the pipeline schedule ---
 
-    def mask(self, input_ids: torch.Tensor, sample_index: torch.Tensor):
-        """Step 1: masked positions and the generator's input (``objectives/masking.py``)."""
+    def mask(self, input_ids: torch.Tensor, sample_index: torch.Tensor) -> MaskedBatch:
+        """Step 1: masked positions and the generator's input (``objectives/masking.py``), a
+        function of (seed, sample index). The step calls it once per micro-batch: its counts
+        normalise the global batch (``training/normalise.py``) and it goes to the forward."""
         rtd = self.rtd_cfg
         return mask_tokens(input_ids, sample_index, seed=self.seed, mask_prob=rtd.mask_prob,
                            mask_token_prob=rtd.mask_token_prob,
@@ -206,14 +209,16 @@ class RTDModel(torch.nn.Module):
                            span_geometric_p=rtd.span_geometric_p,
                            span_max_words=rtd.span_max_words)
 
-    def loss_counts(self, input_ids: torch.Tensor, sample_index: torch.Tensor) -> torch.Tensor:
+    def loss_counts(self, input_ids: torch.Tensor, sample_index: torch.Tensor,
+                    masks: Optional[MaskedBatch] = None) -> torch.Tensor:
         """What the losses of micro-batch (``input_ids`` [b, s], ``sample_index`` [b]) are
         summed over: [2] int64 (masked positions, non-pad tokens), indexed by
         ``objectives.losses.MLM_COUNT`` / ``RTD_COUNT``. The masks are a function of (seed,
         sample index), so the step knows its global batch's counts before any forward
-        (``training/normalise.py``); computed on the ids' device, no host sync."""
-        masked = self.mask(input_ids, sample_index).masked
-        return torch.stack([masked.sum(), (input_ids != self.pad_id).sum()]).to(torch.int64)
+        (``training/normalise.py``); ``masks``: the micro-batch's, when the caller has them
+        (else masked here as the forward would). On the ids' device, no host sync."""
+        masks = masks if masks is not None else self.mask(input_ids, sample_index)
+        return loss_counts(masks.masked, input_ids != self.pad_id)
 
     def generator_head(self, gen_hidden: torch.Tensor, input_ids: torch.Tensor,
                        sample_index: torch.Tensor, masked: torch.Tensor,
@@ -296,7 +301,8 @@ class RTDModel(torch.nn.Module):
     def forward(self, input_ids: torch.Tensor, sample_index: torch.Tensor,
                 step: int = 0, has_padding: bool = True,
                 global_counts: Optional[torch.Tensor] = None,
-                num_micro_batches: int = 1, timers=untimed) -> RTDOutput:
+                num_micro_batches: int = 1, masks: Optional[MaskedBatch] = None,
+                timers=untimed) -> RTDOutput:
         """One RTD forward on a micro-batch (single pipeline stage; see
         ``training/pipeline.py`` for the pipelined step).
 
@@ -312,6 +318,8 @@ class RTDModel(torch.nn.Module):
                 (``training/normalise.py``), or None: this micro-batch is the global batch.
                 Integer, so that DeepSpeed's fp16 input cast leaves it exact.
             num_micro_batches: micro-batches in the global batch (accumulation × DP size).
+            masks: step 1's result for this micro-batch (``mask``), computed once by the step,
+                which also counted them for ``global_counts``; None: masked here.
             timers: ``timers(phase)`` gives a context manager around each phase
                 (``training/timers.py``, ``--timing-log-level 2``); by default none times.
         """
@@ -320,7 +328,7 @@ class RTDModel(torch.nn.Module):
         pad = input_ids == self.pad_id  # [b, s]
         attn_pad = pad if has_padding else None
         with timers(PHASE_MASK):
-            m = self.mask(input_ids, sample_index)  # 1. mask
+            m = masks if masks is not None else self.mask(input_ids, sample_index)  # 1. mask
         with timers(PHASE_GENERATOR_FORWARD):
             gen_hidden = self.generator(m.generator_input, attn_pad)  # 2. generator  [s, b, Hg]
         gen = self.generator_head(gen_hidden, input_ids, sample_index, m.masked, step, norm,

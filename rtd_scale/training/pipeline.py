@@ -3,11 +3,13 @@
 One optimizer step is two passes of megatron-core's non-interleaved 1F1B schedule over the same
 micro-batches, then one optimizer step:
 
-0. the last stage counts the masked positions and non-pad tokens of the global batch
+0. the first and the last stage mask each micro-batch, once (``RTDModel.mask``: stage 0 needs
+   the generator's input, the last stage the masked positions); the last stage counts the
+   masked positions and non-pad tokens of the global batch from those masks
    (``training/normalise.py``: its micro-batches' counts, one all-reduce over the data-parallel
    group), so each micro-batch's losses are its sums / (count / (num_microbatches × DP)) —
    the global-batch normalisation of ``objectives/losses.py``;
-1. generator pass — stage 0 masks and embeds, every stage runs its generator layers, the last
+1. generator pass — stage 0 embeds its masked input, every stage runs its generator layers, the last
    stage computes L_MLM at the masked positions and samples the replacements (no gradient);
    the schedule back-propagates L_MLM / num_microbatches (megatron-core's two-value
    ``loss_func`` rule), and the data-parallel average divides by DP: together the gradient of
@@ -44,6 +46,7 @@ from rtd_scale.data.packed import MicroBatch
 from rtd_scale.distributed import ParallelContext
 from rtd_scale.model.rtd import GeneratorResult, RTDModel, RTDOutput, untimed
 from rtd_scale.objectives.losses import micro_batch_normaliser
+from rtd_scale.objectives.masking import MaskedBatch
 from rtd_scale.phases import (PHASE_DISCRIMINATOR_FORWARD, PHASE_GENERATOR_FORWARD, PHASE_MASK,
                               PHASE_OPTIMIZER_STEP, PHASE_PIPELINE_DISCRIMINATOR_PASS,
                               PHASE_PIPELINE_GENERATOR_PASS, PHASE_PIPELINE_ID_HANDOVER,
@@ -80,20 +83,24 @@ def pipeline_forward_backward(model: RTDModel, micro_batches: Sequence[MicroBatc
     seq_length = micro_batches[0].input_ids.shape[1]
     dev = ctx.device
     gen_results: list[GeneratorResult | None] = [None] * n
+    device_ids = [(mb.input_ids.to(dev), mb.sample_index.to(dev)) for mb in micro_batches]
+    masks: list[MaskedBatch | None] = [None] * n
     normaliser = None
-    if ctx.is_last_stage:  # 0. its data-parallel group is the last stage's ranks
-        counts = global_counts(model, [(mb.input_ids.to(dev), mb.sample_index.to(dev))
-                                       for mb in micro_batches], ctx)
-        normaliser = micro_batch_normaliser(counts, n * ctx.dp_size)
+    with timers(PHASE_PIPELINE_GENERATOR_PASS):  # 0. (a middle stage reads no mask)
+        if model.pre_process or model.post_process:
+            with timers(PHASE_MASK):
+                masks = [model.mask(ids, idx) for ids, idx in device_ids]
+        if ctx.is_last_stage:  # its data-parallel group is the last stage's ranks
+            counts = global_counts(model, device_ids, ctx, masks=masks)
+            normaliser = micro_batch_normaliser(counts, n * ctx.dp_size)
 
     def generator_step(data_iterator, encoder):
         j, mb = next(data_iterator)
-        ids, idx = mb.input_ids.to(dev), mb.sample_index.to(dev)
+        (ids, idx), m = device_ids[j], masks[j]
         pad = ids == model.pad_id
-        with timers(PHASE_MASK):
-            m = model.mask(ids, idx)
         with timers(PHASE_GENERATOR_FORWARD):
-            hidden = encoder(m.generator_input, _attention_pad(mb, pad, model.pad_id))
+            hidden = encoder(None if m is None else m.generator_input,  # None: a later stage
+                             _attention_pad(mb, pad, model.pad_id))
 
         def loss_func(output):
             gen = model.generator_head(output, ids, idx, m.masked, step, normaliser,
@@ -119,7 +126,7 @@ def pipeline_forward_backward(model: RTDModel, micro_batches: Sequence[MicroBatc
 
     def discriminator_step(data_iterator, encoder):
         j, mb = next(data_iterator)
-        ids = mb.input_ids.to(dev)
+        ids = device_ids[j][0]
         pad = ids == model.pad_id
         with timers(PHASE_DISCRIMINATOR_FORWARD):
             hidden = encoder(corrupted[j], _attention_pad(mb, pad, model.pad_id))
