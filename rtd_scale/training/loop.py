@@ -227,7 +227,7 @@ def evaluate(cfg: RunConfig, ctx: ParallelContext, engine, loader,
                 else:
                     outs = eval_step(engine, batches, step=0, ctx=ctx)
                 for out in outs:
-                    acc.add(out, cfg.rtd.rtd_lambda)
+                    acc.add(out)
                 if auc_here:
                     ids = torch.stack([mb.input_ids for mb in batches]).to(ctx.device)
                     rep = torch.stack([o.corrupted_ids for o in outs]) != ids
@@ -418,7 +418,7 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
         if ctx.pp_size > 1:
             outs = pipeline_train_step(engine, batches, step=step, ctx=ctx, timers=timers)
             for out in outs:
-                acc.add(out, cfg.rtd.rtd_lambda)
+                acc.add(out)
         else:
             def read_norm():
                 nonlocal norm
@@ -428,7 +428,7 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
                               before_update=read_norm if own_norm and will_log(step + 1)
                               else None, timers=timers)
             for out in outs:
-                acc.add(out, cfg.rtd.rtd_lambda)
+                acc.add(out)
         guard.after_step()
         if digest.enabled:
             digest.add(batches, outs)

@@ -16,8 +16,9 @@ micro-batches, then one optimizer step:
    the summed CE / the global batch's masked positions;
 2. the corrupted ids of every micro-batch go from the last stage to stage 0 (one broadcast over
    the pipeline group, [num_microbatches, b, s] int64);
-3. discriminator pass — stage 0 embeds the corrupted ids, the last stage computes
-   rtd_lambda · L_RTD / num_microbatches, which the schedule back-propagates;
+3. discriminator pass — stage 0 embeds the corrupted ids, the last stage computes the model's
+   loss L_MLM + rtd_lambda · L_RTD with L_MLM detached (step 1 back-propagated it), so the
+   schedule back-propagates rtd_lambda · L_RTD / num_microbatches;
 4. the two copies of the generator's table (stage 0's input table, the last stage's MLM output
    weight) get the sum of their gradients through megatron-core's embedding group, so they stay
    equal (Megatron-LM's tied embeddings); under disentangled attention every stage's copy of
@@ -132,11 +133,13 @@ def pipeline_forward_backward(model: RTDModel, micro_batches: Sequence[MicroBatc
             hidden = encoder(corrupted[j], _attention_pad(mb, pad, model.pad_id))
 
         def loss_func(output):
+            # the model's L_MLM + rtd_lambda · L_RTD, L_MLM detached: the generator pass
+            # back-propagated it already, so this pass back-propagates rtd_lambda · L_RTD
+            gen = gen_results[j]._replace(mlm_loss=gen_results[j].mlm_loss.detach())
             with timers(PHASE_DISCRIMINATOR_FORWARD):
-                out = model.discriminator_head(output, gen_results[j], pad, normaliser)
-            outputs[j] = out._replace(loss=out.loss.detach(), mlm_loss=out.mlm_loss.detach(),
-                                      rtd_loss=out.rtd_loss.detach())
-            return model.rtd_cfg.rtd_lambda * out.rtd_loss, {}
+                out = model.discriminator_head(output, gen, pad, normaliser)
+            outputs[j] = out._replace(loss=out.loss.detach(), rtd_loss=out.rtd_loss.detach())
+            return out.loss.clone(), {}  # the schedule divides it in place
 
         return hidden, loss_func
 
