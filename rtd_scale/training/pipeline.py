@@ -45,14 +45,14 @@ from megatron.core.pipeline_parallel.schedules import (
 
 from rtd_scale.data.packed import MicroBatch
 from rtd_scale.distributed import ParallelContext
-from rtd_scale.model.rtd import GeneratorResult, RTDModel, RTDOutput, untimed
+from rtd_scale.model.rtd import GeneratorResult, RTDModel, RTDOutput
 from rtd_scale.objectives.losses import micro_batch_normaliser
 from rtd_scale.objectives.masking import MaskedBatch
-from rtd_scale.phases import (PHASE_DISCRIMINATOR_FORWARD, PHASE_GENERATOR_FORWARD, PHASE_MASK,
-                              PHASE_OPTIMIZER_STEP, PHASE_PIPELINE_DISCRIMINATOR_PASS,
-                              PHASE_PIPELINE_GENERATOR_PASS, PHASE_PIPELINE_ID_HANDOVER,
-                              PHASE_PIPELINE_TIED_GRADIENTS)
+from rtd_scale.phases import (PHASE_MASK, PHASE_OPTIMIZER_STEP,
+                              PHASE_PIPELINE_DISCRIMINATOR_PASS, PHASE_PIPELINE_GENERATOR_PASS,
+                              PHASE_PIPELINE_ID_HANDOVER, PHASE_PIPELINE_TIED_GRADIENTS)
 from rtd_scale.training.normalise import global_counts
+from rtd_scale.training.timers import NO_TIMERS, timed_parts
 
 
 def _attention_pad(mb: MicroBatch, pad: torch.Tensor, pad_id: int) -> Optional[torch.Tensor]:
@@ -72,11 +72,13 @@ def _schedule(encoder, forward_step, micro_batches: Sequence[MicroBatch], seq_le
 
 def pipeline_forward_backward(model: RTDModel, micro_batches: Sequence[MicroBatch], *,
                               step: int, ctx: ParallelContext,
-                              forward_only: bool = False, timers=untimed) -> list[RTDOutput]:
+                              forward_only: bool = False,
+                              timers=NO_TIMERS) -> list[RTDOutput]:
     """Steps 0–3 above: the global batch's counts, both passes, forward and (unless
     ``forward_only``) backward, over ``micro_batches`` (this rank's micro-batches of the step;
-    collective over the last stage's data-parallel group). ``timers``: as
-    ``RTDModel.forward``'s, and each pass and the hand-over.
+    collective over the last stage's data-parallel group). ``timers``: the masking, each pass
+    and the hand-over (``training/timers.py``), the model's parts by hooks for the passes'
+    length (``timed_parts``).
 
     Returns one RTDOutput per micro-batch on the last stage (losses detached), [] elsewhere.
     """
@@ -99,19 +101,17 @@ def pipeline_forward_backward(model: RTDModel, micro_batches: Sequence[MicroBatc
         j, mb = next(data_iterator)
         (ids, idx), m = device_ids[j], masks[j]
         pad = ids == model.pad_id
-        with timers(PHASE_GENERATOR_FORWARD):
-            hidden = encoder(None if m is None else m.generator_input,  # None: a later stage
-                             _attention_pad(mb, pad, model.pad_id))
+        hidden = encoder(None if m is None else m.generator_input,  # None: a later stage
+                         _attention_pad(mb, pad, model.pad_id))
 
         def loss_func(output):
-            gen = model.generator_head(output, ids, idx, m.masked, step, normaliser,
-                                       timers=timers)
+            gen = model.generator_head(output, ids, idx, m.masked, step, normaliser)
             gen_results[j] = gen
             return gen.mlm_loss.clone(), {}  # the schedule divides it in place
 
         return hidden, loss_func
 
-    with timers(PHASE_PIPELINE_GENERATOR_PASS):
+    with timers(PHASE_PIPELINE_GENERATOR_PASS), timed_parts(model, timers):
         _schedule(model.generator, generator_step, micro_batches, seq_length, forward_only)
 
     # 2. corrupted ids: last stage -> every stage of this pipeline (stage 0 needs them)
@@ -129,21 +129,19 @@ def pipeline_forward_backward(model: RTDModel, micro_batches: Sequence[MicroBatc
         j, mb = next(data_iterator)
         ids = device_ids[j][0]
         pad = ids == model.pad_id
-        with timers(PHASE_DISCRIMINATOR_FORWARD):
-            hidden = encoder(corrupted[j], _attention_pad(mb, pad, model.pad_id))
+        hidden = encoder(corrupted[j], _attention_pad(mb, pad, model.pad_id))
 
         def loss_func(output):
             # the model's L_MLM + rtd_lambda · L_RTD, L_MLM detached: the generator pass
             # back-propagated it already, so this pass back-propagates rtd_lambda · L_RTD
             gen = gen_results[j]._replace(mlm_loss=gen_results[j].mlm_loss.detach())
-            with timers(PHASE_DISCRIMINATOR_FORWARD):
-                out = model.discriminator_head(output, gen, pad, normaliser)
+            out = model.discriminator_head(output, gen, pad, normaliser)
             outputs[j] = out._replace(loss=out.loss.detach(), rtd_loss=out.rtd_loss.detach())
             return out.loss.clone(), {}  # the schedule divides it in place
 
         return hidden, loss_func
 
-    with timers(PHASE_PIPELINE_DISCRIMINATOR_PASS):
+    with timers(PHASE_PIPELINE_DISCRIMINATOR_PASS), timed_parts(model, timers):
         _schedule(model.discriminator, discriminator_step, micro_batches, seq_length,
                   forward_only)
     return [o for o in outputs if o is not None]
@@ -177,7 +175,7 @@ def all_reduce_tied_gradients(model: RTDModel, ctx: ParallelContext) -> None:
 
 
 def pipeline_train_step(engine, micro_batches: Sequence[MicroBatch], *, step: int,
-                        ctx: ParallelContext, timers=untimed) -> list[RTDOutput]:
+                        ctx: ParallelContext, timers=NO_TIMERS) -> list[RTDOutput]:
     """One optimizer step at pipeline_model_parallel_size > 1 (steps 1–4 above)."""
     model: RTDModel = engine.module
     outputs = pipeline_forward_backward(model, micro_batches, step=step, ctx=ctx, timers=timers)

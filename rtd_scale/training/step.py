@@ -24,10 +24,11 @@ import torch
 
 from rtd_scale.data.packed import MicroBatch
 from rtd_scale.distributed import ParallelContext
-from rtd_scale.model.rtd import RTDOutput, untimed
+from rtd_scale.model.rtd import RTDOutput
 from rtd_scale.phases import (PHASE_BACKWARD, PHASE_DATA_WAIT, PHASE_FORWARD, PHASE_MASK,
                               PHASE_OPTIMIZER_STEP)
 from rtd_scale.training.normalise import global_counts
+from rtd_scale.training.timers import NO_TIMERS, timed_parts
 
 
 def micro_batch_kwargs(mb: MicroBatch, device: torch.device, pad_id: int) -> dict:
@@ -42,7 +43,7 @@ def micro_batch_kwargs(mb: MicroBatch, device: torch.device, pad_id: int) -> dic
 
 
 def masked_micro_batches(engine, kwargs: Sequence[dict], ctx: ParallelContext,
-                         timers=untimed) -> tuple[list[dict], torch.Tensor]:
+                         timers=NO_TIMERS) -> tuple[list[dict], torch.Tensor]:
     """Step 0's second half: each micro-batch's masks, computed once (``RTDModel.mask``), and
     the global batch's counts taken from them. Returns the forward's keyword arguments with
     ``masks`` added, and the [2] counts (collective over ``ctx.dp_group``)."""
@@ -57,14 +58,15 @@ def masked_micro_batches(engine, kwargs: Sequence[dict], ctx: ParallelContext,
 def train_step(engine, micro_batches: Sequence[MicroBatch], *, step: int, ctx: ParallelContext,
                gate: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
                before_update: Optional[Callable[[], None]] = None,
-               timers=untimed) -> list[RTDOutput]:
+               timers=NO_TIMERS) -> list[RTDOutput]:
     """One optimizer step at pipeline_model_parallel_size 1 (steps 0–1 above) over
     ``micro_batches`` (this rank's gradient-accumulation micro-batches of the step).
 
     ``gate``: applied to each loss before backward (``loop.NonFiniteGuard.gate``).
     ``before_update``: called after the last backward, before the step that updates (reads the
-    gradients). ``timers``: the step's phases (``training/timers.py``), as
-    ``RTDModel.forward``'s. Returns one RTDOutput per micro-batch.
+    gradients). ``timers``: the step's phases (``training/timers.py``), the forward's parts
+    by hooks on the model for the step's length (``timed_parts``). Returns one RTDOutput per
+    micro-batch.
     """
     # DeepSpeed divides each loss by its accumulation steps: the normaliser counts on it
     assert engine.gradient_accumulation_steps() == len(micro_batches), \
@@ -76,9 +78,9 @@ def train_step(engine, micro_batches: Sequence[MicroBatch], *, step: int, ctx: P
         kwargs, counts = masked_micro_batches(engine, kwargs, ctx, timers)
     outs = []
     for j, kw in enumerate(kwargs):
-        with timers(PHASE_FORWARD):
+        with timers(PHASE_FORWARD), timed_parts(engine.module, timers):
             out = engine(**kw, step=step, global_counts=counts,
-                         num_micro_batches=len(kwargs) * ctx.dp_size, timers=timers)
+                         num_micro_batches=len(kwargs) * ctx.dp_size)
         with timers(PHASE_BACKWARD):
             engine.backward(out.loss if gate is None else gate(out.loss))
         with timers(PHASE_OPTIMIZER_STEP):
