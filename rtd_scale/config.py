@@ -80,16 +80,49 @@ class AttentionType(str, enum.Enum):
     content-to-content + content-to-position + position-to-content over log-bucketed relative
     positions and no absolute position in the input (arXiv 2006.03654 §3.1; DeBERTaV3, arXiv
     2111.09543; Hugging Face ``DebertaV2Model``); needs the post-LayerNorm layout.
+
+    What a type means for the model is its row of ``ATTENTION_TRAITS`` (``AttentionTraits``),
+    read through the properties below; a new type is a member and a row.
     """
 
     BERT = "bert"
     DISENTANGLED = "disentangled"
 
     @property
-    def relative_positions(self) -> bool:
-        """Positions enter attention as relative distances, so the input has no absolute
-        position and no token-type table (DeBERTa, arXiv 2006.03654 §3.1)."""
-        return self is AttentionType.DISENTANGLED
+    def absolute_positions(self) -> bool:
+        """The embeddings add a learned absolute position table to the input (and, in the
+        post-LayerNorm layout, BERT's token-type row); without it positions reach attention
+        only, and the embeddings are DeBERTa's (``model/embeddings.py``)."""
+        return ATTENTION_TRAITS[self].absolute_positions
+
+    @property
+    def relative_table(self) -> bool:
+        """Each encoder holds one table of relative-position embeddings, with its LayerNorm,
+        that every layer's attention reads (``model/encoder.py``; the argument it travels in:
+        ``model/disentangled.py``)."""
+        return ATTENTION_TRAITS[self].relative_table
+
+    @property
+    def disentangled(self) -> bool:
+        """The layers' attention is DeBERTa's disentangled attention (``model/specs.py``)."""
+        return ATTENTION_TRAITS[self].disentangled
+
+
+@dataclass(frozen=True)
+class AttentionTraits:
+    """What an ``AttentionType`` means for the model (its properties of the same names)."""
+
+    absolute_positions: bool
+    relative_table: bool
+    disentangled: bool
+
+
+ATTENTION_TRAITS = {
+    AttentionType.BERT: AttentionTraits(absolute_positions=True, relative_table=False,
+                                        disentangled=False),
+    AttentionType.DISENTANGLED: AttentionTraits(absolute_positions=False, relative_table=True,
+                                                disentangled=True),
+}
 
 
 class Precision(str, enum.Enum):
@@ -234,7 +267,7 @@ class ModelConfig:
         and absolute positions (``model/sharing.py`` says what each mode shares)."""
         return (self.sharing is not Sharing.NES
                 and self.sharing_scope is SharingScope.EMBEDDINGS
-                and not AttentionType(self.attention_type).relative_positions)
+                and AttentionType(self.attention_type).absolute_positions)
 
     def validate(self) -> None:
         self.sharing = Sharing(self.sharing)
@@ -252,16 +285,17 @@ class ModelConfig:
         try:
             self.attention_type = AttentionType(self.attention_type)
         except ValueError:
-            raise ConfigError(f"--attention-type {self.attention_type!r}: choose 'bert' or "
-                              "'disentangled'") from None
-        if (self.attention_type is AttentionType.DISENTANGLED
+            raise ConfigError(f"--attention-type {self.attention_type!r}: choose "
+                              f"{' or '.join(repr(a.value) for a in AttentionType)}") from None
+        if (self.attention_type.disentangled
                 and self.layernorm_position is not LayerNormPosition.POST):
             raise ConfigError("--attention-type disentangled needs --layernorm-position post "
                               "(DeBERTa's layout, arXiv 2006.03654); add --layernorm-position post")
         if self.sharing_scope is SharingScope.TOKENS and (
-                self.sharing is Sharing.NES or self.attention_type.relative_positions):
+                self.sharing is Sharing.NES or not self.attention_type.absolute_positions):
             why = ("--sharing nes shares nothing" if self.sharing is Sharing.NES else
-                   "disentangled attention has no position or token-type table")
+                   f"{self.attention_type.value} attention has no position or token-type "
+                   "table")
             warnings.warn(f"--sharing-scope tokens has no effect: {why}")
         if (self.shares_embedding_layer() and self.sharing is Sharing.ES
                 and self.generator.layernorm_epsilon != self.discriminator.layernorm_epsilon):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+from types import SimpleNamespace
 
 import torch
 
@@ -66,24 +67,25 @@ def rtd_autocast_step(cfg, s: Settings) -> tuple[Stepper, tuple]:
     rtd_scale's AdamW (``training.optimizer.build_optimizer``: fused on GPU), no clipping — the
     HF step's recipe. On CPU autocast is entered around backward as well: megatron-core's linear
     layers restore autocast in backward only for CUDA (``custom_bwd(device_type="cuda")``)."""
-    from rtd_scale.training.normalise import global_counts
     from rtd_scale.training.optimizer import build_optimizer
-    from rtd_scale.training.step import micro_batch_kwargs
+    from rtd_scale.training.step import masked_micro_batches, micro_batch_kwargs
+    from rtd_scale.training.timers import timed_parts
 
     ctx = parallel_context(s)
     model = common.build_rtd_model(cfg, s.device)
     opt = build_optimizer(model, cfg.optim)
     batches = micro_batches(cfg, s)
     autocast = lambda: torch.autocast(s.device.type, dtype=torch.bfloat16)  # noqa: E731
+    plain = SimpleNamespace(module=model)  # what masked_micro_batches reads of an engine
 
     def run(i: int, timers) -> None:
         with timers(PHASE_DATA_WAIT):
             kw = micro_batch_kwargs(batches[i % len(batches)], s.device, model.pad_id)
         with timers(PHASE_FORWARD):
-            counts = global_counts(model, [(kw["input_ids"], kw["sample_index"])], ctx)
-            with autocast():
-                loss = model(**kw, step=i, global_counts=counts, num_micro_batches=ctx.dp_size,
-                             timers=timers).loss
+            (kw,), counts = masked_micro_batches(plain, [kw], ctx, timers)
+            with autocast(), timed_parts(model, timers):
+                loss = model(**kw, step=i, global_counts=counts,
+                             num_micro_batches=ctx.dp_size).loss
         with timers(PHASE_BACKWARD):
             with autocast() if not s.cuda else contextlib.nullcontext():
                 loss.backward()

@@ -55,7 +55,7 @@ class Stepper:
     run: Callable[[int, Any], Any]
     keep: list = field(default_factory=list)  # objects to free with the row
 
-    # by default each phase is a torch.profiler range, as ``model/rtd.py``'s ``untimed``
+    # by default each phase is a torch.profiler range, as ``training/timers.py``'s ``NO_TIMERS``
     def __call__(self, i: int, timers=record_function) -> None:
         self.run(i, timers)
 

@@ -99,7 +99,7 @@ def _sharing(model: ModelConfig, scope: Optional[SharingScope] = None):
     """(rule, scope, relative) of ``model``'s embedding sharing (``scope``: another than its
     own); relative: positions enter as relative distances, no position table."""
     return (sharing_rule(model.sharing), SharingScope(scope or model.sharing_scope),
-            AttentionType(model.attention_type).relative_positions)
+            not AttentionType(model.attention_type).absolute_positions)
 
 
 def shared_components(model: ModelConfig, scope: Optional[SharingScope] = None

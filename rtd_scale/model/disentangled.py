@@ -23,10 +23,19 @@ Tensor parallelism: q, k, v and Pq, Pk come from megatron-core's column-parallel
 all-reduce in backward sums R's gradient over the heads of every rank), the output from the
 row-parallel ``linear_proj`` — the names, shapes and initialisation of a ``SelfAttention``.
 
-The relative embeddings reach each layer in megatron-core's ``rotary_pos_emb`` slot: the
-``TransformerBlock`` passes that tensor unchanged to every layer's attention, and its full-layer
-activation recompute passes it as a differentiable checkpoint input (a tensor captured any other
-way would be back-propagated once per layer through one graph).
+The relative embeddings reach each layer's attention through two of megatron-core's arguments,
+named here only (``RELATIVE_TABLE_BLOCK_ARG``, ``RELATIVE_TABLE_ATTENTION_ARG``), which leaves
+its rotary ones (``rotary_pos_emb`` …) to a rotary attention:
+
+- the ``TransformerBlock``'s ``context``: the block passes it to every layer and threads each
+  layer's returned ``context`` to the next, and its full-layer activation recompute takes it as
+  a differentiable checkpoint input (a tensor captured any other way would be back-propagated
+  once per layer through one graph) — in an encoder it has no other use (megatron-core gives it
+  to cross-attention, which an encoder has none of);
+- the layer (``PostLNTransformerLayer``, the one layout disentangled attention has) hands it to
+  its self-attention as ``attention_bias``, megatron-core's argument for what the attention
+  scores are biased by (its T5 passes relative-position biases there), and returns it
+  unchanged.
 
 Padding as Hugging Face's ``DebertaV2Encoder.get_attention_mask``: a score is masked when its
 key *or* its query is [PAD], so a [PAD] query's row is masked whole and averages over every key
@@ -46,6 +55,11 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from rtd_scale.model.relative_position import (log_bucket_position,  # noqa: F401 (re-exported)
                                                relative_position_index, used_rows)
+
+# The arguments an encoder's relative table P [2k, H] travels in (the module docstring says why):
+# the TransformerBlock's, and the self-attention's that the layer hands it on in.
+RELATIVE_TABLE_BLOCK_ARG = "context"
+RELATIVE_TABLE_ATTENTION_ARG = "attention_bias"
 
 # Implementations of the attention core (benchmarked in bench/deberta_step_vs_hf.py):
 #   "explicit": scores [b, n, s, s] = c2c + c2p + p2c, softmax, dropout, @ V
@@ -210,10 +224,10 @@ class DisentangledSelfAttention(SelfAttention):
     """megatron-core's ``SelfAttention`` (same ``linear_qkv`` / ``linear_proj``, TP split, names)
     whose core also reads the relative embeddings.
 
-    forward(hidden_states [s, b, H], attention_mask, rotary_pos_emb=P [2k, H], ...) ->
+    forward(hidden_states [s, b, H], attention_mask, attention_bias=P [2k, H], ...) ->
     (output [s, b, H], bias [H] or None), as ``SelfAttention``. P is the encoder's LayerNorm'd
-    relative table (``rotary_pos_emb`` is only the slot megatron-core forwards it in; see the
-    module docstring). Neither packed sequences, inference caches nor attention biases.
+    relative table (``RELATIVE_TABLE_ATTENTION_ARG``; see the module docstring). Neither rotary
+    embeddings, packed sequences nor inference caches.
     """
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: Optional[torch.Tensor],
@@ -221,18 +235,20 @@ class DisentangledSelfAttention(SelfAttention):
                 rotary_pos_emb: Optional[torch.Tensor] = None, rotary_pos_cos=None,
                 rotary_pos_sin=None, rotary_pos_cos_sin=None, attention_bias=None,
                 packed_seq_params=None, sequence_len_offset=None, *, inference_params=None):
-        if rotary_pos_emb is None or not isinstance(rotary_pos_emb, torch.Tensor):
+        table = attention_bias  # RELATIVE_TABLE_ATTENTION_ARG
+        if not isinstance(table, torch.Tensor):
             raise ValueError("disentangled attention needs the relative embeddings [2k, H] "
-                             "(passed by the Encoder as rotary_pos_emb)")
-        if (packed_seq_params is not None or attention_bias is not None
+                             f"(the Encoder's block argument {RELATIVE_TABLE_BLOCK_ARG!r}, handed "
+                             f"on by the layer as {RELATIVE_TABLE_ATTENTION_ARG!r})")
+        if (rotary_pos_emb is not None or packed_seq_params is not None
                 or inference_context is not None or inference_params is not None):
-            raise ValueError("disentangled attention supports neither packed sequences, "
-                             "attention biases nor inference caches")
+            raise ValueError("disentangled attention supports neither rotary embeddings, "
+                             "packed sequences nor inference caches")
         query, key, value = self.get_query_key_value_tensors(hidden_states)  # [s, b, n, d]
         # each layer drops out its own copy of P (Hugging Face ``pos_dropout``, hidden dropout);
         # P is replicated over TP ranks, so the default generator (shared by TP peers) draws it
         lo, hi = self.core_attention.rows(hidden_states.shape[0])  # the rows this length reads
-        rel = torch.nn.functional.dropout(rotary_pos_emb[lo:hi].to(hidden_states.dtype),
+        rel = torch.nn.functional.dropout(table[lo:hi].to(hidden_states.dtype),
                                           p=self.config.hidden_dropout, training=self.training)
         # the relative table through this layer's own query / key projections (share_att_key)
         pos_query, pos_key, _ = self.get_query_key_value_tensors(rel.unsqueeze(1))  # [2k,1,n,d]

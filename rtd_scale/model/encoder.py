@@ -33,7 +33,7 @@ from megatron.core.transformer.transformer_block import TransformerBlock
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from rtd_scale.config import AttentionType, EncoderConfig, LayerNormPosition
-from rtd_scale.model.disentangled import relative_embeddings
+from rtd_scale.model.disentangled import RELATIVE_TABLE_BLOCK_ARG, relative_embeddings
 from rtd_scale.model.embeddings import EncoderEmbeddings, init_normal, scaled_init_normal
 from rtd_scale.model.specs import encoder_layer_spec
 
@@ -103,8 +103,9 @@ class Encoder(torch.nn.Module):
     Args:
         layernorm_position: "pre" or "post" (``LayerNormPosition``); the embeddings must match
             (a token-type row exactly in the post layout with BERT attention).
-        attention_type: "bert" or "disentangled" (``AttentionType``; post layout only): the
-            latter builds DeBERTa's attention and this encoder's relative table (2·span rows).
+        attention_type: ``AttentionType`` (its traits decide): "bert", or "disentangled"
+            (post layout only), which builds DeBERTa's attention and this encoder's relative
+            table (2·span rows).
         position_buckets, max_relative_positions: disentangled attention's relative positions
             (``max_relative_positions`` resolved, > 0; the table has 2·span rows, span =
             ``ModelConfig.relative_span()``).
@@ -120,11 +121,10 @@ class Encoder(torch.nn.Module):
         layernorm_position = LayerNormPosition(layernorm_position)
         attention_type = AttentionType(attention_type)
         post = layernorm_position is LayerNormPosition.POST
-        relative = attention_type.relative_positions
-        token_type = post and not relative
+        token_type = post and attention_type.absolute_positions
         assert embeddings is None or (embeddings.token_type is not None) == token_type, \
-            "the token-type row belongs to the post-LayerNorm layout with BERT attention"
-        assert embeddings is None or embeddings.relative == relative
+            "the token-type row belongs to the post-LayerNorm layout with absolute positions"
+        assert embeddings is None or embeddings.relative == (not attention_type.absolute_positions)
         self.config = config
         self.layernorm_position = layernorm_position
         self.attention_type = attention_type
@@ -137,7 +137,7 @@ class Encoder(torch.nn.Module):
                                       pre_process=pre_process, post_process=post_process)
         self.rel_embeddings: Optional[torch.nn.Embedding] = None
         self.rel_embeddings_norm: Optional[torch.nn.LayerNorm] = None
-        if relative:
+        if attention_type.relative_table:
             span = position_buckets if position_buckets > 0 else max_relative_positions
             self.rel_embeddings = torch.nn.Embedding(2 * span, config.hidden_size)
             self.rel_embeddings_norm = torch.nn.LayerNorm(config.hidden_size,
@@ -168,8 +168,8 @@ class Encoder(torch.nn.Module):
         attention_mask = None  # no padding: attention without a mask (flash kernels on GPU)
         if pad_mask is not None:  # True = masked
             attention_mask = pad_mask.view(pad_mask.shape[0], 1, 1, pad_mask.shape[1])
-        rel = None  # disentangled attention: P = LayerNorm(R) [2k, H], read by every layer
+        tables = {}  # a relative table: P = LayerNorm(R) [2k, H], read by every layer
         if self.rel_embeddings is not None:
-            rel = relative_embeddings(self.rel_embeddings, self.rel_embeddings_norm)
-        return self.block(hidden_states=hidden, attention_mask=attention_mask,
-                          rotary_pos_emb=rel)
+            tables[RELATIVE_TABLE_BLOCK_ARG] = relative_embeddings(self.rel_embeddings,
+                                                                   self.rel_embeddings_norm)
+        return self.block(hidden_states=hidden, attention_mask=attention_mask, **tables)

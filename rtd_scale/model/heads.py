@@ -1,5 +1,10 @@
-"""The generator's MLM head (masked positions only, tied, vocab-parallel) and the RTD head."""
+"""The generator's MLM head (masked positions only, tied, vocab-parallel), its replacement
+sampler and its loss; the RTD head and its loss. The step's pieces after each encoder are these
+modules (``RTDModel.generator_head`` / ``discriminator_head`` call them), so the step's timers
+see them from outside (``training/timers.py``, ``PARTS``)."""
 from __future__ import annotations
+
+from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -8,6 +13,8 @@ from megatron.core.tensor_parallel.mappings import copy_to_tensor_model_parallel
 
 from rtd_scale.model.embeddings import TokenTable
 from rtd_scale.model.weights import mark_vocab_parallel
+from rtd_scale.objectives.losses import rtd_loss
+from rtd_scale.objectives.sampling import sample_from_logits
 
 
 class MLMHead(torch.nn.Module):
@@ -101,6 +108,69 @@ def vocab_parallel_top1_correct(logits: torch.Tensor, targets: torch.Tensor, voc
         torch.distributed.all_reduce(target_logit, op=torch.distributed.ReduceOp.MAX,
                                      group=tp_group)
     return target_logit >= best
+
+
+class MLMCriterion(torch.nn.Module):
+    """L_MLM and the MLM accuracy's hits from the MLM head's logits (``mlm_loss``,
+    ``vocab_parallel_top1_correct``); no parameters.
+
+    forward(logits [n, V_local] (consumed by the loss), targets [n], valid [n] bool,
+    normaliser scalar or None) -> (scalar L_MLM, [n] bool: target is the top-1 and row valid).
+    """
+
+    def __init__(self, table: torch.nn.Module):
+        super().__init__()
+        self.vocab_start, self.tp_group = table.vocab_start_index, table.tp_group
+
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor,
+                normaliser: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        correct = vocab_parallel_top1_correct(logits, targets, self.vocab_start,
+                                              self.tp_group) & valid
+        return mlm_loss(logits, targets, valid, normaliser), correct  # the loss consumes logits
+
+
+class RTDCriterion(torch.nn.Module):
+    """L_RTD from the RTD head's logits (``objectives.losses.rtd_loss``); no parameters.
+
+    forward(logits [b, s], labels [b, s] float, valid [b, s] bool, normaliser scalar or None)
+    -> scalar L_RTD.
+    """
+
+    def forward(self, logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor,
+                normaliser: Optional[torch.Tensor]) -> torch.Tensor:
+        return rtd_loss(logits, labels, valid, normaliser)
+
+
+class ReplacementSampler(torch.nn.Module):
+    """The generator's replacements: one id per masked position drawn from softmax(logits / T)
+    (never the argmax, no gradient), vocab-parallel Gumbel-max with counter-based noise
+    (``objectives/sampling.py``); never a special or padded id, and with ``disallow_correct``
+    never the original (ELECTRA, arXiv 2003.10555 §2). No parameters; ``sampleable`` [V_local]
+    bool is a non-persistent buffer over the output table's shard.
+
+    forward(logits [n, V_local], step, sample_index [n], position [n], original [n]) ->
+    [n] int64 global ids, the same on every tensor-parallel rank.
+    """
+
+    def __init__(self, table: torch.nn.Module, vocab_size: int, special_ids: Sequence[int], *,
+                 seed: int, temperature: float, disallow_correct: bool):
+        super().__init__()
+        self.seed, self.temperature, self.disallow_correct = seed, temperature, disallow_correct
+        self.vocab_start, self.tp_group = table.vocab_start_index, table.tp_group
+        v0, v1 = table.vocab_start_index, table.vocab_end_index
+        sampleable = torch.arange(v0, v1) < vocab_size
+        for sid in special_ids:
+            if v0 <= sid < v1:
+                sampleable[sid - v0] = False
+        self.register_buffer("sampleable", sampleable, persistent=False)
+
+    def forward(self, logits: torch.Tensor, step: int, sample_index: torch.Tensor,
+                position: torch.Tensor, original: Optional[torch.Tensor]) -> torch.Tensor:
+        return sample_from_logits(
+            logits.detach(), seed=self.seed, step=step, sample_index=sample_index,
+            position=position, vocab_start=self.vocab_start, sampleable=self.sampleable,
+            temperature=self.temperature,
+            disallow_ids=original if self.disallow_correct else None, tp_group=self.tp_group)
 
 
 class RTDHead(torch.nn.Module):

@@ -36,6 +36,8 @@ from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.spec_utils import ModuleSpec, build_module
 from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
 
+from rtd_scale.model.disentangled import RELATIVE_TABLE_ATTENTION_ARG, RELATIVE_TABLE_BLOCK_ARG
+
 
 @dataclass
 class PostLNTransformerLayerSubmodules(TransformerLayerSubmodules):
@@ -67,9 +69,16 @@ class PostLNTransformerLayer(TransformerLayer):
             hidden_size=self.config.hidden_size, eps=self.config.layernorm_epsilon)
 
     def _forward_attention(self, *args, **kwargs):
+        # An encoder's relative table (disentangled attention) arrives in the block's argument
+        # for it and goes on to the self-attention in the attention's, unchanged to the next
+        # layer (model/disentangled.py names both); megatron-core would give it to
+        # cross-attention, which an encoder has none of.
+        table = kwargs.pop(RELATIVE_TABLE_BLOCK_ARG, None)
+        if table is not None:
+            kwargs[RELATIVE_TABLE_ATTENTION_ARG] = table
         # megatron-core returns x + dropout(proj(attention(x)) + bias) (no cross-attention here)
-        hidden_states, context = super()._forward_attention(*args, **kwargs)
-        return self.post_self_attn_layernorm(hidden_states), context
+        hidden_states, _ = super()._forward_attention(*args, **kwargs)
+        return self.post_self_attn_layernorm(hidden_states), table
 
     def _forward_post_mlp(self, mlp_output_with_bias, residual) -> torch.Tensor:
         # megatron-core returns residual + dropout(fc2(...) + bias)

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import NamedTuple, Optional, Sequence
 
 import torch
-from torch.profiler import record_function
 
 from rtd_scale.config import LayerNormPosition, ModelConfig, RTDConfig
 from megatron.core import parallel_state
@@ -19,25 +18,17 @@ from rtd_scale.model.embeddings import TiedOutputTable, TokenTable
 from rtd_scale.model.sharing import embedding_pair
 from rtd_scale.model import weights
 from rtd_scale.model.encoder import Encoder, transformer_config
-from rtd_scale.model.heads import MLMHead, RTDHead, mlm_loss, vocab_parallel_top1_correct
-from rtd_scale.objectives.losses import (MLM_COUNT, RTD_COUNT, micro_batch_normaliser,
-                                         replaced_labels, rtd_loss, shuffled_labels,
-                                         total_loss)
-from rtd_scale.objectives.masking import mask_tokens, masked_positions, prediction_budget
-from rtd_scale.objectives.sampling import sample_from_logits
-from rtd_scale.phases import (PHASE_DISCRIMINATOR_FORWARD, PHASE_GENERATOR_FORWARD,
-                                       PHASE_MASK, PHASE_SAMPLE)
+from rtd_scale.model.heads import (MLMCriterion, MLMHead, RTDCriterion, RTDHead,
+                                   ReplacementSampler)
+from rtd_scale.objectives.losses import (MLM_COUNT, RTD_COUNT, loss_counts,
+                                         micro_batch_normaliser, replaced_labels,
+                                         shuffled_labels, total_loss)
+from rtd_scale.objectives.masking import (MaskedBatch, mask_tokens, masked_positions,
+                                          prediction_budget)
 
 # Keys of RTDOutput.counts, summed over tokens (reduced and divided only at log time).
 COUNT_KEYS = ("masked", "mlm_correct", "tokens", "replaced", "rtd_correct_replaced",
               "original", "rtd_correct_original")
-
-
-def untimed(phase: str):
-    """The step's default ``timers``: times nothing, and marks ``phase`` as a ``torch.profiler``
-    range (``--profile``). ``training/timers.py``'s ``PhaseTimers`` (``--timing-log-level``) is
-    the one that times; the phase names are ``rtd_scale/phases.py``'s."""
-    return record_function(phase)
 
 
 class RTDOutput(NamedTuple):
@@ -139,13 +130,12 @@ class RTDModel(torch.nn.Module):
                             TiedOutputTable(self.padded_vocab_size, model.embedding_size, gen_tc))
             self.mlm_head = MLMHead(model.generator.hidden_size, output_table, model.vocab_size,
                                     model.generator.layernorm_epsilon, std)
+            self.sampler = ReplacementSampler(output_table, model.vocab_size, self.special_ids,
+                                              seed=seed, temperature=rtd.temperature,
+                                              disallow_correct=rtd.disallow_correct)
+            self.mlm_criterion = MLMCriterion(output_table)
             self.rtd_head = RTDHead(model.discriminator.hidden_size, std)
-            v0, v1 = output_table.vocab_start_index, output_table.vocab_end_index
-            sampleable = torch.arange(v0, v1) < model.vocab_size
-            for sid in self.special_ids:
-                if v0 <= sid < v1:
-                    sampleable[sid - v0] = False
-            self.register_buffer("sampleable", sampleable, persistent=False)
+            self.rtd_criterion = RTDCriterion()
         weights.initialize(self, seed=seed, std=std,
                            tp_rank=parallel_state.get_tensor_model_parallel_rank(),
                            tp_size=tensor_model_parallel_size, vocab_size=model.vocab_size,
@@ -196,8 +186,10 @@ class RTDModel(torch.nn.Module):
 
     # --- the step, in pieces shared by the single-stage forward and the pipeline schedule ---
 
-    def mask(self, input_ids: torch.Tensor, sample_index: torch.Tensor):
-        """Step 1: masked positions and the generator's input (``objectives/masking.py``)."""
+    def mask(self, input_ids: torch.Tensor, sample_index: torch.Tensor) -> MaskedBatch:
+        """Step 1: masked positions and the generator's input (``objectives/masking.py``), a
+        function of (seed, sample index). The step calls it once per micro-batch: its counts
+        normalise the global batch (``training/normalise.py``) and it goes to the forward."""
         rtd = self.rtd_cfg
         return mask_tokens(input_ids, sample_index, seed=self.seed, mask_prob=rtd.mask_prob,
                            mask_token_prob=rtd.mask_token_prob,
@@ -207,19 +199,20 @@ class RTDModel(torch.nn.Module):
                            span_geometric_p=rtd.span_geometric_p,
                            span_max_words=rtd.span_max_words)
 
-    def loss_counts(self, input_ids: torch.Tensor, sample_index: torch.Tensor) -> torch.Tensor:
+    def loss_counts(self, input_ids: torch.Tensor, sample_index: torch.Tensor,
+                    masks: Optional[MaskedBatch] = None) -> torch.Tensor:
         """What the losses of micro-batch (``input_ids`` [b, s], ``sample_index`` [b]) are
         summed over: [2] int64 (masked positions, non-pad tokens), indexed by
         ``objectives.losses.MLM_COUNT`` / ``RTD_COUNT``. The masks are a function of (seed,
         sample index), so the step knows its global batch's counts before any forward
-        (``training/normalise.py``); computed on the ids' device, no host sync."""
-        masked = self.mask(input_ids, sample_index).masked
-        return torch.stack([masked.sum(), (input_ids != self.pad_id).sum()]).to(torch.int64)
+        (``training/normalise.py``); ``masks``: the micro-batch's, when the caller has them
+        (else masked here as the forward would). On the ids' device, no host sync."""
+        masks = masks if masks is not None else self.mask(input_ids, sample_index)
+        return loss_counts(masks.masked, input_ids != self.pad_id)
 
     def generator_head(self, gen_hidden: torch.Tensor, input_ids: torch.Tensor,
                        sample_index: torch.Tensor, masked: torch.Tensor,
-                       step: int, normaliser: Optional[torch.Tensor] = None,
-                       timers=untimed) -> GeneratorResult:
+                       step: int, normaliser: Optional[torch.Tensor] = None) -> GeneratorResult:
         """Steps 2–4 on the last stage: MLM logits at masked positions only, L_MLM, replacements
         sampled from softmax(logits / T) (never argmax, no gradient), the discriminator's input
         and its labels (a correct sample counts as original, ELECTRA arXiv 2003.10555 §2;
@@ -229,38 +222,27 @@ class RTDModel(torch.nn.Module):
             gen_hidden: [s, b, Hg] the generator's final hidden states.
             input_ids: [b, s]; sample_index: [b]; masked: [b, s] bool.
             normaliser: [2] fp32 (``micro_batch_normaliser``) or None (this micro-batch alone).
-            timers: ``timers(phase)`` context managers (``RTDModel.forward``).
         """
         rtd = self.rtd_cfg
-        table = self.mlm_head.table
         b, s = input_ids.shape
-        with timers(PHASE_GENERATOR_FORWARD):
-            # static shapes, no host sync: every sample's masked positions in k slots (k = the
-            # masking's per-sample maximum), unused slots marked invalid and given no weight
-            k = prediction_budget(rtd.mask_prob, s, rtd.mask_strategy)
-            positions, valid = masked_positions(masked, k)  # [b, k] each
-            rows = torch.arange(b, device=input_ids.device).view(b, 1).expand(b, k).reshape(-1)
-            cols, valid = positions.view(-1), valid.view(-1)  # [n = b·k]
-            logits = self.mlm_head(gen_hidden[cols, rows])  # [n, V_local]
-            targets = input_ids[rows, cols]  # [n]
-        with timers(PHASE_SAMPLE):
-            sampled = sample_from_logits(
-                logits.detach(), seed=self.seed, step=step, sample_index=sample_index[rows],
-                position=cols, vocab_start=table.vocab_start_index, sampleable=self.sampleable,
-                temperature=rtd.temperature,
-                disallow_ids=targets if rtd.disallow_correct else None, tp_group=table.tp_group)
-            filled = torch.zeros_like(input_ids).scatter_add_(
-                1, positions, torch.where(valid, sampled, 0).view(b, k))
-            corrupted = torch.where(masked, filled, input_ids)
-            labels = replaced_labels(corrupted, input_ids)
-            if rtd.shuffle_labels and self.training:  # the negative control; validation
-                labels = shuffled_labels(labels, input_ids != self.pad_id, seed=self.seed,
-                                         step=step, sample_index=sample_index)  # scores the truth
-        with timers(PHASE_GENERATOR_FORWARD):  # after sampling: the loss consumes the logits
-            mlm_correct = vocab_parallel_top1_correct(logits, targets, table.vocab_start_index,
-                                                      table.tp_group) & valid
-            l_mlm = mlm_loss(logits, targets, valid,  # consumes logits
-                             None if normaliser is None else normaliser[MLM_COUNT])
+        # static shapes, no host sync: every sample's masked positions in k slots (k = the
+        # masking's per-sample maximum), unused slots marked invalid and given no weight
+        k = prediction_budget(rtd.mask_prob, s, rtd.mask_strategy)
+        positions, valid = masked_positions(masked, k)  # [b, k] each
+        rows = torch.arange(b, device=input_ids.device).view(b, 1).expand(b, k).reshape(-1)
+        cols, valid = positions.view(-1), valid.view(-1)  # [n = b·k]
+        logits = self.mlm_head(gen_hidden[cols, rows])  # [n, V_local]
+        targets = input_ids[rows, cols]  # [n]
+        sampled = self.sampler(logits, step, sample_index[rows], cols, targets)  # [n]
+        filled = torch.zeros_like(input_ids).scatter_add_(
+            1, positions, torch.where(valid, sampled, 0).view(b, k))
+        corrupted = torch.where(masked, filled, input_ids)
+        labels = replaced_labels(corrupted, input_ids)
+        if rtd.shuffle_labels and self.training:  # the negative control; validation
+            labels = shuffled_labels(labels, input_ids != self.pad_id, seed=self.seed,
+                                     step=step, sample_index=sample_index)  # scores the truth
+        l_mlm, mlm_correct = self.mlm_criterion(  # after sampling: it consumes the logits
+            logits, targets, valid, None if normaliser is None else normaliser[MLM_COUNT])
         return GeneratorResult(l_mlm, corrupted, labels, mlm_correct, masked)
 
     def discriminator_head(self, disc_hidden: torch.Tensor, gen: GeneratorResult,
@@ -274,8 +256,8 @@ class RTDModel(torch.nn.Module):
         """
         valid = ~pad
         disc_logits = self.rtd_head(disc_hidden)  # [b, s]
-        l_rtd = rtd_loss(disc_logits, gen.labels, valid,
-                         None if normaliser is None else normaliser[RTD_COUNT])
+        l_rtd = self.rtd_criterion(disc_logits, gen.labels, valid,
+                                   None if normaliser is None else normaliser[RTD_COUNT])
         loss = total_loss(gen.mlm_loss, l_rtd, self.rtd_cfg.rtd_lambda)
         with torch.no_grad():
             predicted = disc_logits.float() > 0
@@ -297,7 +279,8 @@ class RTDModel(torch.nn.Module):
     def forward(self, input_ids: torch.Tensor, sample_index: torch.Tensor,
                 step: int = 0, has_padding: bool = True,
                 global_counts: Optional[torch.Tensor] = None,
-                num_micro_batches: int = 1, timers=untimed) -> RTDOutput:
+                num_micro_batches: int = 1,
+                masks: Optional[MaskedBatch] = None) -> RTDOutput:
         """One RTD forward on a micro-batch (single pipeline stage; see
         ``training/pipeline.py`` for the pipelined step).
 
@@ -313,19 +296,19 @@ class RTDModel(torch.nn.Module):
                 (``training/normalise.py``), or None: this micro-batch is the global batch.
                 Integer, so that DeepSpeed's fp16 input cast leaves it exact.
             num_micro_batches: micro-batches in the global batch (accumulation × DP size).
-            timers: ``timers(phase)`` gives a context manager around each phase
-                (``training/timers.py``, ``--timing-log-level 2``); by default none times.
+            masks: step 1's result for this micro-batch (``mask``), computed once by the step,
+                which also counted them for ``global_counts``; None: masked here.
+
+        The step's phase timers (``training/timers.py``) time the submodules' calls from
+        outside: the generator and its MLM head, the sampler, the discriminator and its head.
         """
         norm = (None if global_counts is None
                 else micro_batch_normaliser(global_counts, num_micro_batches))
         pad = input_ids == self.pad_id  # [b, s]
         attn_pad = pad if has_padding else None
-        with timers(PHASE_MASK):
-            m = self.mask(input_ids, sample_index)  # 1. mask
-        with timers(PHASE_GENERATOR_FORWARD):
-            gen_hidden = self.generator(m.generator_input, attn_pad)  # 2. generator  [s, b, Hg]
-        gen = self.generator_head(gen_hidden, input_ids, sample_index, m.masked, step, norm,
-                                  timers=timers)  # 3–4. MLM head and L_MLM, sample (no grad)
-        with timers(PHASE_DISCRIMINATOR_FORWARD):
-            disc_hidden = self.discriminator(gen.corrupted_ids, attn_pad)  # 5. discriminator
-            return self.discriminator_head(disc_hidden, gen, pad, norm)  # 6. L_MLM + λ·L_RTD
+        m = masks if masks is not None else self.mask(input_ids, sample_index)  # 1. mask
+        gen_hidden = self.generator(m.generator_input, attn_pad)  # 2. generator  [s, b, Hg]
+        gen = self.generator_head(gen_hidden, input_ids, sample_index, m.masked, step,
+                                  norm)  # 3–4. MLM head and L_MLM, sample (no grad)
+        disc_hidden = self.discriminator(gen.corrupted_ids, attn_pad)  # 5. discriminator
+        return self.discriminator_head(disc_hidden, gen, pad, norm)  # 6. L_MLM + λ·L_RTD

@@ -372,7 +372,7 @@ def embedding_pair(model: ModelConfig, generator_config: TransformerConfig,
     ``model.sharing_scope`` say (first pipeline stage only)."""
     sharing, scope = Sharing(model.sharing), SharingScope(model.sharing_scope)
     post = LayerNormPosition(model.layernorm_position) is LayerNormPosition.POST
-    relative = AttentionType(model.attention_type).relative_positions
+    relative = not AttentionType(model.attention_type).absolute_positions  # DeBERTa's layer
     common = dict(embedding_size=model.embedding_size,
                   max_positions=model.max_position_embeddings, init_std=model.init_method_std,
                   token_type=post and not relative, relative=relative)

@@ -83,7 +83,7 @@ def encoder_layer_spec(layernorm_position: LayerNormPosition | str = LayerNormPo
     """
     layernorm_position = LayerNormPosition(layernorm_position)
     relative = None
-    if AttentionType(attention_type) is AttentionType.DISENTANGLED:
+    if AttentionType(attention_type).disentangled:
         if layernorm_position is not LayerNormPosition.POST:
             raise ValueError("disentangled attention needs the post-LayerNorm layout")
         relative = {"position_buckets": position_buckets,

@@ -33,8 +33,19 @@ import torch.nn.functional as F
 
 from rtd_scale.objectives import counter_rng
 
-# Rows of the [2] count vector ``RTDModel.loss_counts`` returns and the step all-reduces.
+# Rows of the [2] count vector ``loss_counts`` returns and the step all-reduces.
 MLM_COUNT, RTD_COUNT = 0, 1
+
+
+def loss_counts(masked: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """What a micro-batch's losses are summed over: [2] int64 (masked positions, non-pad
+    tokens), indexed by ``MLM_COUNT`` / ``RTD_COUNT``; on the tensors' device, no host sync.
+
+    Args:
+        masked: [b, s] bool, the masked positions (``masking.MaskedBatch.masked``).
+        valid: [b, s] bool, True at non-pad tokens.
+    """
+    return torch.stack([masked.sum(), valid.sum()]).to(torch.int64)
 
 
 def micro_batch_normaliser(global_counts: torch.Tensor, num_micro_batches: int) -> torch.Tensor:

@@ -1,5 +1,9 @@
 """The training loop: loader → the step → metrics, validation, checkpoints, TensorBoard.
 
+``train`` runs a ``Trainer``, whose ``train`` is the loop on one screen (as torchtitan's
+``Trainer.train``): ``train_step``, ``log``, ``validate``, ``save`` — or ``roll_back`` past a
+loss spike — and ``step_finished`` (the profiler and the heartbeat), each a method.
+
 The step itself: ``training/step.py``'s ``train_step`` at pipeline_model_parallel_size 1,
 ``training/pipeline.py``'s ``pipeline_train_step`` above it.
 
@@ -227,7 +231,7 @@ def evaluate(cfg: RunConfig, ctx: ParallelContext, engine, loader,
                 else:
                     outs = eval_step(engine, batches, step=0, ctx=ctx)
                 for out in outs:
-                    acc.add(out, cfg.rtd.rtd_lambda)
+                    acc.add(out)
                 if auc_here:
                     ids = torch.stack([mb.input_ids for mb in batches]).to(ctx.device)
                     rep = torch.stack([o.corrupted_ids for o in outs]) != ids
@@ -355,208 +359,311 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
             were skipped (checked at the log interval and before each save).
         LossSpikeRollbacksError: a spike after ``train.max_loss_spike_rollbacks`` rollbacks.
     """
-    t = cfg.train
-    stop = stop or StopRequest((), watch_launcher=False)  # never entered: never stops
-    model = engine.module
-    acc = MetricAccumulator(ctx.device)
-    result = TrainResult(first_step=start_step + 1, last_step=t.train_iters)
-    last_log = time.perf_counter()
-    steps_since_log = 0
-    norm = None
-    own_norm = engine.zero_optimization_stage() == 0  # DeepSpeed keeps no norm at stage 0
-    mp_group = DeepSpeedMpu().get_model_parallel_group()
-    _, gas = rank_share(t.global_batch_size, t.micro_batch_size, ctx.dp_size)
-    spike = spike_state or SpikeState()
-    total = consumed_samples + (t.train_iters - start_step) * t.global_batch_size
-    train_batches = iter(make_loader(cfg, ctx, data["train"], consumed=consumed_samples,
-                                     total=total, skip=spike.skipped))
-    valid_loader = None
-    if "valid" in data and t.evaluates:
-        valid_loader = make_loader(cfg, ctx, data["valid"], consumed=0,
-                                   total=t.eval_iters * t.global_batch_size)
-        note = short_validation_note(t, start_step, sum(len(ds) for ds in data["valid"].datasets))
-        if ctx.is_logging_rank and note:
-            print_fn(note)
-    digest = DataDigest(t.data_digest, ctx)
-    faults = FaultPlan.from_env(ctx.rank, marker_dir=t.save)  # tests only (training/faults.py)
-    guard = NonFiniteGuard(engine, ctx.device, t.max_consecutive_nonfinite_iters)
-    last_good = resumed_from
-    spikes = None
-    if t.loss_spike_policy is not LossSpikePolicy.OFF:
-        spikes = SpikeMonitor(SpikeRule(t.loss_spike_window_iters, t.loss_spike_threshold,
-                                        t.loss_spike_min_rise, spike.window), ctx.device,
-                              loss_rank=ctx.is_last_stage and ctx.tp_rank == 0,
-                              norm_rank=ctx.dp_rank == 0 if guard.on_device else ctx.rank == 0)
-    # the checkpoints a rollback may return to: this run's, and the one it resumed from
-    ours: list[tuple[int, str]] = [(start_step, resumed_from)] if resumed_from else []
-    meter = ThroughputMeter(cfg, world_size=ctx.world_size, device=ctx.device)
-    timers = PhaseTimers(t.timing_log_level, ctx.device)  # --timing-log-level (training/timers.py)
-    if ctx.is_logging_rank:  # the resolved configs, next to the scalars they produce
-        tb.write_text("config/run", cfg.to_json(), start_step)
-        if isinstance(getattr(engine, "config", None), dict):  # the resolved ds_config
-            tb.write_text("config/ds_config", json.dumps(engine.config, indent=2,
-                                                         sort_keys=True), start_step)
+    return Trainer(cfg, ctx, engine, data, start_step=start_step,
+                   consumed_samples=consumed_samples, tb=tb, print_fn=print_fn, stop=stop,
+                   layout=layout, resumed_from=resumed_from, profiler=profiler,
+                   heartbeat=heartbeat, stragglers=stragglers, spike_state=spike_state,
+                   reload=reload).train()
 
-    def will_log(done: int) -> bool:
-        # every log_interval steps, and the run's first and last step (the summary's ends)
-        return done % t.log_interval == 0 or done in (start_step + 1, t.train_iters)
 
-    step = start_step
-    while step < t.train_iters:
+class Trainer:
+    """``train``'s state and its parts: the loop (``train``), one optimizer step
+    (``train_step``), the log line (``log``), validation (``validate``), loss spikes
+    (``answer_spikes``, ``roll_back``), the checkpoint (``save``) and the end (``finish``).
+    ``train``'s arguments, as its attributes (``t`` is ``cfg.train``)."""
+
+    def __init__(self, cfg: RunConfig, ctx: ParallelContext, engine,
+                 data: dict[str, BlendedDataset], *, start_step: int, consumed_samples: int,
+                 tb: MetricsLogger, print_fn, stop: Optional[StopRequest],
+                 layout: Optional[dict], resumed_from: Optional[str],
+                 profiler: Optional[StepProfiler], heartbeat: Optional[Heartbeat],
+                 stragglers: Optional[StragglerMeter], spike_state: Optional[SpikeState],
+                 reload: Optional[Callable[[str], tuple[int, int]]]):
+        t = self.t = cfg.train
+        self.cfg, self.ctx, self.engine, self.data, self.tb = cfg, ctx, engine, data, tb
+        self.layout, self.profiler, self.heartbeat = layout, profiler, heartbeat
+        self.stragglers, self.reload = stragglers, reload
+        self.stop = stop or StopRequest((), watch_launcher=False)  # never entered: never stops
+        self.say = print_fn if ctx.is_logging_rank else None  # the logging rank's lines
+        self.model = engine.module
+        self.step, self.consumed = start_step, consumed_samples  # steps done, samples read
+        self.result = TrainResult(first_step=start_step + 1, last_step=t.train_iters)
+        _, self.gas = rank_share(t.global_batch_size, t.micro_batch_size, ctx.dp_size)
+        self.acc = MetricAccumulator(ctx.device)
+        self.last_log, self.steps_since_log = time.perf_counter(), 0
+        self.norm, self.lr_used = None, None  # read for the next log line
+        self.own_norm = engine.zero_optimization_stage() == 0  # DeepSpeed keeps none at stage 0
+        self.mp_group = DeepSpeedMpu().get_model_parallel_group()
+        self.spike = spike_state or SpikeState()
+        self.train_batches = self.loader_from(consumed_samples, start_step)
+        self.valid_loader = None
+        if "valid" in data and t.evaluates:
+            self.valid_loader = make_loader(cfg, ctx, data["valid"], consumed=0,
+                                            total=t.eval_iters * t.global_batch_size)
+            note = short_validation_note(t, start_step,
+                                         sum(len(ds) for ds in data["valid"].datasets))
+            if self.say and note:
+                self.say(note)
+        self.digest = DataDigest(t.data_digest, ctx)
+        self.faults = FaultPlan.from_env(ctx.rank, marker_dir=t.save)  # tests only (faults.py)
+        self.guard = NonFiniteGuard(engine, ctx.device, t.max_consecutive_nonfinite_iters)
+        self.last_good = resumed_from
+        self.spikes = None
+        if t.loss_spike_policy is not LossSpikePolicy.OFF:
+            self.spikes = SpikeMonitor(
+                SpikeRule(t.loss_spike_window_iters, t.loss_spike_threshold,
+                          t.loss_spike_min_rise, self.spike.window), ctx.device,
+                loss_rank=ctx.is_last_stage and ctx.tp_rank == 0,
+                norm_rank=ctx.dp_rank == 0 if self.guard.on_device else ctx.rank == 0)
+        # the checkpoints a rollback may return to: this run's, and the one it resumed from
+        self.ours: list[tuple[int, str]] = [(start_step, resumed_from)] if resumed_from else []
+        self.meter = ThroughputMeter(cfg, world_size=ctx.world_size, device=ctx.device)
+        self.timers = PhaseTimers(t.timing_log_level, ctx.device)  # --timing-log-level
+
+    def train(self) -> TrainResult:
+        """The loop: step, log, validate, save (or roll back past a loss spike), profile."""
+        self.write_configs()
+        while self.step < self.t.train_iters:
+            self.train_step()
+            done = self.step + 1
+            if self.will_log(done):
+                self.log(done)
+            if self.will_validate(done):
+                self.validate(done)
+            stopping = self.stop.agreed(self.ctx.host_group)  # one int64 all-reduced, host
+            save_due = self.will_save(done, stopping)
+            found, back = self.check_spikes(done, save_due, stopping)
+            if back is not None:  # reload the checkpoint before the spike, skip its samples
+                self.roll_back(found[0], *back)
+                continue
+            saved = save_due and self.may_save(done, found, stopping) and self.save(done)
+            self.step_finished(done)
+            if stopping:
+                self.interrupt(done, stopping, saved)
+                break
+            self.step = done
+        self.finish()
+        return self.result
+
+    def will_log(self, done: int) -> bool:
+        """Every log_interval steps, and the run's first and last step (the summary's ends)."""
+        t = self.t
+        return done % t.log_interval == 0 or done in (self.result.first_step, t.train_iters)
+
+    def will_validate(self, done: int) -> bool:
+        """Every eval_interval steps, and after the last one."""
+        return self.valid_loader is not None and (done % self.t.eval_interval == 0
+                                                  or done == self.t.train_iters)
+
+    def will_save(self, done: int, stopping: int) -> bool:
+        """Every save_interval steps, after the last one, and before a stop (with --save)."""
+        t = self.t
+        return bool(t.save) and bool((t.save_interval and done % t.save_interval == 0)
+                                     or done == t.train_iters or stopping)
+
+    def check_spikes(self, done: int, save_due: bool,
+                     stopping: int) -> tuple[list[Spike], Optional[tuple[int, str]]]:
+        """The loss spikes found (at the log interval and before a save; a host read) and the
+        checkpoint (step, directory) the policy rolls back to, or None (``_answer_spikes``)."""
+        if self.spikes is None or not (self.will_log(done) or save_due):
+            return [], None
+        found = self.spikes.check()
+        return found, _answer_spikes(found, self.t, self.spike, self.ours, done, self.tb,
+                                     self.say, rollback_possible=not stopping)
+
+    def step_finished(self, done: int) -> None:
+        """Tell the profiler (its schedule) and the heartbeat (its step budget) of ``done``."""
+        if self.profiler is not None:
+            self.profiler.step(done)
+        if self.heartbeat:
+            self.heartbeat.beat(done)
+
+    def write_configs(self) -> None:
+        """The resolved configs, next to the scalars they produce (TensorBoard's Text tab)."""
+        if self.say:
+            self.tb.write_text("config/run", self.cfg.to_json(), self.step)
+            if isinstance(getattr(self.engine, "config", None), dict):  # the resolved ds_config
+                self.tb.write_text("config/ds_config", json.dumps(
+                    self.engine.config, indent=2, sort_keys=True), self.step)
+
+    def train_step(self) -> None:
+        """One optimizer step on the next global batch (``training/step.py``,
+        ``training/pipeline.py``): its metrics summed, its skip recorded, its samples counted,
+        and what the spike monitor and ``--data-digest`` keep of it."""
+        ctx, t, stragglers, done = self.ctx, self.t, self.stragglers, self.step + 1
         if stragglers:
             stragglers.step_start()
-        if will_log(step + 1):  # the schedule's value for this update (before it steps)
-            lr_used = engine.lr_scheduler.lr()  # settles a skip the device decided: a host read
-        with timers(PHASE_DATA_WAIT):
-            batches = [next(train_batches) for _ in range(gas)]
+        if self.will_log(done):  # the schedule's value for this update (before it steps)
+            self.lr_used = self.engine.lr_scheduler.lr()  # settles a skip decided on device
+        with self.timers(PHASE_DATA_WAIT):
+            batches = [next(self.train_batches) for _ in range(self.gas)]
         if stragglers:
             stragglers.data_done()
-        if faults.enabled:
-            batches = faults.before_step(step + 1, batches, model.special_ids)
+        if self.faults.enabled:
+            batches = self.faults.before_step(done, batches, self.model.special_ids)
         if stragglers:  # ready to compute: the step's first collective comes after this
             stragglers.ready()
         if ctx.pp_size > 1:
-            outs = pipeline_train_step(engine, batches, step=step, ctx=ctx, timers=timers)
-            for out in outs:
-                acc.add(out, cfg.rtd.rtd_lambda)
+            outs = pipeline_train_step(self.engine, batches, step=self.step, ctx=ctx,
+                                       timers=self.timers)
         else:
-            def read_norm():
-                nonlocal norm
-                norm = grad_norm(model, ctx.tp_rank, mp_group)
+            read_norm = self.read_norm if self.own_norm and self.will_log(done) else None
+            outs = train_step(self.engine, batches, step=self.step, ctx=ctx,
+                              gate=self.guard.gate, before_update=read_norm,
+                              timers=self.timers)
+        for out in outs:
+            self.acc.add(out)
+        self.guard.after_step()
+        if self.digest.enabled:
+            self.digest.add(batches, outs)
+            self.digest.write(done, self.consumed, self.data["train"].locate)
+        read_from = self.consumed
+        self.consumed = advance(self.consumed, t.global_batch_size, self.spike.skipped)
+        if self.spikes is not None:
+            self.spikes.record(done, outs, self.engine.optimizer.grad_norm if self.guard.on_device
+                               else self.engine.get_global_grad_norm(),
+                               (read_from, self.consumed))
+        self.steps_since_log += 1
 
-            outs = train_step(engine, batches, step=step, ctx=ctx, gate=guard.gate,
-                              before_update=read_norm if own_norm and will_log(step + 1)
-                              else None, timers=timers)
-            for out in outs:
-                acc.add(out, cfg.rtd.rtd_lambda)
-        guard.after_step()
-        if digest.enabled:
-            digest.add(batches, outs)
-            digest.write(step + 1, consumed_samples, data["train"].locate)
-        read_from, consumed_samples = consumed_samples, advance(
-            consumed_samples, t.global_batch_size, spike.skipped)
-        if spikes is not None:
-            spikes.record(step + 1, outs, engine.optimizer.grad_norm if guard.on_device
-                          else engine.get_global_grad_norm(), (read_from, consumed_samples))
-        del outs
-        steps_since_log += 1
-        done = step + 1
-        if will_log(done):
-            scalars = acc.reduce(ctx.dp_group)
-            now = time.perf_counter()
-            elapsed = now - last_log
-            scalars["optim/lr"] = lr_used
-            if not own_norm:
-                norm = engine.get_global_grad_norm()
-            scalars["optim/grad_norm"] = float(norm) if norm is not None else float("nan")
-            scalars["optim/skipped_iters"] = float(guard.take_interval_count())
-            # non-pad tokens over all data-parallel ranks (reduce() summed them)
-            scalars["throughput/tokens_per_s"] = scalars.pop("_tokens") / elapsed
-            scalars.update(meter.scalars(steps=steps_since_log, seconds=elapsed, done=done))
-            scalars.update(timer_scalars(timers.read(steps_since_log)))  # CUDA: one synchronize
-            scalars.update(memory_gib(ctx.device) or {})  # an all-reduce on CUDA
-            scale = loss_scale(engine)
-            if scale is not None:
-                scalars["optim/loss_scale"] = scale
-            scalars.update(table_cosines(model, ctx.tp_group,
-                                         zero3=engine.zero_optimization_stage() == 3) or {})
-            slow = stragglers.gather(1000.0 * elapsed / steps_since_log, scalars) \
-                if stragglers else ""  # an all-gather of 2 floats per rank
-            if ctx.is_logging_rank:
-                tb.write(done, scalars)
-                print_fn(format_log_line(done, t.train_iters, consumed_samples,
-                                         1000.0 * elapsed / steps_since_log, scalars,
-                                         t.global_batch_size) + slow)
-                result.history.append((done, scalars))
-            acc.reset()
-            last_log, steps_since_log = now, 0
-            guard.check(done, last_good, t.load or t.save)  # after the line that shows it
-        if valid_loader is not None and (done % t.eval_interval == 0 or done == t.train_iters):
-            if heartbeat:
-                heartbeat.enter("setup")  # a validation has the setup budget
-            scalars = evaluate(cfg, ctx, engine, valid_loader, iteration=done)
-            if ctx.is_logging_rank:
-                tb.write(done, scalars)
-                print_fn(format_valid_line(done, t.eval_iters * t.global_batch_size, scalars))
-                result.valid_history.append((done, scalars))
-            last_log = time.perf_counter()  # validation time is not training throughput
-        stopping = stop.agreed(ctx.host_group)  # one int64 all-reduced on the host
-        save_due = t.save and ((t.save_interval and done % t.save_interval == 0)
-                               or done == t.train_iters or stopping)
-        found = spikes.check() if spikes is not None and (will_log(done) or save_due) else []
-        back = _answer_spikes(found, t, spike, ours, done, tb, print_fn if ctx.is_logging_rank
-                              else None, rollback_possible=not stopping)
-        if back is not None:  # reload the checkpoint before the spike, skip its samples
-            back_step, back_dir = back
-            began = time.perf_counter()
-            if reload is not None:
-                back_step, consumed_samples = reload(back_dir)
-            else:
-                client = checkpoint_load.load(engine, back_dir, rank=ctx.rank)
-                back_step, consumed_samples = int(client["step"]), int(client["consumed_samples"])
-            spike.skipped = merge_ranges([*spike.skipped, found[0].samples])
-            spike.rollbacks += 1
-            spikes.forget_after(back_step)
-            ours = [(k, d) for k, d in ours if k <= back_step]
-            result.history = [h for h in result.history if h[0] <= back_step]
-            result.valid_history = [h for h in result.valid_history if h[0] <= back_step]
-            tb.rewind(back_step + 1)  # TensorBoard: one value per step, as after a crash
-            _log_rollback(tb, found[0], spike, t.max_loss_spike_rollbacks, back_step, back_dir,
-                          time.perf_counter() - began, print_fn if ctx.is_logging_rank else None)
-            train_batches = iter(make_loader(
-                cfg, ctx, data["train"], consumed=consumed_samples, skip=spike.skipped,
-                total=consumed_samples + (t.train_iters - back_step) * t.global_batch_size))
-            acc.reset()
-            guard = NonFiniteGuard(engine, ctx.device, t.max_consecutive_nonfinite_iters)
-            last_good, step = back_dir, back_step
-            last_log, steps_since_log = time.perf_counter(), 0
-            continue
-        if found and t.loss_spike_policy is LossSpikePolicy.ROLLBACK and stopping:
-            save_due = False  # never save a spiked state; the resume finds the spike again
-        if save_due and guard.check(done, last_good, t.load or t.save):
-            save_due = False  # never a checkpoint right after a skipped (non-finite) iteration
-            if ctx.is_logging_rank:
-                print_fn(f"note: not saving at iteration {done}: the last "
-                         f"{guard.consecutive()} iteration(s) had a non-finite loss or gradient "
-                         f"norm; the last good checkpoint is {last_good or 'none'}")
-        if save_due:
-            if heartbeat:
-                heartbeat.enter("checkpointing")
-            result.checkpoint_dir = checkpoint_save.save(
-                engine, t.save, step=done, rank=ctx.rank,
-                client_state={"step": done, "consumed_samples": consumed_samples,
-                              "data": data["train"].state(), "config": cfg.to_dict(),
-                              SPIKES_KEY: _spike_client(spike, spikes)},
-                layout=layout)
-            last_good = result.checkpoint_dir
-            ours.append((done, result.checkpoint_dir))
-            if ctx.is_logging_rank:
-                print_fn(f"saved checkpoint at iteration {done:8d} to {result.checkpoint_dir}")
-        if profiler is not None:
-            profiler.step(done)
-        if heartbeat:
-            heartbeat.beat(done)
-        if stopping:
-            if ctx.is_logging_rank:
-                print_fn(stop_line(stop.reason(stopping), done, t.save,
-                                   result.checkpoint_dir if save_due else None, last_good))
-            result.interrupted, result.last_step = True, done
-            break
-        step += 1
-    if heartbeat:
-        heartbeat.enter("setup")  # the test split, then the run's end: no step budget
-    result.stragglers = stragglers.summary() if stragglers else None
-    if "test" in data and t.eval_iters > 0 and not result.interrupted:
-        test_loader = make_loader(cfg, ctx, data["test"], consumed=0,
-                                  total=t.eval_iters * t.global_batch_size)
-        scalars = evaluate(cfg, ctx, engine, test_loader, split="test",
-                           iteration=t.train_iters)
-        if ctx.is_logging_rank:
-            tb.write(t.train_iters, scalars)
-            print_fn(format_valid_line(t.train_iters, t.eval_iters * t.global_batch_size,
-                                       scalars, split="test"))
-            result.test = scalars
-    return result
+    def read_norm(self) -> None:
+        """The gradient norm before the update, where DeepSpeed keeps none (ZeRO stage 0)."""
+        self.norm = grad_norm(self.model, self.ctx.tp_rank, self.mp_group)
+
+    def log(self, done: int) -> None:
+        """The interval's scalars (one reduction, one host sync) to TensorBoard and the log
+        line; then the non-finite guard's verdict, after the line that shows it."""
+        ctx, engine, t = self.ctx, self.engine, self.t
+        scalars = self.acc.reduce(ctx.dp_group)
+        now = time.perf_counter()
+        elapsed, steps = now - self.last_log, self.steps_since_log
+        scalars["optim/lr"] = self.lr_used
+        if not self.own_norm:
+            self.norm = engine.get_global_grad_norm()
+        scalars["optim/grad_norm"] = float(self.norm) if self.norm is not None else float("nan")
+        scalars["optim/skipped_iters"] = float(self.guard.take_interval_count())
+        # non-pad tokens over all data-parallel ranks (reduce() summed them)
+        scalars["throughput/tokens_per_s"] = scalars.pop("_tokens") / elapsed
+        scalars.update(self.meter.scalars(steps=steps, seconds=elapsed, done=done))
+        scalars.update(timer_scalars(self.timers.read(steps)))  # CUDA: one synchronize
+        scalars.update(memory_gib(ctx.device) or {})  # an all-reduce on CUDA
+        scale = loss_scale(engine)
+        if scale is not None:
+            scalars["optim/loss_scale"] = scale
+        scalars.update(table_cosines(self.model, ctx.tp_group,
+                                     zero3=engine.zero_optimization_stage() == 3) or {})
+        slow = self.stragglers.gather(1000.0 * elapsed / steps, scalars) \
+            if self.stragglers else ""  # an all-gather of 2 floats per rank
+        if self.say:
+            self.tb.write(done, scalars)
+            self.say(format_log_line(done, t.train_iters, self.consumed, 1000.0 * elapsed / steps,
+                                     scalars, t.global_batch_size) + slow)
+            self.result.history.append((done, scalars))
+        self.acc.reset()
+        self.last_log, self.steps_since_log = now, 0
+        self.guard.check(done, self.last_good, t.load or t.save)
+
+    def validate(self, done: int) -> None:
+        """The validation split (``evaluate``), under the heartbeat's setup budget; its time is
+        not training throughput."""
+        t = self.t
+        if self.heartbeat:
+            self.heartbeat.enter("setup")
+        scalars = evaluate(self.cfg, self.ctx, self.engine, self.valid_loader, iteration=done)
+        if self.say:
+            self.tb.write(done, scalars)
+            self.say(format_valid_line(done, t.eval_iters * t.global_batch_size, scalars))
+            self.result.valid_history.append((done, scalars))
+        self.last_log = time.perf_counter()
+
+    def roll_back(self, spike: Spike, back_step: int, back_dir: str) -> None:
+        """Reload the checkpoint of ``back_step`` before ``spike`` and never read the spike's
+        samples again: the loader starts afresh after them, the logs forget what followed."""
+        t, ctx = self.t, self.ctx
+        began = time.perf_counter()
+        if self.reload is not None:
+            back_step, self.consumed = self.reload(back_dir)
+        else:
+            client = checkpoint_load.load(self.engine, back_dir, rank=ctx.rank)
+            back_step, self.consumed = int(client["step"]), int(client["consumed_samples"])
+        self.spike.skipped = merge_ranges([*self.spike.skipped, spike.samples])
+        self.spike.rollbacks += 1
+        self.spikes.forget_after(back_step)
+        self.ours = [(k, d) for k, d in self.ours if k <= back_step]
+        self.result.history = [h for h in self.result.history if h[0] <= back_step]
+        self.result.valid_history = [h for h in self.result.valid_history if h[0] <= back_step]
+        self.tb.rewind(back_step + 1)  # TensorBoard: one value per step, as after a crash
+        _log_rollback(self.tb, spike, self.spike, t.max_loss_spike_rollbacks, back_step,
+                      back_dir, time.perf_counter() - began, self.say)
+        self.train_batches = self.loader_from(self.consumed, back_step)
+        self.acc.reset()
+        self.guard = NonFiniteGuard(self.engine, ctx.device, t.max_consecutive_nonfinite_iters)
+        self.last_good, self.step = back_dir, back_step
+        self.last_log, self.steps_since_log = time.perf_counter(), 0
+
+    def loader_from(self, consumed: int, step: int):
+        """The training batches from sample ``consumed`` on, for steps ``step`` … the last,
+        never reading the skipped spikes' samples."""
+        t = self.t
+        return iter(make_loader(self.cfg, self.ctx, self.data["train"], consumed=consumed,
+                                total=consumed + (t.train_iters - step) * t.global_batch_size,
+                                skip=self.spike.skipped))
+
+    def may_save(self, done: int, found: list[Spike], stopping: bool) -> bool:
+        """Whether the checkpoint due at ``done`` may be written: never a spiked state the
+        rollback policy would leave (the resume finds the spike again), never right after a
+        skipped (non-finite) iteration."""
+        if found and self.t.loss_spike_policy is LossSpikePolicy.ROLLBACK and stopping:
+            return False
+        if self.guard.check(done, self.last_good, self.t.load or self.t.save):
+            if self.say:
+                self.say(f"note: not saving at iteration {done}: the last "
+                         f"{self.guard.consecutive()} iteration(s) had a non-finite loss or "
+                         f"gradient norm; the last good checkpoint is {self.last_good or 'none'}")
+            return False
+        return True
+
+    def save(self, done: int) -> bool:
+        """The checkpoint after ``done`` steps, with the loader's position, the config and the
+        spikes' record in its client state."""
+        if self.heartbeat:
+            self.heartbeat.enter("checkpointing")
+        self.result.checkpoint_dir = checkpoint_save.save(
+            self.engine, self.t.save, step=done, rank=self.ctx.rank,
+            client_state={"step": done, "consumed_samples": self.consumed,
+                          "data": self.data["train"].state(), "config": self.cfg.to_dict(),
+                          SPIKES_KEY: _spike_client(self.spike, self.spikes)},
+            layout=self.layout)
+        self.last_good = self.result.checkpoint_dir
+        self.ours.append((done, self.result.checkpoint_dir))
+        if self.say:
+            self.say(f"saved checkpoint at iteration {done:8d} to {self.result.checkpoint_dir}")
+        return True
+
+    def interrupt(self, done: int, stopping: int, saved: bool) -> None:
+        """A stop request (``stopping``: ``StopRequest.agreed``'s code) ends the run after
+        ``done`` steps: one line, why and how to resume."""
+        if self.say:
+            self.say(stop_line(self.stop.reason(stopping), done, self.t.save,
+                               self.result.checkpoint_dir if saved else None, self.last_good))
+        self.result.interrupted, self.result.last_step = True, done
+
+    def finish(self) -> None:
+        """The run's end: the stragglers' summary, and the test split once after the last
+        step (not after a stop)."""
+        t = self.t
+        if self.heartbeat:
+            self.heartbeat.enter("setup")  # the test split, then the run's end: no step budget
+        self.result.stragglers = self.stragglers.summary() if self.stragglers else None
+        if "test" in self.data and t.eval_iters > 0 and not self.result.interrupted:
+            test_loader = make_loader(self.cfg, self.ctx, self.data["test"], consumed=0,
+                                      total=t.eval_iters * t.global_batch_size)
+            scalars = evaluate(self.cfg, self.ctx, self.engine, test_loader, split="test",
+                               iteration=t.train_iters)
+            if self.say:
+                self.tb.write(t.train_iters, scalars)
+                self.say(format_valid_line(t.train_iters, t.eval_iters * t.global_batch_size,
+                                           scalars, split="test"))
+                self.result.test = scalars
 
 
 def _spike_client(state: SpikeState, monitor: Optional[SpikeMonitor]) -> dict:

@@ -45,9 +45,10 @@ class MetricAccumulator:
         self.micro_batches = 0
         self.started = time.perf_counter()
 
-    def add(self, out: RTDOutput, rtd_lambda: float) -> None:
-        total = out.mlm_loss + rtd_lambda * out.rtd_loss
-        vals = [out.mlm_loss, out.rtd_loss, total] + [out.counts[k] for k in COUNT_KEYS]
+    def add(self, out: RTDOutput) -> None:
+        """One micro-batch's output: its losses as the model computed them (``out.loss`` is
+        its L_MLM + rtd_lambda · L_RTD; the weight is applied in the model only)."""
+        vals = [out.mlm_loss, out.rtd_loss, out.loss] + [out.counts[k] for k in COUNT_KEYS]
         self.sums += torch.stack([v.detach().to(torch.float64) for v in vals])
         self.micro_batches += 1
 

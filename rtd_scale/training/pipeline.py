@@ -3,19 +3,22 @@
 One optimizer step is two passes of megatron-core's non-interleaved 1F1B schedule over the same
 micro-batches, then one optimizer step:
 
-0. the last stage counts the masked positions and non-pad tokens of the global batch
+0. the first and the last stage mask each micro-batch, once (``RTDModel.mask``: stage 0 needs
+   the generator's input, the last stage the masked positions); the last stage counts the
+   masked positions and non-pad tokens of the global batch from those masks
    (``training/normalise.py``: its micro-batches' counts, one all-reduce over the data-parallel
    group), so each micro-batch's losses are its sums / (count / (num_microbatches × DP)) —
    the global-batch normalisation of ``objectives/losses.py``;
-1. generator pass — stage 0 masks and embeds, every stage runs its generator layers, the last
+1. generator pass — stage 0 embeds its masked input, every stage runs its generator layers, the last
    stage computes L_MLM at the masked positions and samples the replacements (no gradient);
    the schedule back-propagates L_MLM / num_microbatches (megatron-core's two-value
    ``loss_func`` rule), and the data-parallel average divides by DP: together the gradient of
    the summed CE / the global batch's masked positions;
 2. the corrupted ids of every micro-batch go from the last stage to stage 0 (one broadcast over
    the pipeline group, [num_microbatches, b, s] int64);
-3. discriminator pass — stage 0 embeds the corrupted ids, the last stage computes
-   rtd_lambda · L_RTD / num_microbatches, which the schedule back-propagates;
+3. discriminator pass — stage 0 embeds the corrupted ids, the last stage computes the model's
+   loss L_MLM + rtd_lambda · L_RTD with L_MLM detached (step 1 back-propagated it), so the
+   schedule back-propagates rtd_lambda · L_RTD / num_microbatches;
 4. the two copies of the generator's table (stage 0's input table, the last stage's MLM output
    weight) get the sum of their gradients through megatron-core's embedding group, so they stay
    equal (Megatron-LM's tied embeddings); under disentangled attention every stage's copy of
@@ -42,13 +45,14 @@ from megatron.core.pipeline_parallel.schedules import (
 
 from rtd_scale.data.packed import MicroBatch
 from rtd_scale.distributed import ParallelContext
-from rtd_scale.model.rtd import GeneratorResult, RTDModel, RTDOutput, untimed
+from rtd_scale.model.rtd import GeneratorResult, RTDModel, RTDOutput
 from rtd_scale.objectives.losses import micro_batch_normaliser
-from rtd_scale.phases import (PHASE_DISCRIMINATOR_FORWARD, PHASE_GENERATOR_FORWARD, PHASE_MASK,
-                              PHASE_OPTIMIZER_STEP, PHASE_PIPELINE_DISCRIMINATOR_PASS,
-                              PHASE_PIPELINE_GENERATOR_PASS, PHASE_PIPELINE_ID_HANDOVER,
-                              PHASE_PIPELINE_TIED_GRADIENTS)
+from rtd_scale.objectives.masking import MaskedBatch
+from rtd_scale.phases import (PHASE_MASK, PHASE_OPTIMIZER_STEP,
+                              PHASE_PIPELINE_DISCRIMINATOR_PASS, PHASE_PIPELINE_GENERATOR_PASS,
+                              PHASE_PIPELINE_ID_HANDOVER, PHASE_PIPELINE_TIED_GRADIENTS)
 from rtd_scale.training.normalise import global_counts
+from rtd_scale.training.timers import NO_TIMERS, timed_parts
 
 
 def _attention_pad(mb: MicroBatch, pad: torch.Tensor, pad_id: int) -> Optional[torch.Tensor]:
@@ -68,11 +72,13 @@ def _schedule(encoder, forward_step, micro_batches: Sequence[MicroBatch], seq_le
 
 def pipeline_forward_backward(model: RTDModel, micro_batches: Sequence[MicroBatch], *,
                               step: int, ctx: ParallelContext,
-                              forward_only: bool = False, timers=untimed) -> list[RTDOutput]:
+                              forward_only: bool = False,
+                              timers=NO_TIMERS) -> list[RTDOutput]:
     """Steps 0–3 above: the global batch's counts, both passes, forward and (unless
     ``forward_only``) backward, over ``micro_batches`` (this rank's micro-batches of the step;
-    collective over the last stage's data-parallel group). ``timers``: as
-    ``RTDModel.forward``'s, and each pass and the hand-over.
+    collective over the last stage's data-parallel group). ``timers``: the masking, each pass
+    and the hand-over (``training/timers.py``), the model's parts by hooks for the passes'
+    length (``timed_parts``).
 
     Returns one RTDOutput per micro-batch on the last stage (losses detached), [] elsewhere.
     """
@@ -80,30 +86,32 @@ def pipeline_forward_backward(model: RTDModel, micro_batches: Sequence[MicroBatc
     seq_length = micro_batches[0].input_ids.shape[1]
     dev = ctx.device
     gen_results: list[GeneratorResult | None] = [None] * n
+    device_ids = [(mb.input_ids.to(dev), mb.sample_index.to(dev)) for mb in micro_batches]
+    masks: list[MaskedBatch | None] = [None] * n
     normaliser = None
-    if ctx.is_last_stage:  # 0. its data-parallel group is the last stage's ranks
-        counts = global_counts(model, [(mb.input_ids.to(dev), mb.sample_index.to(dev))
-                                       for mb in micro_batches], ctx)
-        normaliser = micro_batch_normaliser(counts, n * ctx.dp_size)
+    with timers(PHASE_PIPELINE_GENERATOR_PASS):  # 0. (a middle stage reads no mask)
+        if model.pre_process or model.post_process:
+            with timers(PHASE_MASK):
+                masks = [model.mask(ids, idx) for ids, idx in device_ids]
+        if ctx.is_last_stage:  # its data-parallel group is the last stage's ranks
+            counts = global_counts(model, device_ids, ctx, masks=masks)
+            normaliser = micro_batch_normaliser(counts, n * ctx.dp_size)
 
     def generator_step(data_iterator, encoder):
         j, mb = next(data_iterator)
-        ids, idx = mb.input_ids.to(dev), mb.sample_index.to(dev)
+        (ids, idx), m = device_ids[j], masks[j]
         pad = ids == model.pad_id
-        with timers(PHASE_MASK):
-            m = model.mask(ids, idx)
-        with timers(PHASE_GENERATOR_FORWARD):
-            hidden = encoder(m.generator_input, _attention_pad(mb, pad, model.pad_id))
+        hidden = encoder(None if m is None else m.generator_input,  # None: a later stage
+                         _attention_pad(mb, pad, model.pad_id))
 
         def loss_func(output):
-            gen = model.generator_head(output, ids, idx, m.masked, step, normaliser,
-                                       timers=timers)
+            gen = model.generator_head(output, ids, idx, m.masked, step, normaliser)
             gen_results[j] = gen
             return gen.mlm_loss.clone(), {}  # the schedule divides it in place
 
         return hidden, loss_func
 
-    with timers(PHASE_PIPELINE_GENERATOR_PASS):
+    with timers(PHASE_PIPELINE_GENERATOR_PASS), timed_parts(model, timers):
         _schedule(model.generator, generator_step, micro_batches, seq_length, forward_only)
 
     # 2. corrupted ids: last stage -> every stage of this pipeline (stage 0 needs them)
@@ -119,21 +127,21 @@ def pipeline_forward_backward(model: RTDModel, micro_batches: Sequence[MicroBatc
 
     def discriminator_step(data_iterator, encoder):
         j, mb = next(data_iterator)
-        ids = mb.input_ids.to(dev)
+        ids = device_ids[j][0]
         pad = ids == model.pad_id
-        with timers(PHASE_DISCRIMINATOR_FORWARD):
-            hidden = encoder(corrupted[j], _attention_pad(mb, pad, model.pad_id))
+        hidden = encoder(corrupted[j], _attention_pad(mb, pad, model.pad_id))
 
         def loss_func(output):
-            with timers(PHASE_DISCRIMINATOR_FORWARD):
-                out = model.discriminator_head(output, gen_results[j], pad, normaliser)
-            outputs[j] = out._replace(loss=out.loss.detach(), mlm_loss=out.mlm_loss.detach(),
-                                      rtd_loss=out.rtd_loss.detach())
-            return model.rtd_cfg.rtd_lambda * out.rtd_loss, {}
+            # the model's L_MLM + rtd_lambda · L_RTD, L_MLM detached: the generator pass
+            # back-propagated it already, so this pass back-propagates rtd_lambda · L_RTD
+            gen = gen_results[j]._replace(mlm_loss=gen_results[j].mlm_loss.detach())
+            out = model.discriminator_head(output, gen, pad, normaliser)
+            outputs[j] = out._replace(loss=out.loss.detach(), rtd_loss=out.rtd_loss.detach())
+            return out.loss.clone(), {}  # the schedule divides it in place
 
         return hidden, loss_func
 
-    with timers(PHASE_PIPELINE_DISCRIMINATOR_PASS):
+    with timers(PHASE_PIPELINE_DISCRIMINATOR_PASS), timed_parts(model, timers):
         _schedule(model.discriminator, discriminator_step, micro_batches, seq_length,
                   forward_only)
     return [o for o in outputs if o is not None]
@@ -167,7 +175,7 @@ def all_reduce_tied_gradients(model: RTDModel, ctx: ParallelContext) -> None:
 
 
 def pipeline_train_step(engine, micro_batches: Sequence[MicroBatch], *, step: int,
-                        ctx: ParallelContext, timers=untimed) -> list[RTDOutput]:
+                        ctx: ParallelContext, timers=NO_TIMERS) -> list[RTDOutput]:
     """One optimizer step at pipeline_model_parallel_size > 1 (steps 1–4 above)."""
     model: RTDModel = engine.module
     outputs = pipeline_forward_backward(model, micro_batches, step=step, ctx=ctx, timers=timers)

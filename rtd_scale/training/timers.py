@@ -1,14 +1,20 @@
 """Per-phase timers: Megatron-LM's ``--timing-log-level`` (0 none, 1 coarse, 2 fine).
 
 Level 1 times, per iteration: the data wait (the loader's next micro-batches and their copy to
-the device), the forward (``engine(...)``: mask, both encoders, sampling and the losses), the
-backward (``engine.backward``, under ZeRO-2/3 with the gradient reduce-scatter its hooks run)
-and the optimizer step (``engine.step``). Level 2 adds the forward's parts — mask, generator
-forward (encoder, MLM head and L_MLM), sample (Gumbel-max replacements, the corrupted ids and
-their labels), discriminator forward (encoder, RTD head, L_RTD and the counts) — nested inside
-it. Under pipeline parallelism the forward and backward of level 1 are instead the two 1F1B
-passes, the hand-over of the corrupted ids and the tied-gradient all-reduce
+the device), the forward (the step's masking and counts, then ``engine(...)``: both encoders,
+sampling and the losses), the backward (``engine.backward``, under ZeRO-2/3 with the gradient
+reduce-scatter its hooks run) and the optimizer step (``engine.step``). Level 2 adds the
+forward's parts, nested inside it: mask (the step's ``RTDModel.mask`` of every micro-batch),
+generator forward (the generator encoder, its MLM head and L_MLM), sample (the
+``ReplacementSampler``'s Gumbel-max draw) and discriminator forward (the discriminator encoder,
+its RTD head and L_RTD); the masked rows' gather, the corrupted ids, their labels and the
+counts are small tensor ops between the parts, in the forward only. Under pipeline parallelism the forward and backward of level 1 are instead
+the two 1F1B passes, the hand-over of the corrupted ids and the tied-gradient all-reduce
 (``training/pipeline.py``); the fine phases nest inside the passes. Names: ``rtd_scale/phases.py``.
+
+The timers stay at the step level (STYLE rule 3: model code reads as a network): the step enters
+its phases itself, and the forward's parts are timed by hooks on the model's submodules
+(``timed_parts``, ``PARTS``) that the step's owner attaches.
 
 Where the time goes:
 - CPU: ``time.perf_counter`` at each boundary; this path never touches ``torch.cuda``.
@@ -33,8 +39,9 @@ TensorBoard ``timers/<phase>_ms`` (the phase name without ``rtd/``) and in the l
 """
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 from torch.profiler import record_function
@@ -169,7 +176,46 @@ class PhaseTimers:
         return out
 
 
-NO_TIMERS = PhaseTimers(0)  # times nothing; keeps no state
+NO_TIMERS = PhaseTimers(0)  # times nothing (marks profiler ranges); keeps no state
+
+# The forward's level-2 parts: the RTDModel submodules whose calls each phase times (the first
+# pipeline stage holds the encoders' embeddings, the last the heads and the sampler; every
+# stage its share of each encoder).
+PARTS = {"generator": PHASE_GENERATOR_FORWARD, "mlm_head": PHASE_GENERATOR_FORWARD,
+         "sampler": PHASE_SAMPLE, "mlm_criterion": PHASE_GENERATOR_FORWARD,
+         "discriminator": PHASE_DISCRIMINATOR_FORWARD, "rtd_head": PHASE_DISCRIMINATOR_FORWARD,
+         "rtd_criterion": PHASE_DISCRIMINATOR_FORWARD}
+
+
+@contextlib.contextmanager
+def timed_parts(model: torch.nn.Module, timers: Callable) -> Iterator[None]:
+    """Within the block, every call of ``model``'s parts (``PARTS``; those this stage holds) is
+    entered as ``timers(phase)`` (a ``PhaseTimers``, or any callable giving a context manager),
+    by forward hooks: the first pre-hook and the last hook of each module, so a phase holds
+    what other hooks do around the call (DeepSpeed ZeRO-3's parameter gather and release).
+    The hooks are removed on leaving."""
+    handles = []
+    try:
+        for name, phase in PARTS.items():
+            module = getattr(model, name, None)
+            if module is None:
+                continue
+            open_spans: list = []
+
+            def enter(_module, _args, phase=phase, open_spans=open_spans):
+                span = timers(phase)
+                span.__enter__()
+                open_spans.append(span)
+
+            def leave(_module, _args, _output, open_spans=open_spans):
+                open_spans.pop().__exit__(None, None, None)
+
+            handles.append(module.register_forward_pre_hook(enter, prepend=True))
+            handles.append(module.register_forward_hook(leave, always_call=True))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def timer_scalars(ms: dict[str, float]) -> dict[str, float]:

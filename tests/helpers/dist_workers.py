@@ -377,7 +377,7 @@ def split_invariance(ctx, layouts, strategies, steps: int = 2):
                 if ctx.is_last_stage:
                     acc = MetricAccumulator(ctx.device)
                     for o in outs:
-                        acc.add(o, cfg.rtd.rtd_lambda)
+                        acc.add(o)
                     scalars = acc.reduce(ctx.dp_group)
                     logged.append((scalars["loss/mlm"], scalars["loss/rtd"]))
             state = gather_full_state(eng, model, ctx, cfg.model.vocab_size)

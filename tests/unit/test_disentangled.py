@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from rtd_scale.config import AttentionType, ConfigError, LayerNormPosition, Sharing, preset
-from rtd_scale.model.disentangled import (disentangled_attention, distance_rows,
-                                          log_bucket_position, relative_position_index,
-                                          relative_shift, used_rows)
+from rtd_scale.model.disentangled import (RELATIVE_TABLE_ATTENTION_ARG, disentangled_attention,
+                                          distance_rows, log_bucket_position,
+                                          relative_position_index, relative_shift, used_rows)
 from rtd_scale.model.rtd import RTDModel
 from tests.helpers.tiny_model import tiny_config
 
@@ -248,9 +248,9 @@ def _capture_layer_positions(encoder):
     copies = []
 
     def hook(module, args, kwargs):
-        p = kwargs["rotary_pos_emb"].detach().clone().requires_grad_(True)
+        p = kwargs[RELATIVE_TABLE_ATTENTION_ARG].detach().clone().requires_grad_(True)
         copies.append(p)
-        return args, {**kwargs, "rotary_pos_emb": p}
+        return args, {**kwargs, RELATIVE_TABLE_ATTENTION_ARG: p}
 
     handles = [layer.self_attention.register_forward_pre_hook(hook, with_kwargs=True)
                for layer in encoder.block.layers]

@@ -29,7 +29,7 @@ def scope_shapes_parameters(model: dict[str, Any]) -> bool:
     from rtd_scale.config import AttentionType, ModelConfig, SharingScope
     from rtd_scale.model.sharing import sharing_rule
 
-    relative = AttentionType(model.get("attention_type", "bert")).relative_positions
+    relative = not AttentionType(model.get("attention_type", "bert")).absolute_positions
     rule = sharing_rule(model.get("sharing", ModelConfig.sharing))  # the field's default
     return bool(rule.layer_components(SharingScope.EMBEDDINGS, relative))
 
