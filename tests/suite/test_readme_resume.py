@@ -29,9 +29,10 @@ def offending_clauses(text: str) -> list[str]:
 def test_resume_at_another_size_is_load():
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     section = readme.split("\n### Resume at another size\n", 1)[1].split("\n## ", 1)[0]
-    assert " ".join(section.split()).startswith(
-        "`--load` continues a checkpoint saved at another tensor-parallel, pipeline-parallel or "
-        "data-parallel size, or another ZeRO stage (0–3), exactly")
+    first = " ".join(section.split()).split(": ", 1)[0]
+    assert first.startswith("`--load` continues a checkpoint saved at another tensor-parallel, "
+                            "pipeline-parallel or data-parallel size, another ZeRO stage (0–3)")
+    assert first.endswith(", exactly")
     starting = readme.split("**Starting from weights.**", 1)[1].split("\n\n", 1)[0]
     assert "To continue a run at another TP, PP or DP size or ZeRO stage, `--load` does it, " \
            "exactly" in " ".join(starting.split())
