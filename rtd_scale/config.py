@@ -409,10 +409,12 @@ class ModelConfig:
                                      "add_bias_linear", "mlp_activation")
                    if getattr(self, name) != default[name].default]
         if changed:
-            raise ConfigError(f"model.{changed[0]} {getattr(self, changed[0])!r} belongs to the "
-                              f"modern block; add --position-embedding-type rope, or leave it "
-                              f"at {default[changed[0]].default!r} for {self.attention_type.value} "
-                              "attention")
+            name = changed[0]
+            value, was = (getattr(v, "value", v) for v in (getattr(self, name),
+                                                             default[name].default))
+            raise ConfigError(f"model.{name} {value!r} belongs to the modern block; add "
+                              f"--position-embedding-type rope, or leave it at {was!r} for "
+                              f"{self.attention_type.value} attention")
 
 
 class MaskStrategy(str, enum.Enum):
