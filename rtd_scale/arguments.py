@@ -93,9 +93,10 @@ def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
                    help="encoder layout: pre (pre-LayerNorm, final LayerNorm) or post "
                         "(BERT/ELECTRA, Hugging Face ElectraModel); default: the preset's")
     p.add_argument("--attention-type", choices=[x.value for x in AttentionType],
-                   help="self-attention: bert (absolute positions) or disentangled (DeBERTa's "
-                        "relative c2p|p2c attention, needs --layernorm-position post); default: "
-                        "the preset's")
+                   help="self-attention: bert (absolute positions), disentangled (DeBERTa's "
+                        "relative c2p|p2c attention, needs --layernorm-position post) or rotary "
+                        "(the modern block, ModernBERT's: --position-embedding-type rope); "
+                        "default: the preset's")
     p.add_argument("--rtd-lambda", type=float, help="λ in L_MLM + λ·L_RTD (default 50)")
     p.add_argument("--mask-prob", type=float)
     p.add_argument("--mask-strategy", choices=["token", "whole_word", "span"],

@@ -79,7 +79,12 @@ class AttentionType(str, enum.Enum):
     (arXiv 1706.03762 §3.2; BERT, ELECTRA). DISENTANGLED: DeBERTa's disentangled attention,
     content-to-content + content-to-position + position-to-content over log-bucketed relative
     positions and no absolute position in the input (arXiv 2006.03654 §3.1; DeBERTaV3, arXiv
-    2111.09543; Hugging Face ``DebertaV2Model``); needs the post-LayerNorm layout.
+    2111.09543; Hugging Face ``DebertaV2Model``); needs the post-LayerNorm layout. ROTARY: the
+    modern block (ModernBERT, arXiv 2412.13663 §2.1): rotary position embeddings on queries and
+    keys (arXiv 2104.09864; megatron-core's ``RotaryEmbedding``), no position table, alternating
+    sliding-window and global layers (``ModelConfig.window_size``,
+    ``global_attn_every_n_layers``); needs the pre-LayerNorm layout, which it places as ModernBERT
+    (``model/modern.py``).
 
     What a type means for the model is its row of ``ATTENTION_TRAITS`` (``AttentionTraits``),
     read through the properties below; a new type is a member and a row.
@@ -87,6 +92,7 @@ class AttentionType(str, enum.Enum):
 
     BERT = "bert"
     DISENTANGLED = "disentangled"
+    ROTARY = "rotary"
 
     @property
     def absolute_positions(self) -> bool:
@@ -107,6 +113,12 @@ class AttentionType(str, enum.Enum):
         """The layers' attention is DeBERTa's disentangled attention (``model/specs.py``)."""
         return ATTENTION_TRAITS[self].disentangled
 
+    @property
+    def rotary(self) -> bool:
+        """Queries and keys are rotated by their positions (megatron-core's rotary arguments
+        carry the angles, ``model/modern.py``), in the modern block's layout."""
+        return ATTENTION_TRAITS[self].rotary
+
 
 @dataclass(frozen=True)
 class AttentionTraits:
@@ -115,6 +127,7 @@ class AttentionTraits:
     absolute_positions: bool
     relative_table: bool
     disentangled: bool
+    rotary: bool = False
 
 
 ATTENTION_TRAITS = {
@@ -122,7 +135,30 @@ ATTENTION_TRAITS = {
                                         disentangled=False),
     AttentionType.DISENTANGLED: AttentionTraits(absolute_positions=False, relative_table=True,
                                                 disentangled=True),
+    AttentionType.ROTARY: AttentionTraits(absolute_positions=False, relative_table=False,
+                                          disentangled=False, rotary=True),
 }
+
+
+class MLPActivation(str, enum.Enum):
+    """The FFN of both encoders (``model.mlp_activation``; ``--swiglu``).
+
+    GELU: fc1 → exact GELU → fc2 (BERT, ELECTRA, DeBERTa). GEGLU / SWIGLU: a gated linear unit,
+    fc1 of width 2F split into halves (a, g), fc2(act(a) · g) with act GELU / SiLU (Shazeer,
+    arXiv 2002.05202; ModernBERT's GeGLU, Megatron-LM's ``--swiglu``); rotary attention only.
+    """
+
+    GELU = "gelu"
+    GEGLU = "geglu"
+    SWIGLU = "swiglu"
+
+    @property
+    def gated(self) -> bool:
+        return self is not MLPActivation.GELU
+
+
+# Megatron-LM's --normalization values this system builds (torch.nn.LayerNorm / RMSNorm)
+NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 
 
 class Precision(str, enum.Enum):
@@ -234,6 +270,24 @@ class ModelConfig:
     # torch.compile of every encoder layer (in place: parameter names unchanged); GPU speed,
     # off by default (compilation takes minutes for large models)
     compile_layers: bool = False
+    # The modern block (attention_type "rotary"; model/modern.py). Megatron-LM's names where it
+    # has one (--rotary-base, --normalization, --disable-bias-linear, --swiglu, --window-size),
+    # Hugging Face ModernBertConfig's otherwise. rotary_base: the global layers' RoPE base
+    # (ModernBERT's global_rope_theta, 160,000); local_rotary_base: the sliding-window layers'
+    # (local_rope_theta, 10,000). window_size: tokens a local layer sees, query i attending to
+    # keys |i - j| <= window_size // 2 (ModernBERT's local_attention 128); -1: every layer
+    # global. global_attn_every_n_layers: layer i (0-based) is global when i % n == 0 (layer 0
+    # always; ModernBERT's 3). The rest apply to both encoders' layers, embedding norm and final
+    # norm: normalization "LayerNorm" / "RMSNorm", norm_bias (ModernBERT: none), add_bias_linear
+    # (the attention and FFN linears; ModernBERT: none), mlp_activation (MLPActivation).
+    rotary_base: float = 10000.0
+    local_rotary_base: float = 10000.0
+    window_size: int = -1
+    global_attn_every_n_layers: int = 1
+    normalization: str = "LayerNorm"
+    norm_bias: bool = True
+    add_bias_linear: bool = True
+    mlp_activation: MLPActivation = MLPActivation.GELU
 
     def padded_vocab_size(self, tensor_model_parallel_size: int) -> int:
         """Vocabulary rounded up to a multiple of ``make_vocab_size_divisible_by`` (default 128)
@@ -291,6 +345,7 @@ class ModelConfig:
                 and self.layernorm_position is not LayerNormPosition.POST):
             raise ConfigError("--attention-type disentangled needs --layernorm-position post "
                               "(DeBERTa's layout, arXiv 2006.03654); add --layernorm-position post")
+        self._validate_block()
         if self.sharing_scope is SharingScope.TOKENS and (
                 self.sharing is Sharing.NES or not self.attention_type.absolute_positions):
             why = ("--sharing nes shares nothing" if self.sharing is Sharing.NES else
@@ -317,6 +372,49 @@ class ModelConfig:
         # the discriminator first: Megatron's flags set it, and the generator follows it
         self.discriminator.validate("model.discriminator")
         self.generator.validate("model.generator")
+
+    def local_layer(self, layer_number: int) -> bool:
+        """Whether the layer ``layer_number`` (1-based, megatron-core's) attends within the
+        sliding window: the modern block's layers but every ``global_attn_every_n_layers``-th,
+        counted from layer 1 (Hugging Face ``ModernBertAttention``: local unless
+        layer_id % global_attn_every_n_layers == 0)."""
+        return (AttentionType(self.attention_type).rotary and self.window_size > 0
+                and (layer_number - 1) % self.global_attn_every_n_layers != 0)
+
+    def _validate_block(self) -> None:
+        """The modern block's fields (``attention_type`` "rotary"): their values, and that they
+        keep their defaults in the other layouts, which build none of them."""
+        try:
+            self.mlp_activation = MLPActivation(self.mlp_activation)
+        except ValueError:
+            raise ConfigError(f"model.mlp_activation {self.mlp_activation!r}: choose "
+                              f"{' or '.join(repr(a.value) for a in MLPActivation)}") from None
+        if self.normalization not in NORMALIZATIONS:
+            raise ConfigError(f"model.normalization {self.normalization!r}: choose "
+                              f"{' or '.join(NORMALIZATIONS)}")
+        _positive("model", rotary_base=self.rotary_base,
+                  local_rotary_base=self.local_rotary_base,
+                  global_attn_every_n_layers=self.global_attn_every_n_layers)
+        if self.window_size == 0 or self.window_size < -1:
+            raise ConfigError(f"model.window_size must be > 0 or -1 (every layer global), got "
+                              f"{self.window_size}; ModernBERT uses 128")
+        if self.attention_type.rotary:
+            if self.layernorm_position is not LayerNormPosition.PRE:
+                raise ConfigError("--position-embedding-type rope (the modern block) needs "
+                                  "--layernorm-position pre (ModernBERT's layout, arXiv "
+                                  "2412.13663); add --layernorm-position pre")
+            return
+        default = ModelConfig.__dataclass_fields__
+        changed = [name for name in ("window_size", "normalization", "norm_bias",
+                                     "add_bias_linear", "mlp_activation")
+                   if getattr(self, name) != default[name].default]
+        if changed:
+            name = changed[0]
+            value, was = (getattr(v, "value", v) for v in (getattr(self, name),
+                                                             default[name].default))
+            raise ConfigError(f"model.{name} {value!r} belongs to the modern block; add "
+                              f"--position-embedding-type rope, or leave it at {was!r} for "
+                              f"{self.attention_type.value} attention")
 
 
 class MaskStrategy(str, enum.Enum):
@@ -1096,11 +1194,69 @@ def _debertav3(size: str) -> RunConfig:
     )
 
 
+# -- the modern block (attention_type "rotary"; model/modern.py) -------------------------------
+
+def _modern(cfg: RunConfig, window_size: int = 128) -> RunConfig:
+    """``cfg`` with ModernBERT's block (arXiv 2412.13663 §2.1; Hugging Face ModernBertConfig of
+    answerdotai/ModernBERT-base and -large): RoPE with bases 160,000 (global layers) and 10,000
+    (local), a sliding window of ``window_size`` tokens in every layer but every third, GeGLU,
+    no bias in any linear or norm, LayerNorm epsilon 1e-5, no dropout, pre-LayerNorm placed as
+    ModernBERT (``model/modern.py``)."""
+    m = cfg.model
+    m.layernorm_position, m.attention_type = LayerNormPosition.PRE, AttentionType.ROTARY
+    m.rotary_base, m.local_rotary_base = 160_000.0, 10_000.0
+    m.window_size, m.global_attn_every_n_layers = window_size, 3
+    m.normalization, m.norm_bias, m.add_bias_linear = "LayerNorm", False, False
+    m.mlp_activation = MLPActivation.GEGLU
+    for enc in (m.generator, m.discriminator):
+        enc.hidden_dropout = enc.attention_dropout = 0.0
+        enc.layernorm_epsilon = 1e-5
+    return cfg
+
+
+def _modernbert_tiny() -> RunConfig:
+    """``tiny``'s dimensions (discriminator 4×96, generator 2×96) in the modern block, FFN 1.5 ×
+    width (ModernBERT-base's 1152 / 768) and a 32-token window, so that at ``tiny``'s 128 tokens
+    the local layers (1 and 2 of the discriminator, 1 of the generator) see a quarter of it."""
+    cfg = _tiny()
+    cfg.preset = "modernbert-tiny"
+    for enc in (cfg.model.generator, cfg.model.discriminator):
+        enc.ffn_hidden_size = 144
+    return _modern(cfg, window_size=32)
+
+
+def _modernbert(size: str) -> RunConfig:
+    """ModernBERT-base / -large's discriminator (arXiv 2412.13663 Table 4; 149M and 395M
+    parameters with the embeddings), its 50,368-id vocabulary and 8,192 positions, pretrained
+    at 1,024 tokens; the generator by DeBERTaV3's rule (half depth, same width, GDES), and
+    DeBERTaV3's optimiser and schedule (the RTD recipe, ``_debertav3``)."""
+    disc = {"base": EncoderConfig(num_layers=22, hidden_size=768, num_attention_heads=12,
+                                  ffn_hidden_size=1152),
+            "large": EncoderConfig(num_layers=28, hidden_size=1024, num_attention_heads=16,
+                                   ffn_hidden_size=2624)}[size]
+    cfg = _debertav3("large" if size == "large" else "base")
+    cfg.preset = f"modernbert-{size}"
+    cfg.model = ModelConfig(vocab_size=50368, embedding_size=disc.hidden_size,
+                            max_position_embeddings=8192, generator=dataclasses.replace(
+                                disc, num_layers=disc.num_layers // 2),
+                            discriminator=disc, sharing=Sharing.GDES)
+    cfg.data.seq_length = 1024
+    return _modern(cfg)
+
+
+MODERN_PRESETS: dict[str, Callable[[], RunConfig]] = {
+    "modernbert-tiny": _modernbert_tiny,
+    **{f"modernbert-{s}": (lambda s=s: _modernbert(s)) for s in ("base", "large")},
+}
+
+# ----------------------------------------------------------------------------------------------
+
 PRESETS: dict[str, Callable[[], RunConfig]] = {
     "tiny": _tiny,
     "debertav3-tiny": _debertav3_tiny,
     **{f"electra-{s}": (lambda s=s: _electra(s)) for s in ("small", "base", "large")},
     **{f"debertav3-{s}": (lambda s=s: _debertav3(s)) for s in ("xsmall", "small", "base", "large")},
+    **MODERN_PRESETS,
 }
 
 
