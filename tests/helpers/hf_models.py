@@ -80,17 +80,19 @@ def canonical_state(model, ctx):
 
 def modern_config(vocab_size: int, *, biases: bool = False,
                   activation: MLPActivation = MLPActivation.GEGLU):
-    """``tiny_config`` (GDES, E = H) in the modern block, ModernBERT's settings (bases 160,000 /
-    10,000, layer 0 of every 3 global, no bias in any norm or linear unless ``biases``) with a
-    16-token window, so that ``real_batch``'s 40 tokens reach past it; the generator 2 layers
-    deep, so that it has a local layer too."""
+    """``tiny_config`` (GDES, E = H) in the modern block: no bias in any norm or linear unless
+    ``biases`` (ModernBERT's), a 16-token window, so that ``real_batch``'s 40 tokens reach past
+    it, and a layer pattern and RoPE bases that are not transformers' defaults (layers 0 and 2
+    of the discriminator's 3 global, bases 40,000 / 2,000), so that a config read wrongly by
+    either major computes something else; the generator 2 layers deep (one local)."""
     cfg = tiny_config(PRE, Sharing.GDES, False, vocab_size)
     m = cfg.model
     m.attention_type, m.mlp_activation = ROTARY, activation
-    m.rotary_base, m.local_rotary_base = 160_000.0, 10_000.0
-    m.window_size, m.global_attn_every_n_layers = 16, 3
+    m.rotary_base, m.local_rotary_base = 40_000.0, 2_000.0
+    m.window_size, m.global_attn_every_n_layers = 16, 2
     m.norm_bias = m.add_bias_linear = biases
     m.generator = dataclasses.replace(m.generator, num_layers=2)
+    m.discriminator = dataclasses.replace(m.discriminator, num_layers=3)
     cfg.validate()
     return cfg
 

@@ -112,11 +112,11 @@ def test_modern_block_export_parity(single_process_group, tok, wiki_shards, tmp_
         "modernbert", "gelu" if activation is MLPActivation.GEGLU else "silu", 16, biases,
         biases, biases)
     # transformers 5.x's fields and 4.x's, the same pattern and bases
-    assert config["layer_types"] == ["full_attention", "sliding_attention"]
+    assert config["layer_types"] == ["full_attention", "sliding_attention", "full_attention"]
     assert (config["global_attn_every_n_layers"], config["global_rope_theta"],
-            config["local_rope_theta"]) == (3, 160_000.0, 10_000.0)
+            config["local_rope_theta"]) == (2, 40_000.0, 2_000.0)
     assert {k: v["rope_theta"] for k, v in config["rope_parameters"].items()} == {
-        "full_attention": 160_000.0, "sliding_attention": 10_000.0}
+        "full_attention": 40_000.0, "sliding_attention": 2_000.0}
     theirs = hf_outputs(out, ROTARY, ids, tok.pad_id)
     real = ids != tok.pad_id
     assert not real.all()
