@@ -47,6 +47,20 @@ ENCODER_FIELDS: dict[str, tuple[type, str]] = {
     "layernorm_epsilon": (float, "LayerNorm epsilon"),
 }
 
+# The modern block's fields with a flag of the same name (--position-embedding-type rope;
+# config.ModelConfig, model/modern.py), in SECTION_FIELDS' form.
+MODERN_BLOCK_FIELDS: dict[str, tuple[str, str, type, str]] = {
+    name: ("model", name, kind, text) for name, kind, text in (
+        ("rotary_base", float, "RoPE base of the global layers (Megatron-LM's; Hugging Face "
+         "ModernBERT's global_rope_theta; modernbert-* 160000)"),
+        ("local_rotary_base", float, "RoPE base of the sliding-window layers (ModernBERT's "
+         "local_rope_theta; modernbert-* 10000)"),
+        ("global_attn_every_n_layers", int, "with --window-size: layer i (0-based) attends "
+         "globally when i %% N == 0, the others within the window (ModernBERT's "
+         "global_attn_every_n_layers; modernbert-* 3)"),
+        ("normalization", str, "LayerNorm or RMSNorm: every norm of the modern block (others: "
+         "LayerNorm)"))}
+
 # Flags that set one field of the tree: dest → (section, field, type, help).
 SECTION_FIELDS: dict[str, tuple[str, str, type, str]] = {
     "embedding_size": ("model", "embedding_size", int,
@@ -60,19 +74,7 @@ SECTION_FIELDS: dict[str, tuple[str, str, type, str]] = {
     "make_vocab_size_divisible_by": ("model", "make_vocab_size_divisible_by", int,
                                      "pad the vocabulary to a multiple of this × "
                                      "tensor-parallel size (default 128)"),
-    # the modern block (--position-embedding-type rope; config.ModelConfig, model/modern.py)
-    "rotary_base": ("model", "rotary_base", float,
-                    "RoPE base of the global layers (Megatron-LM's; Hugging Face ModernBERT's "
-                    "global_rope_theta; modernbert-* 160000)"),
-    "local_rotary_base": ("model", "local_rotary_base", float,
-                          "RoPE base of the sliding-window layers (ModernBERT's "
-                          "local_rope_theta; modernbert-* 10000)"),
-    "global_attn_every_n_layers": ("model", "global_attn_every_n_layers", int,
-                                   "with --window-size: layer i (0-based) attends globally when "
-                                   "i %% N == 0, the others within the window (ModernBERT's "
-                                   "global_attn_every_n_layers; modernbert-* 3)"),
-    "normalization": ("model", "normalization", str,
-                      "LayerNorm or RMSNorm: every norm of the modern block (others: LayerNorm)"),
+    **MODERN_BLOCK_FIELDS,
     "adam_beta1": ("optim", "adam_beta1", float, "AdamW β1"),
     "adam_beta2": ("optim", "adam_beta2", float, "AdamW β2"),
     "adam_eps": ("optim", "adam_eps", float, "AdamW ε"),
@@ -179,14 +181,14 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                         "table, pre-LayerNorm; the same as --attention-type rotary); "
                         "learned_absolute: BERT / ELECTRA's table (from a rotary preset: "
                         "--attention-type bert; otherwise the preset's attention is kept)")
-    g.add_argument("--use-rotary-position-embeddings", action="store_true",
-                   help="Megatron-LM's older spelling of --position-embedding-type rope")
-    g.add_argument("--swiglu", action="store_true",
-                   help="the modern block's FFN as SwiGLU (SiLU-gated); its default, GeGLU, is "
-                        "--set model.mlp_activation=geglu")
-    g.add_argument("--disable-bias-linear", action="store_true",
-                   help="no bias in the attention and FFN linears (the modern block; "
-                        "modernbert-* already)")
+    for flag, text in (
+            ("--use-rotary-position-embeddings",
+             "Megatron-LM's older spelling of --position-embedding-type rope"),
+            ("--swiglu", "the modern block's FFN as SwiGLU (SiLU-gated); its default, GeGLU, "
+                         "is --set model.mlp_activation=geglu"),
+            ("--disable-bias-linear", "no bias in the attention and FFN linears (the modern "
+                                      "block; modernbert-* already)")):
+        g.add_argument(flag, action="store_true", help=text)
     g.add_argument("--window-size", metavar="N | LEFT,RIGHT",
                    help="sliding-window attention of the modern block: N tokens (query i sees "
                         "keys |i - j| <= N // 2; ModernBERT's local_attention 128), or "

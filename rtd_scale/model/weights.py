@@ -7,7 +7,9 @@
 - ``full_state_dict`` / ``load_full_state_dict``: a TP-agnostic state dict (tensor-parallel shards
   gathered along their partition dimension, vocabulary padding removed) and its inverse, so a model
   trained at one TP size loads at another
-  (tests/multiproc/test_vocab_padding.py::test_padded_vocab_saved_at_tp2_loads_at_tp1).
+  (tests/multiproc/test_vocab_padding.py::test_padded_vocab_saved_at_tp2_loads_at_tp1). A gated
+  FFN's fc1 (``mark_gated``) is [a; g] unpartitioned, each half split over the ranks
+  (tests/multiproc/test_tensor_parallel.py, case modern_gdes).
 
 Initialisation rules (BERT / megatron-core): weights N(0, std²), including the token-type row of
 the post-LayerNorm layout (Hugging Face ``ElectraPreTrainedModel._init_weights`` draws every
