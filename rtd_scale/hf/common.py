@@ -201,6 +201,8 @@ class Adapter:
     ignored_heads: tuple[str, ...] = ()
     checks_embedding_size: bool = True  # whether the config holds embedding_size
     slow_tokenizer_file: Optional[str] = None  # SentencePiece model copy for a slow tokenizer
+    # what the tokenizer returns, where the classes take no token_type_ids (None: the default)
+    tokenizer_inputs: Optional[list[str]] = None
 
     def class_of(self, which: str) -> str:
         """The class of the ``which`` ("discriminator" / "generator") export."""

@@ -49,7 +49,7 @@ def _layer_types(model, num_layers: int) -> list[str]:
 class ModernBert(Adapter):
     name = "ModernBERT"
     model_type = "modernbert"
-    attention_words = "rotary (the modern block's)"
+    attention_words = "rotary"
     discriminator_class = "ModernBertModel"
     generator_class = "ModernBertForMaskedLM"
     discriminator_base = ""
@@ -59,6 +59,8 @@ class ModernBert(Adapter):
     mlm_head_maps = (mlm_head_names("head", "norm", "decoder.bias"),)
     tied_to_table = ("decoder.weight",)
     checks_embedding_size = False  # no embedding projection: E = H
+    # ModernBertModel.forward takes no token_type_ids (answerdotai/ModernBERT-base's tokenizer)
+    tokenizer_inputs = ["input_ids", "attention_mask"]
     # heads a ModernBertModel read from a ModernBertFor… checkpoint leaves aside
     ignored_heads = ("head.", "decoder.", "classifier.")
 
