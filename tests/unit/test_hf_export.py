@@ -50,6 +50,19 @@ def tok(wiki_shards):
     return Tokenizer(wiki_shards[0])
 
 
+def _export_perturbed(cfg, ctx, tok, wiki_shards, tmp_path):
+    """(ids, our outputs on them, the export directory) of ``cfg``'s model, every weight
+    perturbed, exported with the tokenizer: ``real_batch``, ``ours``."""
+    model = build_model(cfg, ctx, tok)
+    perturb(model)
+    ids = real_batch(tok)
+    out = tmp_path / "export"
+    write_export(canonical_state(model, ctx), cfg.model, str(out), pad_id=tok.pad_id,
+                 cls_id=tok.cls_id, sep_id=tok.sep_id, tokenizer_model=wiki_shards[0],
+                 note=lambda m: None)
+    return ids, ours(model, ids, tok.pad_id), out
+
+
 @pytest.mark.parametrize(
     "layout,sharing,projected,scope",
     [c + ("embeddings",) for c in CASES] + [c + ("tokens",) for c in TOKEN_SCOPE_CASES],
@@ -63,14 +76,7 @@ def test_export_parity(single_process_group, tok, wiki_shards, tmp_path, layout,
     cfg = tiny_config(layout, sharing, projected, tok.vocab_size)
     cfg.model.sharing_scope = scope
     cfg.validate()
-    model = build_model(cfg, single_process_group, tok)
-    perturb(model)
-    ids = real_batch(tok)
-    mine = ours(model, ids, tok.pad_id)
-    out = tmp_path / "export"
-    write_export(canonical_state(model, single_process_group), cfg.model, str(out),
-                 pad_id=tok.pad_id, cls_id=tok.cls_id, sep_id=tok.sep_id,
-                 tokenizer_model=wiki_shards[0], note=lambda m: None)
+    ids, mine, out = _export_perturbed(cfg, single_process_group, tok, wiki_shards, tmp_path)
     theirs = hf_outputs(out, layout, ids, tok.pad_id)
     diffs = max_diffs(mine, theirs)
     print(f"parity {layout.value} {sharing.value} projected={projected} scope={scope}: " +
@@ -98,14 +104,7 @@ def test_modern_block_export_parity(single_process_group, tok, wiki_shards, tmp_
     bias anywhere: the MLM head's LayerNorm bias folded into the decoder's) and a block with
     biases and SwiGLU."""
     cfg = modern_config(tok.vocab_size, biases=biases, activation=activation)
-    model = build_model(cfg, single_process_group, tok)
-    perturb(model)
-    ids = real_batch(tok)
-    mine = ours(model, ids, tok.pad_id)
-    out = tmp_path / "export"
-    write_export(canonical_state(model, single_process_group), cfg.model, str(out),
-                 pad_id=tok.pad_id, cls_id=tok.cls_id, sep_id=tok.sep_id,
-                 tokenizer_model=wiki_shards[0], note=lambda m: None)
+    ids, mine, out = _export_perturbed(cfg, single_process_group, tok, wiki_shards, tmp_path)
     config = json.loads((out / "config.json").read_text())
     assert (config["model_type"], config["hidden_activation"], config["local_attention"],
             config["norm_bias"], config["attention_bias"], config["mlp_bias"]) == (
