@@ -491,7 +491,8 @@ class Tokenizer:
         return backend
 
     def save_pretrained(self, output_dir: str | Path, *, model_max_length: int | None = None,
-                        sentencepiece_file: str | None = None) -> list[str]:
+                        sentencepiece_file: str | None = None,
+                        model_input_names: list[str] | None = None) -> list[str]:
         """Write what ``transformers.AutoTokenizer.from_pretrained(output_dir)`` loads (offline):
         ``tokenizer.json`` (:meth:`to_hf_backend`) and ``tokenizer_config.json`` (class
         ``PreTrainedTokenizerFast``, the one class both transformers majors build from
@@ -509,7 +510,9 @@ class Tokenizer:
         :meth:`sentencepiece_for_transformers`, with tokenizer.json's normaliser led by the same
         map (``to_hf_backend(charsmap=True)``), so that the class encodes as the pipeline on
         transformers 4.x and 5.x (tests/e2e/test_hf_export_transformers4.py). Only for a
-        SentencePiece tokenizer; ignored for the others.
+        SentencePiece tokenizer; ignored for the others. ``model_input_names``: what the
+        tokenizer returns, for a model class that takes no ``token_type_ids`` (ModernBERT's
+        ``["input_ids", "attention_mask"]``: transformers 4.x returns token types otherwise).
         Each file is written under a temporary name and renamed; ``output_dir`` is created.
         Returns the paths written. Needs ``transformers`` and ``tokenizers`` (``rtd_scale[hf]``).
         """
@@ -522,6 +525,8 @@ class Tokenizer:
         kwargs = {f"{r}_token": pieces[r] for r in ROLES}
         if model_max_length is not None:
             kwargs["model_max_length"] = int(model_max_length)
+        if model_input_names is not None:
+            kwargs["model_input_names"] = list(model_input_names)
         slow = sentencepiece_file if self._sp is not None else None
         hf = PreTrainedTokenizerFast(tokenizer_object=self.to_hf_backend(charsmap=bool(slow)),
                                      **kwargs)

@@ -7,18 +7,21 @@ one line here.
 - pre-LayerNorm, BERT attention (``roberta_preln``): ``RobertaPreLayerNormModel`` (no pooler) +
   ``rtd_head.safetensors``, ``RobertaPreLayerNormForMaskedLM``;
 - post-LayerNorm, disentangled attention (``debertav2``): ``DebertaV2Model`` +
-  ``rtd_head.safetensors``, ``DebertaV2ForMaskedLM``.
+  ``rtd_head.safetensors``, ``DebertaV2ForMaskedLM``;
+- the modern block, rotary attention (``modernbert``): ``ModernBertModel`` +
+  ``rtd_head.safetensors``, ``ModernBertForMaskedLM``.
 """
 from __future__ import annotations
 
 from rtd_scale.config import AttentionType, LayerNormPosition, ModelConfig
-from rtd_scale.hf import debertav2, electra, roberta_preln
+from rtd_scale.hf import debertav2, electra, modernbert, roberta_preln
 from rtd_scale.hf.common import Adapter, ExportError
 
 ADAPTERS: dict[tuple[LayerNormPosition, AttentionType], Adapter] = {
     (LayerNormPosition.POST, AttentionType.BERT): electra.ADAPTER,
     (LayerNormPosition.PRE, AttentionType.BERT): roberta_preln.ADAPTER,
     (LayerNormPosition.POST, AttentionType.DISENTANGLED): debertav2.ADAPTER,
+    (LayerNormPosition.PRE, AttentionType.ROTARY): modernbert.ADAPTER,
 }
 
 

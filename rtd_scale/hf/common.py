@@ -1,7 +1,7 @@
 """What every Hugging Face target shares: the export / import records, the fused-QKV and
 TransformerEngine renamings, the encoder's tensor walk, the RTD head's names, the config checks
 common to all targets, and ``Adapter``, the one interface a target module (``electra.py``,
-``roberta_preln.py``, ``debertav2.py``) fills in. ``convert.py`` drives an adapter both ways.
+``roberta_preln.py``, ``debertav2.py``, ``modernbert.py``) fills in. ``convert.py`` drives an adapter both ways.
 
 A target states each name once, as a ``Pair`` (ours, Hugging Face's) or a head map (ours →
 Hugging Face's); export reads the pairs one way, import the other (``encoder_to_hf`` /
@@ -70,6 +70,7 @@ class Pair(NamedTuple):
     after_pad: bool = False
     rows: Optional[int] = None
     dropped: tuple[str, str] = ("", "")
+    optional: bool = False  # a bias a bias-free block lacks: mapped where the source has it
 
     def to_hf(self, ours: torch.Tensor, pad_id: int) -> torch.Tensor:
         if not self.after_pad:
@@ -94,7 +95,8 @@ def wb(ours: str, theirs: str) -> list[Pair]:
     return [Pair(f"{ours}.weight", f"{theirs}.weight"), Pair(f"{ours}.bias", f"{theirs}.bias")]
 
 
-# every target's token table, and its fused QKV (``qkv_parts``: one of ours, three of theirs)
+# the token table (``Adapter.word_table``), and the fused QKV (``qkv_parts``: one of ours, three
+# of theirs; ``Adapter.fused_qkv``: one of theirs)
 WORD_TABLE = Pair("embeddings.table.weight", "embeddings.word_embeddings.weight")
 OUR_QKV = "block.layers.{i}.self_attention.linear_qkv.{leaf}"
 THEIR_QKV = "encoder.layer.{i}.attention.self.{part}.{leaf}"
@@ -186,6 +188,10 @@ class Adapter:
     rtd_head_in_model: bool = False  # ELECTRA: in the class; else RTD_HEAD_FILE beside it
     model_kwargs: dict[str, Any] = {}  # the discriminator class's, to build and load it
     qkv_parts: tuple[str, str, str] = ("query", "key", "value")  # THEIR_QKV's ``part``
+    # the class's one fused QKV ({i}, {leaf}), q | k | v blocks of heads (ModernBERT's Wqkv),
+    # in place of THEIR_QKV's three tensors
+    fused_qkv: Optional[str] = None
+    word_table: Pair = WORD_TABLE
     # ours (under ``mlm_head.``) → theirs (the generator class's); the first map is the
     # export's, the others are read too (import takes the first whose bias is there)
     mlm_head_maps: tuple[dict[str, str], ...] = ()
@@ -195,6 +201,8 @@ class Adapter:
     ignored_heads: tuple[str, ...] = ()
     checks_embedding_size: bool = True  # whether the config holds embedding_size
     slow_tokenizer_file: Optional[str] = None  # SentencePiece model copy for a slow tokenizer
+    # what the tokenizer returns, where the classes take no token_type_ids (None: the default)
+    tokenizer_inputs: Optional[list[str]] = None
 
     def class_of(self, which: str) -> str:
         """The class of the ``which`` ("discriminator" / "generator") export."""
@@ -227,6 +235,17 @@ class Adapter:
     def check_source(self, src: HFSource, model: ModelConfig, where: str) -> None:
         """Refuse a config whose computation is not ours (``where``: "FLAG PATH: the X's")."""
 
+    def mlm_head_to_hf(self, head: dict[str, torch.Tensor], table: torch.Tensor,
+                       model: ModelConfig) -> None:
+        """Rewrite, in place, the generator's MLM head (``head``: ``mlm_head_maps[0]``'s names)
+        where the class holds fewer tensors than ours (``table``: the generator's token table,
+        the tied decoder); ``mlm_head_from_hf`` gives import the missing ones back."""
+
+    def mlm_head_from_hf(self, state: dict[str, torch.Tensor],
+                         model: ModelConfig) -> dict[str, torch.Tensor]:
+        """The generator class's ``state`` with every tensor ``mlm_head_maps`` names."""
+        return state
+
 
 def projection_of(adapter: Adapter, num_layers: int) -> set[str]:
     """Hugging Face's names of the embedding projection: the pairs ``projected`` adds."""
@@ -235,15 +254,23 @@ def projection_of(adapter: Adapter, num_layers: int) -> set[str]:
 
 
 def encoder_to_hf(adapter: Adapter, take: Callable[[str], torch.Tensor], enc: EncoderConfig,
-                  projected: bool, pad_id: int) -> dict[str, torch.Tensor]:
+                  projected: bool, pad_id: int,
+                  has: Callable[[str], bool] = lambda name: True) -> dict[str, torch.Tensor]:
     """One encoder's tensors under the target's base-model names (``take``: ours, relative to
-    the encoder; its token table at ``WORD_TABLE.ours`` is the effective one)."""
+    the encoder; its token table at ``WORD_TABLE.ours`` is the effective one; ``has``: whether
+    ours has an optional pair's tensor or the QKV bias)."""
     out = {p.theirs: p.to_hf(take(p.ours), pad_id)
-           for p in adapter.encoder_pairs(enc.num_layers, projected) + [WORD_TABLE]}
+           for p in adapter.encoder_pairs(enc.num_layers, projected) + [adapter.word_table]
+           if not p.optional or has(p.ours)}
     adapter.extra_to_hf(out)
     for i in range(enc.num_layers):
         for leaf in ("weight", "bias"):
+            if leaf == "bias" and not has(OUR_QKV.format(i=i, leaf=leaf)):  # bias-free linears
+                continue
             qkv = split_qkv(take(OUR_QKV.format(i=i, leaf=leaf)), enc.num_attention_heads)
+            if adapter.fused_qkv:
+                out[adapter.fused_qkv.format(i=i, leaf=leaf)] = torch.cat(qkv)
+                continue
             for part, t in zip(adapter.qkv_parts, qkv):
                 out[THEIR_QKV.format(i=i, part=part, leaf=leaf)] = t
     return out
@@ -258,13 +285,19 @@ def encoder_from_hf(adapter: Adapter, src: HFSource, base: str, which: str, mode
     projection = projection_of(adapter, layers)
     projected = bool(projection) and projection <= s.keys()
     out = {p.ours: p.from_hf(s[p.theirs], pad_id, which, notes)
-           for p in adapter.encoder_pairs(layers, projected)}
-    out[WORD_TABLE.ours] = s[WORD_TABLE.theirs][:model.vocab_size]
+           for p in adapter.encoder_pairs(layers, projected) if not p.optional or p.theirs in s}
+    out[WORD_TABLE.ours] = s[adapter.word_table.theirs][:model.vocab_size]
     adapter.extra_from_hf(s, out, which, notes)
     for i in range(layers):
         for leaf in ("weight", "bias"):
-            q, k, v = (s[THEIR_QKV.format(i=i, part=part, leaf=leaf)]
-                       for part in adapter.qkv_parts)
+            if adapter.fused_qkv:
+                fused = s.get(adapter.fused_qkv.format(i=i, leaf=leaf))
+                if fused is None:  # bias-free linears
+                    continue
+                q, k, v = fused.chunk(3)
+            else:
+                q, k, v = (s[THEIR_QKV.format(i=i, part=part, leaf=leaf)]
+                           for part in adapter.qkv_parts)
             out[OUR_QKV.format(i=i, leaf=leaf)] = fuse_qkv(q, k, v, heads)
     return {f"{which}.{k}": v for k, v in out.items()}
 

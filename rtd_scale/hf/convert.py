@@ -137,7 +137,8 @@ def to_hf(state: dict[str, torch.Tensor], model: ModelConfig, *, pad_id: int,
     for which in ("discriminator", "generator"):
         enc = getattr(model, which)
         tensors = encoder_to_hf(adapter, lambda n, w=which: take(f"{w}.{n}"), enc,
-                                model.embedding_size != enc.hidden_size, pad_id)
+                                model.embedding_size != enc.hidden_size, pad_id,
+                                has=lambda n, w=which: f"{w}.{n}" in state)
         base = adapter.base_of(which)
         hf[which] = {base + k: v for k, v in tensors.items()}
     rtd_head = {theirs: take(ours) for ours, theirs in RTD_HEAD_NAMES.items()}
@@ -149,8 +150,9 @@ def to_hf(state: dict[str, torch.Tensor], model: ModelConfig, *, pad_id: int,
     disc = HFModel(adapter.discriminator_class, hf_config(model, "discriminator", **ids),
                    hf["discriminator"], extra_files=extra, model_kwargs=dict(adapter.model_kwargs))
     g_state = hf["generator"]
-    g_state.update({theirs: take(f"mlm_head.{ours}")
-                    for ours, theirs in adapter.mlm_head_maps[0].items()})
+    head = {theirs: take(f"mlm_head.{ours}") for ours, theirs in adapter.mlm_head_maps[0].items()}
+    adapter.mlm_head_to_hf(head, state["generator.embeddings.table.weight"], model)
+    g_state.update(head)
     g_state.update({name: state["generator.embeddings.table.weight"]
                     for name in adapter.tied_to_table})
     g_state.update({name: state["mlm_head.bias"] for name in adapter.tied_to_bias})
@@ -192,7 +194,7 @@ def from_hf(model: ModelConfig, *, discriminator: HFSource, generator: Optional[
         notes += check_config(adapter, generator, model, "generator", flag=flag)
         out.update(encoder_from_hf(adapter, generator, adapter.generator_base, "generator",
                                    model, pad_id, notes))
-        gs = generator.state
+        gs = adapter.mlm_head_from_hf(generator.state, model)
         names = next((m for m in adapter.mlm_head_maps if m["bias"] in gs),
                      adapter.mlm_head_maps[0])
         out.update({f"mlm_head.{ours}": gs[theirs] for ours, theirs in names.items()})

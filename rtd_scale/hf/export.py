@@ -39,7 +39,7 @@ from rtd_scale.cli_errors import UserInputError
 from rtd_scale.config import ModelConfig
 from rtd_scale.hf import convert
 from rtd_scale.hf.adapters import adapter_for
-from rtd_scale.hf.common import GENERATOR_DIR, RTD_HEAD_FILE, HFModel
+from rtd_scale.hf.common import GENERATOR_DIR, RTD_HEAD_FILE, Adapter, HFModel
 
 MANIFEST = "rtd_scale.json"
 
@@ -83,9 +83,10 @@ def build_hf_model(m: HFModel) -> torch.nn.Module:
 
 
 def _save_tokenizer(tokenizer_model: Optional[str], directory: str, max_length: int,
-                    slow_tokenizer_file: Optional[str], note: Callable) -> None:
-    """The tokenizer files in ``directory``; ``slow_tokenizer_file``: where to write a
-    SentencePiece model for the target's slow tokenizer (``Adapter.slow_tokenizer_file``)."""
+                    adapter: Adapter, note: Callable) -> None:
+    """The tokenizer files in ``directory``, as the target's classes read them: a SentencePiece
+    model for its slow tokenizer (``Adapter.slow_tokenizer_file``), its input names
+    (``Adapter.tokenizer_inputs``)."""
     if not tokenizer_model:
         return
     from rtd_scale.data.tokenizer import Tokenizer
@@ -96,7 +97,8 @@ def _save_tokenizer(tokenizer_model: Optional[str], directory: str, max_length: 
         note("tokenizer: copied the SentencePiece model only (no Tokenizer.save_pretrained)")
         return
     tok.save_pretrained(directory, model_max_length=max_length,
-                        sentencepiece_file=slow_tokenizer_file)
+                        sentencepiece_file=adapter.slow_tokenizer_file,
+                        model_input_names=adapter.tokenizer_inputs)
 
 
 def _plain_file_modes(root: str) -> None:
@@ -136,14 +138,14 @@ def write_export(state: dict[str, torch.Tensor], model: ModelConfig, output_dir:
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     try:
-        slow = adapter_for(model).slow_tokenizer_file
+        adapter = adapter_for(model)
         for m, where in ((disc, tmp), (gen, os.path.join(tmp, GENERATOR_DIR))):
             hf_model = build_hf_model(m)
             hf_model.save_pretrained(where)
             for name, tensors in m.extra_files.items():
                 save_file({k: v.contiguous() for k, v in tensors.items()},
                           os.path.join(where, name), metadata={"format": "pt"})
-            _save_tokenizer(tokenizer_model, where, model.max_position_embeddings, slow, note)
+            _save_tokenizer(tokenizer_model, where, model.max_position_embeddings, adapter, note)
             del hf_model
         manifest = {"format": "rtd_scale hf export 1", "discriminator": disc.class_name,
                     "generator": gen.class_name, "generator_dir": GENERATOR_DIR,

@@ -1,7 +1,9 @@
 """Exports load under transformers 4.x as under 5.x (``pyproject.toml``: ``transformers>=4.46,<6``).
 
-For each layout — post-LayerNorm (ELECTRA), pre-LayerNorm (RoBERTa-PreLayerNorm) and
-disentangled attention (DebertaV2) — a tiny model with every weight perturbed is exported with
+For each layout — post-LayerNorm (ELECTRA), pre-LayerNorm (RoBERTa-PreLayerNorm),
+disentangled attention (DebertaV2) and the modern block (ModernBERT: its layer pattern and RoPE
+bases set off transformers' defaults, which 4.x reads from other config fields than 5.x) — a tiny
+model with every weight perturbed is exported with
 its real SentencePiece tokenizer; ``tests/helpers/hf_load_worker.py`` then loads it, through
 ``AutoTokenizer`` and the export's model classes, once under the project's transformers 5.x and
 once under 4.57.3 (a virtual environment built once and cached, ``tests/helpers/hf4.py``), each in
@@ -38,10 +40,11 @@ from tests.helpers.hf_models import build_model, canonical_state, layout_config,
 
 POST, PRE = LayerNormPosition.POST, LayerNormPosition.PRE
 DISENTANGLED = AttentionType.DISENTANGLED
+ROTARY = AttentionType.ROTARY
 pytestmark = pytest.mark.e2e
 
 TOL = 1e-5
-LAYOUTS = [POST, PRE, DISENTANGLED]
+LAYOUTS = [POST, PRE, DISENTANGLED, ROTARY]
 WORKER = REPO / "tests" / "helpers" / "hf_load_worker.py"
 
 
@@ -94,6 +97,8 @@ def test_export_loads_under_transformers_4_as_under_5(single_process_group, wiki
     v4 = _load(hf4, export, spec, tmp_path / "v4.pt")
     assert v4["transformers"] == HF4_VERSION and v5["transformers"].startswith("5.")
     assert v4["tokenizer_class"] == "PreTrainedTokenizerFast"
+    if layout == ROTARY:  # ModernBertModel.forward takes no token_type_ids, which 4.x returns
+        assert v4["input_names"] == v5["input_names"] == ["attention_mask", "input_ids"]
 
     pipeline = [[tok.cls_id] + tok.encode(t) + [tok.sep_id] for t in texts]
     assert v4["ids"] == pipeline and v5["ids"] == pipeline

@@ -49,6 +49,7 @@ def main(export, spec_json, out_path):
               "pair_ids": tok(texts[0], texts[1])["input_ids"]}
     if "discriminator" in spec:
         batch = tok(texts, padding=True, truncation=True, return_tensors="pt")  # model_max_length
+        result["input_names"] = sorted(batch)
         batch.pop("token_type_ids", None)  # one token type; 4.x returns it, 5.x does not
         result["attention_mask"] = batch["attention_mask"]
         for role, where in (("discriminator", export), ("generator", os.path.join(export, "generator"))):

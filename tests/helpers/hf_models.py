@@ -8,13 +8,14 @@ import json
 
 import torch
 
-from rtd_scale.config import AttentionType, LayerNormPosition, Sharing, preset
+from rtd_scale.config import AttentionType, LayerNormPosition, MLPActivation, Sharing, preset
 from rtd_scale.hf import convert
 from rtd_scale.model import weights
 from tests.helpers.env import TEST_DATA
 
 POST, PRE = LayerNormPosition.POST, LayerNormPosition.PRE
 DISENTANGLED = AttentionType.DISENTANGLED
+ROTARY = AttentionType.ROTARY
 
 
 def tiny_config(layout: str, sharing: Sharing, projected: bool, vocab_size: int):
@@ -77,10 +78,31 @@ def canonical_state(model, ctx):
     return weights.full_state_dict(model, tp_group=ctx.tp_group, vocab_size=model.cfg.vocab_size)
 
 
+def modern_config(vocab_size: int, *, biases: bool = False,
+                  activation: MLPActivation = MLPActivation.GEGLU):
+    """``tiny_config`` (GDES, E = H) in the modern block: no bias in any norm or linear unless
+    ``biases`` (ModernBERT's), a 16-token window, so that ``real_batch``'s 40 tokens reach past
+    it, and a layer pattern and RoPE bases that are not transformers' defaults (layers 0 and 2
+    of the discriminator's 3 global, bases 40,000 / 2,000), so that a config read wrongly by
+    either major computes something else; the generator 2 layers deep (one local)."""
+    cfg = tiny_config(PRE, Sharing.GDES, False, vocab_size)
+    m = cfg.model
+    m.attention_type, m.mlp_activation = ROTARY, activation
+    m.rotary_base, m.local_rotary_base = 40_000.0, 2_000.0
+    m.window_size, m.global_attn_every_n_layers = 16, 2
+    m.norm_bias = m.add_bias_linear = biases
+    m.generator = dataclasses.replace(m.generator, num_layers=2)
+    m.discriminator = dataclasses.replace(m.discriminator, num_layers=3)
+    cfg.validate()
+    return cfg
+
+
 def layout_config(layout: str, vocab_size: int):
     """``tiny_config`` (GDES, E = H) of one export target: ``POST`` (ELECTRA), ``PRE``
-    (RoBERTa-PreLayerNorm) or ``DISENTANGLED`` (DebertaV2: post-LayerNorm, 8 log buckets: most
-    distances up to 40 go through them)."""
+    (RoBERTa-PreLayerNorm), ``DISENTANGLED`` (DebertaV2: post-LayerNorm, 8 log buckets: most
+    distances up to 40 go through them) or ``ROTARY`` (ModernBERT, ``modern_config``)."""
+    if layout == ROTARY:
+        return modern_config(vocab_size)
     if layout != DISENTANGLED:
         return tiny_config(layout, Sharing.GDES, False, vocab_size)
     cfg = tiny_config(POST, Sharing.GDES, False, vocab_size)
@@ -117,16 +139,29 @@ def load_checked(cls_name, path, **kwargs):
     return model.eval()
 
 
+def _side_rtd_logits(out_dir, hidden):
+    """ELECTRA's discriminator_predictions read from ``rtd_head.safetensors``."""
+    from safetensors.torch import load_file
+
+    from tests.helpers.hf_deberta import _rtd_logits
+
+    return _rtd_logits(hidden, load_file(out_dir / convert.RTD_HEAD_FILE))
+
+
 @torch.no_grad()
 def hf_outputs(out_dir, layout, ids, pad_id, with_positions=True, with_generator=True):
     """The export's discriminator hidden + RTD logits, generator hidden + MLM logits."""
-    from safetensors.torch import load_file
-
     attention = (ids != pad_id).long()
     kw = {}
     if layout == PRE and with_positions:  # RoBERTa's offset positions, at pads too
         kw["position_ids"] = (pad_id + 1 + torch.arange(ids.shape[1])).expand_as(ids)
-    if layout == POST:
+    if layout == ROTARY:
+        disc = load_checked("ModernBertModel", out_dir)
+        d_hidden = disc(ids, attention_mask=attention).last_hidden_state
+        gen = load_checked("ModernBertForMaskedLM", out_dir / "generator")
+        base = gen.model
+        rtd = _side_rtd_logits(out_dir, d_hidden)
+    elif layout == POST:
         disc = load_checked("ElectraForPreTraining", out_dir)
         d_hidden = disc.electra(ids, attention_mask=attention, **kw).last_hidden_state
         rtd = disc(ids, attention_mask=attention, **kw).logits
@@ -137,12 +172,7 @@ def hf_outputs(out_dir, layout, ids, pad_id, with_positions=True, with_generator
     else:
         disc = load_checked("RobertaPreLayerNormModel", out_dir, add_pooling_layer=False)
         d_hidden = disc(ids, attention_mask=attention, **kw).last_hidden_state
-        head = load_file(out_dir / convert.RTD_HEAD_FILE)
-        p = convert.RTD_HEAD_PREFIX
-        x = torch.nn.functional.gelu(torch.nn.functional.linear(
-            d_hidden, head[p + "dense.weight"], head[p + "dense.bias"]))
-        rtd = torch.nn.functional.linear(x, head[p + "dense_prediction.weight"],
-                                         head[p + "dense_prediction.bias"]).squeeze(-1)
+        rtd = _side_rtd_logits(out_dir, d_hidden)
         gen = load_checked("RobertaPreLayerNormForMaskedLM", out_dir / "generator")
         base = gen.roberta_prelayernorm
     g_hidden = base(ids, attention_mask=attention, **kw).last_hidden_state

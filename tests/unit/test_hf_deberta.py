@@ -27,7 +27,7 @@ from rtd_scale.config import Sharing
 from rtd_scale.hf import convert, debertav2
 from rtd_scale.hf.export import write_export
 from rtd_scale.hf.pretrained import load_pretrained
-from tests.helpers.hf_deberta import _assert_bitwise, _diffs, _tensors, hf_outputs
+from tests.helpers.hf_deberta import _assert_bitwise, _diffs, _tensors, hf_outputs, round_trip
 from tests.helpers.hf_models import (
     DISENTANGLED,
     POST,
@@ -192,15 +192,8 @@ def test_transformers_checkpoint_round_trips_bitwise(single_process_group, tok, 
 
 
 def test_export_import_export_is_bitwise(single_process_group, tok, tmp_path):
-    ctx = single_process_group
     cfg = deberta_config(Sharing.GDES, tok.vocab_size)
-    first = build_model(cfg, single_process_group, tok, seed=3)
-    perturb(first)
-    _export(first, cfg, ctx, tok, tmp_path / "a")
-    second = build_model(cfg, single_process_group, tok, seed=9)
-    _load(second, cfg, ctx, tok, tmp_path / "a")
-    _export(second, cfg, ctx, tok, tmp_path / "b")
-    _assert_bitwise(_tensors(tmp_path / "a"), _tensors(tmp_path / "b"))
+    first, second = round_trip(cfg, single_process_group, tok, tmp_path)
     ids = real_batch(tok)
     for x, y in zip(ours(first, ids, tok.pad_id), ours(second, ids, tok.pad_id)):
         assert torch.equal(x, y)

@@ -13,7 +13,7 @@ import json
 import pytest
 import torch
 
-from rtd_scale.config import Sharing
+from rtd_scale.config import MLPActivation, Sharing
 from rtd_scale.hf import convert
 from rtd_scale.hf.export import write_export
 from rtd_scale.model.sharing import exact_residual
@@ -22,6 +22,7 @@ from tests.helpers.hf_models import (  # noqa: F401
     DISENTANGLED,
     POST,
     PRE,
+    ROTARY,
     TOL,
     build_model,
     canonical_state,
@@ -29,6 +30,7 @@ from tests.helpers.hf_models import (  # noqa: F401
     layout_config,
     load_checked,
     max_diffs,
+    modern_config,
     ours,
     perturb,
     real_batch,
@@ -48,6 +50,19 @@ def tok(wiki_shards):
     return Tokenizer(wiki_shards[0])
 
 
+def _export_perturbed(cfg, ctx, tok, wiki_shards, tmp_path):
+    """(ids, our outputs on them, the export directory) of ``cfg``'s model, every weight
+    perturbed, exported with the tokenizer: ``real_batch``, ``ours``."""
+    model = build_model(cfg, ctx, tok)
+    perturb(model)
+    ids = real_batch(tok)
+    out = tmp_path / "export"
+    write_export(canonical_state(model, ctx), cfg.model, str(out), pad_id=tok.pad_id,
+                 cls_id=tok.cls_id, sep_id=tok.sep_id, tokenizer_model=wiki_shards[0],
+                 note=lambda m: None)
+    return ids, ours(model, ids, tok.pad_id), out
+
+
 @pytest.mark.parametrize(
     "layout,sharing,projected,scope",
     [c + ("embeddings",) for c in CASES] + [c + ("tokens",) for c in TOKEN_SCOPE_CASES],
@@ -61,14 +76,7 @@ def test_export_parity(single_process_group, tok, wiki_shards, tmp_path, layout,
     cfg = tiny_config(layout, sharing, projected, tok.vocab_size)
     cfg.model.sharing_scope = scope
     cfg.validate()
-    model = build_model(cfg, single_process_group, tok)
-    perturb(model)
-    ids = real_batch(tok)
-    mine = ours(model, ids, tok.pad_id)
-    out = tmp_path / "export"
-    write_export(canonical_state(model, single_process_group), cfg.model, str(out),
-                 pad_id=tok.pad_id, cls_id=tok.cls_id, sep_id=tok.sep_id,
-                 tokenizer_model=wiki_shards[0], note=lambda m: None)
+    ids, mine, out = _export_perturbed(cfg, single_process_group, tok, wiki_shards, tmp_path)
     theirs = hf_outputs(out, layout, ids, tok.pad_id)
     diffs = max_diffs(mine, theirs)
     print(f"parity {layout.value} {sharing.value} projected={projected} scope={scope}: " +
@@ -79,6 +87,65 @@ def test_export_parity(single_process_group, tok, wiki_shards, tmp_path, layout,
     if layout == PRE:  # without position_ids: equal at every non-pad position
         theirs = hf_outputs(out, layout, ids, tok.pad_id, with_positions=False)
         assert max(max_diffs(mine, theirs, mask=ids != tok.pad_id)) < TOL
+
+
+MODERN_CASES = [(False, MLPActivation.GEGLU), (True, MLPActivation.SWIGLU)]
+
+
+@pytest.mark.parametrize("biases,activation", MODERN_CASES,
+                         ids=["modernbert", "biases-swiglu"])
+def test_modern_block_export_parity(single_process_group, tok, wiki_shards, tmp_path, biases,
+                                    activation):
+    """The modern block → ModernBertModel (+ rtd_head.safetensors) / ModernBertForMaskedLM,
+    loaded by transformers with no missing or unexpected key: every output within 1e-5 of
+    ours at every real token of a padded batch (rows of 40 … 19 tokens, a 16-token window:
+    both encoders' local layers mask keys by distance and by padding). At pads the two differ
+    (a pad query whose window holds no real key; no loss reads it). ModernBERT's settings (no
+    bias anywhere: the MLM head's LayerNorm bias folded into the decoder's) and a block with
+    biases and SwiGLU."""
+    cfg = modern_config(tok.vocab_size, biases=biases, activation=activation)
+    ids, mine, out = _export_perturbed(cfg, single_process_group, tok, wiki_shards, tmp_path)
+    config = json.loads((out / "config.json").read_text())
+    assert (config["model_type"], config["hidden_activation"], config["local_attention"],
+            config["norm_bias"], config["attention_bias"], config["mlp_bias"]) == (
+        "modernbert", "gelu" if activation is MLPActivation.GEGLU else "silu", 16, biases,
+        biases, biases)
+    # transformers 5.x's fields and 4.x's, the same pattern and bases
+    assert config["layer_types"] == ["full_attention", "sliding_attention", "full_attention"]
+    assert (config["global_attn_every_n_layers"], config["global_rope_theta"],
+            config["local_rope_theta"]) == (2, 40_000.0, 2_000.0)
+    assert {k: v["rope_theta"] for k, v in config["rope_parameters"].items()} == {
+        "full_attention": 40_000.0, "sliding_attention": 2_000.0}
+    theirs = hf_outputs(out, ROTARY, ids, tok.pad_id)
+    real = ids != tok.pad_id
+    assert not real.all()
+    diffs = max_diffs(mine, theirs, mask=real)
+    print(f"parity modern biases={biases} {activation.value}: " +
+          " ".join(f"{n} {d:.2e}" for n, d in zip(("disc_hidden", "rtd", "gen_hidden", "mlm"),
+                                                  diffs)))
+    assert max(diffs) < 1e-5, diffs
+    assert mine[1].abs().max() > 0.1  # not a trivially zero comparison
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"normalization": "RMSNorm"}, "ModernBERT has LayerNorm only, but --normalization RMSNorm; "
+                                   "train with --normalization LayerNorm"),
+    ({"mlp_activation": MLPActivation.GELU},
+     "ModernBERT has a gated MLP only (GeGLU, SwiGLU), but model.mlp_activation 'gelu'; train "
+     "with --set model.mlp_activation=geglu or --swiglu"),
+    ({"embedding_size": 24}, "ModernBERT has no embedding projection, but model.embedding_size "
+                             "24 != model.discriminator.hidden_size 32; train with an embedding "
+                             "size equal to both hidden sizes")],
+    ids=["rmsnorm", "gelu", "E!=H"])
+def test_modern_block_export_refuses_what_modernbert_cannot_hold(tok, tmp_path, change, message):
+    import dataclasses
+
+    cfg = modern_config(tok.vocab_size)
+    model_cfg = dataclasses.replace(cfg.model, **change)
+    with pytest.raises(convert.ExportError) as e:
+        write_export({}, model_cfg, str(tmp_path / "x"), pad_id=tok.pad_id)
+    assert str(e.value) == "cannot export: Hugging Face " + message
+    assert not (tmp_path / "x").exists()
 
 
 def test_pre_layout_with_projection_is_refused(single_process_group, tok, tmp_path):

@@ -12,13 +12,15 @@ from rtd_scale.config import Sharing
 from rtd_scale.hf import convert
 from rtd_scale.hf.export import write_export
 from rtd_scale.hf.pretrained import load_pretrained
-from tests.helpers.hf_deberta import _assert_bitwise, _tensors
+from tests.helpers.hf_deberta import _assert_bitwise, _tensors, round_trip
 from tests.helpers.hf_models import (
     POST,
     PRE,
     build_model,
     canonical_state,
     hf_outputs,
+    max_diffs,
+    modern_config,
     ours,
     perturb,
     real_batch,
@@ -57,20 +59,45 @@ def test_export_import_export_is_bitwise(single_process_group, tok, tmp_path, la
     """export → --pretrained-checkpoint into a differently seeded model → export: the same bytes
     of every tensor, and the imported model computes what the first did (under the default
     scope the shared embedding layer is split back exactly: ES one copy, GDES P_Δ)."""
-    ctx = single_process_group
     cfg = tiny_config(layout, sharing, projected, tok.vocab_size)
     cfg.model.sharing_scope = scope
     cfg.validate()
-    first = build_model(cfg, single_process_group, tok, seed=3)
-    perturb(first)
-    _export(first, cfg, ctx, tok, tmp_path / "a")
-    second = build_model(cfg, single_process_group, tok, seed=9)
-    _load(second, cfg, ctx, tok, tmp_path / "a")
-    _export(second, cfg, ctx, tok, tmp_path / "b")
-    _assert_bitwise(_tensors(tmp_path / "a"), _tensors(tmp_path / "b"))
+    first, second = round_trip(cfg, single_process_group, tok, tmp_path)
     ids = real_batch(tok)
     for x, y in zip(ours(first, ids, tok.pad_id), ours(second, ids, tok.pad_id)):
         assert torch.equal(x, y)
+
+
+def test_modern_block_export_import_export_is_bitwise(single_process_group, tok, tmp_path):
+    """ModernBERT's settings (no norm bias): export → --pretrained-checkpoint into a differently
+    seeded model → export gives the same bytes of every tensor. The import holds every weight
+    of the first model (GDES's E_G + E_Δ bitwise) but the MLM head's LayerNorm bias, which the
+    export folded into the decoder's bias (ModernBertPredictionHead's norm has none): 0 there,
+    and the output bias is b + Wβ, so the logits agree within 1e-5 and every other output is equal. A model whose
+    window differs is refused in one line naming the config field and the flag."""
+    ctx = single_process_group
+    cfg = modern_config(tok.vocab_size)
+    first, second = round_trip(cfg, ctx, tok, tmp_path)
+    a, b = canonical_state(first, ctx), canonical_state(second, ctx)
+    # GDES: E_Δ comes back as E_D − E_G, whose sum with E_G is E_D bitwise
+    table, delta = "generator.embeddings.table.weight", "discriminator.embeddings.table.delta"
+    assert torch.equal(a[table] + a[delta], b[table] + b[delta])
+    assert sorted(a) == sorted(b) and [k for k in a if not torch.equal(a[k], b[k])] == [
+        delta, "mlm_head.bias", "mlm_head.norm.bias"]
+    assert torch.count_nonzero(b["mlm_head.norm.bias"]) == 0
+    assert torch.count_nonzero(a["mlm_head.norm.bias"]) > 0  # the fold had something to do
+    ids = real_batch(tok)
+    mine, back = ours(first, ids, tok.pad_id), ours(second, ids, tok.pad_id)
+    assert all(torch.equal(x, y) for x, y in zip(mine[:3], back[:3]))
+    assert max_diffs(mine[3:], back[3:])[0] < 1e-5
+
+    refusal = (f"--pretrained-checkpoint {tmp_path / 'a'}: the discriminator's local_attention "
+               "is 16 there but 32 in this model; pass --window-size 16")
+    other = modern_config(tok.vocab_size)
+    other.model.window_size = 32
+    with pytest.raises(UserInputError) as e:
+        _load(build_model(other, ctx, tok), other, ctx, tok, tmp_path / "a")
+    assert _message(e) == refusal
 
 
 def _foreign_electra(tmp_path, tok, cfg, with_generator=True):
