@@ -50,7 +50,8 @@ def export_hf(engine, model, cfg: RunConfig, ctx, tokenizer, print_fn) -> None:
 def export_hint(cfg: RunConfig) -> Optional[str]:
     """The summary's line that exports this run to Hugging Face, and what the export loads as
     (``rtd_scale.hf.adapters.adapter_for``); None without ``--save`` or for a layout no Hugging
-    Face class holds (the modern block, so far)."""
+    Face class holds (no entry in ``hf/adapters.py``'s ``ADAPTERS``, e.g. disentangled attention
+    with ``--layernorm-position pre``)."""
     from rtd_scale.hf.adapters import ADAPTERS, adapter_for, key_of
     from rtd_scale.hf.common import RTD_HEAD_FILE
 
