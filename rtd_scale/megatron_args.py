@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -63,6 +62,17 @@ SECTION_FIELDS: dict[str, tuple[str, str, type, str]] = {
     "adam_beta1": ("optim", "adam_beta1", float, "AdamW β1"),
     "adam_beta2": ("optim", "adam_beta2", float, "AdamW β2"),
     "adam_eps": ("optim", "adam_eps", float, "AdamW ε"),
+}
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+# The fields these flags set, for arguments.FLAG_FIELDS (the one table of flags and fields).
+FLAG_FIELDS: dict[str, str] = {
+    **{_flag(name): f"model.discriminator.{name}" for name in ENCODER_FIELDS},
+    **{_flag("generator_" + name): f"model.generator.{name}" for name in ENCODER_FIELDS},
+    **{_flag(dest): f"{section}.{name}" for dest, (section, name, _, _) in SECTION_FIELDS.items()},
 }
 
 # --tokenizer-type values → the file kind rtd_scale.data.tokenizer.Tokenizer reads (chosen by
@@ -150,10 +160,6 @@ class _Refuse(argparse.Action):
         setattr(namespace, "megatron_refused", found)
 
 
-def _flag(dest: str) -> str:
-    return "--" + dest.replace("_", "-")
-
-
 def add_model_args(parser: argparse.ArgumentParser) -> None:
     """Add Megatron-LM's model and optimizer flags, their ``--generator-`` twins, the ratio
     flags, Megatron-DeepSpeed's no-op ``--deepspeed``, and the refused flags to ``parser``."""
@@ -215,7 +221,7 @@ def apply_model_args(cfg: RunConfig, args: argparse.Namespace) -> dict[str, str]
 
     Returns:
         Which flag set each config field it changed (``"model.generator.hidden_dropout"`` →
-        ``"--hidden-dropout"``), for :func:`name_flags`.
+        ``"--hidden-dropout"``), for ``config.ConfigError.naming``.
 
     Raises:
         ConfigError: a refused flag, a twin given together with its ratio flag, or a ratio that
@@ -319,14 +325,3 @@ def apply_model_args(cfg: RunConfig, args: argparse.Namespace) -> dict[str, str]
         setattr(gen, name, value)
         origins[f"model.generator.{name}"] = source[name]
     return origins
-
-
-def name_flags(message: str, origins: dict[str, str]) -> str:
-    """``message`` (a config check's) with each config field a flag set written as the flag,
-    the field in brackets: "model.generator.hidden_dropout must be in [0, 1]" →
-    "--hidden-dropout (model.generator.hidden_dropout) must be in [0, 1]"."""
-    fields = sorted(origins, key=len, reverse=True)  # the longest name first
-    if not fields:
-        return message
-    pattern = re.compile(r"(?<![\w.])(" + "|".join(map(re.escape, fields)) + r")(?![\w])")
-    return pattern.sub(lambda m: f"{origins[m[1]]} ({m[1]})", message)

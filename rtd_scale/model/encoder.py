@@ -112,14 +112,12 @@ class Encoder(torch.nn.Module):
     """
 
     def __init__(self, embeddings: Optional[EncoderEmbeddings], config: TransformerConfig, *,
-                 layernorm_position: LayerNormPosition | str = LayerNormPosition.PRE,
-                 attention_type: AttentionType | str = AttentionType.BERT,
+                 layernorm_position: LayerNormPosition = LayerNormPosition.PRE,
+                 attention_type: AttentionType = AttentionType.BERT,
                  position_buckets: int = 256, max_relative_positions: int = 512,
                  pre_process: bool = True, post_process: bool = True):
         super().__init__()
         assert pre_process == (embeddings is not None), "embeddings live on the first stage only"
-        layernorm_position = LayerNormPosition(layernorm_position)
-        attention_type = AttentionType(attention_type)
         post = layernorm_position is LayerNormPosition.POST
         token_type = post and attention_type.absolute_positions
         assert embeddings is None or (embeddings.token_type is not None) == token_type, \

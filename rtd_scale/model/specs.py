@@ -63,9 +63,9 @@ def _self_attention(qkv, proj, relative: dict | None = None) -> ModuleSpec:
     )
 
 
-def encoder_layer_spec(layernorm_position: LayerNormPosition | str = LayerNormPosition.PRE,
+def encoder_layer_spec(layernorm_position: LayerNormPosition = LayerNormPosition.PRE,
                        use_transformer_engine: bool | None = None, *,
-                       attention_type: AttentionType | str = AttentionType.BERT,
+                       attention_type: AttentionType = AttentionType.BERT,
                        position_buckets: int = 256,
                        max_relative_positions: int = 512) -> ModuleSpec:
     """The transformer-layer spec of both encoders (bidirectional, padding mask).
@@ -81,9 +81,8 @@ def encoder_layer_spec(layernorm_position: LayerNormPosition | str = LayerNormPo
         ValueError: an unknown ``layernorm_position`` or ``attention_type``, or disentangled
             attention in the pre layout.
     """
-    layernorm_position = LayerNormPosition(layernorm_position)
     relative = None
-    if AttentionType(attention_type).disentangled:
+    if attention_type.disentangled:
         if layernorm_position is not LayerNormPosition.POST:
             raise ValueError("disentangled attention needs the post-LayerNorm layout")
         relative = {"position_buckets": position_buckets,

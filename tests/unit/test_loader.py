@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from rtd_scale.cli_errors import UserInputError
-from rtd_scale.config import ConfigError, DataConfig, preset
+from rtd_scale.config import ConfigError, DataConfig
+from rtd_scale.presets import preset
 from rtd_scale.data.blend import SPLIT_INDEX_BASE, BlendSchedule, build_split
 from rtd_scale.data.loader import (DataParallelSampler, advance, global_batch, merge_ranges,
                                    rank_micro_batches)

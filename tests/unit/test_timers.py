@@ -10,7 +10,8 @@ import time
 import pytest
 import torch
 
-from rtd_scale.config import ConfigError, preset
+from rtd_scale.config import ConfigError
+from rtd_scale.presets import preset
 from rtd_scale.model.rtd import RTDModel
 from rtd_scale import phases
 from rtd_scale.training import timers as timers_mod
