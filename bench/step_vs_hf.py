@@ -117,14 +117,13 @@ class _Ranges:
         self.undo += [h1.remove, h2.remove]
 
     def __enter__(self):
-        import rtd_scale.model.rtd as rtd_module
-
         m = self.model
         self._attr(m, "mask", "masking")
         self._module(m.generator, "encoders")
         self._module(m.discriminator, "encoders")
         self._attr(m, "generator_head", "mlm head + loss")
-        self._attr(rtd_module, "sample_from_logits", "sampling")
+        if hasattr(m, "sampler"):
+            self._module(m.sampler, "sampling")
         self._attr(m, "discriminator_head", "discriminator head")
         self._attr(self.optimizer, "step", "optimizer")
         self._attr(self.optimizer, "zero_grad", "optimizer")

@@ -24,6 +24,8 @@ from rtd_scale.atomic import write_atomic
 from rtd_scale.cli_errors import UserInputError
 from rtd_scale.config import MonitorConfig
 
+# a run's events (a restart, a loss-spike rollback): rtd_scale/restarts.py, training/spikes.py
+EVENT_PREFIXES = ("restarts/", "loss_spike/")
 RUN_FILE = "wandb_run.json"  # in the run directory (--save): {"id", "project", "entity"}
 INSTALL_HINT = "pip install 'rtd_scale[wandb]'"
 
@@ -82,13 +84,24 @@ class WandbLogger:
                          json.dumps({"id": self.run.id, "project": monitor.wandb_project,
                                      "entity": monitor.wandb_entity}) + "\n")
 
+    def _event_step(self, step: int) -> int:
+        """Where an event lands: its iteration, or W&B's current row where the run has passed
+        it. W&B drops a row below its run's step, and an event is written at the iteration a
+        run resumed from or rolled back to, which the W&B run may have logged past already."""
+        return max(step, int(self.run.step or 0))
+
     def write(self, step: int, scalars: dict[str, float]) -> None:
         # the step is the global iteration, as TensorBoard's; "_" tags are internal
-        self.run.log({tag: float(v) for tag, v in scalars.items() if not tag.startswith("_")},
-                     step=step)
+        row = {tag: float(v) for tag, v in scalars.items() if not tag.startswith("_")}
+        if row and all(tag.startswith(EVENT_PREFIXES) for tag in row):
+            step = self._event_step(step)
+        self.run.log(row, step=step)
 
     def write_text(self, tag: str, text: str, step: int) -> None:
-        """The resolved configs are the run's config (``wandb.init``); nothing more to write."""
+        """An event's line (a restart's cause, a rollback) as a text value of its row, which
+        W&B's run page lists; the resolved configs are the run's config (``wandb.init``)."""
+        if tag.startswith(EVENT_PREFIXES):
+            self.run.log({tag: text}, step=self._event_step(step))
 
     def close(self) -> None:
         self.run.finish()

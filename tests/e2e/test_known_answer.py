@@ -36,10 +36,13 @@ bar of 2.05 on one CPU and 1.29 on another (float reassociation in the steep par
 With the rate held, seeds 3 and 4 gave ES 1.38 and 1.69, GDES 0.46 and 0.47, and word AUCs of
 0.86–0.93 against bars of 0.69–0.73.
 
-The TP=2 and PP=2 runs are the GDES run's configuration at another layout: the same run
-at step 1 and within 1% at step 100, then float reassociation, amplified by the steep part of learning, moves them
-apart, so at the end they must pass the same bars within a loose band (the step-level parity
-tests in tests/multiproc pin exactness).
+The TP=2 and PP=2 runs are the GDES run's configuration at another layout, for its first 100
+steps: the same run at step 1 and within 1% at step 100. That is where they stop: past step 100
+float reassociation, amplified by the steep part of learning, moves them apart (up to 7% in
+L_MLM over steps 200–500, final AUCs 0.04–0.06 apart), so 400 more steps at two ranks each could
+only hold them to a loose band. Exactness per step at TP 2 and PP 2 is pinned by
+tests/multiproc and the launcher parity tests (tests/e2e/test_tensor_parallel_launcher.py,
+test_pipeline_parallel_launcher.py); learning to the bars, by the one-rank runs here.
 """
 from __future__ import annotations
 
@@ -57,6 +60,7 @@ from tests.helpers.launcher import NO_DROPOUT, launch, launch_together, scalars
 from verify.known_answer import MarkovLanguage, score_known_answer, word_ids_of_tokens
 
 ITERS = 500
+EARLY = 100  # the TP 2 and PP 2 runs' steps
 MLM_GAP_CLOSED = 0.5  # of (H_unigram − floor)
 AUC_GAP_CLOSED = 0.5  # of (oracle AUC − 0.5)
 MODEL = [f"--set=model.{m}.{f}={v}" for m in ("generator", "discriminator")
@@ -89,8 +93,8 @@ def corpus(tmp_path_factory):
 RUNS = {"gdes": (("--sharing", "gdes"), 1, ITERS), "es": (("--sharing", "es"), 1, ITERS),
         "nes": (("--sharing", "nes"), 1, 2 * ITERS), "lambda0": (("--rtd-lambda", "0"), 1, ITERS),
         "shuffled": (("--set=rtd.shuffle_labels=true",), 1, ITERS),
-        "tp2": (("--sharing", "gdes", "--tensor-model-parallel-size", "2"), 2, ITERS),
-        "pp2": (("--sharing", "gdes", "--pipeline-model-parallel-size", "2"), 2, ITERS)}
+        "tp2": (("--sharing", "gdes", "--tensor-model-parallel-size", "2"), 2, EARLY),
+        "pp2": (("--sharing", "gdes", "--pipeline-model-parallel-size", "2"), 2, EARLY)}
 PAIRS = (("gdes", "es"), ("nes", "lambda0", "shuffled"))
 
 
@@ -175,13 +179,7 @@ def test_tp2_and_pp2_learn_the_same(runs, name):
     # the earlier linear decay)
     for tag in ("loss/mlm", "loss/rtd"):
         assert got["train"][tag][1] == pytest.approx(ref["train"][tag][1], rel=1e-5), tag
-        assert got["train"][tag][100] == pytest.approx(ref["train"][tag][100], rel=1e-2), tag
-    # ... which the steep part of learning then amplifies (steps 200–500 move apart by up to
-    # 7% in L_MLM; the final AUCs differed by 0.06 at TP 2 and 0.04 at PP 2), so the end is
-    # held to the same bars and a loose band, not to equality
-    assert got["mlm_loss"] <= got["mlm_bar"] and got["auc"] >= got["auc_bar"], got
-    assert got["auc"] == pytest.approx(ref["auc"], abs=0.1), (got, ref)
-    assert got["mlm_loss"] == pytest.approx(ref["mlm_loss"], abs=0.2), (got, ref)
+        assert got["train"][tag][EARLY] == pytest.approx(ref["train"][tag][EARLY], rel=1e-2), tag
 
 
 @NES_GROUP

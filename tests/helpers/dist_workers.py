@@ -420,7 +420,7 @@ def _matrix_step(ctx, eng, cfg, step: int) -> float:
                       step=step, ctx=ctx)
     acc = MetricAccumulator(ctx.device)
     for o in outs:
-        acc.add(o, cfg.rtd.rtd_lambda)
+        acc.add(o)
     return acc.reduce(ctx.dp_group)["loss/total"]
 
 
