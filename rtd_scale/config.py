@@ -930,10 +930,16 @@ class RunConfig(_Section):
         """The inverse of :meth:`to_dict` (a run's ``config.json``, a checkpoint's
         ``rtd_meta.json``): every section built from its recorded fields, validated.
 
+        Validated without its warnings: a recorded config was warned about when its run
+        started, and a config file is warned about with the flags beside it
+        (``arguments.config_from_args``).
+
         Raises:
             ConfigError: naming a field that is unknown, missing or of the wrong kind.
         """
-        return _build(cls, d, "")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return _build(cls, d, "")
 
 
 def _build(kind: type, values: Any, path: str) -> Any:

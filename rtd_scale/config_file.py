@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import warnings
 from typing import Any, Optional
 
 from rtd_scale.cli_errors import UserInputError
@@ -87,8 +86,6 @@ def read(path: str, preset_flag: Optional[str] = None) -> RunConfig:
         if save and isinstance(values, dict) and values.get(key) == os.path.join(save, sub):
             values[key] = None  # derived again from this run's --save
     try:
-        with warnings.catch_warnings():  # said once, of the run's config with its flags
-            warnings.simplefilter("ignore")
-            return RunConfig.from_dict(fields)
+        return RunConfig.from_dict(fields)
     except UserInputError as e:
         raise UserInputError(f"--config {path}: {e}") from None

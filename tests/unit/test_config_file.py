@@ -133,3 +133,18 @@ def test_a_resume_refuses_a_config_that_changes_the_model_in_one_line(tmp_path):
         f"--load {tmp_path / 'run'}: global_step2 holds another model "
         "(model.discriminator.num_layers 4 → 2); use the preset and overrides it was trained "
         f"with (see {tmp_path / 'run'}/config.json)")
+
+
+def test_a_recorded_config_reads_back_without_its_warnings():
+    """A checkpoint's or a run's recorded config was warned about when that run started:
+    reading it back (a resume's checks, an export) says nothing; validating it again does."""
+    import warnings
+
+    cfg = preset("tiny")
+    cfg.train.train_iters = 6  # the tiny preset's 30 warm-up steps never end
+    with pytest.warns(UserWarning, match="peak learning rate is never reached"):
+        cfg.validate()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        back = RunConfig.from_dict(cfg.to_dict())
+    assert back.to_dict() == cfg.to_dict()
