@@ -1,11 +1,14 @@
 """The entry point's flags and the run configuration they give (Megatron-LM's
 ``megatron/training/arguments.py``: ``parse_args``, then ``validate_args``).
 
-:func:`build_parser` holds every flag of ``rtd_scale/pretrain.py`` (its ``--help``), with
-Megatron-LM's names where one exists; the Megatron-LM model and optimizer flags, their
-``--generator-`` twins and the refused ones are ``megatron_args.add_model_args``'s group.
-:func:`config_from_args` builds the config: preset → flags → ``--set`` overrides, validated once
-at the end, an error naming the flag that set the field.
+:func:`build_parser` holds every flag of ``rtd_scale/pretrain.py`` (its ``--help``), one
+function per group, with Megatron-LM's names where one exists; the Megatron-LM model and
+optimizer flags, their ``--generator-`` twins and the refused ones are
+``megatron_args.add_model_args``'s group. The list is frozen (tests/unit/test_cli_flags.py): a
+new knob is a config field, set with ``--set`` or in a ``--config`` file. :func:`config_from_args`
+builds the config: preset or ``--config`` → flags → ``--set`` overrides, validated once at the
+end, an error naming the flag that set the field (:data:`FLAG_FIELDS`, the table of flags and
+fields).
 """
 from __future__ import annotations
 

@@ -1,9 +1,13 @@
 """The typed config tree of rtd_scale: one section per component, validated at construction.
+A section's enum fields hold their enum from the moment they are set (``_Section``), however they
+are set: a preset (``presets.py``), a flag, ``--set``, a config file or a recorded config.
 
-Precedence (lowest to highest): preset defaults → command-line flags → ``--set key=value``
-overrides. The resolved tree is written to ``<save>/config.json`` before step 1.
+Precedence (lowest to highest): a preset or ``--config FILE`` (``config_file.py``) → command-line
+flags → ``--set key=value`` overrides. The resolved tree is written to ``<save>/config.json``
+before step 1; :meth:`RunConfig.from_dict` reads it back.
 
-Every rule cites its source. Errors are ``ConfigError`` (a ``ValueError``) naming the field and the fix.
+Every rule cites its source. Errors are ``ConfigError`` (a ``ValueError``) naming the field and
+the fix; ``ConfigError.naming`` writes a field as the flag that set it.
 """
 from __future__ import annotations
 
