@@ -288,7 +288,7 @@ def share_hf_embeddings(model, generator: torch.nn.Module, discriminator: torch.
     from rtd_scale.config import AttentionType
     from rtd_scale.model.sharing import Residual, Same, sharing_rule
 
-    relative = AttentionType(model.attention_type) is AttentionType.DISENTANGLED
+    relative = model.attention_type is AttentionType.DISENTANGLED
     ties = sharing_rule(model.sharing).ties(model.sharing_scope, relative)
     for component, tie in ties.items():
         name = HF_EMBEDDING_MODULES.get(component)

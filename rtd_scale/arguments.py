@@ -116,9 +116,10 @@ def _objective_flags(p: argparse.ArgumentParser) -> None:
                    help="encoder layout: pre (pre-LayerNorm, final LayerNorm) or post "
                         "(BERT/ELECTRA, Hugging Face ElectraModel); default: the preset's")
     g.add_argument("--attention-type", choices=[x.value for x in AttentionType],
-                   help="self-attention: bert (absolute positions) or disentangled (DeBERTa's "
-                        "relative c2p|p2c attention, needs --layernorm-position post); default: "
-                        "the preset's")
+                   help="self-attention: bert (absolute positions), disentangled (DeBERTa's "
+                        "relative c2p|p2c attention, needs --layernorm-position post) or rotary "
+                        "(the modern block, ModernBERT's: --position-embedding-type rope); "
+                        "default: the preset's")
     g.add_argument("--rtd-lambda", type=float, help="λ in L_MLM + λ·L_RTD (default 50)")
     g.add_argument("--mask-prob", type=float)
     g.add_argument("--mask-strategy", choices=["token", "whole_word", "span"],
@@ -346,6 +347,11 @@ DERIVED_FLAG_FIELDS: dict[str, str] = {
     "--device-peak": "train.peak_tflops_per_device",
     "--vocab-file": "data.tokenizer_model", "--train-data-path": "data.data_path",
     "--ckpt-step": "train.load",
+    # the modern block's flags without a field of their own (megatron_args._apply_block_args)
+    "--position-embedding-type": "model.attention_type",
+    "--use-rotary-position-embeddings": "model.attention_type",
+    "--swiglu": "model.mlp_activation", "--disable-bias-linear": "model.add_bias_linear",
+    "--window-size": "model.window_size",
 }
 
 

@@ -100,7 +100,12 @@ class AttentionType(str, enum.Enum):
     (arXiv 1706.03762 §3.2; BERT, ELECTRA). DISENTANGLED: DeBERTa's disentangled attention,
     content-to-content + content-to-position + position-to-content over log-bucketed relative
     positions and no absolute position in the input (arXiv 2006.03654 §3.1; DeBERTaV3, arXiv
-    2111.09543; Hugging Face ``DebertaV2Model``); needs the post-LayerNorm layout.
+    2111.09543; Hugging Face ``DebertaV2Model``); needs the post-LayerNorm layout. ROTARY: the
+    modern block (ModernBERT, arXiv 2412.13663 §2.1): rotary position embeddings on queries and
+    keys (arXiv 2104.09864; megatron-core's ``RotaryEmbedding``), no position table, alternating
+    sliding-window and global layers (``ModelConfig.window_size``,
+    ``global_attn_every_n_layers``); needs the pre-LayerNorm layout, which it places as ModernBERT
+    (``model/modern.py``).
 
     What a type means for the model is its row of ``ATTENTION_TRAITS`` (``AttentionTraits``),
     read through the properties below; a new type is a member and a row.
@@ -108,6 +113,7 @@ class AttentionType(str, enum.Enum):
 
     BERT = "bert"
     DISENTANGLED = "disentangled"
+    ROTARY = "rotary"
 
     @property
     def absolute_positions(self) -> bool:
@@ -128,6 +134,12 @@ class AttentionType(str, enum.Enum):
         """The layers' attention is DeBERTa's disentangled attention (``model/specs.py``)."""
         return ATTENTION_TRAITS[self].disentangled
 
+    @property
+    def rotary(self) -> bool:
+        """Queries and keys are rotated by their positions (megatron-core's rotary arguments
+        carry the angles, ``model/modern.py``), in the modern block's layout."""
+        return ATTENTION_TRAITS[self].rotary
+
 
 @dataclass(frozen=True)
 class AttentionTraits:
@@ -136,6 +148,7 @@ class AttentionTraits:
     absolute_positions: bool
     relative_table: bool
     disentangled: bool
+    rotary: bool = False
 
 
 ATTENTION_TRAITS = {
@@ -143,7 +156,30 @@ ATTENTION_TRAITS = {
                                         disentangled=False),
     AttentionType.DISENTANGLED: AttentionTraits(absolute_positions=False, relative_table=True,
                                                 disentangled=True),
+    AttentionType.ROTARY: AttentionTraits(absolute_positions=False, relative_table=False,
+                                          disentangled=False, rotary=True),
 }
+
+
+class MLPActivation(str, enum.Enum):
+    """The FFN of both encoders (``model.mlp_activation``; ``--swiglu``).
+
+    GELU: fc1 → exact GELU → fc2 (BERT, ELECTRA, DeBERTa). GEGLU / SWIGLU: a gated linear unit,
+    fc1 of width 2F split into halves (a, g), fc2(act(a) · g) with act GELU / SiLU (Shazeer,
+    arXiv 2002.05202; ModernBERT's GeGLU, Megatron-LM's ``--swiglu``); rotary attention only.
+    """
+
+    GELU = "gelu"
+    GEGLU = "geglu"
+    SWIGLU = "swiglu"
+
+    @property
+    def gated(self) -> bool:
+        return self is not MLPActivation.GELU
+
+
+# Megatron-LM's --normalization values this system builds (torch.nn.LayerNorm / RMSNorm)
+NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 
 
 class Precision(str, enum.Enum):
@@ -286,6 +322,24 @@ class ModelConfig(_Section):
     # torch.compile of every encoder layer (in place: parameter names unchanged); GPU speed,
     # off by default (compilation takes minutes for large models)
     compile_layers: bool = False
+    # The modern block (attention_type "rotary"; model/modern.py). Megatron-LM's names where it
+    # has one (--rotary-base, --normalization, --disable-bias-linear, --swiglu, --window-size),
+    # Hugging Face ModernBertConfig's otherwise. rotary_base: the global layers' RoPE base
+    # (ModernBERT's global_rope_theta, 160,000); local_rotary_base: the sliding-window layers'
+    # (local_rope_theta, 10,000). window_size: tokens a local layer sees, query i attending to
+    # keys |i - j| <= window_size // 2 (ModernBERT's local_attention 128); -1: every layer
+    # global. global_attn_every_n_layers: layer i (0-based) is global when i % n == 0 (layer 0
+    # always; ModernBERT's 3). The rest apply to both encoders' layers, embedding norm and final
+    # norm: normalization "LayerNorm" / "RMSNorm", norm_bias (ModernBERT: none), add_bias_linear
+    # (the attention and FFN linears; ModernBERT: none), mlp_activation (MLPActivation).
+    rotary_base: float = 10000.0
+    local_rotary_base: float = 10000.0
+    window_size: int = -1
+    global_attn_every_n_layers: int = 1
+    normalization: str = "LayerNorm"
+    norm_bias: bool = True
+    add_bias_linear: bool = True
+    mlp_activation: MLPActivation = MLPActivation.GELU
 
     def padded_vocab_size(self, tensor_model_parallel_size: int) -> int:
         """Vocabulary rounded up to a multiple of ``make_vocab_size_divisible_by`` (default 128)
@@ -326,6 +380,7 @@ class ModelConfig(_Section):
                 and self.layernorm_position is not LayerNormPosition.POST):
             raise ConfigError("--attention-type disentangled needs --layernorm-position post "
                               "(DeBERTa's layout, arXiv 2006.03654); add --layernorm-position post")
+        self._validate_block()
         if self.sharing_scope is SharingScope.TOKENS and (
                 self.sharing is Sharing.NES or not self.attention_type.absolute_positions):
             why = ("--sharing nes shares nothing" if self.sharing is Sharing.NES else
@@ -340,11 +395,11 @@ class ModelConfig(_Section):
                 f"layernorm_epsilon {self.discriminator.layernorm_epsilon}; set both to one "
                 f"value, or pass --sharing-scope tokens")
         if self.position_buckets == 0 or self.position_buckets < -1:
-            raise ConfigError(f"model.position_buckets must be > 0 or -1 (no buckets), got "
-                              f"{self.position_buckets}; DeBERTaV3 uses 256")
+            raise ConfigError(f"{{0}} must be > 0 or -1 (no buckets), got "
+                              f"{self.position_buckets}; DeBERTaV3 uses 256", "model.position_buckets")
         if self.max_relative_positions == 0 or self.max_relative_positions < -1:
-            raise ConfigError(f"model.max_relative_positions must be > 0 or -1 "
-                              f"(= max_position_embeddings), got {self.max_relative_positions}")
+            raise ConfigError(f"{{0}} must be > 0 or -1 (= max_position_embeddings), got "
+                              f"{self.max_relative_positions}", "model.max_relative_positions")
         _positive("model", vocab_size=self.vocab_size, embedding_size=self.embedding_size,
                   max_position_embeddings=self.max_position_embeddings,
                   init_method_std=self.init_method_std,
@@ -352,6 +407,44 @@ class ModelConfig(_Section):
         # the discriminator first: Megatron's flags set it, and the generator follows it
         self.discriminator.validate("model.discriminator")
         self.generator.validate("model.generator")
+
+    def local_layer(self, layer_number: int) -> bool:
+        """Whether the layer ``layer_number`` (1-based, megatron-core's) attends within the
+        sliding window: the modern block's layers but every ``global_attn_every_n_layers``-th,
+        counted from layer 1 (Hugging Face ``ModernBertAttention``: local unless
+        layer_id % global_attn_every_n_layers == 0)."""
+        return (self.attention_type.rotary and self.window_size > 0
+                and (layer_number - 1) % self.global_attn_every_n_layers != 0)
+
+    def _validate_block(self) -> None:
+        """The modern block's fields (``attention_type`` "rotary"): their values, and that they
+        keep their defaults in the other layouts, which build none of them."""
+        if self.normalization not in NORMALIZATIONS:
+            raise ConfigError(f"{{0}} {self.normalization!r}: choose "
+                              f"{' or '.join(NORMALIZATIONS)}", "model.normalization")
+        _positive("model", rotary_base=self.rotary_base,
+                  local_rotary_base=self.local_rotary_base,
+                  global_attn_every_n_layers=self.global_attn_every_n_layers)
+        if self.window_size == 0 or self.window_size < -1:
+            raise ConfigError(f"{{0}} must be > 0 or -1 (every layer global), got "
+                              f"{self.window_size}; ModernBERT uses 128", "model.window_size")
+        if self.attention_type.rotary:
+            if self.layernorm_position is not LayerNormPosition.PRE:
+                raise ConfigError("--position-embedding-type rope (the modern block) needs "
+                                  "--layernorm-position pre (ModernBERT's layout, arXiv "
+                                  "2412.13663); add --layernorm-position pre")
+            return
+        default = ModelConfig.__dataclass_fields__
+        changed = [name for name in ("window_size", "normalization", "norm_bias",
+                                     "add_bias_linear", "mlp_activation")
+                   if getattr(self, name) != default[name].default]
+        if changed:
+            name = changed[0]
+            value, was = (getattr(v, "value", v) for v in (getattr(self, name),
+                                                             default[name].default))
+            raise ConfigError(f"{{0}} {value!r} belongs to the modern block; add "
+                              f"--position-embedding-type rope, or leave it at {was!r} for "
+                              f"{self.attention_type.value} attention", f"model.{name}")
 
 
 class MaskStrategy(str, enum.Enum):

@@ -49,11 +49,12 @@ def export_hf(engine, model, cfg: RunConfig, ctx, tokenizer, print_fn) -> None:
 
 def export_hint(cfg: RunConfig) -> Optional[str]:
     """The summary's line that exports this run to Hugging Face, and what the export loads as
-    (``rtd_scale.hf.adapters.adapter_for``); None without ``--save``."""
-    from rtd_scale.hf.adapters import adapter_for
+    (``rtd_scale.hf.adapters.adapter_for``); None without ``--save`` or for a layout no Hugging
+    Face class holds (the modern block, so far)."""
+    from rtd_scale.hf.adapters import ADAPTERS, adapter_for, key_of
     from rtd_scale.hf.common import RTD_HEAD_FILE
 
-    if not cfg.train.save:
+    if not cfg.train.save or key_of(cfg.model) not in ADAPTERS:
         return None
     out = os.path.join("hf", os.path.basename(os.path.normpath(cfg.train.save)))
     adapter = adapter_for(cfg.model)

@@ -26,6 +26,19 @@ with DeBERTaV3's 256 buckets, 255 at s 128):
     content→position  q · Pkᵀ   2Rh
     position→content  k · Pqᵀ   2Rh    → attention forward 4sh + 4Rh
 
+The modern block (ModernBERT, ``model/modern.py``) changes two terms. Its gated FFN (GeGLU /
+SwiGLU) has three matrices, fc1 of width 2f and fc2: 6hf instead of 4hf. Its local layers attend
+within the sliding window, each query to the K keys j with |i - j| <= w/2 inside the sequence, so
+their attention costs 4Kh instead of 4sh, K the mean over the s queries (the window's edges see
+fewer keys):
+
+    K = s                                   when w/2 >= s - 1 (the window holds the sequence)
+    K = (s·(w+1) - (w/2)·(w/2 + 1)) / s     otherwise, w even (2·(w/2) + 1 keys inside)
+
+(129 keys at most for ModernBERT's 128-token window; 124.9 on average at s 1,024). The count
+assumes a kernel that skips the masked blocks (FlexAttention, or flash attention's window); the
+CPU path's explicit mask computes all s keys.
+
 Projecting the R relative embeddings by each layer's query and key weights is done once per
 micro-batch, not per token (4Rh² per layer and micro-batch: about 0.5% of a debertav3-large
 step at 16 × 512 tokens) and is not counted. An RTD step adds, per token,
@@ -64,6 +77,8 @@ class EncoderDims:
     num_layers: int
     hidden_size: int
     ffn_hidden_size: int
+    gated: bool = False  # GeGLU / SwiGLU: fc1 of width 2f
+    local_layers: int = 0  # layers attending within RTDDims.window_size
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,29 +92,54 @@ class RTDDims:
     seq_length: int  # s
     mask_prob: float  # fraction of tokens that reach the MLM head
     relative_rows: int = 0  # R of disentangled attention; 0 for BERT attention
+    window_size: int = -1  # w of the local layers (EncoderDims.local_layers); -1: none
 
 
-def layer_forward_flops_per_token(hidden_size: int, ffn_hidden_size: int, seq_length: int,
-                                  relative_rows: int = 0) -> int:
+def attended_keys(seq_length: int, window_size: int = -1) -> float:
+    """K: the mean number of keys a query attends to in a sequence of ``seq_length``, within a
+    sliding window of ``window_size`` tokens (|i - j| <= w // 2), or all of them (w = -1)."""
+    s, half = seq_length, window_size // 2
+    if window_size <= 0 or half >= s - 1:
+        return s
+    return (s * (2 * half + 1) - half * (half + 1)) / s
+
+
+def layer_forward_flops_per_token(hidden_size: int, ffn_hidden_size: int, seq_length: float,
+                                  relative_rows: int = 0, gated: bool = False) -> float:
     """Forward FLOPs of one encoder layer for one token: 8h² + 4hf + 4sh + 4Rh (24h² + 4sh at
-    f = 4h with BERT attention, R = 0)."""
+    f = 4h with BERT attention, R = 0); a gated FFN 6hf. ``seq_length``: the keys each query
+    attends to (``attended_keys`` in a local layer)."""
     h, f, s, r = hidden_size, ffn_hidden_size, seq_length, relative_rows
-    return 8 * h * h + 4 * h * f + 4 * s * h + 4 * r * h
+    return 8 * h * h + (6 if gated else 4) * h * f + 4 * s * h + 4 * r * h
 
 
-def layer_flops_per_token(hidden_size: int, ffn_hidden_size: int, seq_length: int,
-                          relative_rows: int = 0) -> tuple[int, int]:
+def layer_flops_per_token(hidden_size: int, ffn_hidden_size: int, seq_length: float,
+                          relative_rows: int = 0, gated: bool = False) -> tuple[float, float]:
     """(matmul, attention) forward + backward FLOPs per token of one layer:
-    3·(8h² + 4hf) and 3·(4sh + 4Rh)."""
+    3·(8h² + 4hf) (gated: 6hf) and 3·(4sh + 4Rh), s the keys each query attends to."""
     h, f, s, r = hidden_size, ffn_hidden_size, seq_length, relative_rows
-    return 3 * (8 * h * h + 4 * h * f), 3 * 4 * (s + r) * h
+    return 3 * (8 * h * h + (6 if gated else 4) * h * f), 3 * 4 * (s + r) * h
 
 
-def stack_flops_per_token(enc: EncoderDims, seq_length: int, relative_rows: int = 0) -> int:
+def _stack_flops(enc: EncoderDims, seq_length: int, relative_rows: int,
+                 window_size: int) -> tuple[float, float]:
+    """(matmul, attention) forward + backward FLOPs per token of a layer stack: its global
+    layers attend to all ``seq_length`` keys, its local ones to ``attended_keys``."""
+    mm, att = layer_flops_per_token(enc.hidden_size, enc.ffn_hidden_size, seq_length,
+                                    relative_rows, enc.gated)
+    total_att = (enc.num_layers - enc.local_layers) * att
+    if enc.local_layers:
+        _, local = layer_flops_per_token(enc.hidden_size, enc.ffn_hidden_size,
+                                         attended_keys(seq_length, window_size), relative_rows)
+        total_att += enc.local_layers * local
+    return enc.num_layers * mm, total_att
+
+
+def stack_flops_per_token(enc: EncoderDims, seq_length: int, relative_rows: int = 0,
+                          window_size: int = -1) -> float:
     """Forward + backward FLOPs per token of a layer stack alone:
-    3 · L · (8h² + 4hf + 4sh + 4Rh)."""
-    return 3 * enc.num_layers * layer_forward_flops_per_token(
-        enc.hidden_size, enc.ffn_hidden_size, seq_length, relative_rows)
+    3 · L · (8h² + 4hf + 4sh + 4Rh), with the gated FFN and local layers as above."""
+    return sum(_stack_flops(enc, seq_length, relative_rows, window_size))
 
 
 def rtd_flops_breakdown(d: RTDDims) -> dict[str, float]:
@@ -108,10 +148,9 @@ def rtd_flops_breakdown(d: RTDDims) -> dict[str, float]:
     g, disc, e, v = d.generator, d.discriminator, d.embedding_size, d.vocab_size
     out: dict[str, float] = {}
     for name, enc in (("generator", g), ("discriminator", disc)):
-        mm, att = layer_flops_per_token(enc.hidden_size, enc.ffn_hidden_size, d.seq_length,
-                                        d.relative_rows)
-        out[f"{name}_matmul"] = float(enc.num_layers * mm)
-        out[f"{name}_attention"] = float(enc.num_layers * att)
+        mm, att = _stack_flops(enc, d.seq_length, d.relative_rows, d.window_size)
+        out[f"{name}_matmul"] = float(mm)
+        out[f"{name}_attention"] = float(att)
     out["embedding_projection"] = float(
         sum(3 * 2 * e * enc.hidden_size for enc in (g, disc) if enc.hidden_size != e))
     out["mlm_head"] = 3 * (2 * g.hidden_size * e + 2 * e * v) * d.mask_prob
@@ -130,17 +169,19 @@ def rtd_flops_per_token(d: RTDDims) -> float:
 def dims_of(cfg, *, seq_length=None, vocab_size=None, mask_prob=None) -> RTDDims:
     """The RTDDims of a ``rtd_scale.config.RunConfig`` (overrides default to the config's)."""
     m = cfg.model
+    gated = m.mlp_activation.gated
 
     def enc(e):
         return EncoderDims(num_layers=e.num_layers, hidden_size=e.hidden_size,
-                           ffn_hidden_size=e.ffn_hidden_size)
+                           ffn_hidden_size=e.ffn_hidden_size, gated=gated,
+                           local_layers=sum(m.local_layer(n) for n in range(1, e.num_layers + 1)))
 
     seq_length = seq_length or cfg.data.seq_length
     return RTDDims(generator=enc(m.generator), discriminator=enc(m.discriminator),
                    embedding_size=m.embedding_size, vocab_size=vocab_size or m.vocab_size,
                    seq_length=seq_length,
                    mask_prob=cfg.rtd.mask_prob if mask_prob is None else mask_prob,
-                   relative_rows=relative_rows(m, seq_length))
+                   relative_rows=relative_rows(m, seq_length), window_size=m.window_size)
 
 
 def relative_rows(model_cfg, seq_length: int) -> int:

@@ -46,6 +46,20 @@ ENCODER_FIELDS: dict[str, tuple[type, str]] = {
     "layernorm_epsilon": (float, "LayerNorm epsilon"),
 }
 
+# The modern block's fields with a flag of the same name (--position-embedding-type rope;
+# config.ModelConfig, model/modern.py), in SECTION_FIELDS' form.
+MODERN_BLOCK_FIELDS: dict[str, tuple[str, str, type, str]] = {
+    name: ("model", name, kind, text) for name, kind, text in (
+        ("rotary_base", float, "RoPE base of the global layers (Megatron-LM's; Hugging Face "
+         "ModernBERT's global_rope_theta; modernbert-* 160000)"),
+        ("local_rotary_base", float, "RoPE base of the sliding-window layers (ModernBERT's "
+         "local_rope_theta; modernbert-* 10000)"),
+        ("global_attn_every_n_layers", int, "with --window-size: layer i (0-based) attends "
+         "globally when i %% N == 0, the others within the window (ModernBERT's "
+         "global_attn_every_n_layers; modernbert-* 3)"),
+        ("normalization", str, "LayerNorm or RMSNorm: every norm of the modern block (others: "
+         "LayerNorm)"))}
+
 # Flags that set one field of the tree: dest → (section, field, type, help).
 SECTION_FIELDS: dict[str, tuple[str, str, type, str]] = {
     "embedding_size": ("model", "embedding_size", int,
@@ -59,6 +73,7 @@ SECTION_FIELDS: dict[str, tuple[str, str, type, str]] = {
     "make_vocab_size_divisible_by": ("model", "make_vocab_size_divisible_by", int,
                                      "pad the vocabulary to a multiple of this × "
                                      "tensor-parallel size (default 128)"),
+    **MODERN_BLOCK_FIELDS,
     "adam_beta1": ("optim", "adam_beta1", float, "AdamW β1"),
     "adam_beta2": ("optim", "adam_beta2", float, "AdamW β2"),
     "adam_eps": ("optim", "adam_eps", float, "AdamW ε"),
@@ -108,17 +123,6 @@ class Refusal:
 
 
 REFUSED: tuple[Refusal, ...] = (
-    Refusal(("--use-rotary-position-embeddings",), 0,
-            "rotary embeddings are not built: positions are BERT / ELECTRA's learned absolute "
-            "ones (or DeBERTa's relative ones, --attention-type disentangled); drop the flag"),
-    Refusal(("--position-embedding-type",), 1,
-            "positions are BERT / ELECTRA's learned absolute ones (or DeBERTa's relative ones, "
-            "--attention-type disentangled)", accepted="learned_absolute"),
-    Refusal(("--swiglu",), 0,
-            "the FFN is fc1 → exact GELU → fc2 (BERT / ELECTRA / DeBERTa); there is no gated "
-            "FFN; drop the flag"),
-    Refusal(("--normalization",), 1,
-            "only LayerNorm is built (BERT / ELECTRA / DeBERTa)", accepted="LayerNorm"),
     Refusal(("--untie-embeddings-and-output-weights",), 0,
             "the generator's MLM head is tied to its token table (ELECTRA, DeBERTaV3); drop "
             "the flag"),
@@ -178,6 +182,24 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--generator-hidden-size-ratio", type=float, metavar="R",
                    help="generator hidden size = round(R × discriminator hidden size) "
                         "(ELECTRA's generator_hidden_size; default: the preset's ratio)")
+    g.add_argument("--position-embedding-type", choices=["learned_absolute", "rope"],
+                   help="rope: the modern block (ModernBERT: rotary positions, no position "
+                        "table, pre-LayerNorm; the same as --attention-type rotary); "
+                        "learned_absolute: BERT / ELECTRA's table (from a rotary preset: "
+                        "--attention-type bert; otherwise the preset's attention is kept)")
+    for flag, text in (
+            ("--use-rotary-position-embeddings",
+             "Megatron-LM's older spelling of --position-embedding-type rope"),
+            ("--swiglu", "the modern block's FFN as SwiGLU (SiLU-gated); its default, GeGLU, "
+                         "is --set model.mlp_activation=geglu"),
+            ("--disable-bias-linear", "no bias in the attention and FFN linears (the modern "
+                                      "block; modernbert-* already)")):
+        g.add_argument(flag, action="store_true", help=text)
+    g.add_argument("--window-size", metavar="N | LEFT,RIGHT",
+                   help="sliding-window attention of the modern block: N tokens (query i sees "
+                        "keys |i - j| <= N // 2; ModernBERT's local_attention 128), or "
+                        "Megatron-LM's LEFT,RIGHT with LEFT = RIGHT (64,64 is 128); -1: every "
+                        "layer global")
     g.add_argument("--deepspeed", action="store_true",
                    help="accepted for Megatron-DeepSpeed's `--deepspeed --deepspeed_config X`; "
                         "DeepSpeed always runs")
@@ -194,6 +216,55 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     for r in REFUSED:
         g.add_argument(*r.flags, action=_Refuse, refusal=r, dest="megatron_refused",
                        default=None, help=argparse.SUPPRESS)
+
+
+def _window_size(value: str) -> int:
+    """``--window-size`` N or LEFT,RIGHT (Megatron-LM's tuple, LEFT = RIGHT) as N.
+
+    Raises:
+        ConfigError: neither form, or an asymmetric window.
+    """
+    parts = value.replace(" ", "").split(",")
+    try:
+        numbers = [int(p) for p in parts]
+    except ValueError:
+        numbers = []
+    if len(numbers) == 1:
+        return numbers[0]
+    if len(numbers) == 2 and numbers[0] == numbers[1] and numbers[0] > 0:
+        return 2 * numbers[0]
+    raise ConfigError(f"--window-size {value}: expected N (tokens, e.g. 128) or LEFT,RIGHT with "
+                      "LEFT = RIGHT > 0 (e.g. 64,64): an encoder's window is symmetric")
+
+
+def _apply_block_args(model, args: argparse.Namespace) -> dict[str, str]:
+    """The modern block's flags without a field of their own: the positions, --swiglu,
+    --disable-bias-linear and --window-size. Returns the fields they set → the flag."""
+    from rtd_scale.config import AttentionType, MLPActivation
+
+    origins: dict[str, str] = {}
+    kind = getattr(args, "position_embedding_type", None)
+    if getattr(args, "use_rotary_position_embeddings", False):
+        if kind == "learned_absolute":
+            raise ConfigError("--use-rotary-position-embeddings and --position-embedding-type "
+                              "learned_absolute contradict each other; pass one of them")
+        kind = "rope"
+    if kind == "rope":
+        model.attention_type = AttentionType.ROTARY
+        origins["model.attention_type"] = "--position-embedding-type rope"
+    elif kind == "learned_absolute" and model.attention_type.rotary:
+        model.attention_type = AttentionType.BERT
+        origins["model.attention_type"] = "--position-embedding-type learned_absolute"
+    if getattr(args, "swiglu", False):
+        model.mlp_activation = MLPActivation.SWIGLU
+        origins["model.mlp_activation"] = "--swiglu"
+    if getattr(args, "disable_bias_linear", False):
+        model.add_bias_linear = False
+        origins["model.add_bias_linear"] = "--disable-bias-linear"
+    if getattr(args, "window_size", None) is not None:
+        model.window_size = _window_size(args.window_size)
+        origins["model.window_size"] = "--window-size"
+    return origins
 
 
 def _given(args: argparse.Namespace, dest: str) -> bool:
@@ -246,7 +317,7 @@ def apply_model_args(cfg: RunConfig, args: argparse.Namespace) -> dict[str, str]
                               "the tokenizer file it names")
     model = cfg.model
     disc, gen = model.discriminator, model.generator
-    origins: dict[str, str] = {}
+    origins: dict[str, str] = _apply_block_args(model, args)
     ratio: dict[str, float] = {
         "num_layers": gen.num_layers / disc.num_layers,
         "hidden_size": gen.hidden_size / disc.hidden_size,

@@ -6,8 +6,8 @@ import dataclasses
 from typing import Any, Callable
 
 from rtd_scale.config import (AttentionType, ConfigError, DataConfig, EncoderConfig,
-                              LayerNormPosition, ModelConfig, OptimConfig, RTDConfig, RunConfig,
-                              Sharing, TrainConfig)
+                              LayerNormPosition, MLPActivation, ModelConfig, OptimConfig,
+                              RTDConfig, RunConfig, Sharing, TrainConfig)
 
 
 def _enc(layers: int, hidden: int, heads: int, **kw: Any) -> EncoderConfig:
@@ -104,11 +104,68 @@ def _debertav3(size: str) -> RunConfig:
     )
 
 
+# -- the modern block (attention_type "rotary"; model/modern.py) -------------------------------
+
+def _modern(cfg: RunConfig, window_size: int = 128) -> RunConfig:
+    """``cfg`` with ModernBERT's block (arXiv 2412.13663 §2.1; Hugging Face ModernBertConfig of
+    answerdotai/ModernBERT-base and -large): RoPE with bases 160,000 (global layers) and 10,000
+    (local), a sliding window of ``window_size`` tokens in every layer but every third, GeGLU,
+    no bias in any linear or norm, LayerNorm epsilon 1e-5, no dropout, pre-LayerNorm placed as
+    ModernBERT (``model/modern.py``)."""
+    m = cfg.model
+    m.layernorm_position, m.attention_type = LayerNormPosition.PRE, AttentionType.ROTARY
+    m.rotary_base, m.local_rotary_base = 160_000.0, 10_000.0
+    m.window_size, m.global_attn_every_n_layers = window_size, 3
+    m.normalization, m.norm_bias, m.add_bias_linear = "LayerNorm", False, False
+    m.mlp_activation = MLPActivation.GEGLU
+    for enc in (m.generator, m.discriminator):
+        enc.hidden_dropout = enc.attention_dropout = 0.0
+        enc.layernorm_epsilon = 1e-5
+    return cfg
+
+
+def _modernbert_tiny() -> RunConfig:
+    """``tiny``'s dimensions (discriminator 4×96, generator 2×96) in the modern block, FFN 1.5 ×
+    width (ModernBERT-base's 1152 / 768) and a 32-token window, so that at ``tiny``'s 128 tokens
+    the local layers (1 and 2 of the discriminator, 1 of the generator) see a quarter of it."""
+    cfg = _tiny()
+    cfg.preset = "modernbert-tiny"
+    for enc in (cfg.model.generator, cfg.model.discriminator):
+        enc.ffn_hidden_size = 144
+    return _modern(cfg, window_size=32)
+
+
+def _modernbert(size: str) -> RunConfig:
+    """ModernBERT-base / -large's discriminator (arXiv 2412.13663 Table 4; 149M and 395M
+    parameters with the embeddings), its 50,368-id vocabulary and 8,192 positions, pretrained
+    at 1,024 tokens; the generator by DeBERTaV3's rule (half depth, same width, GDES), and
+    DeBERTaV3's optimiser and schedule (the RTD recipe, ``_debertav3``)."""
+    disc = {"base": EncoderConfig(num_layers=22, hidden_size=768, num_attention_heads=12,
+                                  ffn_hidden_size=1152),
+            "large": EncoderConfig(num_layers=28, hidden_size=1024, num_attention_heads=16,
+                                   ffn_hidden_size=2624)}[size]
+    cfg = _debertav3("large" if size == "large" else "base")
+    cfg.preset = f"modernbert-{size}"
+    cfg.model = ModelConfig(vocab_size=50368, embedding_size=disc.hidden_size,
+                            max_position_embeddings=8192, generator=dataclasses.replace(
+                                disc, num_layers=disc.num_layers // 2),
+                            discriminator=disc, sharing=Sharing.GDES)
+    cfg.data.seq_length = 1024
+    return _modern(cfg)
+
+
+MODERN_PRESETS: dict[str, Callable[[], RunConfig]] = {
+    "modernbert-tiny": _modernbert_tiny,
+    **{f"modernbert-{s}": (lambda s=s: _modernbert(s)) for s in ("base", "large")},
+}
+
+
 PRESETS: dict[str, Callable[[], RunConfig]] = {
     "tiny": _tiny,
     "debertav3-tiny": _debertav3_tiny,
     **{f"electra-{s}": (lambda s=s: _electra(s)) for s in ("small", "base", "large")},
     **{f"debertav3-{s}": (lambda s=s: _debertav3(s)) for s in ("xsmall", "small", "base", "large")},
+    **MODERN_PRESETS,
 }
 
 

@@ -90,11 +90,26 @@ def two_datasets(tmp_path_factory):
 # tryfirst: pytest-xdist's own hook (xdist/remote.py) reads the xdist_group markers to name each
 # item's group; a marker added after it is never seen, and a module's tests then spread over both
 # workers, each running the module's shared runs again
+#
+# The order the groups are handed out in (tools/run_tests.sh passes --no-loadscope-reorder, so
+# xdist keeps this order instead of its own, most tests first): longest first, by tier — the
+# known-answer runs (minutes each), then the machine-wide group, the launcher tests, the tools,
+# the multi-process tests, the unit tests — so that the run does not end with one worker on a
+# long group while the other idles (longest-processing-time-first scheduling).
+TIERS = ("known-answer", "machine-wide", "tests/e2e/", "tests/tools/", "tests/multiproc/")
+
+
+def _tier(item) -> int:
+    group = item.get_closest_marker("xdist_group").args[0]
+    return next((i for i, prefix in enumerate(TIERS) if group.startswith(prefix)), len(TIERS))
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    items.sort(key=_tier)  # stable: collection order within a tier
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -20,6 +20,9 @@ inputs and to weights), so every matmul costs 6 × (its weight count) per token 
                                          and position→content against the R relative embeddings
                                          a sequence reads (2·R·h each; R = 511 at s 512 with 256
                                          buckets; R = 0 for BERT attention)
+  modern block:   a gated FFN (GeGLU / SwiGLU, fc1 of width 2f) has matmuls 6 · (4h² + 3hf); a
+                  local layer's queries attend to the K keys of their window (|i - j| <= w/2,
+                  K = 124.9 on average for w 128 at s 1,024), its attention 12 · K · h
   per model:      L · (matmuls + attention) [+ 6 · E · h when E ≠ h: the ELECTRA-style projection
                                              of the shared table's width E to the hidden size]
   MLM head        p · 6 · (h_G · E + E · V)  dense h_G → E, then logits against the tied table,
@@ -230,6 +233,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           f"{m.discriminator.hidden_size} (FFN {m.discriminator.ffn_hidden_size}), table width "
           f"{m.embedding_size}, vocab {args.vocab_size or m.vocab_size}, sequence {seq}, mask "
           f"{cfg.rtd.mask_prob if args.mask_prob is None else args.mask_prob:g}")
+    dims = flops.dims_of(cfg, seq_length=seq)
+    if dims.discriminator.gated or dims.discriminator.local_layers:
+        print(f"modern block: {m.mlp_activation.value} FFN; sliding window {m.window_size} "
+              f"({flops.attended_keys(seq, m.window_size):.1f} keys per query on average) in "
+              f"{dims.generator.local_layers} of {m.generator.num_layers} generator and "
+              f"{dims.discriminator.local_layers} of {m.discriminator.num_layers} "
+              "discriminator layers")
     print("model FLOPs per token (forward + backward):")
     for f in fields(per_token):
         value = getattr(per_token, f.name)

@@ -9,5 +9,6 @@ source tools/setup_env.sh
 unset PYTHONDONTWRITEBYTECODE
 # two workers (pytest-xdist): a module's tests stay on one worker with its shared runs, and the
 # modules that take machine-wide resources (apt, Slurm daemons, port 29500) share one worker
-# (their xdist_group "machine-wide"; tests/conftest.py)
-python -m pytest -q --durations=30 -n 2 --dist loadgroup tests "$@"
+# (their xdist_group "machine-wide"; tests/conftest.py), handed out longest first in the order
+# tests/conftest.py gives (--no-loadscope-reorder: not xdist's most-tests-first)
+python -m pytest -q --durations=30 -n 2 --dist loadgroup --no-loadscope-reorder tests "$@"

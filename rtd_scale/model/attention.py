@@ -3,7 +3,11 @@
 A drop-in ``core_attention`` for megatron-core's ``SelfAttention`` (same constructor and forward
 signature as ``megatron.core.transformer.dot_product_attention.DotProductAttention``). On GPU,
 SDPA dispatches to flash / memory-efficient kernels; on CPU it needs no CUDA state, unlike the
-local ``DotProductAttention``. Attention-probability dropout (inside the tensor-parallel region:
+local ``DotProductAttention``. In a layer that megatron-core's ``is_layer_window_attention`` calls
+local (the config's ``window_size`` (left, right) and ``window_attn_skip_freq``; the modern block,
+``model/modern.py``) query i attends only keys i - left … i + right, an explicit [s, s] mask
+combined with the padding mask (megatron-core's local attention builds its window mask on CUDA
+only and in place of the padding mask). Attention-probability dropout (inside the tensor-parallel region:
 heads are split over TP ranks) draws from megatron-core's model-parallel RNG tracker.
 """
 from __future__ import annotations
@@ -17,6 +21,7 @@ from megatron.core import tensor_parallel
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
+from megatron.core.transformer.utils import is_layer_window_attention
 
 
 class SDPACoreAttention(MegatronModule):
@@ -24,12 +29,13 @@ class SDPACoreAttention(MegatronModule):
 
     forward(query, key, value, attention_mask):
         query, key, value: [s, b, heads_per_rank, head_dim]
-        attention_mask: bool, broadcastable to [b, 1, 1, s], True = masked key (megatron's
-            convention), or None.
+        attention_mask: bool, [b, 1, 1, s] (masked keys) or [b, 1, s, s] (masked query-key
+            pairs), True = masked (megatron's convention), or None.
         returns: [s, b, heads_per_rank * head_dim]
 
-    Only keys are masked, so no query row is fully masked (SDPA would return NaN there); a sample
-    that is entirely padding attends to its first position instead.
+    A query row with every key masked (SDPA would return NaN there: a sample that is entirely
+    padding, or a [PAD] query whose window holds only [PAD] keys) attends to every key instead;
+    no loss reads it.
     """
 
     def __init__(
@@ -49,6 +55,8 @@ class SDPACoreAttention(MegatronModule):
         self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
         head_dim = config.kv_channels
         self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
+        self.window_size = (config.window_size if is_layer_window_attention(
+            config.window_size, config.window_attn_skip_freq, layer_number) else None)
 
     def forward(
         self,
@@ -67,7 +75,11 @@ class SDPACoreAttention(MegatronModule):
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
         keep = None
         if attention_mask is not None:
-            keep = ~attention_mask.view(b, 1, 1, -1)
+            keep = ~attention_mask
+        if self.window_size is not None:
+            band = window_keep(s, self.window_size, q.device)
+            keep = band if keep is None else keep & band
+        if keep is not None:
             keep = keep | ~keep.any(dim=-1, keepdim=True)  # never a fully masked row
         dropout_p = self.dropout_p if self.training else 0.0
         if dropout_p > 0:
@@ -79,3 +91,10 @@ class SDPACoreAttention(MegatronModule):
                 q, k, v, attn_mask=keep, dropout_p=0.0, scale=self.softmax_scale)
         # [b, h, s, d] -> [s, b, h * d]
         return out.permute(2, 0, 1, 3).reshape(s, b, h * d)
+
+
+def window_keep(s: int, window_size: tuple[int, int], device=None) -> torch.Tensor:
+    """[s, s] bool, True where query i may attend key j: i - left <= j <= i + right."""
+    i = torch.arange(s, device=device)
+    d = i.view(1, s) - i.view(s, 1)  # j - i
+    return (d >= -window_size[0]) & (d <= window_size[1])

@@ -23,6 +23,7 @@ from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_para
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from rtd_scale.config import EncoderConfig
+from rtd_scale.model.modern import make_norm
 from rtd_scale.model.weights import mark_vocab_parallel
 
 
@@ -114,19 +115,25 @@ class EncoderEmbeddings(torch.nn.Module):
     ``DebertaV2Embeddings`` with ``position_biased_input`` false and ``type_vocab_size`` 0: token
     rows → (E != H: ``projection`` [H, E] without bias) → LayerNorm at H → rows at [PAD] set to 0
     → dropout; no ``position`` or ``token_type`` table (positions enter every layer's attention).
+    With ``rotary=True`` too (the modern block, ``model/modern.py``) the same order is Hugging
+    Face's ``ModernBertEmbeddings`` (token rows → norm → dropout): the norm is
+    ``normalization`` ("LayerNorm", with ``norm_bias`` or without, or "RMSNorm") and rows at
+    [PAD] are kept (no key reads them).
     """
 
     def __init__(self, table: torch.nn.Module, encoder: EncoderConfig, embedding_size: int,
                  max_positions: int, init_std: float, token_type: bool = False,
-                 relative: bool = False, shared: Optional[dict[str, torch.nn.Module]] = None):
+                 relative: bool = False, shared: Optional[dict[str, torch.nn.Module]] = None,
+                 rotary: bool = False, normalization: str = "LayerNorm", norm_bias: bool = True):
         super().__init__()
+        assert relative or not rotary, "rotary attention has no position table"
         assert not (relative and token_type), "DeBERTaV3's embeddings have no token type"
         shared = dict(shared or {})
         assert set(shared) <= {"position", "token_type", "norm"}, sorted(shared)
         assert not (relative and "position" in shared), "disentangled: no position table"
         assert token_type or "token_type" not in shared
         self.table = table
-        self.relative = relative
+        self.relative, self.rotary = relative, rotary
         self.position: Optional[torch.nn.Module] = shared.get("position")
         if not relative and self.position is None:
             self.position = torch.nn.Embedding(max_positions, embedding_size)
@@ -138,7 +145,7 @@ class EncoderEmbeddings(torch.nn.Module):
         norm_size = encoder.hidden_size if relative else embedding_size
         self.norm = shared.get("norm")
         if self.norm is None:
-            self.norm = torch.nn.LayerNorm(norm_size, eps=encoder.layernorm_epsilon)
+            self.norm = make_norm(normalization, norm_size, encoder.layernorm_epsilon, norm_bias)
         self.dropout = torch.nn.Dropout(encoder.hidden_dropout)
         self.projection: Optional[torch.nn.Linear] = None
         if embedding_size != encoder.hidden_size:
@@ -164,7 +171,7 @@ class EncoderEmbeddings(torch.nn.Module):
             if self.projection is not None:
                 x = self.projection(x)  # [b, s, H]
             x = self.norm(x)
-            if pad_mask is not None:
+            if pad_mask is not None and not self.rotary:
                 x = x * (~pad_mask).unsqueeze(-1).to(x.dtype)
             return self.dropout(x).transpose(0, 1).contiguous()  # [s, b, H]
         pos = torch.arange(ids.shape[1], device=ids.device)

@@ -29,19 +29,24 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from megatron.core.enums import ModelType
-from megatron.core.transformer.transformer_block import TransformerBlock
+from megatron.core.transformer.transformer_block import (TransformerBlock,
+                                                         TransformerBlockSubmodules,
+                                                         get_num_layers_to_build)
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from rtd_scale.config import AttentionType, EncoderConfig, LayerNormPosition
+from rtd_scale.config import (AttentionType, EncoderConfig, LayerNormPosition, MLPActivation,
+                              ModelConfig)
 from rtd_scale.model.disentangled import RELATIVE_TABLE_BLOCK_ARG, relative_embeddings
 from rtd_scale.model.embeddings import EncoderEmbeddings, init_normal, scaled_init_normal
-from rtd_scale.model.specs import encoder_layer_spec
+from rtd_scale.model.modern import RotaryAngles
+from rtd_scale.model.specs import encoder_layer_spec, encoder_norm_spec
 
 
 def transformer_config(enc: EncoderConfig, *, init_std: float, tensor_model_parallel_size: int,
                        pipeline_model_parallel_size: int = 1,
                        pipeline_dtype: torch.dtype = torch.float32,
-                       recompute_activations: bool = False) -> TransformerConfig:
+                       recompute_activations: bool = False,
+                       model: Optional[ModelConfig] = None) -> TransformerConfig:
     """megatron-core TransformerConfig for one encoder.
 
     CPU-safe everywhere: parameters allocated on CPU and initialised by
@@ -50,9 +55,23 @@ def transformer_config(enc: EncoderConfig, *, init_std: float, tensor_model_para
     casts to bf16 and keeps fp32 master weights. ``pipeline_dtype`` is the dtype of the
     activations sent between pipeline stages (bf16 under --bf16). ``recompute_activations``
     selects megatron-core's full-layer recompute (activation checkpointing, one layer at a time).
+    With ``model`` in the modern block (rotary attention), its fields become megatron-core's:
+    ``normalization``, ``add_bias_linear``, ``gated_linear_unit`` and ``activation_func``
+    (GeGLU: exact GELU; SwiGLU: SiLU), ``window_size`` (left, right) = (w // 2, w // 2) with
+    ``window_attn_skip_freq`` the per-layer list of ``ModelConfig.local_layer``.
     """
     recompute = dict(recompute_granularity="full", recompute_method="uniform",
                      recompute_num_layers=1) if recompute_activations else {}
+    block = {}
+    if model is not None and model.attention_type.rotary:
+        act = model.mlp_activation
+        block = dict(normalization=model.normalization, add_bias_linear=model.add_bias_linear,
+                     gated_linear_unit=act.gated,
+                     activation_func=F.silu if act is MLPActivation.SWIGLU else F.gelu)
+        if model.window_size > 0:
+            half = model.window_size // 2
+            block.update(window_size=(half, half), window_attn_skip_freq=[
+                int(model.local_layer(n)) for n in range(1, enc.num_layers + 1)])
     return TransformerConfig(
         num_layers=enc.num_layers,
         hidden_size=enc.hidden_size,
@@ -64,8 +83,7 @@ def transformer_config(enc: EncoderConfig, *, init_std: float, tensor_model_para
         init_method=init_normal(init_std),
         output_layer_init_method=scaled_init_normal(init_std, enc.num_layers),
         init_method_std=init_std,
-        activation_func=F.gelu,
-        add_bias_linear=True,
+        **{"activation_func": F.gelu, "add_bias_linear": True, **block},
         tensor_model_parallel_size=tensor_model_parallel_size,
         pipeline_model_parallel_size=pipeline_model_parallel_size,
         use_cpu_initialization=True,
@@ -103,9 +121,12 @@ class Encoder(torch.nn.Module):
     Args:
         layernorm_position: "pre" or "post" (``LayerNormPosition``); the embeddings must match
             (a token-type row exactly in the post layout with BERT attention).
-        attention_type: ``AttentionType`` (its traits decide): "bert", or "disentangled"
+        attention_type: ``AttentionType`` (its traits decide): "bert", "disentangled"
             (post layout only), which builds DeBERTa's attention and this encoder's relative
-            table (2·span rows).
+            table (2·span rows), or "rotary" (pre layout only), the modern block
+            (``model/modern.py``: rotary angles at ``rotary_base`` in global layers and
+            ``local_rotary_base`` in local ones, norms with ``norm_bias`` or without, the final
+            one included).
         position_buckets, max_relative_positions: disentangled attention's relative positions
             (``max_relative_positions`` resolved, > 0; the table has 2·span rows, span =
             ``ModelConfig.relative_span()``).
@@ -115,7 +136,8 @@ class Encoder(torch.nn.Module):
                  layernorm_position: LayerNormPosition = LayerNormPosition.PRE,
                  attention_type: AttentionType = AttentionType.BERT,
                  position_buckets: int = 256, max_relative_positions: int = 512,
-                 pre_process: bool = True, post_process: bool = True):
+                 rotary_base: float = 10000.0, local_rotary_base: float = 10000.0,
+                 norm_bias: bool = True, pre_process: bool = True, post_process: bool = True):
         super().__init__()
         assert pre_process == (embeddings is not None), "embeddings live on the first stage only"
         post = layernorm_position is LayerNormPosition.POST
@@ -130,7 +152,15 @@ class Encoder(torch.nn.Module):
         self.embeddings = embeddings
         spec = encoder_layer_spec(layernorm_position, attention_type=attention_type,
                                   position_buckets=position_buckets,
-                                  max_relative_positions=max_relative_positions)
+                                  max_relative_positions=max_relative_positions,
+                                  norm_bias=norm_bias)
+        self.rotary: Optional[RotaryAngles] = None
+        if attention_type.rotary:  # its final norm is the block's norm, not megatron-core's
+            spec = TransformerBlockSubmodules(
+                layer_specs=[spec] * get_num_layers_to_build(config),
+                layer_norm=encoder_norm_spec(norm_bias))
+            self.rotary = RotaryAngles(config, rotary_base=rotary_base,
+                                       local_rotary_base=local_rotary_base)
         self.block = TransformerBlock(config=config, spec=spec, post_layer_norm=not post,
                                       pre_process=pre_process, post_process=post_process)
         self.rel_embeddings: Optional[torch.nn.Embedding] = None
@@ -159,15 +189,21 @@ class Encoder(torch.nn.Module):
             input_tensor = input_tensor[0]
         self.block.set_input_tensor(input_tensor)
 
-    def forward(self, ids: torch.Tensor, pad_mask: Optional[torch.Tensor]) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, pad_mask: Optional[torch.Tensor],
+                position_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``position_ids`` [b, s]: each token's position for rotary attention (they may
+        restart inside a packed sample); None: 0..s-1 in every sample."""
         hidden = None  # [s, b, H]
         if self.embeddings is not None:
             hidden = self.embeddings(ids, pad_mask)
         attention_mask = None  # no padding: attention without a mask (flash kernels on GPU)
         if pad_mask is not None:  # True = masked
             attention_mask = pad_mask.view(pad_mask.shape[0], 1, 1, pad_mask.shape[1])
-        tables = {}  # a relative table: P = LayerNorm(R) [2k, H], read by every layer
-        if self.rel_embeddings is not None:
+        tables = {}  # what every layer reads besides the hidden states and the mask
+        if self.rel_embeddings is not None:  # a relative table: P = LayerNorm(R) [2k, H]
             tables[RELATIVE_TABLE_BLOCK_ARG] = relative_embeddings(self.rel_embeddings,
                                                                    self.rel_embeddings_norm)
+        if self.rotary is not None:  # both kinds' angles [2, s, b or 1, 1, d]
+            x = hidden if hidden is not None else self.block.input_tensor
+            tables["rotary_pos_emb"] = self.rotary(x.shape[0], position_ids, device=x.device)
         return self.block(hidden_states=hidden, attention_mask=attention_mask, **tables)

@@ -112,8 +112,8 @@ class RTDModel(torch.nn.Module):
         tc = dict(init_std=std, tensor_model_parallel_size=tensor_model_parallel_size,
                   pipeline_model_parallel_size=pipeline_model_parallel_size,
                   pipeline_dtype=pipeline_dtype, recompute_activations=recompute_activations)
-        gen_tc = transformer_config(model.generator, **tc)
-        disc_tc = transformer_config(model.discriminator, **tc)
+        gen_tc = transformer_config(model.generator, model=model, **tc)
+        disc_tc = transformer_config(model.discriminator, model=model, **tc)
 
         post_ln = model.layernorm_position is LayerNormPosition.POST
         gen_emb = disc_emb = None
@@ -122,7 +122,8 @@ class RTDModel(torch.nn.Module):
         enc = dict(layernorm_position=model.layernorm_position,
                    attention_type=model.attention_type, position_buckets=model.position_buckets,
                    max_relative_positions=model.resolved_max_relative_positions(),
-                   pre_process=pre_process, post_process=post_process)
+                   rotary_base=model.rotary_base, local_rotary_base=model.local_rotary_base,
+                   norm_bias=model.norm_bias, pre_process=pre_process, post_process=post_process)
         self.generator = Encoder(gen_emb, gen_tc, **enc)
         self.discriminator = Encoder(disc_emb, disc_tc, **enc)
         if post_process:

@@ -373,9 +373,12 @@ def embedding_pair(model: ModelConfig, generator_config: TransformerConfig,
     sharing, scope = model.sharing, model.sharing_scope
     post = model.layernorm_position is LayerNormPosition.POST
     relative = not model.attention_type.absolute_positions  # DeBERTa's layer
+    rotary = model.attention_type.rotary  # ModernBERT's layer, no positions
     common = dict(embedding_size=model.embedding_size,
                   max_positions=model.max_position_embeddings, init_std=model.init_method_std,
-                  token_type=post and not relative, relative=relative)
+                  token_type=post and not relative, relative=relative, rotary=rotary,
+                  **(dict(normalization=model.normalization, norm_bias=model.norm_bias)
+                     if rotary else {}))
     gen_table = TokenTable(padded_vocab_size, model.embedding_size, generator_config)
     gen = EncoderEmbeddings(gen_table, model.generator, **common)
     disc_table = discriminator_table(sharing, gen_table, padded_vocab_size,

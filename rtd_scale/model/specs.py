@@ -16,6 +16,12 @@ RowParallelLinear, even at TP=1), its ``SelfAttention`` and ``MLP``, with core a
 ``model.attention_type`` "disentangled" (post layout only) swaps the attention for
 ``DisentangledSelfAttention`` with ``DisentangledCoreAttention`` (``model/disentangled.py``,
 DeBERTa): the same ``linear_qkv`` / ``linear_proj``, so parameter names and shapes do not change.
+
+``model.attention_type`` "rotary" (pre layout only) builds the modern block's layer,
+``ModernTransformerLayer`` (``model/modern.py``): megatron-core's attention and MLP with torch
+norms built by ``EncoderNorm`` (LayerNorm with or without bias, or RMSNorm; TransformerEngine's
+plain linears on GPU, as the post layout: its fused norm+linear has a bias and would sit in
+layer 1, which has no attention norm).
 """
 from __future__ import annotations
 
@@ -34,6 +40,7 @@ from rtd_scale.config import AttentionType, LayerNormPosition
 from rtd_scale.model.attention import SDPACoreAttention
 from rtd_scale.model.disentangled import DisentangledCoreAttention, DisentangledSelfAttention
 from rtd_scale.model.layers import PostLNTransformerLayer, PostLNTransformerLayerSubmodules
+from rtd_scale.model.modern import EncoderNorm, ModernTransformerLayer
 
 
 def _have_transformer_engine() -> bool:
@@ -63,20 +70,42 @@ def _self_attention(qkv, proj, relative: dict | None = None) -> ModuleSpec:
     )
 
 
+def _plain_linears(use_transformer_engine: bool):
+    """Column- and row-parallel linears without a fused norm: TransformerEngine's or
+    megatron-core's."""
+    if use_transformer_engine:
+        from megatron.core.extensions.transformer_engine import (
+            TEColumnParallelLinear,
+            TERowParallelLinear,
+        )
+
+        return TEColumnParallelLinear, TERowParallelLinear
+    return ColumnParallelLinear, RowParallelLinear
+
+
+def encoder_norm_spec(bias: bool = True) -> ModuleSpec:
+    """The modern block's norm (``EncoderNorm``: the config's ``normalization``, with or without
+    bias)."""
+    return ModuleSpec(module=EncoderNorm, params={"bias": bias})
+
+
 def encoder_layer_spec(layernorm_position: LayerNormPosition = LayerNormPosition.PRE,
                        use_transformer_engine: bool | None = None, *,
                        attention_type: AttentionType = AttentionType.BERT,
                        position_buckets: int = 256,
-                       max_relative_positions: int = 512) -> ModuleSpec:
+                       max_relative_positions: int = 512,
+                       norm_bias: bool = True) -> ModuleSpec:
     """The transformer-layer spec of both encoders (bidirectional, padding mask).
 
     Args:
         layernorm_position: "pre" (megatron-core's ``TransformerLayer``) or "post"
             (``PostLNTransformerLayer``, BERT / ELECTRA).
         use_transformer_engine: None picks TE when it is importable and a GPU is present.
-        attention_type: "bert" or "disentangled" (post layout only; DeBERTa).
+        attention_type: "bert", "disentangled" (post layout only; DeBERTa) or "rotary" (pre
+            layout only; the modern block).
         position_buckets, max_relative_positions: disentangled attention's relative positions
             (``max_relative_positions`` resolved, > 0).
+        norm_bias: the modern block's norms have a bias (LayerNorm only).
     Raises:
         ValueError: an unknown ``layernorm_position`` or ``attention_type``, or disentangled
             attention in the pre layout.
@@ -89,16 +118,24 @@ def encoder_layer_spec(layernorm_position: LayerNormPosition = LayerNormPosition
                     "max_relative_positions": max_relative_positions}
     if use_transformer_engine is None:
         use_transformer_engine = _have_transformer_engine()
+    if attention_type.rotary:
+        if layernorm_position is not LayerNormPosition.PRE:
+            raise ValueError("rotary attention (the modern block) needs the pre-LayerNorm layout")
+        column, row = _plain_linears(use_transformer_engine)
+        return ModuleSpec(
+            module=ModernTransformerLayer,
+            submodules=TransformerLayerSubmodules(
+                input_layernorm=encoder_norm_spec(norm_bias),
+                self_attention=_self_attention(column, row),
+                self_attn_bda=get_bias_dropout_add,
+                pre_mlp_layernorm=encoder_norm_spec(norm_bias),
+                mlp=ModuleSpec(module=MLP,
+                               submodules=MLPSubmodules(linear_fc1=column, linear_fc2=row)),
+                mlp_bda=get_bias_dropout_add,
+            ),
+        )
     if layernorm_position is LayerNormPosition.POST:
-        if use_transformer_engine:
-            from megatron.core.extensions.transformer_engine import (
-                TEColumnParallelLinear,
-                TERowParallelLinear,
-            )
-
-            column, row = TEColumnParallelLinear, TERowParallelLinear
-        else:
-            column, row = ColumnParallelLinear, RowParallelLinear
+        column, row = _plain_linears(use_transformer_engine)
         return ModuleSpec(
             module=PostLNTransformerLayer,
             submodules=PostLNTransformerLayerSubmodules(

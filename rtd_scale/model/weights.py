@@ -7,7 +7,9 @@
 - ``full_state_dict`` / ``load_full_state_dict``: a TP-agnostic state dict (tensor-parallel shards
   gathered along their partition dimension, vocabulary padding removed) and its inverse, so a model
   trained at one TP size loads at another
-  (tests/multiproc/test_vocab_padding.py::test_padded_vocab_saved_at_tp2_loads_at_tp1).
+  (tests/multiproc/test_vocab_padding.py::test_padded_vocab_saved_at_tp2_loads_at_tp1). A gated
+  FFN's fc1 (``mark_gated``) is [a; g] unpartitioned, each half split over the ranks
+  (tests/multiproc/test_tensor_parallel.py, case modern_gdes).
 
 Initialisation rules (BERT / megatron-core): weights N(0, std²), including the token-type row of
 the post-LayerNorm layout (Hugging Face ``ElectraPreTrainedModel._init_weights`` draws every
@@ -37,6 +39,10 @@ import torch.distributed as dist
 VOCAB_DIM_ATTR = "rtd_vocab_dim"
 # Attribute set on parameters that ``initialize`` sets to exactly 0.
 ZERO_INIT_ATTR = "rtd_zero_init"
+# Attribute set on a gated linear unit's fc1 weight: its partition dimension holds two halves
+# [a; g], each split over the tensor-parallel ranks (rank r holds [a_r; g_r], megatron-core's
+# layout); the unpartitioned tensor is [a; g] at any TP size (``model/modern.py``).
+GATED_ATTR = "rtd_gated_halves"
 
 
 def mark_vocab_parallel(param: torch.nn.Parameter, dim: int = 0) -> None:
@@ -48,6 +54,12 @@ def mark_zero_init(param: torch.nn.Parameter) -> None:
     """Record that ``initialize`` sets ``param`` to exactly 0 (a residual that starts at 0, as a
     sharing rule of ``model/sharing.py`` says)."""
     setattr(param, ZERO_INIT_ATTR, True)
+
+
+def mark_gated(param: torch.nn.Parameter) -> None:
+    """Record that ``param`` (a column-parallel gated fc1 weight) holds two halves split over
+    the tensor-parallel ranks (``GATED_ATTR``)."""
+    setattr(param, GATED_ATTR, True)
 
 
 def _is_tp(p: torch.Tensor) -> bool:
@@ -113,6 +125,9 @@ def _local_slice(full: torch.Tensor, p: torch.Tensor, tp_rank: int) -> torch.Ten
         if pad > 0:  # the rows of this rank past the real vocabulary are padding (zeros)
             widths = [0, 0] * (full.dim() - 1 - dim) + [0, pad]
             full = torch.nn.functional.pad(full, widths)
+    if getattr(p, GATED_ATTR, False):  # this rank's slice of each half
+        return torch.cat([h.narrow(dim, n // 2 * tp_rank, n // 2) for h in full.chunk(2, dim)],
+                         dim)
     return full.narrow(dim, n * tp_rank, n)
 
 
@@ -177,6 +192,9 @@ def full_state_dict(model: torch.nn.Module, *, tp_group, vocab_size: int,
         vocab_dim = getattr(p, VOCAB_DIM_ATTR, None)
         if vocab_dim is not None:
             t = _gather_tp(t, vocab_dim, tp_group).narrow(vocab_dim, 0, vocab_size)
+        elif getattr(p, GATED_ATTR, False):  # each half gathered on its own: [a; g]
+            t = torch.cat([_gather_tp(h, p.partition_dim, tp_group)
+                           for h in t.chunk(2, p.partition_dim)], p.partition_dim)
         elif _is_tp(p):
             t = _gather_tp(t, p.partition_dim, tp_group)
         out[name] = t.detach().float().cpu().clone()

@@ -63,19 +63,24 @@ def test_wandb_offline_and_profiler_two_ranks_then_resume(wiki_shards, tmp_path,
         # 2 steps × 2 micro-batches train (a backward and an engine.step each); the validation
         # at iteration 2 adds 2 forwards (one global batch: 2 micro-batches per rank)
         assert len(ranges(phases.PHASE_BACKWARD)) == len(ranges(phases.PHASE_OPTIMIZER_STEP)) == 4
-        assert len(ranges(phases.PHASE_MASK)) == 6  # 4 training forwards and 2 validation
-        # each model's matrix products run inside its own range: the discriminator's one range
-        # a forward, the generator's three (its encoder, its MLM head, and after sampling L_MLM)
+        # the masks: once a step for all its micro-batches (training/step.py's
+        # masked_micro_batches), so 2 training steps and the one validation batch
+        assert len(ranges(phases.PHASE_MASK)) == 3
+        assert len(ranges(phases.PHASE_FORWARD)) == 6  # 4 training forwards and 2 validation
+        # a training forward's parts (training/timers.py's PARTS, by hooks for the step's
+        # length; validation's forwards are one range each): each model's encoder, head and
+        # criterion in its own model's range, matrix products in the encoder's and the head's,
+        # and one sampling range
         def with_matmuls(phase):
             return [rg for rg in ranges(phase) if any(
                 e.get("cat") == "cpu_op" and e["tid"] == rg["tid"]
                 and e.get("name") in ("aten::linear", "aten::addmm", "aten::mm")
                 and rg["ts"] <= e["ts"] <= rg["ts"] + rg["dur"] for e in events)]
 
-        assert len(ranges(phases.PHASE_DISCRIMINATOR_FORWARD)) == 6
-        assert len(with_matmuls(phases.PHASE_DISCRIMINATOR_FORWARD)) == 6
-        assert len(ranges(phases.PHASE_GENERATOR_FORWARD)) == 18
-        assert len(with_matmuls(phases.PHASE_GENERATOR_FORWARD)) == 12
+        for phase in (phases.PHASE_DISCRIMINATOR_FORWARD, phases.PHASE_GENERATOR_FORWARD):
+            assert len(ranges(phase)) == 12, phase
+            assert len(with_matmuls(phase)) == 8, phase
+        assert len(ranges(phases.PHASE_SAMPLE)) == 4
 
     # W&B: one offline run, TensorBoard's scalars at TensorBoard's steps, the resolved config
     tb = scalars(str(save / "tensorboard"))

@@ -42,8 +42,12 @@ def tiny_config(sharing: Sharing, *, embedding_size: int = 48, dropout: float = 
     """The tiny preset made smaller: a generator 32 wide (2 heads, FFN 64) and a discriminator 48
     wide (4 heads, FFN 96), ``num_layers`` (generator, discriminator) deep, over ``vocab_size``
     ids. ``attention`` "disentangled": DeBERTa's attention with ``position_buckets`` buckets (8:
-    the tests' 40-token batches reach its logarithmic buckets)."""
-    cfg = preset("tiny")
+    the tests' 40-token batches reach its logarithmic buckets); "rotary": the modern block
+    (``modernbert-tiny``'s settings) with an 8-token window, so that the tests' 32–40-token
+    batches have tokens outside it, and layer 1 of 3 global (``layout`` must be "pre")."""
+    cfg = preset("modernbert-tiny" if attention == "rotary" else "tiny")
+    if attention == "rotary":
+        cfg.model.window_size = 8
     cfg.model.vocab_size = vocab_size
     cfg.model.sharing = sharing
     cfg.model.layernorm_position = LayerNormPosition(layout)

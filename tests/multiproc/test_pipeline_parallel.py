@@ -11,9 +11,11 @@ from tests.helpers import dist as harness, dist_workers as workers
 pytestmark = pytest.mark.dist
 
 # (name, sharing, layernorm layout[, attention]): every sharing mode pre-LN, ELECTRA's ES
-# post-LN, and DeBERTa's disentangled attention (a relative table on every stage)
+# post-LN, DeBERTa's disentangled attention (a relative table on every stage) and the modern
+# block (rotary angles on every stage, its global and local layers split over the stages)
 CASES = (("es", Sharing.ES, "pre"), ("nes", Sharing.NES, "pre"), ("gdes", Sharing.GDES, "pre"),
-         ("post_es", Sharing.ES, "post"), ("deberta_gdes", Sharing.GDES, "post", "disentangled"))
+         ("post_es", Sharing.ES, "post"), ("deberta_gdes", Sharing.GDES, "post", "disentangled"),
+         ("modern_gdes", Sharing.GDES, "pre", "rotary"))
 
 
 def _merge(results, case):

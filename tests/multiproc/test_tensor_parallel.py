@@ -14,7 +14,8 @@ CASES = [("es", Sharing.ES, 48, "pre"), ("nes", Sharing.NES, 48, "pre"),
          ("gdes", Sharing.GDES, 48, "pre"), ("electra_es", Sharing.ES, 16, "pre"),
          ("post_gdes", Sharing.GDES, 48, "post"),  # BERT / ELECTRA post-LayerNorm layers
          ("post_electra_es", Sharing.ES, 16, "post"),
-         ("deberta_gdes", Sharing.GDES, 48, "post", "disentangled")]  # DeBERTa's attention
+         ("deberta_gdes", Sharing.GDES, 48, "post", "disentangled"),  # DeBERTa's attention
+         ("modern_gdes", Sharing.GDES, 48, "pre", "rotary")]  # the modern block (GeGLU, windows)
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +43,9 @@ def test_tp2_equals_tp1(parity_runs, case):
             case.startswith("post")  # the layout asked for is the one that ran
         assert any(n.endswith("rel_embeddings.weight") for n in ref["grads"]) == \
             case.startswith("deberta")  # and the attention
+        if case.startswith("modern"):  # ModernBERT's layers: no attention norm in layer 1
+            assert "discriminator.block.layers.1.input_layernorm.weight" in ref["grads"]
+            assert "discriminator.block.layers.0.input_layernorm.weight" not in ref["grads"]
         for name, g in ref["grads"].items():
             diff = (got["grads"][name] - g).abs().max().item()
             assert diff <= 1e-5, f"{case}: gradient of {name} differs by {diff:.3g}"
@@ -52,7 +56,7 @@ def test_tp2_equals_tp1(parity_runs, case):
 def test_gradient_paths_at_tp2(parity_runs):
     _, tp2 = parity_runs
     for rank_result in tp2:
-        for gdes in ("gdes", "post_gdes", "deberta_gdes"):
+        for gdes in ("gdes", "post_gdes", "deberta_gdes", "modern_gdes"):
             (g_mlm_eg, g_mlm_ed), (g_rtd_eg, g_rtd_ed) = rank_result[gdes]["paths"]
             assert g_mlm_eg > 0 and g_mlm_ed == 0.0  # L_MLM: E_G only
             assert g_rtd_eg == 0.0 and g_rtd_ed > 0  # L_RTD: E_Δ only

@@ -48,3 +48,25 @@ def test_without_the_grouping_a_module_spreads_over_both_workers(tmp_path):
     above can fail."""
     ran = _workers(tmp_path, plugin=False)
     assert len(ran["plain_a"]) == 2, ran
+
+
+def _collected(tmp_path, plugin: bool) -> list[str]:
+    """The modules in the order the README command hands them out (collection order, which
+    ``--no-loadscope-reorder`` keeps): a plain module of eight tests, a machine-wide one of two."""
+    for name, head, n in (("plain_a", "", 8), ("wide_a", MACHINE_WIDE, 2)):
+        (tmp_path / f"test_{name}.py").write_text(
+            head + "".join(PLAIN.format(i=i) for i in range(n)))
+    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p",
+                        "no:cacheprovider", *(["-p", "tests.conftest"] if plugin else []),
+                        str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return re.findall(r"test_(\w+)\.py::", r.stdout)
+
+
+def test_the_long_groups_are_handed_out_first(tmp_path):
+    """Longest first (tests/conftest.py's TIERS): the machine-wide module, fewer tests but
+    launches, before the plain one that collects first; xdist's own reorder (most tests
+    first) is off in the README command. The control: without the hook, collection order."""
+    assert "--no-loadscope-reorder" in readme_test_command()
+    assert _collected(tmp_path, plugin=True) == ["wide_a"] * 2 + ["plain_a"] * 8
+    assert _collected(tmp_path, plugin=False) == ["plain_a"] * 8 + ["wide_a"] * 2

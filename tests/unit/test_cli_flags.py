@@ -202,10 +202,13 @@ FROZEN_FLAGS = (
     "--num-layers", "--hidden-size", "--num-attention-heads", "--ffn-hidden-size",
     "--hidden-dropout", "--attention-dropout", "--layernorm-epsilon", "--embedding-size",
     "--max-position-embeddings", "--init-method-std", "--make-vocab-size-divisible-by",
+    "--rotary-base", "--local-rotary-base", "--global-attn-every-n-layers", "--normalization",
     "--adam-beta1", "--adam-beta2", "--adam-eps", "--generator-num-layers",
     "--generator-hidden-size", "--generator-num-attention-heads", "--generator-ffn-hidden-size",
     "--generator-hidden-dropout", "--generator-attention-dropout", "--generator-layernorm-epsilon",
-    "--generator-num-layers-ratio", "--generator-hidden-size-ratio", "--deepspeed", "--vocab-file",
+    "--generator-num-layers-ratio", "--generator-hidden-size-ratio", "--position-embedding-type",
+    "--use-rotary-position-embeddings", "--swiglu", "--disable-bias-linear", "--window-size",
+    "--deepspeed", "--vocab-file",
     "--tokenizer-type", "--bert-no-binary-head",
 )
 

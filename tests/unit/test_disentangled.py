@@ -343,7 +343,7 @@ def test_presets_flag_and_validation():
         config_from_args(args)
     cfg = preset("tiny").model
     with pytest.raises(ConfigError, match="^model.attention_type 'relative': choose one of bert, "
-                                          "disentangled$"):
+                                          "disentangled, rotary$"):
         cfg.attention_type = "relative"  # typed as it is set
     cfg = _cfg().model
     cfg.position_buckets = 0

@@ -74,3 +74,25 @@ def test_gpu_hours_from_measured_throughput():
     assert gpu_h == pytest.approx(8000.0)
     with pytest.raises(ValueError, match="--gpus"):
         estimate_cost.gpu_hours(1e21, 1e12, tokens_per_s=1e6)
+
+
+def test_modernbert_base_gated_ffn_and_local_layers_by_hand():
+    """The modern block: GeGLU's three matrices (6hf), and in the 14 local layers of 22 (7 of 11
+    in the generator) each query attends to the keys of its 128-token window, 124.9375 on
+    average at s 1,024 (1,024 · 129 − 64 · 65 pairs); a naive count over the pairs agrees."""
+    h, f, s, v, p = 768, 1152, 1024, 50_368, 0.15
+    keys = (s * 129 - 64 * 65) / s
+    assert keys == 124.9375 == sum(min(i + 64, s - 1) - max(i - 64, 0) + 1 for i in range(s)) / s
+    layer_matmul = 6 * (4 * h * h + 3 * h * f)
+    global_attention, local_attention = 12 * s * h, 12 * keys * h
+    got = estimate_cost.rtd_flops_per_token(preset("modernbert-base"))
+    assert got.discriminator_matmul == 22 * layer_matmul
+    assert got.generator_matmul == 11 * layer_matmul
+    assert got.discriminator_attention == pytest.approx(8 * global_attention
+                                                        + 14 * local_attention)
+    assert got.generator_attention == pytest.approx(4 * global_attention + 7 * local_attention)
+    assert got.mlm_head == pytest.approx(p * 6 * (h * h + h * v))
+    assert got.total == pytest.approx(1.1690e9, rel=1e-4)
+    # a window that holds the sequence: every layer attends to all s keys (the control)
+    whole = estimate_cost.rtd_flops_per_token(preset("modernbert-base"), seq_length=64)
+    assert whole.discriminator_attention == 22 * 12 * 64 * h
