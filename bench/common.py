@@ -99,8 +99,9 @@ def run_config(dims: str, *, micro_batch: int, seq_length: int, tiny: bool):
     DeBERTaV3: same width, half depth) at test size: hidden 32, 2 layers, vocab 1000.
     """
     from rtd_scale import config as C
+    from rtd_scale.presets import preset
 
-    cfg = C.preset(dims)
+    cfg = preset(dims)
     m = cfg.model
     # BERT / ELECTRA attention at every preset's dimensions, as the HF recipe's ELECTRA classes
     # (DeBERTa's disentangled attention against Hugging Face's: bench/deberta_step_vs_hf.py)
@@ -287,7 +288,7 @@ def share_hf_embeddings(model, generator: torch.nn.Module, discriminator: torch.
     from rtd_scale.config import AttentionType
     from rtd_scale.model.sharing import Residual, Same, sharing_rule
 
-    relative = AttentionType(model.attention_type) is AttentionType.DISENTANGLED
+    relative = model.attention_type is AttentionType.DISENTANGLED
     ties = sharing_rule(model.sharing).ties(model.sharing_scope, relative)
     for component, tie in ties.items():
         name = HF_EMBEDDING_MODULES.get(component)

@@ -58,7 +58,7 @@ NO_DROPOUT = ("--hidden-dropout", "0", "--attention-dropout", "0",
               "--generator-hidden-dropout", "0", "--generator-attention-dropout", "0")
 # Every lever starts from ``debertav3-tiny`` as it was when the study was made (mask rate 0.15,
 # dropout 0.1, the config defaults); the preset now holds the two levers that helped, the
-# ``combined`` run (rtd_scale/config.py:_debertav3_tiny). The last of a repeated flag wins.
+# ``combined`` run (rtd_scale/presets.py:_debertav3_tiny). The last of a repeated flag wins.
 BASE = ("--mask-prob", "0.15", "--hidden-dropout", "0.1", "--attention-dropout", "0.1",
         "--generator-hidden-dropout", "0.1", "--generator-attention-dropout", "0.1")
 # name → (flags added to the main job's command, tokenizer vocabulary size, steps ÷ this)

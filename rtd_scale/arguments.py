@@ -1,36 +1,50 @@
 """The entry point's flags and the run configuration they give (Megatron-LM's
 ``megatron/training/arguments.py``: ``parse_args``, then ``validate_args``).
 
-:func:`build_parser` holds every flag of ``rtd_scale/pretrain.py`` (its ``--help``), with
-Megatron-LM's names where one exists; the Megatron-LM model and optimizer flags, their
-``--generator-`` twins and the refused ones are ``megatron_args.add_model_args``'s group.
-:func:`config_from_args` builds the config: preset → flags → ``--set`` overrides, validated once
-at the end, an error naming the flag that set the field.
+:func:`build_parser` holds every flag of ``rtd_scale/pretrain.py`` (its ``--help``), one
+function per group, with Megatron-LM's names where one exists; the Megatron-LM model and
+optimizer flags, their ``--generator-`` twins and the refused ones are
+``megatron_args.add_model_args``'s group. The list is frozen (tests/unit/test_cli_flags.py): a
+new knob is a config field, set with ``--set`` or in a ``--config`` file. :func:`config_from_args`
+builds the config: preset or ``--config`` → flags → ``--set`` overrides, validated once at the
+end, an error naming the flag that set the field (:data:`FLAG_FIELDS`, the table of flags and
+fields).
 """
 from __future__ import annotations
 
 import argparse
 import os
 
-from rtd_scale import megatron_args
+from rtd_scale import config_file, megatron_args
 from rtd_scale.cli_errors import OneLineArgumentParser, UserInputError
 from rtd_scale.config import (AttentionType, ConfigError, LayerNormPosition, LossSpikePolicy,
-                              LRDecayStyle, Precision, PRESETS, RunConfig, Sharing,
-                              SharingScope, WSDDecayStyle, apply_override, preset)
+                              LRDecayStyle, Precision, RunConfig, Sharing, SharingScope,
+                              WSDDecayStyle, apply_override)
+from rtd_scale.presets import PRESETS, preset
 from rtd_scale.training.throughput import DEVICE_PEAK_TFLOPS
 
 
-def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
-    """The entry point's flags; ``quiet``: print no usage error or help (ranks other than 0)."""
-    p = OneLineArgumentParser(
-        prog="rtd_scale/pretrain.py", quiet=quiet,
-        description="Replaced-token-detection pretraining (ELECTRA / DeBERTaV3) on megatron-core "
-                    "and DeepSpeed. Launch with `deepspeed rtd_scale/pretrain.py ...`.")
-    p.add_argument("--ds_config", "--deepspeed_config", dest="ds_config", required=True,
-                   help="DeepSpeed JSON (ZeRO knobs), e.g. ds_configs/zero3.json")
-    p.add_argument("--preset", default="tiny", choices=list(PRESETS), metavar="NAME",
+def _run_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("the run: a preset or a config file, the DeepSpeed config, overrides")
+    g.add_argument("--config", metavar="FILE",
+                   help="start from this config: a run's config.json, or YAML / JSON with its "
+                        "fields (those left out: the file's preset's); flags beside it override "
+                        "it; with --load, what a resume may not change is refused")
+    g.add_argument("--ds_config", "--deepspeed_config", dest="ds_config",
+                   help="DeepSpeed JSON (ZeRO knobs), e.g. ds_configs/zero3.json; required "
+                        "unless --config names one")
+    g.add_argument("--preset", choices=list(PRESETS), metavar="NAME",
                    help=f"named config, one of {', '.join(PRESETS)} (default tiny; "
-                        "rtd_scale/config.py's PRESETS)")
+                        "rtd_scale/presets.py's PRESETS)")
+    g.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="override any config field, e.g. --set model.generator.num_layers=2 "
+                        "(the way to a knob without a flag of its own)")
+    g.add_argument("--local_rank", "--local-rank", type=int, default=None,
+                   help=argparse.SUPPRESS)  # passed by the deepspeed launcher
+
+
+def _data_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("data")
     for flag, help_text in (
             ("--data-path", "shard or dataset prefixes printed by tools/preprocess_data.py, read "
              "as one dataset; or WEIGHT PREFIX pairs to blend datasets by weight "
@@ -43,65 +57,78 @@ def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
             ("--test-data-path", "a held-out test corpus, --data-path's syntax, read whole and "
              "evaluated (--eval-iters global batches) after the last step, as Megatron-LM does; "
              "--split's test share then trains")):
-        p.add_argument(flag, nargs="+", metavar="[WEIGHT] PREFIX", help=help_text)
-    p.add_argument("--split", help="train,valid,test shares of each dataset's documents "
+        g.add_argument(flag, nargs="+", metavar="[WEIGHT] PREFIX", help=help_text)
+    g.add_argument("--split", help="train,valid,test shares of each dataset's documents "
                    "(default 969,30,1)")
-    p.add_argument("--data-cache-path", help="directory for the cached sample index "
+    g.add_argument("--data-cache-path", help="directory for the cached sample index "
                    "(default: index-cache/ next to each dataset's first shard)")
-    p.add_argument("--num-workers", type=int, help="DataLoader worker processes per rank "
+    g.add_argument("--num-workers", type=int, help="DataLoader worker processes per rank "
                    "(default 2; 0 in the tiny preset)")
-    p.add_argument("--eval-interval", type=int, help="validate every N steps, and after the "
-                   "last step (0: never)")
-    p.add_argument("--eval-iters", type=int, help="global batches per validation (0: never)")
-    p.add_argument("--data-digest", metavar="FILE", help="audit: append one JSON line per step "
-                   "with the step's global sample ids and hashes of its masks and losses "
-                   "(gathered over data-parallel ranks; costs one gather per step)")
-    p.add_argument("--eval-dump-dir", metavar="DIR", help="analysis: write each validation's "
-                   "original ids, masks, corrupted ids and discriminator logits to "
-                   "DIR/valid_iter{N}_dp{R}.pt (torch.save), one file per data-parallel rank; "
-                   "e.g. to score an oracle discriminator on the run's own replacements")
-    p.add_argument("--tokenizer-model", help="the tokenizer the shards were made with: a SentencePiece "
+    g.add_argument("--tokenizer-model", help="the tokenizer the shards were made with: a SentencePiece "
                    ".model, a tokenizer.json or a WordPiece vocab.txt")
-    p.add_argument("--save", help="run directory: checkpoints, config.json, ds_config.json")
-    p.add_argument("--load", help="resume from the newest complete checkpoint in this "
-                   "directory (one whose completion record matches its files), or from exactly "
-                   "DIR/global_stepN; also at another TP, PP or DP size or ZeRO stage, exactly "
-                   "(the checkpoint converted once, beside it)")
-    p.add_argument("--ckpt-step", type=int, metavar="N", help="with --load DIR: resume from "
-                   "DIR/global_stepN (Megatron-LM's name); an error when it is incomplete")
-    p.add_argument("--train-iters", type=int, help="optimizer steps")
-    p.add_argument("--seq-length", type=int)
-    p.add_argument("--micro-batch-size", type=int)
-    p.add_argument("--global-batch-size", type=int)
-    p.add_argument("--tensor-model-parallel-size", type=int)
-    p.add_argument("--distributed-timeout-minutes", type=int, metavar="MINUTES",
+    g.add_argument("--seq-length", type=int)
+
+
+def _training_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("training")
+    g.add_argument("--train-iters", type=int, help="optimizer steps")
+    g.add_argument("--micro-batch-size", type=int)
+    g.add_argument("--global-batch-size", type=int)
+    g.add_argument("--seed", type=int)
+    for flag, help_text in (
+            ("--bf16", "bf16 compute, fp32 master weights"),
+            ("--fp16", "fp16 compute, fp32 master weights, DeepSpeed's dynamic loss scaler "
+             "(knobs in the ds_config's fp16 section); for GPUs without bf16 (V100, T4); not "
+             "with --bf16"),
+            ("--recompute-activations", "activation checkpointing in both models (megatron-core "
+             "full-layer recompute): less memory, one more forward per layer"),
+            ("--compile-layers", "torch.compile every encoder layer (model.compile_layers): "
+             "faster GPU steps after a compilation at start-up")):
+        g.add_argument(flag, action="store_true", default=None, help=help_text)
+    g.add_argument("--eval-interval", type=int, help="validate every N steps, and after the "
+                   "last step (0: never)")
+    g.add_argument("--eval-iters", type=int, help="global batches per validation (0: never)")
+
+
+def _parallel_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("parallelism")
+    g.add_argument("--tensor-model-parallel-size", type=int)
+    g.add_argument("--pipeline-model-parallel-size", type=int)
+    g.add_argument("--distributed-timeout-minutes", type=int, metavar="MINUTES",
                    help="timeout of torch.distributed's and megatron-core's process groups "
                         "(a rank that waits longer on the others fails; Megatron-LM's flag, "
                         "default 10)")
-    p.add_argument("--pipeline-model-parallel-size", type=int)
-    p.add_argument("--sharing", choices=[s.value for s in Sharing],
+
+
+def _objective_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("the objective, attention and embedding sharing")
+    g.add_argument("--sharing", choices=[s.value for s in Sharing],
                    help="embedding sharing between generator and discriminator: es (one "
                         "embedding layer, ELECTRA), nes (separate), gdes (E_D = stopgrad(E_G) + "
                         "E_Δ, DeBERTaV3); default: the preset's")
-    p.add_argument("--sharing-scope", choices=[s.value for s in SharingScope],
+    g.add_argument("--sharing-scope", choices=[s.value for s in SharingScope],
                    help="what es / gdes share: embeddings (default; es: token, position and "
                         "token-type tables and the embedding LayerNorm, as ELECTRA; gdes: token "
                         "and position tables, each stopgrad(E_G) + E_Δ, as DeBERTa) or tokens "
                         "(the token table only). No effect under nes or --attention-type "
                         "disentangled (no position or token-type table there)")
-    p.add_argument("--layernorm-position", choices=[x.value for x in LayerNormPosition],
+    g.add_argument("--layernorm-position", choices=[x.value for x in LayerNormPosition],
                    help="encoder layout: pre (pre-LayerNorm, final LayerNorm) or post "
                         "(BERT/ELECTRA, Hugging Face ElectraModel); default: the preset's")
-    p.add_argument("--attention-type", choices=[x.value for x in AttentionType],
+    g.add_argument("--attention-type", choices=[x.value for x in AttentionType],
                    help="self-attention: bert (absolute positions), disentangled (DeBERTa's "
                         "relative c2p|p2c attention, needs --layernorm-position post) or rotary "
                         "(the modern block, ModernBERT's: --position-embedding-type rope); "
                         "default: the preset's")
-    p.add_argument("--rtd-lambda", type=float, help="λ in L_MLM + λ·L_RTD (default 50)")
-    p.add_argument("--mask-prob", type=float)
-    p.add_argument("--mask-strategy", choices=["token", "whole_word", "span"],
+    g.add_argument("--rtd-lambda", type=float, help="λ in L_MLM + λ·L_RTD (default 50)")
+    g.add_argument("--mask-prob", type=float)
+    g.add_argument("--mask-strategy", choices=["token", "whole_word", "span"],
                    help="mask single tokens (default), whole words, or SpanBERT spans of whole "
                         "words (objectives/masking.py)")
+
+
+def _optimizer_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("AdamW and the learning-rate schedule")
     # megatron-core's OptimizerParamScheduler, with Megatron-LM's flags (training/lr_schedule.py);
     # a list in the second place is the flag's choices, a type otherwise
     for flag, kind, help_text in (
@@ -119,76 +146,107 @@ def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
             ("--lr-wsd-decay-iters", int, "WSD: the last N steps of the decay anneal to --min-lr "
              "(the lr holds at --lr before them)"),
             ("--lr-wsd-decay-samples", int, "WSD's annealing phase in samples")):
-        p.add_argument(flag, help=help_text,
+        g.add_argument(flag, help=help_text,
                        **({"choices": kind} if isinstance(kind, list) else {"type": kind}))
-    p.add_argument("--peak-tflops-per-device", type=float, metavar="TFLOPS",
-                   help="a device's peak TFLOP/s, the denominator of the MFU in the log "
-                        "(default: the bf16 dense datasheet value of a known GPU; else no MFU)")
-    p.add_argument("--device-peak", choices=sorted(DEVICE_PEAK_TFLOPS), help="the peak of a "
-                   "known GPU by name (bf16 dense datasheet value); instead of "
-                   "--peak-tflops-per-device")
-    p.add_argument("--log-throughput", action="store_true", help="accepted for Megatron-LM's "
-                   "command lines: TFLOP/s per device, MFU, memory and ETA are always logged")
-    p.add_argument("--weight-decay", type=float)
-    p.add_argument("--clip-grad", type=float)
-    for flag, help_text in (
-            ("--bf16", "bf16 compute, fp32 master weights"),
-            ("--fp16", "fp16 compute, fp32 master weights, DeepSpeed's dynamic loss scaler "
-             "(knobs in the ds_config's fp16 section); for GPUs without bf16 (V100, T4); not "
-             "with --bf16"),
-            ("--recompute-activations", "activation checkpointing in both models (megatron-core "
-             "full-layer recompute): less memory, one more forward per layer"),
-            ("--compile-layers", "torch.compile every encoder layer (model.compile_layers): "
-             "faster GPU steps after a compilation at start-up")):
-        p.add_argument(flag, action="store_true", help=help_text)
-    p.add_argument("--export", help="after the last step, write a consolidated, TP-agnostic fp32 "
+    g.add_argument("--weight-decay", type=float)
+    g.add_argument("--clip-grad", type=float)
+    g.add_argument("--override-opt_param-scheduler", "--override-opt-param-scheduler",
+                   dest="override_opt_param_scheduler", action="store_true", default=None,
+                   help="with --load: use this run's optimizer flags (the schedule's --lr, "
+                        "--min-lr, --lr-warmup-*, --lr-decay-*, --lr-wsd-*, and --weight-decay, "
+                        "--adam-beta1, --adam-beta2, --adam-eps, --clip-grad) from the first "
+                        "resumed iteration when they differ from the checkpoint's; without "
+                        "this or the next flag such a difference is refused")
+    g.add_argument("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler",
+                   dest="use_checkpoint_opt_param_scheduler", action="store_true", default=None,
+                   help="with --load: keep the checkpoint's schedule and optimizer values, "
+                        "whatever those flags say (config.json records them)")
+
+
+def _checkpoint_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("checkpoints, resume and exports")
+    g.add_argument("--save", help="run directory: checkpoints, config.json, ds_config.json")
+    g.add_argument("--load", help="resume from the newest complete checkpoint in this "
+                   "directory (one whose completion record matches its files), or from exactly "
+                   "DIR/global_stepN; also at another TP, PP or DP size or ZeRO stage, exactly "
+                   "(the checkpoint converted once, beside it)")
+    g.add_argument("--ckpt-step", type=int, metavar="N", help="with --load DIR: resume from "
+                   "DIR/global_stepN (Megatron-LM's name); an error when it is incomplete")
+    g.add_argument("--save-interval", type=int)
+    g.add_argument("--override-data-order", action="store_true", default=None,
+                   help="with --load: accept a --seed other than the checkpoint's, or training "
+                        "data other than it was trained on (regenerated or re-ordered shards, "
+                        "an edited blend: refused without it); the new order, masks and "
+                        "sampling noise start at the resumed sample")
+    g.add_argument("--exit-signal-handler", action="store_true",
+                   help="on --exit-signal, save a checkpoint after the current step and exit 0 "
+                        "(for preemption: Slurm's --signal); SIGTERM, SIGINT and the deepspeed "
+                        "launcher's exit always do so")
+    g.add_argument("--exit-signal", default="SIGTERM",
+                   choices=["SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT"])
+    g.add_argument("--export", help="after the last step, write a consolidated, TP-agnostic fp32 "
                    "state dict (ZeRO partitions and TP shards merged, vocabulary padding removed) "
                    "to this .pt file; loads at any TP size (rtd_scale.model.weights)")
-    p.add_argument("--export-hf", metavar="DIR", help="after the last step, write a Hugging Face "
+    g.add_argument("--export-hf", metavar="DIR", help="after the last step, write a Hugging Face "
                    "transformers export (as tools/export_hf.py): the discriminator at DIR "
                    "(ElectraForPreTraining; RobertaPreLayerNormModel + rtd_head.safetensors for "
                    "--layernorm-position pre), the generator at DIR/generator, the tokenizer in both")
-    p.add_argument("--pretrained-checkpoint", metavar="PATH", help="start from these weights "
+    g.add_argument("--pretrained-checkpoint", metavar="PATH", help="start from these weights "
                    "only (optimizer and schedule start fresh), at any TP / PP / DP layout: an "
                    "export directory (tools/export_hf.py, --export-hf), a Hugging Face ELECTRA "
                    "directory (the generator in PATH/generator, or fresh) or an --export .pt "
                    "file; not with --load")
-    p.add_argument("--tensorboard-dir", help="default: <save>/tensorboard")
-    # Weights & Biases and the step profiler, with Megatron-LM's flags (config.MonitorConfig)
-    p.add_argument("--wandb-project", help="also log the TensorBoard scalars and the resolved "
-                   "config to this W&B project (needs `pip install 'rtd_scale[wandb]'`; offline: "
-                   "WANDB_MODE=offline, then `wandb sync`)")
-    p.add_argument("--wandb-exp-name", help="the W&B run's name (default: W&B picks one)")
-    p.add_argument("--wandb-entity", help="the W&B team or user (default: W&B's default)")
-    p.add_argument("--wandb-save-dir", help="W&B's local files (default: <save>/wandb)")
-    p.add_argument("--profile", action="store_true", default=None,
-                   help="write a torch.profiler trace of iterations --profile-step-start … "
-                        "--profile-step-end − 1 to <tensorboard-dir>/profile (TensorBoard's "
-                        "profiler plugin, https://ui.perfetto.dev)")
-    p.add_argument("--profile-step-start", type=int, help="first traced iteration (default 10)")
-    p.add_argument("--profile-step-end", type=int, help="the iteration after the last traced "
-                   "one (default 12)")
-    p.add_argument("--profile-ranks", type=int, nargs="+", metavar="RANK",
-                   help="global ranks to trace (default 0)")
-    p.add_argument("--log-interval", type=int)
-    p.add_argument("--timing-log-level", type=int, choices=[0, 1, 2],
+
+
+def _logging_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("logging, monitoring and profiling")
+    g.add_argument("--log-interval", type=int)
+    g.add_argument("--timing-log-level", type=int, choices=[0, 1, 2],
                    help="per-phase times in the log line and TensorBoard (timers/*_ms): 0 none "
                         "(default), 1 data wait, forward, backward, optimizer step; 2 also the "
                         "forward's mask, generator forward, sample, discriminator forward "
                         "(CUDA events read at the log interval: no sync per step)")
-    p.add_argument("--save-interval", type=int)
-    p.add_argument("--seed", type=int)
-    p.add_argument("--exit-signal-handler", action="store_true",
-                   help="on --exit-signal, save a checkpoint after the current step and exit 0 "
-                        "(for preemption: Slurm's --signal); SIGTERM, SIGINT and the deepspeed "
-                        "launcher's exit always do so")
-    p.add_argument("--exit-signal", default="SIGTERM",
-                   choices=["SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT"])
-    p.add_argument("--max-consecutive-nonfinite-iters", type=int, metavar="N",
+    g.add_argument("--tensorboard-dir", help="default: <save>/tensorboard")
+    # Weights & Biases and the step profiler, with Megatron-LM's flags (config.MonitorConfig)
+    g.add_argument("--wandb-project", help="also log the TensorBoard scalars and the resolved "
+                   "config to this W&B project (needs `pip install 'rtd_scale[wandb]'`; offline: "
+                   "WANDB_MODE=offline, then `wandb sync`)")
+    g.add_argument("--wandb-exp-name", help="the W&B run's name (default: W&B picks one)")
+    g.add_argument("--wandb-entity", help="the W&B team or user (default: W&B's default)")
+    g.add_argument("--wandb-save-dir", help="W&B's local files (default: <save>/wandb)")
+    g.add_argument("--profile", action="store_true", default=None,
+                   help="write a torch.profiler trace of iterations --profile-step-start … "
+                        "--profile-step-end − 1 to <tensorboard-dir>/profile (TensorBoard's "
+                        "profiler plugin, https://ui.perfetto.dev)")
+    g.add_argument("--profile-step-start", type=int, help="first traced iteration (default 10)")
+    g.add_argument("--profile-step-end", type=int, help="the iteration after the last traced "
+                   "one (default 12)")
+    g.add_argument("--profile-ranks", type=int, nargs="+", metavar="RANK",
+                   help="global ranks to trace (default 0)")
+    g.add_argument("--peak-tflops-per-device", type=float, metavar="TFLOPS",
+                   help="a device's peak TFLOP/s, the denominator of the MFU in the log "
+                        "(default: the bf16 dense datasheet value of a known GPU; else no MFU)")
+    g.add_argument("--device-peak", choices=sorted(DEVICE_PEAK_TFLOPS), help="the peak of a "
+                   "known GPU by name (bf16 dense datasheet value); instead of "
+                   "--peak-tflops-per-device")
+    g.add_argument("--log-throughput", action="store_true", help="accepted for Megatron-LM's "
+                   "command lines: TFLOP/s per device, MFU, memory and ETA are always logged")
+    g.add_argument("--data-digest", metavar="FILE", help="audit: append one JSON line per step "
+                   "with the step's global sample ids and hashes of its masks and losses "
+                   "(gathered over data-parallel ranks; costs one gather per step)")
+    g.add_argument("--eval-dump-dir", metavar="DIR", help="analysis: write each validation's "
+                   "original ids, masks, corrupted ids and discriminator logits to "
+                   "DIR/valid_iter{N}_dp{R}.pt (torch.save), one file per data-parallel rank; "
+                   "e.g. to score an oracle discriminator on the run's own replacements")
+
+
+def _fault_tolerance_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("fault tolerance: non-finite steps, hangs, stragglers, loss spikes")
+    g.add_argument("--max-consecutive-nonfinite-iters", type=int, metavar="N",
                    help="stop with an error after N iterations in a row whose loss or gradient "
                         "norm is inf or NaN (each is skipped and counted); checked at the log "
                         "interval and before a save; 0: never stop (default 5)")
-    p.add_argument("--ft-rank-section-timeouts", metavar="SECTION:SECONDS,...",
+    g.add_argument("--ft-rank-section-timeouts", metavar="SECTION:SECONDS,...",
                    help="the heartbeat's budgets (NVIDIA resiliency extension's flag and "
                         "sections): a rank that finishes no step within its section's budget "
                         "is declared hung, every rank's Python stack goes to "
@@ -198,13 +256,13 @@ def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
                         "× the median step time, at least 180), checkpointing (a save; default "
                         "auto: 5 × the longest save, at least 420). A value is seconds, auto, "
                         "or none (off); e.g. setup:600,step:120,checkpointing:auto")
-    p.add_argument("--straggler-threshold", type=float, metavar="FRACTION",
+    g.add_argument("--straggler-threshold", type=float, metavar="FRACTION",
                    help="name, at each log interval, the ranks whose own work per step is "
                         "slower than FRACTION of their peers' median (time to the step's first "
                         "collective; training/stragglers.py): in the log line, TensorBoard "
                         "(stragglers/*) and the summary (default 0.7, Megatron-LM's and NVIDIA's "
                         "threshold; 0: name none)")
-    p.add_argument("--loss-spike-policy", choices=[m.value for m in LossSpikePolicy],
+    g.add_argument("--loss-spike-policy", choices=[m.value for m in LossSpikePolicy],
                    help="what a loss spike does. A spike: an iteration whose L_MLM or L_RTD "
                         "exceeds its median over the previous --loss-spike-window-iters "
                         "iterations by more than --loss-spike-threshold robust standard "
@@ -219,75 +277,86 @@ def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
                         "them, and continue: a run left alone for weeks should not train on a "
                         "damaged model, and a false alarm costs only the iterations since that "
                         "checkpoint; warn: one line and loss_spike/* in TensorBoard; off")
-    p.add_argument("--loss-spike-window-iters", type=int, metavar="N",
+    g.add_argument("--loss-spike-window-iters", type=int, metavar="N",
                    help="iterations a spike is measured against (default 100)")
-    p.add_argument("--loss-spike-threshold", type=float, metavar="Z",
+    g.add_argument("--loss-spike-threshold", type=float, metavar="Z",
                    help="robust standard deviations above the window's median (default 6)")
-    p.add_argument("--max-loss-spike-rollbacks", type=int, metavar="N",
+    g.add_argument("--max-loss-spike-rollbacks", type=int, metavar="N",
                    help="rollbacks in the whole run (counted across resumes) after which a "
                         "spike stops it with one line, exit status 2, not restarted (default 5)")
-    p.add_argument("--override-opt_param-scheduler", "--override-opt-param-scheduler",
-                   dest="override_opt_param_scheduler", action="store_true",
-                   help="with --load: use this run's optimizer flags (the schedule's --lr, "
-                        "--min-lr, --lr-warmup-*, --lr-decay-*, --lr-wsd-*, and --weight-decay, "
-                        "--adam-beta1, --adam-beta2, --adam-eps, --clip-grad) from the first "
-                        "resumed iteration when they differ from the checkpoint's; without "
-                        "this or the next flag such a difference is refused")
-    p.add_argument("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler",
-                   dest="use_checkpoint_opt_param_scheduler", action="store_true",
-                   help="with --load: keep the checkpoint's schedule and optimizer values, "
-                        "whatever those flags say (config.json records them)")
-    p.add_argument("--override-data-order", action="store_true", default=None,
-                   help="with --load: accept a --seed other than the checkpoint's, or training "
-                        "data other than it was trained on (regenerated or re-ordered shards, "
-                        "an edited blend: refused without it); the new order, masks and "
-                        "sampling noise start at the resumed sample")
-    megatron_args.add_model_args(p)
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                   help="override any config field, e.g. --set model.generator.num_layers=2")
-    p.add_argument("--local_rank", "--local-rank", type=int, default=None,
-                   help=argparse.SUPPRESS)  # passed by the deepspeed launcher
+
+
+def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
+    """The entry point's flags, one function per group of ``--help``; ``quiet``: print no
+    usage error or help (ranks other than 0). The list is frozen
+    (tests/unit/test_cli_flags.py): a new knob is a config field, set with ``--set`` or in the
+    ``--config`` file."""
+    p = OneLineArgumentParser(
+        prog="rtd_scale/pretrain.py", quiet=quiet,
+        description="Replaced-token-detection pretraining (ELECTRA / DeBERTaV3) on megatron-core "
+                    "and DeepSpeed. Launch with `deepspeed rtd_scale/pretrain.py ...`.")
+    for add in (_run_flags, _data_flags, _training_flags, _parallel_flags, _objective_flags,
+                _optimizer_flags, _checkpoint_flags, _logging_flags, _fault_tolerance_flags,
+                megatron_args.add_model_args):
+        add(p)
     return p
 
 
-_FLAG_FIELDS = {
-    "data_path": ("data", "data_path"), "tokenizer_model": ("data", "tokenizer_model"),
-    "valid_data_path": ("data", "valid_data_path"), "test_data_path": ("data", "test_data_path"),
-    "distributed_timeout_minutes": ("parallel", "distributed_timeout_minutes"),
-    "seq_length": ("data", "seq_length"), "split": ("data", "split"),
-    "data_cache_path": ("data", "data_cache_path"), "num_workers": ("data", "num_workers"),
-    "eval_interval": ("train", "eval_interval"), "eval_iters": ("train", "eval_iters"),
-    "data_digest": ("train", "data_digest"), "eval_dump_dir": ("train", "eval_dump_dir"),
-    "save": ("train", "save"), "load": ("train", "load"), "train_iters": ("train", "train_iters"),
-    "micro_batch_size": ("train", "micro_batch_size"),
-    "global_batch_size": ("train", "global_batch_size"),
-    "tensorboard_dir": ("train", "tensorboard_dir"), "log_interval": ("train", "log_interval"),
-    "timing_log_level": ("train", "timing_log_level"),
-    "save_interval": ("train", "save_interval"), "seed": ("train", "seed"),
-    "ds_config": ("train", "ds_config"), "export": ("train", "export"),
-    "export_hf": ("train", "export_hf"), "pretrained_checkpoint": ("train", "pretrained_checkpoint"),
-    "tensor_model_parallel_size": ("parallel", "tensor_model_parallel_size"),
-    "pipeline_model_parallel_size": ("parallel", "pipeline_model_parallel_size"),
-    "sharing": ("model", "sharing"), "sharing_scope": ("model", "sharing_scope"),
-    "rtd_lambda": ("rtd", "rtd_lambda"),
-    "layernorm_position": ("model", "layernorm_position"),
-    "attention_type": ("model", "attention_type"),
-    "mask_prob": ("rtd", "mask_prob"), "mask_strategy": ("rtd", "mask_strategy"), "lr": ("optim", "lr"), "min_lr": ("optim", "min_lr"),
-    "lr_warmup_iters": ("optim", "lr_warmup_iters"), "lr_decay_iters": ("optim", "lr_decay_iters"), "weight_decay": ("optim", "weight_decay"),
-    "clip_grad": ("optim", "clip_grad"),
-    **{name: ("optim", name) for name in (
-        "lr_decay_style", "lr_warmup_fraction", "lr_warmup_samples", "lr_decay_samples",
-        "lr_warmup_init", "lr_wsd_decay_style", "lr_wsd_decay_iters", "lr_wsd_decay_samples")},
-    "peak_tflops_per_device": ("train", "peak_tflops_per_device"),
-    "max_consecutive_nonfinite_iters": ("train", "max_consecutive_nonfinite_iters"),
-    **{name: ("train", name) for name in (
-        "loss_spike_policy", "loss_spike_window_iters", "loss_spike_threshold",
-        "max_loss_spike_rollbacks")},
-    "override_data_order": ("train", "override_data_order"),
-    **{name: ("monitor", name) for name in (
+# The one table of flags and the config fields they set: "--flag" → "section.field". A value
+# flag given sets its field (config_from_args), and an error about a field a flag set names that
+# flag (config.ConfigError.naming). Megatron-LM's model flags, whose generator follows the
+# discriminator, are megatron_args' (ENCODER_FIELDS, SECTION_FIELDS); config_from_args applies
+# those flags the same way.
+FLAG_FIELDS: dict[str, str] = {
+    "--ds_config": "train.ds_config",
+    **{f"--{name.replace('_', '-')}": f"data.{name}" for name in (
+        "data_path", "valid_data_path", "test_data_path", "tokenizer_model", "seq_length",
+        "split", "data_cache_path", "num_workers")},
+    **{f"--{name.replace('_', '-')}": f"train.{name}" for name in (
+        "train_iters", "micro_batch_size", "global_batch_size", "seed", "save", "load",
+        "save_interval", "log_interval", "timing_log_level", "tensorboard_dir", "export",
+        "export_hf", "pretrained_checkpoint", "eval_interval", "eval_iters", "data_digest",
+        "eval_dump_dir", "max_consecutive_nonfinite_iters", "loss_spike_policy",
+        "loss_spike_window_iters", "loss_spike_threshold", "max_loss_spike_rollbacks",
+        "peak_tflops_per_device", "override_data_order")},
+    **{f"--{name.replace('_', '-')}": f"parallel.{name}" for name in (
+        "tensor_model_parallel_size", "pipeline_model_parallel_size",
+        "distributed_timeout_minutes")},
+    **{f"--{name.replace('_', '-')}": f"model.{name}" for name in (
+        "sharing", "sharing_scope", "layernorm_position", "attention_type",
+        "recompute_activations", "compile_layers")},
+    **{f"--{name.replace('_', '-')}": f"rtd.{name}" for name in (
+        "rtd_lambda", "mask_prob", "mask_strategy")},
+    **{f"--{name.replace('_', '-')}": f"optim.{name}" for name in (
+        "lr", "min_lr", "lr_warmup_iters", "lr_decay_iters", "lr_decay_style",
+        "lr_warmup_fraction", "lr_warmup_samples", "lr_decay_samples", "lr_warmup_init",
+        "lr_wsd_decay_style", "lr_wsd_decay_iters", "lr_wsd_decay_samples", "weight_decay",
+        "clip_grad")},
+    # Megatron-LM's spelling, with its underscore
+    "--override-opt_param-scheduler": "optim.override_opt_param_scheduler",
+    "--use-checkpoint-opt_param-scheduler": "optim.use_checkpoint_opt_param_scheduler",
+    **{f"--{name.replace('_', '-')}": f"monitor.{name}" for name in (
         "wandb_project", "wandb_exp_name", "wandb_entity", "wandb_save_dir", "profile",
         "profile_step_start", "profile_step_end", "profile_ranks")},
+    "--straggler-threshold": "fault_tolerance.straggler_threshold",
+    **megatron_args.FLAG_FIELDS,
 }
+# Flags that set a field other than by their value (config_from_args says how).
+DERIVED_FLAG_FIELDS: dict[str, str] = {
+    "--bf16": "train.precision", "--fp16": "train.precision",
+    "--device-peak": "train.peak_tflops_per_device",
+    "--vocab-file": "data.tokenizer_model", "--train-data-path": "data.data_path",
+    "--ckpt-step": "train.load",
+    # the modern block's flags without a field of their own (megatron_args._apply_block_args)
+    "--position-embedding-type": "model.attention_type",
+    "--use-rotary-position-embeddings": "model.attention_type",
+    "--swiglu": "model.mlp_activation", "--disable-bias-linear": "model.add_bias_linear",
+    "--window-size": "model.window_size",
+}
+
+
+def _dest(flag: str) -> str:
+    return flag[2:].replace("-", "_")
 
 
 _SECTION_FIELDS = {"setup": "setup_timeout_s", "step": "step_timeout_s",
@@ -316,12 +385,13 @@ def _section_timeouts(cfg: RunConfig, value: str) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
-    """Preset → flags → ``--set`` overrides, validated once at the end.
+    """Preset (or ``--config FILE``) → flags → ``--set`` overrides, validated once at the end.
 
     Raises:
-        ValueError: naming the flag or field and the fix.
+        ValueError: naming the flag, file or field and the fix.
     """
-    cfg = preset(args.preset)
+    cfg = (config_file.read(args.config, preset_flag=args.preset) if args.config
+           else preset(args.preset or "tiny"))
     if args.train_data_path is not None:
         if args.data_path is not None and args.data_path != args.train_data_path:
             raise UserInputError("--data-path and --train-data-path name two training corpora; "
@@ -332,23 +402,19 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         # the warm-up given in another unit replaces the preset's (in iterations), as when
         # Megatron-LM is given only one of them
         cfg.optim.lr_warmup_iters = 0
-    flag_origins: dict[str, str] = {}  # config field → the flag that set it, for the errors
-    for flag, (section, name) in _FLAG_FIELDS.items():
-        value = getattr(args, flag)
-        if value is not None:
+    origins: dict[str, str] = {}  # config field → the flag that set it, for the errors
+    for flag, path in FLAG_FIELDS.items():
+        value = getattr(args, _dest(flag), None)
+        if value is not None and flag not in megatron_args.FLAG_FIELDS:
+            section, name = path.split(".")
             setattr(getattr(cfg, section), name, value)
-            flag_origins[f"{section}.{name}"] = ("--ds_config" if flag == "ds_config"
-                                                 else "--" + flag.replace("_", "-"))
+            origins[path] = flag
     if args.bf16 and args.fp16:
         raise UserInputError("--bf16 and --fp16 contradict each other; pass one of them")
-    if args.bf16:
-        cfg.train.precision = Precision.BF16
-    if args.fp16:
-        cfg.train.precision = Precision.FP16
-    if args.recompute_activations:
-        cfg.model.recompute_activations = True
-    if args.compile_layers:
-        cfg.model.compile_layers = True
+    for flag, precision in (("--bf16", Precision.BF16), ("--fp16", Precision.FP16)):
+        if getattr(args, _dest(flag)):
+            cfg.train.precision = precision
+            origins["train.precision"] = flag
     if args.device_peak:
         if args.peak_tflops_per_device is not None:
             raise UserInputError("--device-peak and --peak-tflops-per-device both give the "
@@ -356,16 +422,9 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         cfg.train.peak_tflops_per_device = DEVICE_PEAK_TFLOPS[args.device_peak]
     if args.ft_rank_section_timeouts is not None:
         _section_timeouts(cfg, args.ft_rank_section_timeouts)
-    if args.straggler_threshold is not None:
-        cfg.fault_tolerance.straggler_threshold = args.straggler_threshold
-    if args.override_opt_param_scheduler:
-        cfg.optim.override_opt_param_scheduler = True
-    if args.use_checkpoint_opt_param_scheduler:
-        cfg.optim.use_checkpoint_opt_param_scheduler = True
-    origins = {**flag_origins, **megatron_args.apply_model_args(cfg, args)}  # before --set
+    origins.update(megatron_args.apply_model_args(cfg, args))  # before --set
     for assignment in args.set:
-        apply_override(cfg, assignment)
-        origins.pop(assignment.split("=", 1)[0].strip(), None)  # --set has the last word
+        origins.pop(apply_override(cfg, assignment), None)  # --set has the last word
     if args.ckpt_step is not None:  # one form for both: --load DIR/global_stepN
         if not cfg.train.load:
             raise UserInputError(f"--ckpt-step {args.ckpt_step}: needs --load DIR (the run "
@@ -385,7 +444,10 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     try:
         cfg.validate()
     except ConfigError as e:  # a field a flag set is named by that flag
-        raise ConfigError(megatron_args.name_flags(str(e), origins)) from None
+        raise e.naming(origins) from None
+    if not cfg.train.ds_config:
+        raise UserInputError("--ds_config is required: the DeepSpeed JSON, e.g. "
+                             "ds_configs/zero1.json")
     if not cfg.data.data_path:
         raise UserInputError("--data-path is required: shard prefixes made by tools/preprocess_data.py")
     if not cfg.data.tokenizer_model:

@@ -1,25 +1,46 @@
 """The typed config tree of rtd_scale: one section per component, validated at construction.
+A section's enum fields hold their enum from the moment they are set (``_Section``), however they
+are set: a preset (``presets.py``), a flag, ``--set``, a config file or a recorded config.
 
-Precedence (lowest to highest): preset defaults → command-line flags → ``--set key=value``
-overrides. The resolved tree is written to ``<save>/config.json`` before step 1.
+Precedence (lowest to highest): a preset or ``--config FILE`` (``config_file.py``) → command-line
+flags → ``--set key=value`` overrides. The resolved tree is written to ``<save>/config.json``
+before step 1; :meth:`RunConfig.from_dict` reads it back.
 
-Every rule cites its source. Errors are ``ConfigError`` (a ``ValueError``) naming the field and the fix.
+Every rule cites its source. Errors are ``ConfigError`` (a ``ValueError``) naming the field and
+the fix; ``ConfigError.naming`` writes a field as the flag that set it.
 """
 from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import json
 import math
 import typing
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from rtd_scale.cli_errors import UserInputError
 
 class ConfigError(UserInputError):
-    """A config value is invalid; the message names the field or flag and the fix."""
+    """A config value is invalid; the message names the field and the fix.
+
+    With ``fields``, ``message`` is a template whose ``{0}``, ``{1}``, … are those dotted field
+    names (``"{0} must be > 0, got 0"``, ``"optim.lr"``): :meth:`naming` writes each as the flag
+    or file that set it (``arguments.FLAG_FIELDS`` is the table of flags and fields)."""
+
+    def __init__(self, message: str, *fields: str) -> None:
+        self.template, self.fields = message, fields
+        super().__init__(message.format(*fields) if fields else message)
+
+    def naming(self, names: dict[str, str]) -> "ConfigError":
+        """This error with each of its fields that ``names`` holds written as
+        ``"<name> (<field>)"`` (``names``: field → the flag that set it)."""
+        if not self.fields:
+            return self
+        shown = [f"{names[f]} ({f})" if f in names else f for f in self.fields]
+        return ConfigError(self.template.format(*shown))
 
 
 # Megatron-LM rounds the vocabulary up to a multiple of --make-vocab-size-divisible-by (default
@@ -184,13 +205,39 @@ class LossSpikePolicy(str, enum.Enum):
     ROLLBACK = "rollback"
 
 
+@functools.cache
+def _enum_fields(section: type) -> dict[str, type]:
+    """The fields of the section class ``section`` whose type is an enum: name → enum class."""
+    return {name: kind for name, kind in typing.get_type_hints(section).items()
+            if isinstance(kind, type) and issubclass(kind, enum.Enum)}
+
+
+class _Section:
+    """A section of the tree. Its enum fields hold their enum from the moment they are set (at
+    construction, by a flag, ``--set``, a config file or a resume), so no module converts a mode
+    string again; a value that is no member is a :class:`ConfigError` naming the field."""
+
+    SECTION: typing.ClassVar[str] = ""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        kind = _enum_fields(type(self)).get(name)
+        if kind is not None and not isinstance(value, kind):
+            try:
+                value = kind(value)
+            except ValueError:
+                raise ConfigError(f"{{0}} {value!r}: choose one of "
+                                  f"{', '.join(m.value for m in kind)}",
+                                  f"{self.SECTION}.{name}") from None
+        object.__setattr__(self, name, value)
+
+
 def _positive(section: str, **values: float) -> None:
     for name, v in values.items():
         if v is None or v <= 0:
-            raise ConfigError(f"{section}.{name} must be > 0, got {v!r}")
+            raise ConfigError(f"{{0}} must be > 0, got {v!r}", f"{section}.{name}")
 
 
-def _divisors(*numbers: int) -> list[int]:
+def divisors(*numbers: int) -> list[int]:
     """The positive integers that divide every one of ``numbers`` (for "use one of" hints)."""
     return [d for d in range(1, min(numbers) + 1) if all(n % d == 0 for n in numbers)]
 
@@ -205,12 +252,14 @@ def _nearest(candidates: list[int], value: int) -> str:
 def _probability(section: str, **values: float) -> None:
     for name, v in values.items():
         if not (0.0 <= v <= 1.0):
-            raise ConfigError(f"{section}.{name} must be in [0, 1], got {v!r}")
+            raise ConfigError(f"{{0}} must be in [0, 1], got {v!r}", f"{section}.{name}")
 
 
 @dataclass(kw_only=True)
-class EncoderConfig:
+class EncoderConfig(_Section):
     """One transformer encoder (generator or discriminator)."""
+
+    SECTION = "model.encoder"
 
     num_layers: int
     hidden_size: int
@@ -228,14 +277,15 @@ class EncoderConfig:
                      attention_dropout=self.attention_dropout)
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(
-                f"{name}.hidden_size ({self.hidden_size}) must be divisible by "
-                f"{name}.num_attention_heads ({self.num_attention_heads}); use "
-                f"{_nearest(_divisors(self.hidden_size), self.num_attention_heads)} heads (the "
-                f"nearest counts that divide {self.hidden_size})")
+                f"{{0}} ({self.hidden_size}) must be divisible by {{1}} "
+                f"({self.num_attention_heads}); use "
+                f"{_nearest(divisors(self.hidden_size), self.num_attention_heads)} heads (the "
+                f"nearest counts that divide {self.hidden_size})",
+                f"{name}.hidden_size", f"{name}.num_attention_heads")
 
 
 @dataclass(kw_only=True)
-class ModelConfig:
+class ModelConfig(_Section):
     """Generator, discriminator and their shared token table.
 
     ``embedding_size`` is the token table's width. DeBERTaV3 style: equal to both hidden sizes.
@@ -245,6 +295,8 @@ class ModelConfig:
     (pre-LayerNorm, final LayerNorm; Hugging Face ``RobertaPreLayerNorm``) or "post" (BERT /
     ELECTRA post-LayerNorm with a one-row token-type embedding; Hugging Face ``ElectraModel``).
     """
+
+    SECTION = "model"
 
     vocab_size: int = 8000  # real ids; replaced by the tokenizer's size at start-up
     embedding_size: int
@@ -321,26 +373,9 @@ class ModelConfig:
         and absolute positions (``model/sharing.py`` says what each mode shares)."""
         return (self.sharing is not Sharing.NES
                 and self.sharing_scope is SharingScope.EMBEDDINGS
-                and AttentionType(self.attention_type).absolute_positions)
+                and self.attention_type.absolute_positions)
 
     def validate(self) -> None:
-        self.sharing = Sharing(self.sharing)
-        try:
-            self.sharing_scope = SharingScope(self.sharing_scope)
-        except ValueError:
-            raise ConfigError(f"model.sharing_scope (--sharing-scope) {self.sharing_scope!r}: "
-                              f"choose {' or '.join(repr(s.value) for s in SharingScope)}"
-                              ) from None
-        try:
-            self.layernorm_position = LayerNormPosition(self.layernorm_position)
-        except ValueError:
-            raise ConfigError(f"--layernorm-position {self.layernorm_position!r}: choose "
-                              "'pre' or 'post'") from None
-        try:
-            self.attention_type = AttentionType(self.attention_type)
-        except ValueError:
-            raise ConfigError(f"--attention-type {self.attention_type!r}: choose "
-                              f"{' or '.join(repr(a.value) for a in AttentionType)}") from None
         if (self.attention_type.disentangled
                 and self.layernorm_position is not LayerNormPosition.POST):
             raise ConfigError("--attention-type disentangled needs --layernorm-position post "
@@ -360,11 +395,11 @@ class ModelConfig:
                 f"layernorm_epsilon {self.discriminator.layernorm_epsilon}; set both to one "
                 f"value, or pass --sharing-scope tokens")
         if self.position_buckets == 0 or self.position_buckets < -1:
-            raise ConfigError(f"model.position_buckets must be > 0 or -1 (no buckets), got "
-                              f"{self.position_buckets}; DeBERTaV3 uses 256")
+            raise ConfigError(f"{{0}} must be > 0 or -1 (no buckets), got "
+                              f"{self.position_buckets}; DeBERTaV3 uses 256", "model.position_buckets")
         if self.max_relative_positions == 0 or self.max_relative_positions < -1:
-            raise ConfigError(f"model.max_relative_positions must be > 0 or -1 "
-                              f"(= max_position_embeddings), got {self.max_relative_positions}")
+            raise ConfigError(f"{{0}} must be > 0 or -1 (= max_position_embeddings), got "
+                              f"{self.max_relative_positions}", "model.max_relative_positions")
         _positive("model", vocab_size=self.vocab_size, embedding_size=self.embedding_size,
                   max_position_embeddings=self.max_position_embeddings,
                   init_method_std=self.init_method_std,
@@ -378,26 +413,21 @@ class ModelConfig:
         sliding window: the modern block's layers but every ``global_attn_every_n_layers``-th,
         counted from layer 1 (Hugging Face ``ModernBertAttention``: local unless
         layer_id % global_attn_every_n_layers == 0)."""
-        return (AttentionType(self.attention_type).rotary and self.window_size > 0
+        return (self.attention_type.rotary and self.window_size > 0
                 and (layer_number - 1) % self.global_attn_every_n_layers != 0)
 
     def _validate_block(self) -> None:
         """The modern block's fields (``attention_type`` "rotary"): their values, and that they
         keep their defaults in the other layouts, which build none of them."""
-        try:
-            self.mlp_activation = MLPActivation(self.mlp_activation)
-        except ValueError:
-            raise ConfigError(f"model.mlp_activation {self.mlp_activation!r}: choose "
-                              f"{' or '.join(repr(a.value) for a in MLPActivation)}") from None
         if self.normalization not in NORMALIZATIONS:
-            raise ConfigError(f"model.normalization {self.normalization!r}: choose "
-                              f"{' or '.join(NORMALIZATIONS)}")
+            raise ConfigError(f"{{0}} {self.normalization!r}: choose "
+                              f"{' or '.join(NORMALIZATIONS)}", "model.normalization")
         _positive("model", rotary_base=self.rotary_base,
                   local_rotary_base=self.local_rotary_base,
                   global_attn_every_n_layers=self.global_attn_every_n_layers)
         if self.window_size == 0 or self.window_size < -1:
-            raise ConfigError(f"model.window_size must be > 0 or -1 (every layer global), got "
-                              f"{self.window_size}; ModernBERT uses 128")
+            raise ConfigError(f"{{0}} must be > 0 or -1 (every layer global), got "
+                              f"{self.window_size}; ModernBERT uses 128", "model.window_size")
         if self.attention_type.rotary:
             if self.layernorm_position is not LayerNormPosition.PRE:
                 raise ConfigError("--position-embedding-type rope (the modern block) needs "
@@ -412,9 +442,9 @@ class ModelConfig:
             name = changed[0]
             value, was = (getattr(v, "value", v) for v in (getattr(self, name),
                                                              default[name].default))
-            raise ConfigError(f"model.{name} {value!r} belongs to the modern block; add "
+            raise ConfigError(f"{{0}} {value!r} belongs to the modern block; add "
                               f"--position-embedding-type rope, or leave it at {was!r} for "
-                              f"{self.attention_type.value} attention")
+                              f"{self.attention_type.value} attention", f"model.{name}")
 
 
 class MaskStrategy(str, enum.Enum):
@@ -431,8 +461,10 @@ class MaskStrategy(str, enum.Enum):
 
 
 @dataclass(kw_only=True)
-class RTDConfig:
+class RTDConfig(_Section):
     """The objective (arXiv 2111.09543 §3.1)."""
+
+    SECTION = "rtd"
 
     # arXiv 2111.09543 §3.1 / ELECTRA use λ = 50; DeBERTa's released code defaults to 10.
     rtd_lambda: float = 50.0
@@ -451,24 +483,20 @@ class RTDConfig:
     span_max_words: int = 10
 
     def validate(self) -> None:
-        try:
-            self.mask_strategy = MaskStrategy(self.mask_strategy)
-        except ValueError:
-            raise ConfigError(f"--mask-strategy {self.mask_strategy!r}: choose "
-                              f"{', '.join(s.value for s in MaskStrategy)}") from None
         if not 0 < self.span_geometric_p <= 1:
-            raise ConfigError(f"rtd.span_geometric_p must be in (0, 1], got {self.span_geometric_p}; "
-                              "SpanBERT uses 0.2")
+            raise ConfigError(f"{{0}} must be in (0, 1], got {self.span_geometric_p}; "
+                              "SpanBERT uses 0.2", "rtd.span_geometric_p")
         if self.span_max_words < 1:
-            raise ConfigError(f"rtd.span_max_words must be >= 1, got {self.span_max_words}; "
-                              "SpanBERT uses 10")
+            raise ConfigError(f"{{0}} must be >= 1, got {self.span_max_words}; "
+                              "SpanBERT uses 10", "rtd.span_max_words")
         _positive("rtd", temperature=self.temperature)
         if self.rtd_lambda < 0:
-            raise ConfigError(f"rtd.rtd_lambda must be >= 0, got {self.rtd_lambda}")
+            raise ConfigError(f"{{0}} must be >= 0, got {self.rtd_lambda}", "rtd.rtd_lambda")
         _probability("rtd", mask_prob=self.mask_prob, mask_token_prob=self.mask_token_prob,
                      random_token_prob=self.random_token_prob)
         if self.mask_prob == 0:
-            raise ConfigError("rtd.mask_prob must be > 0 (nothing would be masked); e.g. 0.15")
+            raise ConfigError("{0} must be > 0 (nothing would be masked); e.g. 0.15",
+                              "rtd.mask_prob")
         if self.mask_token_prob + self.random_token_prob > 1.0 + 1e-9:
             raise ConfigError(
                 "rtd.mask_token_prob + rtd.random_token_prob must be <= 1, got "
@@ -506,8 +534,10 @@ def parse_blend(tokens: Sequence[str], flag: str) -> list[tuple[float, list[str]
 
 
 @dataclass(kw_only=True)
-class DataConfig:
+class DataConfig(_Section):
     """Data, packing and loading (Megatron-LM's flag names; rtd_scale/data/*.py)."""
+
+    SECTION = "data"
 
     # --data-path as typed: shard or dataset prefixes (one dataset, concatenated), or
     # WEIGHT PREFIX pairs (a blend, weights normalised), e.g. ["0.7", "A", "0.3", "B"]
@@ -530,8 +560,9 @@ class DataConfig:
         except ValueError:
             w = []
         if not 1 <= len(w) <= 3 or min(w) < 0 or w[0] <= 0 or not all(math.isfinite(x) for x in w):
-            raise ConfigError(f"--split {self.split!r}: expected up to three non-negative "
-                              "train,valid,test shares with a positive train share, e.g. 969,30,1")
+            raise ConfigError(f"{{0}} {self.split!r}: expected up to three non-negative "
+                              "train,valid,test shares with a positive train share, e.g. "
+                              "969,30,1", "data.split")
         return tuple(w + [0.0] * (3 - len(w)))  # type: ignore[return-value]
 
     def sources(self) -> list[tuple[float, list[str]]]:
@@ -559,25 +590,29 @@ class DataConfig:
     def validate(self, model: ModelConfig) -> None:
         _positive("data", seq_length=self.seq_length)
         if self.seq_length < 3:
-            raise ConfigError(f"data.seq_length must be >= 3 ([CLS] x [SEP]), got {self.seq_length}")
+            raise ConfigError(f"{{0}} must be >= 3 ([CLS] x [SEP]), got {self.seq_length}",
+                              "data.seq_length")
         if self.seq_length > model.max_position_embeddings:
             raise ConfigError(
-                f"--seq-length {self.seq_length} exceeds model.max_position_embeddings "
-                f"{model.max_position_embeddings}; lower --seq-length or raise "
+                f"{{0}} {self.seq_length} exceeds {{1}} {model.max_position_embeddings}; lower "
+                "the sequence length or raise the position table", "data.seq_length",
                 "model.max_position_embeddings")
         self.split_weights()
         self.sources()
         self.valid_sources()
         self.test_sources()
         if self.num_workers < 0:
-            raise ConfigError(f"--num-workers must be >= 0 (0: load in the training process), "
-                              f"got {self.num_workers}")
+            raise ConfigError(f"{{0}} must be >= 0 (0: load in the training process), "
+                              f"got {self.num_workers}", "data.num_workers")
         if self.prefetch_factor < 1:
-            raise ConfigError(f"data.prefetch_factor must be >= 1, got {self.prefetch_factor}")
+            raise ConfigError(f"{{0}} must be >= 1, got {self.prefetch_factor}",
+                              "data.prefetch_factor")
 
 
 @dataclass(kw_only=True)
-class ParallelConfig:
+class ParallelConfig(_Section):
+    SECTION = "parallel"
+
     tensor_model_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
     # --distributed-timeout-minutes: torch.distributed's and megatron-core's process-group
@@ -593,12 +628,12 @@ class ParallelConfig:
         layers = [enc.num_layers for _, enc in encoders]
         for name, enc in encoders:
             if enc.num_layers % pp:
-                fits = ", ".join(map(str, _divisors(*layers)))
+                fits = ", ".join(map(str, divisors(*layers)))
                 raise ConfigError(
-                    f"model.{name}.num_layers ({enc.num_layers}) cannot be divided evenly over "
+                    f"{{0}} ({enc.num_layers}) cannot be divided evenly over "
                     f"--pipeline-model-parallel-size {pp} (both models are split over the same "
                     f"stages); use a pipeline size that divides both layer counts "
-                    f"({' and '.join(map(str, layers))}): {fits}")
+                    f"({' and '.join(map(str, layers))}): {fits}", f"model.{name}.num_layers")
         tp = self.tensor_model_parallel_size
         split = [v for _, enc in encoders for v in (enc.num_attention_heads, enc.ffn_hidden_size)]
         for name, enc in encoders:
@@ -606,10 +641,10 @@ class ParallelConfig:
                             ("ffn_hidden_size", enc.ffn_hidden_size)):
                 if v % tp:
                     raise ConfigError(
-                        f"model.{name}.{what} ({v}) must be divisible by "
+                        f"{{0}} ({v}) must be divisible by "
                         f"--tensor-model-parallel-size ({tp}); the sizes that divide both "
                         f"models' head counts and FFN sizes: "
-                        f"{', '.join(map(str, _divisors(*split)))}")
+                        f"{', '.join(map(str, divisors(*split)))}", f"model.{name}.{what}")
 
 
 class LRDecayStyle(str, enum.Enum):
@@ -632,11 +667,13 @@ class WSDDecayStyle(str, enum.Enum):
 
 
 @dataclass(kw_only=True)
-class OptimConfig:
+class OptimConfig(_Section):
     """AdamW and megatron-core's learning-rate schedule (``training/lr_schedule.py``): warm-up
     from ``lr_warmup_init`` to ``lr``, then ``lr_decay_style`` down to ``min_lr`` (linear by
     default, arXiv 2111.09543 Table 10). Lengths are Megatron-LM's: ``*_iters`` in optimizer
     steps, ``*_samples`` in samples, ``lr_warmup_fraction`` of the decay length."""
+
+    SECTION = "optim"
 
     lr: float = 1e-4
     min_lr: float = 0.0
@@ -664,16 +701,19 @@ class OptimConfig:
     def validate(self) -> None:
         _positive("optim", lr=self.lr)
         if self.min_lr < 0 or self.min_lr > self.lr:
-            raise ConfigError(f"optim.min_lr must be in [0, lr={self.lr}], got {self.min_lr}")
+            raise ConfigError(f"{{0}} must be in [0, lr={self.lr}], got {self.min_lr}",
+                              "optim.min_lr")
         if self.lr_warmup_iters < 0:
-            raise ConfigError(f"--lr-warmup-iters must be >= 0, got {self.lr_warmup_iters}")
+            raise ConfigError(f"{{0}} must be >= 0, got {self.lr_warmup_iters}",
+                              "optim.lr_warmup_iters")
         if self.lr_decay_iters is not None and self.lr_decay_iters < self.lr_warmup_iters:
             raise ConfigError(
-                f"--lr-decay-iters ({self.lr_decay_iters}) must be >= --lr-warmup-iters "
-                f"({self.lr_warmup_iters})")
+                f"{{0}} ({self.lr_decay_iters}) must be >= {{1}} ({self.lr_warmup_iters})",
+                "optim.lr_decay_iters", "optim.lr_warmup_iters")
         self._validate_schedule()
         if self.clip_grad < 0:
-            raise ConfigError(f"--clip-grad must be >= 0 (0 disables), got {self.clip_grad}")
+            raise ConfigError(f"{{0}} must be >= 0 (0 disables), got {self.clip_grad}",
+                              "optim.clip_grad")
         _probability("optim", adam_beta1=self.adam_beta1, adam_beta2=self.adam_beta2)
         if self.override_opt_param_scheduler and self.use_checkpoint_opt_param_scheduler:
             raise ConfigError("--override-opt_param-scheduler and "
@@ -681,14 +721,6 @@ class OptimConfig:
                               "pass one of them")
 
     def _validate_schedule(self) -> None:
-        for flag, kind, attr in (("--lr-decay-style", LRDecayStyle, "lr_decay_style"),
-                                 ("--lr-wsd-decay-style", WSDDecayStyle, "lr_wsd_decay_style")):
-            try:
-                setattr(self, attr, kind(getattr(self, attr)))
-            except ValueError:
-                choices = ", ".join(e.value for e in kind)
-                raise ConfigError(f"{flag} {getattr(self, attr)!r}: choose one of "
-                                  f"{choices}") from None
         pairs = (("--lr-warmup-iters", self.lr_warmup_iters > 0, "--lr-warmup-samples",
                   self.lr_warmup_samples > 0),
                  ("--lr-warmup-fraction", self.lr_warmup_fraction is not None,
@@ -702,19 +734,19 @@ class OptimConfig:
             if has_a and has_b:
                 raise ConfigError(f"{a} and {b} both give the same length; pass one of them")
         if self.lr_warmup_fraction is not None and not 0.0 <= self.lr_warmup_fraction < 1.0:
-            raise ConfigError(f"--lr-warmup-fraction must be in [0, 1), got "
-                              f"{self.lr_warmup_fraction}")
-        for flag, v in (("--lr-warmup-samples", self.lr_warmup_samples),
-                        ("--lr-decay-samples", self.lr_decay_samples),
-                        ("--lr-wsd-decay-iters", self.lr_wsd_decay_iters),
-                        ("--lr-wsd-decay-samples", self.lr_wsd_decay_samples)):
+            raise ConfigError(f"{{0}} must be in [0, 1), got {self.lr_warmup_fraction}",
+                              "optim.lr_warmup_fraction")
+        for name in ("lr_warmup_samples", "lr_decay_samples", "lr_wsd_decay_iters",
+                     "lr_wsd_decay_samples"):
+            v = getattr(self, name)
             if v is not None and v < 0:
-                raise ConfigError(f"{flag} must be >= 0, got {v}")
+                raise ConfigError(f"{{0}} must be >= 0, got {v}", f"optim.{name}")
         if self.lr_decay_samples == 0:
-            raise ConfigError("--lr-decay-samples must be > 0; omit it to decay over the run")
+            raise ConfigError("{0} must be > 0; omit it to decay over the run",
+                              "optim.lr_decay_samples")
         if not 0.0 <= self.lr_warmup_init <= self.lr:
-            raise ConfigError(f"--lr-warmup-init must be in [0, --lr {self.lr}], got "
-                              f"{self.lr_warmup_init}")
+            raise ConfigError(f"{{0}} must be in [0, {{1}} {self.lr}], got "
+                              f"{self.lr_warmup_init}", "optim.lr_warmup_init", "optim.lr")
         if (self.lr_decay_style is LRDecayStyle.WSD and self.lr_wsd_decay_iters is None
                 and self.lr_wsd_decay_samples is None):
             raise ConfigError("--lr-decay-style WSD needs the length of its annealing phase: "
@@ -743,7 +775,9 @@ class OptimConfig:
 
 
 @dataclass(kw_only=True)
-class TrainConfig:
+class TrainConfig(_Section):
+    SECTION = "train"
+
     train_iters: int = 1000  # optimizer steps
     micro_batch_size: int = 8  # samples per rank per forward
     global_batch_size: int = 8  # samples per optimizer step, all data-parallel ranks
@@ -797,42 +831,44 @@ class TrainConfig:
         return self.eval_interval > 0 and self.eval_iters > 0
 
     def validate(self) -> None:
-        self.precision = Precision(self.precision)
         _positive("train", train_iters=self.train_iters, micro_batch_size=self.micro_batch_size,
                   global_batch_size=self.global_batch_size, log_interval=self.log_interval)
         if self.timing_log_level not in (0, 1, 2):
-            raise ConfigError("--timing-log-level must be 0 (no timers), 1 (data wait, forward, "
-                              "backward, optimizer step) or 2 (also the forward's phases), got "
-                              f"{self.timing_log_level!r}")
+            raise ConfigError("{0} must be 0 (no timers), 1 (data wait, forward, backward, "
+                              "optimizer step) or 2 (also the forward's phases), got "
+                              f"{self.timing_log_level!r}", "train.timing_log_level")
         if self.save_interval < 0:
-            raise ConfigError(f"--save-interval must be >= 0, got {self.save_interval}")
+            raise ConfigError(f"{{0}} must be >= 0, got {self.save_interval}",
+                              "train.save_interval")
         if self.max_consecutive_nonfinite_iters < 0:
-            raise ConfigError("--max-consecutive-nonfinite-iters must be >= 0 (0: never stop), "
-                              f"got {self.max_consecutive_nonfinite_iters}")
-        self.loss_spike_policy = LossSpikePolicy(self.loss_spike_policy)
+            raise ConfigError("{0} must be >= 0 (0: never stop), "
+                              f"got {self.max_consecutive_nonfinite_iters}",
+                              "train.max_consecutive_nonfinite_iters")
         if self.loss_spike_window_iters < 10:
-            raise ConfigError("--loss-spike-window-iters must be >= 10 (the iterations a spike "
-                              "is measured against; the spread of fewer is no estimate), got "
-                              f"{self.loss_spike_window_iters}")
+            raise ConfigError("{0} must be >= 10 (the iterations a spike is measured "
+                              "against; the spread of fewer is no estimate), got "
+                              f"{self.loss_spike_window_iters}", "train.loss_spike_window_iters")
         if not self.loss_spike_threshold > 0 or not self.loss_spike_min_rise >= 0:
             raise ConfigError("--loss-spike-threshold must be > 0 (robust standard deviations) "
                               "and train.loss_spike_min_rise >= 0 (a fraction of the median), "
                               f"got {self.loss_spike_threshold} and {self.loss_spike_min_rise}")
         if self.max_loss_spike_rollbacks < 0:
-            raise ConfigError("--max-loss-spike-rollbacks must be >= 0 (0: the first spike "
-                              f"stops the run), got {self.max_loss_spike_rollbacks}")
+            raise ConfigError("{0} must be >= 0 (0: the first spike stops the run), got "
+                              f"{self.max_loss_spike_rollbacks}", "train.max_loss_spike_rollbacks")
         if self.peak_tflops_per_device is not None and not self.peak_tflops_per_device > 0:
-            raise ConfigError("--peak-tflops-per-device must be > 0 (TFLOP/s of one device), "
-                              f"got {self.peak_tflops_per_device}")
+            raise ConfigError("{0} must be > 0 (TFLOP/s of one device), "
+                              f"got {self.peak_tflops_per_device}", "train.peak_tflops_per_device")
         if self.eval_interval < 0 or self.eval_iters < 0:
             raise ConfigError(f"--eval-interval and --eval-iters must be >= 0 (0 disables "
                               f"validation), got {self.eval_interval} and {self.eval_iters}")
 
 
 @dataclass(kw_only=True)
-class MonitorConfig:
+class MonitorConfig(_Section):
     """Weights & Biases and the step profiler, with Megatron-LM's flags (``--wandb-*``,
     ``--profile*``; defaults as in its ``megatron/training/arguments.py``)."""
+
+    SECTION = "monitor"
 
     wandb_project: Optional[str] = None  # log to W&B (from the logging rank) when set
     wandb_exp_name: Optional[str] = None  # the W&B run's name; None: W&B picks one
@@ -876,7 +912,7 @@ class MonitorConfig:
 
 
 @dataclass(kw_only=True)
-class FaultToleranceConfig:
+class FaultToleranceConfig(_Section):
     """The per-rank heartbeat and the straggler report (``training/heartbeat.py``,
     ``training/stragglers.py``). Budgets are seconds without a finished step before a rank is
     declared hung, one per section as in NVIDIA's resiliency extension (its ft_launcher's
@@ -885,6 +921,8 @@ class FaultToleranceConfig:
     ``step`` between two steps, ``checkpointing`` for a save. None: derived while the run goes,
     ``safety_factor`` × the measured median step (or the longest save) with the floor below; 0:
     that budget is off."""
+
+    SECTION = "fault_tolerance"
 
     setup_timeout_s: Optional[float] = 600.0
     step_timeout_s: Optional[float] = None
@@ -908,13 +946,16 @@ class FaultToleranceConfig:
                   checkpointing_timeout_floor_s=self.checkpointing_timeout_floor_s,
                   safety_factor=self.safety_factor)
         if not 0 <= self.straggler_threshold < 1:
-            raise ConfigError("--straggler-threshold must be in [0, 1) (a fraction of the "
-                              f"median rank's speed; 0: name none), got {self.straggler_threshold}")
+            raise ConfigError("{0} must be in [0, 1) (a fraction of the median rank's speed; "
+                              f"0: name none), got {self.straggler_threshold}",
+                              "fault_tolerance.straggler_threshold")
 
 
 @dataclass(kw_only=True)
-class RunConfig:
+class RunConfig(_Section):
     """The whole tree. Builders get only their section."""
+
+    SECTION = ""
 
     preset: str = "tiny"
     model: ModelConfig
@@ -966,18 +1007,6 @@ class RunConfig:
             raise ConfigError(f"--lr-wsd-decay-iters/-samples ({wsd} samples) exceeds the decay "
                               f"length ({decay} samples); use at most --lr-decay-iters")
 
-    def batch_arithmetic(self, world_size: int) -> tuple[int, int]:
-        """(data_parallel_size, gradient_accumulation_steps) for ``world_size`` ranks
-        (:func:`batch_layout` with pretrain.py's flag names).
-
-        Raises:
-            ConfigError: naming the flags, when the numbers do not divide.
-        """
-        return batch_layout(world_size, self.train.global_batch_size,
-                            self.train.micro_batch_size,
-                            tp=self.parallel.tensor_model_parallel_size,
-                            pp=self.parallel.pipeline_model_parallel_size)
-
     def to_dict(self) -> dict[str, Any]:
         def conv(o: Any) -> Any:
             if isinstance(o, enum.Enum):
@@ -996,279 +1025,93 @@ class RunConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
         """The inverse of :meth:`to_dict` (a run's ``config.json``, a checkpoint's
-        ``rtd_meta.json``): its preset, then every recorded field, validated (fields this
-        version does not know are ignored)."""
-        cfg = preset(d.get("preset", "tiny"))
+        ``rtd_meta.json``): every section built from its recorded fields, validated.
 
-        def fill(obj: Any, values: dict[str, Any]) -> None:
-            for f in dataclasses.fields(obj):
-                if f.name not in values:
-                    continue
-                current, value = getattr(obj, f.name), values[f.name]
-                if dataclasses.is_dataclass(current) and isinstance(value, dict):
-                    fill(current, value)
-                elif isinstance(current, enum.Enum):
-                    setattr(obj, f.name, type(current)(value))
-                else:
-                    setattr(obj, f.name, value)
+        Validated without its warnings: a recorded config was warned about when its run
+        started, and a config file is warned about with the flags beside it
+        (``arguments.config_from_args``).
 
-        fill(cfg, d)
-        cfg.validate()
-        return cfg
+        Raises:
+            ConfigError: naming a field that is unknown, missing or of the wrong kind.
+        """
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return _build(cls, d, "")
 
 
-@dataclass(frozen=True)
-class BatchNames:
-    """How :func:`batch_layout`'s errors name its numbers: a format per value ("{}" is the
-    value), what a rank is called in the job as a whole and on one node, and what each error
-    suggests changing."""
+def _build(kind: type, values: Any, path: str) -> Any:
+    """The section class ``kind`` (``path``: its dotted name) from a mapping of its fields:
+    nested sections from nested mappings, every other value through :func:`_typed`; a field
+    the mapping lacks takes its default."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"{{0}}: expected a mapping of fields, got {values!r}",
+                          path or "the config")
+    fields = {f.name: f for f in dataclasses.fields(kind)}
+    unknown = [name for name in values if name not in fields]
+    if unknown:
+        raise ConfigError(f"{{0}}: no such field; {path or 'the config'} has "
+                          f"{', '.join(fields)}", _dotted(path, unknown[0]))
+    hints = typing.get_type_hints(kind)
+    kwargs = {name: (_build(hints[name], value, _dotted(path, name))
+                     if dataclasses.is_dataclass(hints[name])
+                     else _typed(hints[name], value, _dotted(path, name)))
+              for name, value in values.items()}
+    missing = [name for name, f in fields.items() if name not in kwargs
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ConfigError("{0}: missing (a field without a default must be given)",
+                          _dotted(path, missing[0]))
+    return kind(**kwargs)
 
-    global_batch: str = "--global-batch-size {}"
-    micro_batch: str = "--micro-batch-size {}"
-    tp: str = "--tensor-model-parallel-size {}"
-    pp: str = "--pipeline-model-parallel-size {}"
-    ranks: str = "ranks"
-    ranks_per_node: str = "ranks"
-    global_fix: str = "change --global-batch-size or the number of ranks"
-    per_node_fix: str = ""
+
+def _dotted(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
 
 
-def batch_layout(world_size: int, global_batch: int, micro_batch: int, *, tp: int = 1,
-                 pp: int = 1, ranks_per_node: Optional[int] = None,
-                 names: BatchNames = BatchNames()) -> tuple[int, int]:
-    """(data-parallel size, gradient-accumulation steps) of ``world_size`` ranks at
-    tensor × pipeline parallel size ``tp`` × ``pp``: DP = world / (TP × PP) and
-    global = micro × accumulation × DP. The one implementation of that arithmetic: pretrain.py
-    (:meth:`RunConfig.batch_arithmetic`), the Slurm job before it starts its tasks
-    (``python -m rtd_scale.launch_env batch-arithmetic``) and tools/estimate_cost.py; where DP
-    is already known (the loader, the training loop, the resolved ds_config) the split is
-    :func:`rank_share`'s.
-    With ``ranks_per_node`` (a job of several nodes), TP must divide it too: megatron-core puts
-    consecutive ranks in one TP group and Slurm numbers ranks node by node, so otherwise a TP
-    group would span two nodes.
+def _typed(kind: Any, value: Any, path: str) -> Any:
+    """``value`` (from a config file, or a ``--set`` string) as a value of the annotation
+    ``kind`` of the field ``path``: a string is parsed as ``--set`` parses it, an int stands
+    for a float; anything else of the wrong kind is an error naming the field.
 
     Raises:
-        ConfigError: one line, in ``names``' words, when the numbers do not divide, with the
-            sizes that would.
+        ConfigError: naming the field, the value and the kind expected.
     """
-    mp = tp * pp
-    tp_name = names.tp.format(tp)
-    if world_size % mp:
-        what = (f"{tp_name} (tensor-parallel size)" if pp == 1 else
-                f"{tp_name} × {names.pp.format(pp)} (model-parallel size {mp})")
-        raise ConfigError(f"{world_size} {names.ranks} are not divisible by {what}; launch a "
-                          f"multiple of {mp} {names.ranks}")
-    if ranks_per_node is not None and ranks_per_node % tp:
-        raise ConfigError(f"{tp_name} does not divide the {ranks_per_node} "
-                          f"{names.ranks_per_node} per node: tensor-parallel groups would span "
-                          f"nodes{names.per_node_fix}")
-    dp = world_size // mp
-    model_parallel = f"TP {tp}" + (f" × PP {pp}" if pp > 1 else "")
-    if global_batch % dp:
-        fix = names.global_fix
-        if ranks_per_node is not None and (ranks_per_node * 1024) % mp == 0:
-            nodes = [n for n in range(1, 1025) if (n * ranks_per_node) % mp == 0
-                     and global_batch % (n * ranks_per_node // mp) == 0][:8]
-            fix += (f" (node counts that work at {ranks_per_node} {names.ranks_per_node} per "
-                    f"node: {' '.join(map(str, nodes))})" if nodes else "")
-        raise ConfigError(f"{names.global_batch.format(global_batch)} is not divisible by the "
-                          f"data-parallel size {dp} (= {world_size} {names.ranks} / "
-                          f"{model_parallel}): no micro-batch and accumulation give exactly "
-                          f"{global_batch}; {fix}")
-    per_rank = global_batch // dp
-    if per_rank % micro_batch:
-        raise ConfigError(f"{names.micro_batch.format(micro_batch)} does not divide the "
-                          f"{per_rank} samples per data-parallel rank per step (global "
-                          f"{global_batch} / DP {dp}); micro-batch sizes that do: "
-                          f"{' '.join(map(str, _divisors(per_rank)))}")
-    return dp, rank_share(global_batch, micro_batch, dp)[1]
+    optional = type(None) in typing.get_args(kind)
+    if optional:  # Optional[X]: the field's default may be None, so its type comes from X
+        kind = next(a for a in typing.get_args(kind) if a is not type(None))
+        if value is None or (isinstance(value, str) and value.strip().lower() == "none"):
+            return None
+    try:
+        if isinstance(value, str) and kind is not str:
+            return _parse_value(kind, value)
+        if typing.get_origin(kind) is list:
+            item = typing.get_args(kind)[0]
+            if isinstance(value, list):
+                return [_typed(item, v, path) for v in value]
+        elif isinstance(kind, type) and issubclass(kind, enum.Enum):
+            return kind(value)
+        elif kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            if math.isfinite(value):
+                return float(value)
+        elif isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+            return value
+    except ValueError:
+        pass
+    raise ConfigError(f"{{0}} {value!r}: expected {_expected(kind)}"
+                      + (" or none" if optional else ""), path)
 
 
-def rank_share(global_batch: int, micro_batch: int, data_parallel_size: int) -> tuple[int, int]:
-    """(samples, micro-batches) of one data-parallel rank in one optimizer step: its
-    global / DP samples, run as global / (micro × DP) micro-batches — the gradient-accumulation
-    steps. For numbers :func:`batch_layout` accepts (it explains, in the user's words, those
-    that do not divide); anything else is a programming error.
-    """
-    per_rank, rest = divmod(global_batch, data_parallel_size)
-    assert rest == 0 and per_rank % micro_batch == 0, (global_batch, micro_batch,
-                                                       data_parallel_size)
-    return per_rank, per_rank // micro_batch
-
-
-# ----------------------------------------------------------------------------------------------
-# Presets
-# ----------------------------------------------------------------------------------------------
-
-def _enc(layers: int, hidden: int, heads: int, **kw: Any) -> EncoderConfig:
-    return EncoderConfig(num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-                         ffn_hidden_size=4 * hidden, **kw)
-
-
-def _tiny() -> RunConfig:
-    """CPU-sized: discriminator 4×96, generator 2×96 (DeBERTaV3 style: same width, half depth;
-    both layer counts divide by 2, so it also runs at --pipeline-model-parallel-size 2)."""
-    return RunConfig(
-        preset="tiny",
-        model=ModelConfig(vocab_size=8000, embedding_size=96, max_position_embeddings=128,
-                          generator=_enc(2, 96, 2), discriminator=_enc(4, 96, 2)),
-        # no loader workers: the tiny model steps faster than worker start-up pays back on CPU
-        data=DataConfig(seq_length=128, num_workers=0),
-        optim=OptimConfig(lr=1e-3, lr_warmup_iters=30),
-        train=TrainConfig(train_iters=300, micro_batch_size=16, global_batch_size=32,
-                          eval_interval=100, eval_iters=2),
-    )
-
-
-def _debertav3_tiny() -> RunConfig:
-    """The main job's model (``tools/run_default.sh``): ``tiny``'s dimensions in DeBERTaV3's
-    layout (disentangled attention, no absolute positions, post-LayerNorm, GDES), with 25% of
-    tokens masked (ELECTRA-large's rate, arXiv 2003.10555 Table 6) and no dropout. Measured with
-    ``bench/lever_study.py`` on the sample corpus (README, "What the main job shows"): BERT
-    attention stays on the RTD plateau for 600 steps (held-out AUC 0.55); with disentangled
-    attention the run leaves it, after about 400 steps at mask 0.15 and dropout 0.1, and by
-    step 300 with both levers (0.65 and 0.69 for two seeds, 0.70 and 0.69 at step 600)."""
-    cfg = _tiny()
-    cfg.preset = "debertav3-tiny"
-    cfg.model.layernorm_position = LayerNormPosition.POST
-    cfg.model.attention_type = AttentionType.DISENTANGLED
-    cfg.rtd.mask_prob = 0.25
-    for enc in (cfg.model.generator, cfg.model.discriminator):
-        enc.hidden_dropout = enc.attention_dropout = 0.0
-    cfg.train.train_iters = 600
-    return cfg
-
-
-def _electra(size: str) -> RunConfig:
-    """ELECTRA (arXiv 2003.10555 Table 6): generator narrower, embedding projected."""
-    disc, gen, emb, mask_prob, seq = {
-        # discriminator 12×256, embedding 128, generator 1/4 width
-        "small": (_enc(12, 256, 4), _enc(12, 64, 1), 128, 0.15, 128),
-        # 12×768, generator 1/3 width
-        "base": (_enc(12, 768, 12), _enc(12, 256, 4), 768, 0.15, 512),
-        # 24×1024, generator 1/4 width, mask 25%
-        "large": (_enc(24, 1024, 16), _enc(24, 256, 4), 1024, 0.25, 512),
-    }[size]
-    # BERT's LayerNorm epsilon, kept by ELECTRA's code and Hugging Face's ElectraConfig
-    disc, gen = (dataclasses.replace(e, layernorm_epsilon=1e-12) for e in (disc, gen))
-    return RunConfig(
-        preset=f"electra-{size}",
-        # post-LayerNorm encoders, as BERT and ELECTRA (arXiv 2003.10555 §3.1)
-        model=ModelConfig(vocab_size=30522, embedding_size=emb, max_position_embeddings=512,
-                          generator=gen, discriminator=disc, sharing=Sharing.ES,
-                          layernorm_position=LayerNormPosition.POST),
-        rtd=RTDConfig(mask_prob=mask_prob, mask_token_prob=0.85, random_token_prob=0.0),
-        data=DataConfig(seq_length=seq),
-        optim=OptimConfig(lr={"small": 5e-4, "base": 2e-4, "large": 2e-4}[size],
-                          lr_warmup_iters=10000, adam_beta2=0.999),
-        train=TrainConfig(train_iters={"small": 1_000_000, "base": 766_000, "large": 400_000}[size],
-                          micro_batch_size=32,
-                          global_batch_size={"small": 128, "base": 256, "large": 2048}[size]),
-    )
-
-
-def _debertav3(size: str) -> RunConfig:
-    """DeBERTaV3 (arXiv 2111.09543 §4, Table 10): generator same width, half depth, GDES."""
-    disc = {
-        "xsmall": _enc(12, 384, 6),
-        "small": _enc(6, 768, 12),
-        "base": _enc(12, 768, 12),
-        "large": _enc(24, 1024, 16),
-    }[size]
-    gen = dataclasses.replace(disc, num_layers=disc.num_layers // 2)
-    return RunConfig(
-        preset=f"debertav3-{size}",
-        # DeBERTaV3's released configs: disentangled attention (relative_attention, pos_att_type
-        # p2c|c2p, position_buckets 256, share_att_key, norm_rel_ebd layer_norm), no absolute
-        # position in the input, post-LayerNorm layers, LayerNorm epsilon 1e-7
-        model=ModelConfig(vocab_size=128100, embedding_size=disc.hidden_size,
-                          max_position_embeddings=512, generator=gen, discriminator=disc,
-                          sharing=Sharing.GDES, layernorm_position=LayerNormPosition.POST,
-                          attention_type=AttentionType.DISENTANGLED, position_buckets=256,
-                          max_relative_positions=-1),
-        data=DataConfig(seq_length=512),
-        # peak lr of Table 10 (§4's prose gives base 5e-4; slurm/pretrain_base.sh offers it)
-        # TODO(verify): arXiv 2111.09543 Table 10, each size's peak learning rate
-        optim=OptimConfig(lr=3e-4 if size == "large" else 6e-4, lr_warmup_iters=10000),
-        train=TrainConfig(train_iters=500_000, micro_batch_size=8, global_batch_size=8192),
-    )
-
-
-# -- the modern block (attention_type "rotary"; model/modern.py) -------------------------------
-
-def _modern(cfg: RunConfig, window_size: int = 128) -> RunConfig:
-    """``cfg`` with ModernBERT's block (arXiv 2412.13663 §2.1; Hugging Face ModernBertConfig of
-    answerdotai/ModernBERT-base and -large): RoPE with bases 160,000 (global layers) and 10,000
-    (local), a sliding window of ``window_size`` tokens in every layer but every third, GeGLU,
-    no bias in any linear or norm, LayerNorm epsilon 1e-5, no dropout, pre-LayerNorm placed as
-    ModernBERT (``model/modern.py``)."""
-    m = cfg.model
-    m.layernorm_position, m.attention_type = LayerNormPosition.PRE, AttentionType.ROTARY
-    m.rotary_base, m.local_rotary_base = 160_000.0, 10_000.0
-    m.window_size, m.global_attn_every_n_layers = window_size, 3
-    m.normalization, m.norm_bias, m.add_bias_linear = "LayerNorm", False, False
-    m.mlp_activation = MLPActivation.GEGLU
-    for enc in (m.generator, m.discriminator):
-        enc.hidden_dropout = enc.attention_dropout = 0.0
-        enc.layernorm_epsilon = 1e-5
-    return cfg
-
-
-def _modernbert_tiny() -> RunConfig:
-    """``tiny``'s dimensions (discriminator 4×96, generator 2×96) in the modern block, FFN 1.5 ×
-    width (ModernBERT-base's 1152 / 768) and a 32-token window, so that at ``tiny``'s 128 tokens
-    the local layers (1 and 2 of the discriminator, 1 of the generator) see a quarter of it."""
-    cfg = _tiny()
-    cfg.preset = "modernbert-tiny"
-    for enc in (cfg.model.generator, cfg.model.discriminator):
-        enc.ffn_hidden_size = 144
-    return _modern(cfg, window_size=32)
-
-
-def _modernbert(size: str) -> RunConfig:
-    """ModernBERT-base / -large's discriminator (arXiv 2412.13663 Table 4; 149M and 395M
-    parameters with the embeddings), its 50,368-id vocabulary and 8,192 positions, pretrained
-    at 1,024 tokens; the generator by DeBERTaV3's rule (half depth, same width, GDES), and
-    DeBERTaV3's optimiser and schedule (the RTD recipe, ``_debertav3``)."""
-    disc = {"base": EncoderConfig(num_layers=22, hidden_size=768, num_attention_heads=12,
-                                  ffn_hidden_size=1152),
-            "large": EncoderConfig(num_layers=28, hidden_size=1024, num_attention_heads=16,
-                                   ffn_hidden_size=2624)}[size]
-    cfg = _debertav3("large" if size == "large" else "base")
-    cfg.preset = f"modernbert-{size}"
-    cfg.model = ModelConfig(vocab_size=50368, embedding_size=disc.hidden_size,
-                            max_position_embeddings=8192, generator=dataclasses.replace(
-                                disc, num_layers=disc.num_layers // 2),
-                            discriminator=disc, sharing=Sharing.GDES)
-    cfg.data.seq_length = 1024
-    return _modern(cfg)
-
-
-MODERN_PRESETS: dict[str, Callable[[], RunConfig]] = {
-    "modernbert-tiny": _modernbert_tiny,
-    **{f"modernbert-{s}": (lambda s=s: _modernbert(s)) for s in ("base", "large")},
-}
-
-# ----------------------------------------------------------------------------------------------
-
-PRESETS: dict[str, Callable[[], RunConfig]] = {
-    "tiny": _tiny,
-    "debertav3-tiny": _debertav3_tiny,
-    **{f"electra-{s}": (lambda s=s: _electra(s)) for s in ("small", "base", "large")},
-    **{f"debertav3-{s}": (lambda s=s: _debertav3(s)) for s in ("xsmall", "small", "base", "large")},
-    **MODERN_PRESETS,
-}
-
-
-def preset(name: str) -> RunConfig:
-    """A fresh config tree for a named preset.
-
-    Raises:
-        ValueError: unknown name (the message lists the known ones).
-    """
-    if name not in PRESETS:
-        raise ConfigError(f"--preset {name!r} is unknown; choose one of {', '.join(PRESETS)}")
-    return PRESETS[name]()
+def _expected(kind: Any) -> str:
+    """What a value of the annotation ``kind`` is, for an error (Optional[X]: X's)."""
+    if type(None) in typing.get_args(kind):
+        kind = next(a for a in typing.get_args(kind) if a is not type(None))
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        return f"one of {', '.join(m.value for m in kind)}"
+    if kind is float:
+        return "a finite value of type float"
+    if typing.get_origin(kind) is list:
+        return f"a list of {getattr(typing.get_args(kind)[0], '__name__', 'values')}"
+    return f"a value of type {getattr(kind, '__name__', kind)}"
 
 
 def _parse_value(kind: Any, raw: str) -> Any:
@@ -1291,20 +1134,23 @@ def _parse_value(kind: Any, raw: str) -> Any:
             raise ValueError(raw)
         return value
     if typing.get_origin(kind) is list:
-        return [x for x in raw.split(",") if x]
+        item = typing.get_args(kind)[0]
+        return [_parse_value(item, x) for x in raw.split(",") if x]
     return raw
 
 
-def apply_override(cfg: RunConfig, assignment: str) -> None:
-    """Apply one ``section.field=value`` override (``--set``), converting to the field's type.
+def apply_override(cfg: RunConfig, assignment: str) -> str:
+    """Apply one ``section.field=value`` override (``--set``), the value typed as a config
+    file's is (:func:`_typed`). Returns the field's dotted name.
 
     Raises:
-        ValueError: malformed assignment, unknown field, or a value of the wrong type.
+        ConfigError: malformed assignment, unknown field, or a value of the wrong type.
     """
     if "=" not in assignment:
         raise ConfigError(f"--set {assignment!r}: expected KEY=VALUE, e.g. rtd.mask_prob=0.2")
     key, raw = assignment.split("=", 1)
-    parts = key.strip().split(".")
+    key = key.strip()
+    parts = key.split(".")
     obj: Any = cfg
     for p in parts[:-1]:
         if not dataclasses.is_dataclass(obj) or not hasattr(obj, p):
@@ -1312,27 +1158,18 @@ def apply_override(cfg: RunConfig, assignment: str) -> None:
         obj = getattr(obj, p)
     name = parts[-1]
     fields = {f.name: f for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj) else {}
-    if name not in fields:
+    if name not in fields or dataclasses.is_dataclass(getattr(obj, name)):
         raise ConfigError(f"--set {key}: unknown field; known: {', '.join(fields) or 'none'}")
     kind = typing.get_type_hints(type(obj))[name]
-    optional = type(None) in typing.get_args(kind)
-    if optional:  # Optional[X]: the field's default may be None, so its type comes from X
-        kind = next(a for a in typing.get_args(kind) if a is not type(None))
-    if optional and raw.strip().lower() == "none":
-        setattr(obj, name, None)
-        return
     try:
-        value = _parse_value(kind, raw)
-    except ValueError:
-        what = f"a value of type {getattr(kind, '__name__', kind)}"
-        if isinstance(kind, type) and issubclass(kind, enum.Enum):
-            what = f"one of {', '.join(m.value for m in kind)}"
-        elif kind is float:
-            what = "a finite value of type float"
+        value = _typed(kind, raw, key)
+    except ConfigError:
         current = getattr(obj, name)
         example = current.value if isinstance(current, enum.Enum) else current
-        raise ConfigError(f"--set {key}={raw}: expected {what}"
+        optional = type(None) in typing.get_args(kind)
+        raise ConfigError(f"--set {key}={raw}: expected {_expected(kind)}"
                           + (" or none" if optional else "")
                           + (f", e.g. --set {key}={example}" if example is not None
                              else "")) from None
     setattr(obj, name, value)
+    return key

@@ -169,7 +169,7 @@ def rtd_flops_per_token(d: RTDDims) -> float:
 def dims_of(cfg, *, seq_length=None, vocab_size=None, mask_prob=None) -> RTDDims:
     """The RTDDims of a ``rtd_scale.config.RunConfig`` (overrides default to the config's)."""
     m = cfg.model
-    gated = getattr(m.mlp_activation, "value", m.mlp_activation) in ("geglu", "swiglu")
+    gated = m.mlp_activation.gated
 
     def enc(e):
         return EncoderDims(num_layers=e.num_layers, hidden_size=e.hidden_size,
@@ -187,7 +187,7 @@ def dims_of(cfg, *, seq_length=None, vocab_size=None, mask_prob=None) -> RTDDims
 def relative_rows(model_cfg, seq_length: int) -> int:
     """R: the relative embeddings a sequence of ``seq_length`` reads under the config's
     disentangled attention (``model/relative_position.used_rows``); 0 for BERT attention."""
-    if getattr(model_cfg.attention_type, "value", model_cfg.attention_type) != "disentangled":
+    if not model_cfg.attention_type.relative_table:
         return 0
     from rtd_scale.model.relative_position import used_rows  # torch, imported only here
 

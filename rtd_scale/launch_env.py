@@ -22,7 +22,7 @@ Two commands slurm/lib/pretrain_job.sh runs before ``srun``, each printing one `
 in the job's RTD_* words and exiting with status 1 when the job cannot start:
 
 - ``python -m rtd_scale.launch_env batch-arithmetic WORLD TP GLOBAL MICRO [RANKS_PER_NODE]``
-  prints "DP ACCUMULATION" (``rtd_scale.config.batch_layout``; ``--phase1``: the numbers are
+  prints "DP ACCUMULATION" (``rtd_scale.batch.batch_layout``; ``--phase1``: the numbers are
   RTD_PHASE1_GLOBAL_BATCH and RTD_PHASE1_MICRO_BATCH);
 - ``python -m rtd_scale.launch_env check-tokenizer PRESET TOKENIZER [--vocab-size N]`` checks
   that the tokenizer has the preset's ``model.vocab_size`` pieces (or N: RTD_EXPECT_VOCAB).
@@ -39,7 +39,8 @@ from dataclasses import dataclass, replace
 from typing import Mapping, MutableMapping, Optional, Sequence
 
 from rtd_scale.cli_errors import OneLineArgumentParser, UserInputError, run_cli
-from rtd_scale.config import PRESETS, BatchNames, batch_layout, preset
+from rtd_scale.batch import BatchNames, batch_layout
+from rtd_scale.presets import PRESETS, preset
 
 __all__ = ["LaunchEnv", "read", "export", "expand_hostlist", "slurm_port", "free_port",
            "cpu_threads_per_rank", "SLURM_NAMES"]

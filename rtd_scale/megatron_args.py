@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -78,6 +77,17 @@ SECTION_FIELDS: dict[str, tuple[str, str, type, str]] = {
     "adam_beta1": ("optim", "adam_beta1", float, "AdamW β1"),
     "adam_beta2": ("optim", "adam_beta2", float, "AdamW β2"),
     "adam_eps": ("optim", "adam_eps", float, "AdamW ε"),
+}
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+# The fields these flags set, for arguments.FLAG_FIELDS (the one table of flags and fields).
+FLAG_FIELDS: dict[str, str] = {
+    **{_flag(name): f"model.discriminator.{name}" for name in ENCODER_FIELDS},
+    **{_flag("generator_" + name): f"model.generator.{name}" for name in ENCODER_FIELDS},
+    **{_flag(dest): f"{section}.{name}" for dest, (section, name, _, _) in SECTION_FIELDS.items()},
 }
 
 # --tokenizer-type values → the file kind rtd_scale.data.tokenizer.Tokenizer reads (chosen by
@@ -152,10 +162,6 @@ class _Refuse(argparse.Action):
                      + (f" (or pass {option_string} {self.refusal.accepted})"
                         if self.refusal.accepted else ""))
         setattr(namespace, "megatron_refused", found)
-
-
-def _flag(dest: str) -> str:
-    return "--" + dest.replace("_", "-")
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -246,7 +252,7 @@ def _apply_block_args(model, args: argparse.Namespace) -> dict[str, str]:
     if kind == "rope":
         model.attention_type = AttentionType.ROTARY
         origins["model.attention_type"] = "--position-embedding-type rope"
-    elif kind == "learned_absolute" and AttentionType(model.attention_type).rotary:
+    elif kind == "learned_absolute" and model.attention_type.rotary:
         model.attention_type = AttentionType.BERT
         origins["model.attention_type"] = "--position-embedding-type learned_absolute"
     if getattr(args, "swiglu", False):
@@ -286,7 +292,7 @@ def apply_model_args(cfg: RunConfig, args: argparse.Namespace) -> dict[str, str]
 
     Returns:
         Which flag set each config field it changed (``"model.generator.hidden_dropout"`` →
-        ``"--hidden-dropout"``), for :func:`name_flags`.
+        ``"--hidden-dropout"``), for ``config.ConfigError.naming``.
 
     Raises:
         ConfigError: a refused flag, a twin given together with its ratio flag, or a ratio that
@@ -390,14 +396,3 @@ def apply_model_args(cfg: RunConfig, args: argparse.Namespace) -> dict[str, str]
         setattr(gen, name, value)
         origins[f"model.generator.{name}"] = source[name]
     return origins
-
-
-def name_flags(message: str, origins: dict[str, str]) -> str:
-    """``message`` (a config check's) with each config field a flag set written as the flag,
-    the field in brackets: "model.generator.hidden_dropout must be in [0, 1]" →
-    "--hidden-dropout (model.generator.hidden_dropout) must be in [0, 1]"."""
-    fields = sorted(origins, key=len, reverse=True)  # the longest name first
-    if not fields:
-        return message
-    pattern = re.compile(r"(?<![\w.])(" + "|".join(map(re.escape, fields)) + r")(?![\w])")
-    return pattern.sub(lambda m: f"{origins[m[1]]} ({m[1]})", message)

@@ -5,11 +5,13 @@ takes (chosen here, once per run) against this run's config, layout and data, th
 shapes and directories, and the output paths. A refused run writes nothing."""
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from rtd_scale import launch_env
+from rtd_scale.batch import batch_arithmetic
 from rtd_scale.cli_errors import UserInputError, check_writable_dir
 from rtd_scale.config import RunConfig
 
@@ -59,7 +61,7 @@ def prepare(cfg: RunConfig, world_size: int, print_fn=None) -> Prepared:
         raise UserInputError(f"--profile-ranks {' '.join(map(str, beyond))}: no such rank (the "
                              f"world has ranks 0 … {world_size - 1}); pass global ranks below "
                              f"{world_size}")
-    dp, gas = cfg.batch_arithmetic(world_size)
+    dp, gas = batch_arithmetic(cfg, world_size)
     ds_config = resolve_ds_config(
         load_ds_config(cfg.train.ds_config), cfg, data_parallel_size=dp,
         gradient_accumulation_steps=gas, source=f"--ds_config {cfg.train.ds_config}")
@@ -78,8 +80,9 @@ def prepare(cfg: RunConfig, world_size: int, print_fn=None) -> Prepared:
     if unverified and launch_env.read().rank == 0:
         more = len(unverified) - 1
         print(unverified[0] + (f" (and {more} more shard(s) without a sidecar)" if more else ""))
-    if cfg.model.vocab_size != tok.vocab_size:
-        cfg.model.vocab_size = tok.vocab_size  # the tokenizer is the truth
+    if cfg.model.vocab_size != tok.vocab_size:  # the tokenizer is the truth: the section anew
+        cfg.model = dataclasses.replace(cfg.model, vocab_size=tok.vocab_size)
+        cfg.model.validate()
     common = dict(seq_length=cfg.data.seq_length, seed=cfg.train.seed,
                   cache_path=cfg.data.data_cache_path, specials=tok.specials)
     split = dict(sources=sources, split=cfg.data.train_split_weights(), **common)
@@ -107,7 +110,7 @@ def prepare(cfg: RunConfig, world_size: int, print_fn=None) -> Prepared:
     meta = choice = None
     if cfg.train.load:
         choice = ckpt_load.take(cfg.train.load)  # checkpoint/checks.py's CHECKS, before the build
-        meta = compat.check_compatible(choice.load_dir, choice.tag, cfg.to_dict(), layout)
+        meta = compat.check_compatible(choice.load_dir, choice.tag, cfg, layout)
         notes = list(choice.notes)
         if meta is not None:
             unchecked = compat.check_same_data(

@@ -5,7 +5,7 @@
         --save runs/tiny --train-iters 300 ...
 
 Flags follow Megatron-LM's names where one exists (``arguments.py``). Order of work: parse →
-config (preset, flags, ``--set`` overrides; ``arguments.config_from_args``) → every check that
+config (preset or ``--config``, flags, ``--set``; ``arguments.config_from_args``) → every check that
 can fail on user input (config, ds_config, tokenizer vs shards, ``--load``, the output paths;
 ``prepare.py``) → the configuration's warnings (held until then, so a refused run prints only
 its error) → distributed start (MASTER_ADDR resolved first) → model → DeepSpeed engine →

@@ -5,9 +5,9 @@
 #   sbatch slurm/pretrain_base.sh                  # 4 nodes × 8 GPUs, as the #SBATCH lines say
 #   sbatch --nodes=8 slurm/pretrain_base.sh        # command-line options override #SBATCH lines
 #
-# The preset debertav3-base (rtd_scale/config.py) holds the recipe: the model, embedding sharing,
+# The preset debertav3-base (rtd_scale/presets.py) holds the recipe: the model, embedding sharing,
 # loss weight, masking, optimizer, learning-rate schedule and seed. Print it from the checkout:
-#   python -c 'from rtd_scale.config import preset; print(preset("debertav3-base").to_json())'
+#   python -c 'from rtd_scale.presets import preset; print(preset("debertav3-base").to_json())'
 # arXiv 2111.09543 gives base two peak learning rates: Table 10's, which the preset takes, and
 # §4's prose, 5e-4 (RTD_LR=5e-4 follows it).
 #
@@ -20,7 +20,7 @@
 # TASKS TP GLOBAL MICRO` prints it beforehand.
 #
 # Environment (all optional; relative paths are relative to the job's working directory):
-#   RTD_PRESET         debertav3-base       model preset (rtd_scale/config.py)
+#   RTD_PRESET         debertav3-base       model preset (rtd_scale/presets.py)
 #   RTD_SHARD_DIR      <repo>/data/shards   where slurm/preprocess.sh wrote the shards
 #   RTD_DATA_PATH      (all shards found)   shard prefixes, space-separated (so none may contain a
 #                                           space: link it); overrides RTD_SHARD_DIR

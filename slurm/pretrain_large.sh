@@ -4,10 +4,10 @@
 #   sbatch slurm/pretrain_large.sh                 # 8 nodes × 8 GPUs, as the #SBATCH lines say
 #   sbatch --nodes=16 slurm/pretrain_large.sh      # command-line options override #SBATCH lines
 #
-# The preset debertav3-large (rtd_scale/config.py) holds the recipe: the model, embedding
+# The preset debertav3-large (rtd_scale/presets.py) holds the recipe: the model, embedding
 # sharing, loss weight, masking, optimizer, learning-rate schedule and seed. Print it from the
 # checkout:
-#   python -c 'from rtd_scale.config import preset; print(preset("debertav3-large").to_json())'
+#   python -c 'from rtd_scale.presets import preset; print(preset("debertav3-large").to_json())'
 # The job passes pretrain.py --preset and the regime set below (steps, global batch, micro-batch,
 # sequence length; TP), with ZeRO-3 (ds_configs/zero3.json) and bf16 compute; RTD_LR,
 # RTD_WARMUP_ITERS and RTD_SEED override the preset only when set. The tokenizer must have the
@@ -16,7 +16,7 @@
 # slurm/preprocess.sh into RTD_SHARD_DIR; every *_text_document shard there is used.
 #
 # Gradient accumulation is derived: accumulation = RTD_GLOBAL_BATCH / (micro-batch ×
-# data-parallel size), data-parallel size = tasks / RTD_TP (rtd_scale.config.batch_layout, which
+# data-parallel size), data-parallel size = tasks / RTD_TP (rtd_scale.batch.batch_layout, which
 # pretrain.py and tools/estimate_cost.py use too; `python -m rtd_scale.launch_env
 # batch-arithmetic TASKS TP GLOBAL MICRO` prints it). A node count for which that is not an
 # integer stops the job with an error naming the node counts that work (with 8 GPUs per node and
@@ -39,7 +39,7 @@
 # Details: slurm/lib/pretrain_job.sh.
 #
 # Environment (all optional; relative paths are relative to the job's working directory):
-#   RTD_PRESET         debertav3-large      model preset (rtd_scale/config.py)
+#   RTD_PRESET         debertav3-large      model preset (rtd_scale/presets.py)
 #   RTD_SHARD_DIR      <repo>/data/shards   where slurm/preprocess.sh wrote the shards
 #   RTD_DATA_PATH      (all shards found)   shard prefixes, space-separated (so none may contain a
 #                                           space: link it); overrides RTD_SHARD_DIR

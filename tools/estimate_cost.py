@@ -56,8 +56,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rtd_scale import flops  # noqa: E402
 from rtd_scale.cli_errors import OneLineArgumentParser  # noqa: E402
-from rtd_scale.config import PRESETS, BatchNames, RunConfig, preset  # noqa: E402
-from rtd_scale.config import batch_layout as config_batch_layout  # noqa: E402
+from rtd_scale.batch import BatchNames  # noqa: E402
+from rtd_scale.config import RunConfig  # noqa: E402
+from rtd_scale.presets import PRESETS, preset  # noqa: E402
+from rtd_scale.batch import batch_layout as config_batch_layout  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,7 @@ def gpu_hours(total_flops: float, total_tokens: float, *, tokens_per_s: Optional
     return gpu_h, (gpu_h / gpus if gpus else None)
 
 
-# the tool's words for the numbers in rtd_scale.config.batch_layout's errors
+# the tool's words for the numbers in rtd_scale.batch.batch_layout's errors
 TOOL_NAMES = BatchNames(global_batch="global batch {}", micro_batch="micro-batch {}", tp="--tp {}",
                         ranks="ranks", ranks_per_node="GPUs",
                         global_fix="change --global-batch-size or --nodes")
@@ -115,7 +117,7 @@ TOOL_NAMES = BatchNames(global_batch="global batch {}", micro_batch="micro-batch
 def batch_layout(nodes: int, gpus_per_node: int, tp: int, global_batch: int,
                  micro_batch: int) -> tuple[int, int, int]:
     """(ranks, data-parallel size, gradient-accumulation steps) of a job of ``nodes`` nodes ×
-    ``gpus_per_node`` ranks at tensor-parallel size ``tp``: rtd_scale.config.batch_layout, the
+    ``gpus_per_node`` ranks at tensor-parallel size ``tp``: rtd_scale.batch.batch_layout, the
     arithmetic slurm/lib/pretrain_job.sh applies and prints, with the same refusals.
 
     Raises:

@@ -101,8 +101,9 @@ def rtd_config(wl: Workload, tiny: bool):
     bf16; ``tiny`` keeps its shape (ELECTRA: narrower generator; DeBERTaV3: half depth) at
     CPU size (seq 64)."""
     from rtd_scale import config as C
+    from rtd_scale.presets import preset
 
-    cfg = C.preset(wl.preset)
+    cfg = preset(wl.preset)
     cfg.rtd.mask_prob = MASK_PROB
     cfg.train.precision = C.Precision.BF16
     cfg.train.seed = SEED

@@ -33,7 +33,7 @@ from typing import Iterator, Optional, Sequence
 import numpy as np
 import torch
 
-from rtd_scale.config import rank_share
+from rtd_scale.batch import rank_share
 from rtd_scale.data.packed import HostBatch, MicroBatch
 
 

@@ -26,7 +26,7 @@ ADAPTERS: dict[tuple[LayerNormPosition, AttentionType], Adapter] = {
 
 
 def key_of(model: ModelConfig) -> tuple[LayerNormPosition, AttentionType]:
-    return LayerNormPosition(model.layernorm_position), AttentionType(model.attention_type)
+    return model.layernorm_position, model.attention_type
 
 
 def adapter_for(model: ModelConfig) -> Adapter:

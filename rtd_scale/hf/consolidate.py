@@ -32,7 +32,7 @@ def read_run(run_dir: str, tag: Optional[str], note: Optional[Callable[[str], No
 
 def _export_notes(run_dir: str, choice) -> list[str]:
     """What ``choice`` (``checkpoint.choose.choose``) means for an export: newer checkpoints left
-    out (named by --tag, or skipped as incomplete) and a checkpoint without completion record."""
+    out (named by --tag, or skipped as incomplete)."""
     from rtd_scale.training.checkpoint.choose import newest_complete
 
     notes = []
@@ -43,9 +43,6 @@ def _export_notes(run_dir: str, choice) -> list[str]:
     if newest is not None and newest != choice.tag and not choice.skipped:
         notes.append(f"note: {run_dir} has a newer complete checkpoint, {newest}; exporting "
                      f"{choice.tag} as --tag names")
-    if choice.unverified:
-        notes.append(f"warning: {choice.path} has no completion record (saved before rtd_scale "
-                     "wrote them): its files' sizes could not be checked")
     return notes
 
 

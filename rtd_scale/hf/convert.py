@@ -51,7 +51,7 @@ from typing import Optional
 import torch
 
 from rtd_scale.cli_errors import UserInputError
-from rtd_scale.config import AttentionType, ModelConfig, SharingScope
+from rtd_scale.config import ModelConfig, SharingScope
 from rtd_scale.hf.adapters import adapter_for
 from rtd_scale.hf.common import (  # noqa: F401  (the public names of the export)
     GENERATOR_DIR,
@@ -98,8 +98,8 @@ def hf_config(model: ModelConfig, which: str, *, pad_id: int, cls_id: Optional[i
 def _sharing(model: ModelConfig, scope: Optional[SharingScope] = None):
     """(rule, scope, relative) of ``model``'s embedding sharing (``scope``: another than its
     own); relative: positions enter as relative distances, no position table."""
-    return (sharing_rule(model.sharing), SharingScope(scope or model.sharing_scope),
-            not AttentionType(model.attention_type).absolute_positions)
+    return (sharing_rule(model.sharing), scope or model.sharing_scope,
+            not model.attention_type.absolute_positions)
 
 
 def shared_components(model: ModelConfig, scope: Optional[SharingScope] = None

@@ -69,8 +69,8 @@ class ModernBert(Adapter):
         if model.normalization != "LayerNorm":
             flag = (f"--normalization {model.normalization}", "LayerNorm only",
                     "--normalization LayerNorm")
-        elif not MLPActivation(model.mlp_activation).gated:
-            flag = (f"model.mlp_activation {MLPActivation(model.mlp_activation).value!r}",
+        elif not model.mlp_activation.gated:
+            flag = (f"model.mlp_activation {model.mlp_activation.value!r}",
                     "a gated MLP only (GeGLU, SwiGLU)", "--set model.mlp_activation=geglu or "
                     "--swiglu")
         else:
@@ -98,7 +98,7 @@ class ModernBert(Adapter):
             vocab_size=model.vocab_size, hidden_size=enc.hidden_size,
             intermediate_size=enc.ffn_hidden_size, num_hidden_layers=enc.num_layers,
             num_attention_heads=enc.num_attention_heads,
-            hidden_activation=ACTIVATIONS[MLPActivation(model.mlp_activation)],
+            hidden_activation=ACTIVATIONS[model.mlp_activation],
             max_position_embeddings=model.max_position_embeddings,
             initializer_range=model.init_method_std, norm_eps=enc.layernorm_epsilon,
             norm_bias=model.norm_bias, attention_bias=model.add_bias_linear,
@@ -167,7 +167,7 @@ class ModernBert(Adapter):
         act = {v: k for k, v in ACTIVATIONS.items()}.get(c.hidden_activation)
         norm_bias, linear_bias = bool(c.norm_bias), bool(c.attention_bias)
         checks = [("hidden_activation", c.hidden_activation,
-                   ACTIVATIONS.get(MLPActivation(model.mlp_activation)),
+                   ACTIVATIONS.get(model.mlp_activation),
                    f"--set model.mlp_activation={act.value}" if act else None),
                   ("norm_bias", norm_bias, model.norm_bias,
                    f"--set model.norm_bias={str(norm_bias).lower()}"),

@@ -26,7 +26,7 @@ from typing import Callable, Optional
 import torch
 
 from rtd_scale.cli_errors import UserInputError
-from rtd_scale.config import AttentionType, LayerNormPosition, ModelConfig, SharingScope
+from rtd_scale.config import ModelConfig, RunConfig
 from rtd_scale.hf import adapters, convert
 from rtd_scale.hf.common import (GENERATOR_DIR, RTD_HEAD_FILE, RTD_HEAD_PREFIX, TE_NAMES, Adapter,
                                  HFSource, unfused_names)
@@ -101,22 +101,23 @@ def read_pretrained(path: str, model: ModelConfig, *, pad_id: int
         if not isinstance(blob, dict) or "model" not in blob:
             raise UserInputError(f"{FLAG} {path}: no 'model' entry; pass a file written by "
                                  "--export, an export directory or a Hugging Face directory")
-        old = (blob.get("config") or {}).get("model", {})
-        have = LayerNormPosition(old.get("layernorm_position", LayerNormPosition.PRE.value))
-        if have is not LayerNormPosition(model.layernorm_position):
-            raise UserInputError(f"{FLAG} {path}: saved with the {have.value}-LayerNorm layout; "
-                                 f"pass --layernorm-position {have.value}")
-        att = AttentionType(old.get("attention_type", AttentionType.BERT.value))
-        if att is not AttentionType(model.attention_type):
-            raise UserInputError(f"{FLAG} {path}: saved with --attention-type {att.value}; pass "
-                                 f"--attention-type {att.value}")
-        if old.get("sharing", model.sharing.value) != model.sharing.value:
-            raise UserInputError(f"{FLAG} {path}: saved with --sharing {old['sharing']}; pass "
-                                 f"--sharing {old['sharing']} (or load its Hugging Face export, "
-                                 "which converts between sharing modes)")
-        # a file whose config predates model.sharing_scope shared the token table only
-        scope = old.get("sharing_scope", "tokens" if old else model.sharing_scope)
-        theirs = bool(convert.shared_components(model, SharingScope(scope)))  # layout: as ours
+        try:  # the file's config, typed as this run's (--export writes it whole)
+            old = RunConfig.from_dict(blob["config"]).model if blob.get("config") else model
+        except UserInputError as e:
+            raise UserInputError(f"{FLAG} {path}: its config: {e}") from None
+        if old.layernorm_position is not model.layernorm_position:
+            have = old.layernorm_position.value
+            raise UserInputError(f"{FLAG} {path}: saved with the {have}-LayerNorm layout; "
+                                 f"pass --layernorm-position {have}")
+        if old.attention_type is not model.attention_type:
+            att = old.attention_type.value
+            raise UserInputError(f"{FLAG} {path}: saved with --attention-type {att}; pass "
+                                 f"--attention-type {att}")
+        if old.sharing is not model.sharing:
+            raise UserInputError(f"{FLAG} {path}: saved with --sharing {old.sharing.value}; pass "
+                                 f"--sharing {old.sharing.value} (or load its Hugging Face "
+                                 "export, which converts between sharing modes)")
+        theirs = bool(convert.shared_components(model, old.sharing_scope))  # layout: as ours
         if theirs != bool(convert.shared_components(model)):
             scope = "embeddings" if theirs else "tokens"
             raise UserInputError(f"{FLAG} {path}: saved with --sharing-scope {scope}; pass "

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rtd_scale.config import Precision, RunConfig
+from rtd_scale.config import MaskStrategy, Precision, RunConfig
 from rtd_scale.model.rtd import RTDModel
 
 if TYPE_CHECKING:
@@ -30,5 +30,5 @@ def build_model(cfg: RunConfig, ctx: "ParallelContext", tok: "Tokenizer") -> RTD
                     recompute_activations=cfg.model.recompute_activations,
                     special_ids=tok.special_ids, pad_id=tok.pad_id, mask_id=tok.mask_id,
                     seed=cfg.train.seed,
-                    word_start_table=(None if cfg.rtd.mask_strategy == "token"
+                    word_start_table=(None if cfg.rtd.mask_strategy is MaskStrategy.TOKEN
                                       else tok.word_start_table())).to(ctx.device)

@@ -63,8 +63,8 @@ def transformer_config(enc: EncoderConfig, *, init_std: float, tensor_model_para
     recompute = dict(recompute_granularity="full", recompute_method="uniform",
                      recompute_num_layers=1) if recompute_activations else {}
     block = {}
-    if model is not None and AttentionType(model.attention_type).rotary:
-        act = MLPActivation(model.mlp_activation)
+    if model is not None and model.attention_type.rotary:
+        act = model.mlp_activation
         block = dict(normalization=model.normalization, add_bias_linear=model.add_bias_linear,
                      gated_linear_unit=act.gated,
                      activation_func=F.silu if act is MLPActivation.SWIGLU else F.gelu)
@@ -133,15 +133,13 @@ class Encoder(torch.nn.Module):
     """
 
     def __init__(self, embeddings: Optional[EncoderEmbeddings], config: TransformerConfig, *,
-                 layernorm_position: LayerNormPosition | str = LayerNormPosition.PRE,
-                 attention_type: AttentionType | str = AttentionType.BERT,
+                 layernorm_position: LayerNormPosition = LayerNormPosition.PRE,
+                 attention_type: AttentionType = AttentionType.BERT,
                  position_buckets: int = 256, max_relative_positions: int = 512,
                  rotary_base: float = 10000.0, local_rotary_base: float = 10000.0,
                  norm_bias: bool = True, pre_process: bool = True, post_process: bool = True):
         super().__init__()
         assert pre_process == (embeddings is not None), "embeddings live on the first stage only"
-        layernorm_position = LayerNormPosition(layernorm_position)
-        attention_type = AttentionType(attention_type)
         post = layernorm_position is LayerNormPosition.POST
         token_type = post and attention_type.absolute_positions
         assert embeddings is None or (embeddings.token_type is not None) == token_type, \

@@ -115,7 +115,7 @@ class RTDModel(torch.nn.Module):
         gen_tc = transformer_config(model.generator, model=model, **tc)
         disc_tc = transformer_config(model.discriminator, model=model, **tc)
 
-        post_ln = LayerNormPosition(model.layernorm_position) is LayerNormPosition.POST
+        post_ln = model.layernorm_position is LayerNormPosition.POST
         gen_emb = disc_emb = None
         if pre_process:  # both embedding layers, shared per model.sharing / sharing_scope
             gen_emb, disc_emb = embedding_pair(model, gen_tc, disc_tc, self.padded_vocab_size)

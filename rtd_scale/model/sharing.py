@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from megatron.core import tensor_parallel
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from rtd_scale.config import (AttentionType, LayerNormPosition, ModelConfig, Sharing,
+from rtd_scale.config import (LayerNormPosition, ModelConfig, Sharing,
                               SharingScope)
 from rtd_scale.model.embeddings import EncoderEmbeddings, TokenTable, vocab_parallel_lookup
 from rtd_scale.model.weights import mark_vocab_parallel, mark_zero_init
@@ -286,7 +286,7 @@ class SharingRule:
     def ties(self, scope: SharingScope, relative: bool) -> dict[str, Tie]:
         """component → tie, the token table first; only the components that are not own."""
         ties = {} if self.table is OWN else {"table": self.table}
-        if SharingScope(scope) is SharingScope.EMBEDDINGS and not relative:
+        if scope is SharingScope.EMBEDDINGS and not relative:
             ties.update(self.layer)
         return ties
 
@@ -336,7 +336,7 @@ SHARING_RULES: dict[Sharing, SharingRule] = {
 
 def sharing_rule(sharing: Sharing) -> SharingRule:
     """The rule of a sharing mode (``SHARING_RULES``)."""
-    rule = SHARING_RULES.get(Sharing(sharing))
+    rule = SHARING_RULES.get(sharing)
     assert rule is not None, f"no SHARING_RULES entry for {sharing!r} (model/sharing.py)"
     return rule
 
@@ -370,10 +370,10 @@ def embedding_pair(model: ModelConfig, generator_config: TransformerConfig,
                    padded_vocab_size: int) -> tuple[EncoderEmbeddings, EncoderEmbeddings]:
     """(generator, discriminator) embedding layers, shared as ``model.sharing`` and
     ``model.sharing_scope`` say (first pipeline stage only)."""
-    sharing, scope = Sharing(model.sharing), SharingScope(model.sharing_scope)
-    post = LayerNormPosition(model.layernorm_position) is LayerNormPosition.POST
-    relative = not AttentionType(model.attention_type).absolute_positions  # DeBERTa's layer
-    rotary = AttentionType(model.attention_type).rotary  # ModernBERT's layer, no positions
+    sharing, scope = model.sharing, model.sharing_scope
+    post = model.layernorm_position is LayerNormPosition.POST
+    relative = not model.attention_type.absolute_positions  # DeBERTa's layer
+    rotary = model.attention_type.rotary  # ModernBERT's layer, no positions
     common = dict(embedding_size=model.embedding_size,
                   max_positions=model.max_position_embeddings, init_std=model.init_method_std,
                   token_type=post and not relative, relative=relative, rotary=rotary,

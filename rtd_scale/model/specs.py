@@ -89,9 +89,9 @@ def encoder_norm_spec(bias: bool = True) -> ModuleSpec:
     return ModuleSpec(module=EncoderNorm, params={"bias": bias})
 
 
-def encoder_layer_spec(layernorm_position: LayerNormPosition | str = LayerNormPosition.PRE,
+def encoder_layer_spec(layernorm_position: LayerNormPosition = LayerNormPosition.PRE,
                        use_transformer_engine: bool | None = None, *,
-                       attention_type: AttentionType | str = AttentionType.BERT,
+                       attention_type: AttentionType = AttentionType.BERT,
                        position_buckets: int = 256,
                        max_relative_positions: int = 512,
                        norm_bias: bool = True) -> ModuleSpec:
@@ -110,16 +110,15 @@ def encoder_layer_spec(layernorm_position: LayerNormPosition | str = LayerNormPo
         ValueError: an unknown ``layernorm_position`` or ``attention_type``, or disentangled
             attention in the pre layout.
     """
-    layernorm_position = LayerNormPosition(layernorm_position)
     relative = None
-    if AttentionType(attention_type).disentangled:
+    if attention_type.disentangled:
         if layernorm_position is not LayerNormPosition.POST:
             raise ValueError("disentangled attention needs the post-LayerNorm layout")
         relative = {"position_buckets": position_buckets,
                     "max_relative_positions": max_relative_positions}
     if use_transformer_engine is None:
         use_transformer_engine = _have_transformer_engine()
-    if AttentionType(attention_type).rotary:
+    if attention_type.rotary:
         if layernorm_position is not LayerNormPosition.PRE:
             raise ValueError("rotary attention (the modern block) needs the pre-LayerNorm layout")
         column, row = _plain_linears(use_transformer_engine)

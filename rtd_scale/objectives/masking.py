@@ -101,12 +101,12 @@ def random_non_special_ids(
 
 
 def prediction_budget(mask_prob: float, seq_length: int,
-                      strategy: MaskStrategy | str = MaskStrategy.TOKEN) -> int:
+                      strategy: MaskStrategy = MaskStrategy.TOKEN) -> int:
     """Most positions ``mask_tokens`` selects in one sample of ``seq_length`` tokens:
     max(1, round(mask_prob · seq_length)) (BERT's ``max_predictions_per_seq``), plus
     ``UNIT_SLACK_TOKENS`` for the whole-word and span strategies, at most ``seq_length``."""
     base = max(1, math.floor(mask_prob * seq_length + 0.5))
-    return min(seq_length, base + UNIT_SLACK_TOKENS.get(MaskStrategy(strategy), 0))
+    return min(seq_length, base + UNIT_SLACK_TOKENS.get(strategy, 0))
 
 
 def select_masked(maskable: torch.Tensor, key_hash: torch.Tensor, mask_prob: float) -> torch.Tensor:
@@ -262,7 +262,7 @@ def mask_tokens(
     mask_id: int,
     vocab_size: int,
     special_ids: Sequence[int],
-    strategy: MaskStrategy | str = MaskStrategy.TOKEN,
+    strategy: MaskStrategy = MaskStrategy.TOKEN,
     word_start_table: torch.Tensor | None = None,
     span_geometric_p: float = 0.2,
     span_max_words: int = 10,
@@ -298,7 +298,6 @@ def mask_tokens(
     maskable = torch.ones_like(input_ids, dtype=torch.bool)
     for sid in special_ids:
         maskable &= input_ids != sid
-    strategy = MaskStrategy(strategy)
     if strategy is MaskStrategy.TOKEN:
         masked = select_masked(maskable, rng.hash_keys(seed, rng.STREAM_MASK, sample, pos),
                                mask_prob)

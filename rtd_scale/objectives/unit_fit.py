@@ -84,7 +84,7 @@ def measure_unit_fit(input_ids: torch.Tensor, sample_index: torch.Tensor, rtd: R
         UnitFit.
     """
     table = torch.as_tensor(word_start_table, dtype=torch.bool)
-    strategy = MaskStrategy(rtd.mask_strategy)
+    strategy = rtd.mask_strategy
 
     def mask(unit_budget=None):
         return mask_tokens(input_ids, sample_index, seed=seed, mask_prob=rtd.mask_prob,
@@ -138,7 +138,7 @@ def warn_if_units_overflow(rtd: RTDConfig, train_data, tokenizer, *, seed: int,
     Returns:
         the UnitFit measured, or None for the token strategy.
     """
-    if MaskStrategy(rtd.mask_strategy) is MaskStrategy.TOKEN:
+    if rtd.mask_strategy is MaskStrategy.TOKEN:
         return None
     n = check_samples(train_data.seq_length) if samples is None else samples
     batch = train_data[np.arange(n, dtype=np.int64)]

@@ -29,7 +29,8 @@ import os
 from typing import Any, Optional
 
 from rtd_scale.cli_errors import UserInputError
-from rtd_scale.config import Precision, RunConfig, rank_share
+from rtd_scale.batch import rank_share
+from rtd_scale.config import Precision, RunConfig
 
 # Derived from our flags: the flag (or rule) that sets each.
 OWNED = {

@@ -80,8 +80,8 @@ def resolve_resume_optimizer(optim: OptimConfig, saved: dict[str, Any], *, sourc
                 "iteration")
     if optim.use_checkpoint_opt_param_scheduler:
         for name in diffs:
-            setattr(optim, name, saved[name])
-        optim.validate()  # the saved strings back to their enums
+            setattr(optim, name, saved[name])  # typed as it is set (config._Section)
+        optim.validate()
         return (f"note: {what} from the checkpoint's ({change}); "
                 "--use-checkpoint-opt_param-scheduler: the checkpoint's values are kept")
     raise UserInputError(

@@ -32,7 +32,8 @@ from typing import Callable, Optional
 import torch
 
 from rtd_scale.cli_errors import UserInputError
-from rtd_scale.config import LossSpikePolicy, RunConfig, rank_share
+from rtd_scale.batch import rank_share
+from rtd_scale.config import LossSpikePolicy, RunConfig
 from rtd_scale.data.blend import BlendedDataset
 from rtd_scale.data.loader import DataParallelSampler, advance, build_loader, merge_ranges
 from rtd_scale.distributed import DeepSpeedMpu, ParallelContext

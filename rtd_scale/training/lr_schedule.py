@@ -42,7 +42,7 @@ from typing import Any, Optional
 import torch
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
-from rtd_scale.config import LRDecayStyle, OptimConfig, WSDDecayStyle
+from rtd_scale.config import OptimConfig
 from rtd_scale.training.optimizer import NonFiniteSkippingAdamW
 
 
@@ -96,11 +96,11 @@ class MegatronLRScheduler(OptimizerParamScheduler):
         super().__init__(
             optimizer, init_lr=optim.lr_warmup_init, max_lr=optim.lr, min_lr=optim.min_lr,
             lr_warmup_steps=warmup, lr_decay_steps=decay if warmup < decay else warmup + 1,
-            lr_decay_style=LRDecayStyle(optim.lr_decay_style).value, start_wd=optim.weight_decay,
+            lr_decay_style=optim.lr_decay_style.value, start_wd=optim.weight_decay,
             end_wd=optim.weight_decay, wd_incr_steps=train_iters * global_batch_size,
             wd_incr_style="constant", use_checkpoint_opt_param_scheduler=False,
             override_opt_param_scheduler=True, wsd_decay_steps=wsd,
-            lr_wsd_decay_style=WSDDecayStyle(optim.lr_wsd_decay_style).value)
+            lr_wsd_decay_style=optim.lr_wsd_decay_style.value)
         if self.lr_decay_steps != decay:  # megatron-core asserts warmup < decay; see above
             self.lr_decay_steps = decay
             self.step(0)

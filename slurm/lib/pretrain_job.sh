@@ -2,13 +2,13 @@
 # The body of slurm/pretrain_*.sh, sourced after they set their regime's defaults (RTD_* below).
 # Runs inside the batch step of an sbatch job (or an salloc shell): checks the tokenizer against
 # the preset and the batch arithmetic (`python -m rtd_scale.launch_env check-tokenizer` and
-# `batch-arithmetic`: rtd_scale.config.batch_layout), starts one training process per task with
+# `batch-arithmetic`: rtd_scale.batch.batch_layout), starts one training process per task with
 # srun, and turns a preemption signal into a checkpoint, a requeue and, in the requeued job, a
 # resume.
 #
 # pretrain.py gets --preset and the regime (steps, global batch, micro-batch, sequence length,
-# TP). The preset RTD_PRESET (rtd_scale/config.py) holds the recipe; print it from the checkout:
-#   python -c 'from rtd_scale.config import preset; print(preset("NAME").to_json())'
+# TP). The preset RTD_PRESET (rtd_scale/presets.py) holds the recipe; print it from the checkout:
+#   python -c 'from rtd_scale.presets import preset; print(preset("NAME").to_json())'
 # RTD_LR, RTD_WARMUP_ITERS and RTD_SEED become --lr, --lr-warmup-iters and --seed only when set:
 # unset, the preset's values hold.
 #
@@ -109,7 +109,7 @@ rtd_python() {  # python with the checkout importable, in the job's working dire
 # ---------------------------------------------------------------------- batch arithmetic ----
 # rtd_batch_arithmetic WORLD TP GLOBAL MICRO [TASKS_PER_NODE]: prints "DP ACCUMULATION", or one
 # error line (which numbers would work) on stderr and status 1. global = micro × accumulation ×
-# DP, DP = world / TP; TP must divide the tasks per node. rtd_scale.config.batch_layout, the
+# DP, DP = world / TP; TP must divide the tasks per node. rtd_scale.batch.batch_layout, the
 # arithmetic pretrain.py and tools/estimate_cost.py apply too.
 rtd_batch_arithmetic() {
   rtd_python -m rtd_scale.launch_env batch-arithmetic "$@"

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from rtd_scale.config import MaskStrategy
 from rtd_scale.data.packed import PackedDataset
 from rtd_scale.data.tokenizer import Tokenizer
 from rtd_scale.objectives.masking import mask_tokens
@@ -41,7 +42,7 @@ def test_span_masks_at_tp2_equal_the_single_process_masks(wiki_shards, tmp_path)
         assert hashlib.sha256(ids.numpy().tobytes()).hexdigest() == line["inputs_sha256"]
         m = mask_tokens(ids, torch.tensor(line["sample_index"]), seed=13, mask_prob=0.15,
                         mask_token_prob=0.8, random_token_prob=0.1, mask_id=tok.mask_id,
-                        vocab_size=tok.vocab_size, special_ids=tok.special_ids, strategy="span",
+                        vocab_size=tok.vocab_size, special_ids=tok.special_ids, strategy=MaskStrategy.SPAN,
                         word_start_table=table, span_max_words=6)
         masks = np.packbits(m.masked.numpy())
         assert hashlib.sha256(masks.tobytes()).hexdigest() == line["masks_sha256"]

@@ -61,7 +61,7 @@ def test_bad_data_flags_are_one_line_errors(wiki_shards, tmp_path, capsys, monke
     msg = _error(capsys, _args(tok, ["0.5", prefix, "0.5"], tmp_path / "a"), monkeypatch)
     assert "--data-path 0.5" in msg and "WEIGHT PREFIX pairs (e.g. --data-path 0.7 A 0.3 B)" in msg
     msg = _error(capsys, _args(tok, [prefix], tmp_path / "b", "--split", "0,1"), monkeypatch)
-    assert "--split '0,1'" in msg and "positive train share" in msg
+    assert "--split (data.split) '0,1'" in msg and "positive train share" in msg
     msg = _error(capsys, _args(tok, [prefix], tmp_path / "c", "--split", "99999,1",
                                "--eval-interval", "1"), monkeypatch)
     assert "leaves no valid documents in --data-path wiki_text_document" in msg

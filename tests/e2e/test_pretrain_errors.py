@@ -174,7 +174,7 @@ def test_unwritable_eval_dump_dir(wiki_shards, tmp_path, capsys, monkeypatch):
 
 
 def _fake_checkpoint(root, step=4, layout=None, model=None, train=None):
-    from rtd_scale.config import preset
+    from rtd_scale.presets import preset
     from rtd_scale.training.checkpoint.files import write_record
 
     tag = root / f"global_step{step}"

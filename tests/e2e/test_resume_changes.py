@@ -12,6 +12,8 @@
 * fp32 ↔ bf16 converts through the layout-free state and the losses continue;
 * other training data (two documents swapped) are refused in one line naming the shard, unless
   ``--override-data-order``, which says where the new order starts.
+* ``--config <run>/config.json`` starts the same run again, to the bit; with ``--load``, a
+  config file that changes the model is refused in one line.
 
 The resumes that train share two rounds of one-rank launches run side by side
 (``launch_together``, module fixture ``resumes``)."""
@@ -124,7 +126,8 @@ def resumes(wiki_shards, two_steps, swapped_data, tmp_path_factory):
     --adam-eps 1e-3 with --override-opt_param-scheduler), ``to_bf16``
     (--bf16 at ZeRO-1), ``other_data`` (the swapped corpus with --override-data-order); ``bf16``,
     an uninterrupted bf16 ZeRO-1 run of 3 steps saved at 2, and ``to_fp32``, its checkpoint at 2
-    resumed in fp32 at ZeRO-3."""
+    resumed in fp32 at ZeRO-3; and ``from_config``, a fresh run of ``two_steps``' own
+    config.json (``--config``) saving elsewhere."""
     root = tmp_path_factory.mktemp("resumes")
     flags = {"same": [], "checkpoint_wd": ["--weight-decay", "0.5",
                                            "--use-checkpoint-opt_param-scheduler"],
@@ -146,7 +149,10 @@ def resumes(wiki_shards, two_steps, swapped_data, tmp_path_factory):
     runs["to_fp32"] = cut_back(runs["bf16"], root / "to_fp32", 2)
     jobs["to_fp32"] = common(wiki_shards, runs["to_fp32"], 3, ["--eval-iters", "0", "--load",
                                                                str(runs["to_fp32"])])
-    second = ["other_data", "to_fp32"]
+    runs["from_config"] = root / "from_config"
+    jobs["from_config"] = ["--config", str(two_steps / "config.json"),
+                           "--save", str(runs["from_config"])]
+    second = ["other_data", "to_fp32", "from_config"]
     results.update(zip(second, launch_together([jobs[n] for n in second], timeout=600)))
     for name, r in results.items():
         assert r.returncode == 0, (name, r.stdout[-2000:], r.stderr[-3000:])
@@ -255,3 +261,42 @@ def test_other_data_are_refused_in_one_line_unless_overridden(wiki_shards, two_s
                      r"from 0\) of the new order$", out, re.M)
     assert note, out[-3000:]
     assert [int(m[0]) for m in ITERATION.findall(out)] == [3]
+
+
+# ------------------------------------------------------------------ --config (the same run) ----
+
+def test_a_run_started_from_its_own_config_json_repeats_it_to_the_bit(two_steps, resumes):
+    """``--config <run>/config.json --save NEW`` and nothing else is the same run again: every
+    logged loss equal to the bit, the same fp32 master weights at the last step, and the same
+    config.json but for the paths under --save."""
+    runs, _ = resumes
+    again = runs["from_config"]
+    first, second = scalars(str(two_steps / "tensorboard")), scalars(str(again / "tensorboard"))
+    for tag in ("loss/mlm", "loss/rtd", "loss/total", "optim/grad_norm"):
+        assert sorted(first[tag]) == [1, 2] and first[tag] == second[tag], tag
+    assert first["loss/total"][1] != first["loss/total"][2]  # two steps that moved
+    # negative control: the same run in bf16 (the ``bf16`` resume fixture's) differs at step 1
+    bf16 = scalars(str(runs["bf16"] / "tensorboard"))
+    assert bf16["loss/total"][1] != first["loss/total"][1]
+    a, b = fp32_weights(two_steps, "global_step2"), fp32_weights(again, "global_step2")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    recorded = [json.loads((d / "config.json").read_text()) for d in (two_steps, again)]
+    for d, config in zip((two_steps, again), recorded):
+        assert config["train"]["save"] == str(d)
+        config["train"].update(save=None, tensorboard_dir=None)
+    assert recorded[0] == recorded[1]
+
+
+def test_a_resume_refuses_a_config_that_changes_the_model(two_steps, tmp_path, capsys,
+                                                          monkeypatch):
+    """--load with a --config whose model differs from the checkpoint's: the resume rules'
+    one line (checkpoint/compat.py), naming the field and both values."""
+    save = shutil.copytree(two_steps, tmp_path / "run")
+    config = json.loads((two_steps / "config.json").read_text())
+    config["model"]["discriminator"]["num_layers"] = 2
+    (tmp_path / "changed.json").write_text(json.dumps(config))
+    err = pretrain_error(capsys, ["--config", str(tmp_path / "changed.json"), "--save", str(save),
+                                  "--load", str(save)], monkeypatch, world_size=1)
+    assert err == (f"error: --load {save}: global_step2 holds another model "
+                   "(model.discriminator.num_layers 4 → 2); use the preset and overrides it was "
+                   f"trained with (see {save}/config.json)")

@@ -241,7 +241,7 @@ def test_the_launcher_passes_the_preset_and_only_the_recipe_flags_that_are_set(t
 def test_the_tokenizer_is_checked_against_the_presets_vocabulary(list_inputs, tmp_path):
     """RTD_EXPECT_VOCAB unset: the preset's model.vocab_size (a relative RTD_TOKENIZER is the
     job's working directory's); a number: that; empty: no check."""
-    from rtd_scale.config import preset
+    from rtd_scale.presets import preset
     from rtd_scale.data.tokenizer import Tokenizer
 
     shutil.copy(list_inputs / "spm.model", tmp_path / "spm.model")

@@ -8,7 +8,8 @@ import shutil
 import torch
 import torch.distributed as dist
 
-from rtd_scale.config import Sharing, preset
+from rtd_scale.config import Sharing
+from rtd_scale.presets import preset
 from tests.helpers import tiny_model
 from tests.helpers.tiny_model import tiny_config
 

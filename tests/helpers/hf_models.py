@@ -8,7 +8,8 @@ import json
 
 import torch
 
-from rtd_scale.config import AttentionType, LayerNormPosition, MLPActivation, Sharing, preset
+from rtd_scale.config import AttentionType, LayerNormPosition, MLPActivation, Sharing
+from rtd_scale.presets import preset
 from rtd_scale.hf import convert
 from rtd_scale.model import weights
 from tests.helpers.env import TEST_DATA

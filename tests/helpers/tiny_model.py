@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 import torch
 
-from rtd_scale.config import AttentionType, LayerNormPosition, Sharing, preset
+from rtd_scale.config import AttentionType, LayerNormPosition, Sharing
+from rtd_scale.presets import preset
 from rtd_scale.model.build import build_model
 from rtd_scale.model.rtd import RTDModel
 

@@ -38,7 +38,7 @@ def test_flops_count_the_mlm_head_at_masked_positions_only():
 
 
 def test_the_bench_rows_use_the_presets_dimensions():
-    from rtd_scale.config import preset
+    from rtd_scale.presets import preset
 
     cfg = workloads.rtd_config(workloads.WORKLOADS["electra-large"], tiny=False)
     assert cfg.rtd.mask_prob == 0.15 and cfg.train.micro_batch_size == 32

@@ -9,7 +9,8 @@ from typing import Optional
 import numpy as np
 import pytest
 
-from rtd_scale.config import ConfigError, apply_override, preset
+from rtd_scale.config import ConfigError, apply_override
+from rtd_scale.presets import preset
 from rtd_scale.data.packed import PackedDataset
 from rtd_scale.data.shards import ShardWriter
 

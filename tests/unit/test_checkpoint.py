@@ -21,7 +21,7 @@ from rtd_scale.training.checkpoint.files import (CheckpointReadError, SafeCheckp
 WORLD = 2
 
 
-def make_checkpoint(run: Path, step: int, *, record: bool = True, legacy: bool = False) -> Path:
+def make_checkpoint(run: Path, step: int, *, record: bool = True) -> Path:
     """A checkpoint directory laid out as ``checkpoint/save.py`` leaves it for 2 ranks under ZeRO-3:
     DeepSpeed's files (real torch files), both RNG files, the metadata, then the record."""
     d = run / ckpt_files.tag_for(step)
@@ -33,9 +33,7 @@ def make_checkpoint(run: Path, step: int, *, record: bool = True, legacy: bool =
                    d / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt")
         torch.save({"cpu": torch.get_rng_state()}, d / ckpt_files.rng_file(r))
     meta = {"step": step, "consumed_samples": 16 * step, "layout": {"world_size": WORLD},
-            "config": {}}
-    if not legacy:
-        meta["record_format"] = ckpt_files.RECORD_FORMAT
+            "config": {}, "record_format": ckpt_files.RECORD_FORMAT}
     (d / ckpt_files.META_FILE).write_text(json.dumps(meta))
     if record:
         ckpt_files.write_record(str(d), step)
@@ -68,8 +66,8 @@ def test_the_record_lists_every_file_with_its_size(run):
 
 def test_the_newest_complete_checkpoint_is_taken_silently(run):
     c = choose(str(run))
-    assert (c.load_dir, c.tag, c.skipped, c.notes, c.unverified) == (
-        str(run), "global_step10", [], [], False)
+    assert (c.load_dir, c.tag, c.skipped, c.notes) == (
+        str(run), "global_step10", [], [])
 
 
 def test_a_truncated_optimizer_state_file_falls_back_with_one_line(run):
@@ -202,18 +200,17 @@ def test_a_missing_tag_names_the_newest_three_and_counts_the_rest(tmp_path):
         "global_step600)")
 
 
-def test_checkpoints_from_before_records_count_only_when_nothing_else_does(tmp_path):
+def test_a_checkpoint_without_its_completion_record_never_counts(tmp_path):
+    """No record: the save did not finish, whatever files are there; nothing else to take is
+    one line naming each checkpoint and why."""
     run = tmp_path / "run"
-    make_checkpoint(run, 5, record=False, legacy=True)
-    make_checkpoint(run, 10, record=False, legacy=True)
-    (run / "global_step10" / "rng_rank00001.pt").unlink()  # that save was cut short
-    c = choose(str(run))
-    assert c.tag == "global_step5" and c.unverified
-    assert c.skipped == [("global_step10", "no completion record, and rng_rank00001.pt is "
-                                           "missing")]
-    assert c.notes[-1] == (f"warning: {run}/global_step5 has no completion record (saved "
-                           "before rtd_scale wrote them): its files' sizes could not be checked")
-    make_checkpoint(run, 3)  # a checkpoint with a record wins over any without
+    make_checkpoint(run, 5, record=False)
+    with pytest.raises(UserInputError) as e:
+        choose(str(run))
+    assert str(e.value) == (f"--load {run}: no complete checkpoint (global_step5: no completion "
+                            "record (the save did not finish)); restore one from a copy, or drop "
+                            "--load to start fresh")
+    make_checkpoint(run, 3)
     assert choose(str(run)).tag == "global_step3"
     with pytest.raises(UserInputError, match="global_step5 is incomplete"):
         choose(str(run / "global_step5"))

@@ -44,9 +44,9 @@ def test_pretrain_flag_error_prints_on_rank_0_only(capsys, monkeypatch):
 
 
 def test_preset_help_and_choices_list_every_preset(capsys, monkeypatch):
-    """--preset's help and choices come from config.PRESETS, whole names even where the help
+    """--preset's help and choices come from presets.PRESETS, whole names even where the help
     wraps (at 60 columns debertav3-tiny would otherwise break at its hyphen)."""
-    from rtd_scale.config import PRESETS
+    from rtd_scale.presets import PRESETS
 
     monkeypatch.setenv("COLUMNS", "60")
     with pytest.raises(SystemExit):
@@ -161,3 +161,93 @@ def test_train_data_path_is_data_path():
     with pytest.raises(ValueError, match="--data-path and --train-data-path name two training "
                                          "corpora; pass one of them"):
         arguments.config_from_args(args)
+
+
+# Every flag of pretrain.py, group by group as --help shows them (hidden ones aside: the
+# launcher's --local_rank and the refused Megatron-LM flags). Frozen, as torchtitan freezes its
+# CLI: a new knob is a config field, reached with --set SECTION.FIELD=VALUE or a --config file.
+FROZEN_FLAGS = (
+    # the run
+    "--config", "--ds_config", "--preset", "--set",
+    # data
+    "--data-path", "--train-data-path", "--valid-data-path", "--test-data-path", "--split",
+    "--data-cache-path", "--num-workers", "--tokenizer-model", "--seq-length",
+    # training
+    "--train-iters", "--micro-batch-size", "--global-batch-size", "--seed", "--bf16", "--fp16",
+    "--recompute-activations", "--compile-layers", "--eval-interval", "--eval-iters",
+    # parallelism
+    "--tensor-model-parallel-size", "--pipeline-model-parallel-size",
+    "--distributed-timeout-minutes",
+    # the objective, attention and embedding sharing
+    "--sharing", "--sharing-scope", "--layernorm-position", "--attention-type", "--rtd-lambda",
+    "--mask-prob", "--mask-strategy",
+    # AdamW and the learning-rate schedule
+    "--lr", "--min-lr", "--lr-warmup-iters", "--lr-decay-iters", "--lr-decay-style",
+    "--lr-warmup-fraction", "--lr-warmup-samples", "--lr-decay-samples", "--lr-warmup-init",
+    "--lr-wsd-decay-style", "--lr-wsd-decay-iters", "--lr-wsd-decay-samples", "--weight-decay",
+    "--clip-grad", "--override-opt_param-scheduler", "--use-checkpoint-opt_param-scheduler",
+    # checkpoints, resume and exports
+    "--save", "--load", "--ckpt-step", "--save-interval", "--override-data-order",
+    "--exit-signal-handler", "--exit-signal", "--export", "--export-hf", "--pretrained-checkpoint",
+    # logging, monitoring and profiling
+    "--log-interval", "--timing-log-level", "--tensorboard-dir", "--wandb-project",
+    "--wandb-exp-name", "--wandb-entity", "--wandb-save-dir", "--profile", "--profile-step-start",
+    "--profile-step-end", "--profile-ranks", "--peak-tflops-per-device", "--device-peak",
+    "--log-throughput", "--data-digest", "--eval-dump-dir",
+    # fault tolerance
+    "--max-consecutive-nonfinite-iters", "--ft-rank-section-timeouts", "--straggler-threshold",
+    "--loss-spike-policy", "--loss-spike-window-iters", "--loss-spike-threshold",
+    "--max-loss-spike-rollbacks",
+    # Megatron-LM's model flags and their --generator- twins (megatron_args.py)
+    "--num-layers", "--hidden-size", "--num-attention-heads", "--ffn-hidden-size",
+    "--hidden-dropout", "--attention-dropout", "--layernorm-epsilon", "--embedding-size",
+    "--max-position-embeddings", "--init-method-std", "--make-vocab-size-divisible-by",
+    "--rotary-base", "--local-rotary-base", "--global-attn-every-n-layers", "--normalization",
+    "--adam-beta1", "--adam-beta2", "--adam-eps", "--generator-num-layers",
+    "--generator-hidden-size", "--generator-num-attention-heads", "--generator-ffn-hidden-size",
+    "--generator-hidden-dropout", "--generator-attention-dropout", "--generator-layernorm-epsilon",
+    "--generator-num-layers-ratio", "--generator-hidden-size-ratio", "--position-embedding-type",
+    "--use-rotary-position-embeddings", "--swiglu", "--disable-bias-linear", "--window-size",
+    "--deepspeed", "--vocab-file",
+    "--tokenizer-type", "--bert-no-binary-head",
+)
+
+
+def _visible_flags() -> list[str]:
+    import argparse
+
+    return [a.option_strings[0] for a in arguments.build_parser()._actions
+            if a.option_strings and a.help is not argparse.SUPPRESS and a.dest != "help"]
+
+
+def test_the_flag_list_is_frozen():
+    """The CLI is frozen: a flag added or removed fails here. A new knob is a config field
+    (rtd_scale/config.py), set with --set SECTION.FIELD=VALUE or in a --config file; a flag is
+    added only where Megatron-LM has one, and then to FROZEN_FLAGS too."""
+    flags = _visible_flags()
+    added = [f for f in flags if f not in FROZEN_FLAGS]
+    removed = [f for f in FROZEN_FLAGS if f not in flags]
+    assert not added and not removed, (
+        f"pretrain.py's flags changed (added: {added}, removed: {removed}). New knobs go "
+        "through --set SECTION.FIELD=VALUE or the --config file, not a new flag: add a field "
+        "to rtd_scale/config.py instead. Only a flag with a Megatron-LM name may be added, and "
+        "then to FROZEN_FLAGS in tests/unit/test_cli_flags.py as well")
+    assert flags == list(FROZEN_FLAGS)  # and in --help's order of groups
+
+
+def test_the_flag_table_names_real_flags_and_fields():
+    """arguments.FLAG_FIELDS, the one table of flags and fields: each flag exists and each
+    field is a field of the tree (what --set and a --config file reach)."""
+    import dataclasses
+
+    from rtd_scale.presets import preset
+
+    cfg = preset("tiny")
+    tables = {**arguments.FLAG_FIELDS, **arguments.DERIVED_FLAG_FIELDS}
+    assert set(tables) <= set(FROZEN_FLAGS)
+    for flag, path in tables.items():
+        *sections, name = path.split(".")
+        obj = cfg
+        for s in sections:
+            obj = getattr(obj, s)
+        assert name in {f.name for f in dataclasses.fields(obj)}, (flag, path)

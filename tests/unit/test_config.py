@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from rtd_scale.config import (ConfigError, Precision, Sharing, apply_override, batch_layout,
-                              preset, PRESETS, rank_share)
+from rtd_scale.batch import batch_arithmetic, batch_layout, rank_share
+from rtd_scale.config import ConfigError, Precision, Sharing, apply_override
+from rtd_scale.presets import preset, PRESETS
 from rtd_scale.training.engine import load_ds_config, resolve_ds_config
 
 
@@ -98,22 +99,22 @@ def test_overrides_convert_types_and_reject_unknown():
 def test_batch_arithmetic():
     cfg = preset("tiny")
     cfg.train.micro_batch_size, cfg.train.global_batch_size = 4, 32
-    assert cfg.batch_arithmetic(2) == (2, 4)  # dp 2, accumulation 4
+    assert batch_arithmetic(cfg, 2) == (2, 4)  # dp 2, accumulation 4
     cfg.train.global_batch_size = 30
     with pytest.raises(ConfigError, match=r"^--micro-batch-size 4 does not divide the 15 samples "
                        r"per data-parallel rank per step \(global 30 / DP 2\); micro-batch sizes "
                        r"that do: 1 3 5 15$"):
-        cfg.batch_arithmetic(2)
+        batch_arithmetic(cfg, 2)
     cfg.train.global_batch_size = 33
     with pytest.raises(ConfigError, match=r"^--global-batch-size 33 is not divisible by the "
                        r"data-parallel size 2 \(= 2 ranks / TP 1\)"):
-        cfg.batch_arithmetic(2)
+        batch_arithmetic(cfg, 2)
     cfg.parallel.tensor_model_parallel_size = 2
     cfg.parallel.pipeline_model_parallel_size = 2
     with pytest.raises(ConfigError, match=r"^6 ranks are not divisible by "
                        r"--tensor-model-parallel-size 2 × --pipeline-model-parallel-size 2 "
                        r"\(model-parallel size 4\); launch a multiple of 4 ranks$"):
-        cfg.batch_arithmetic(6)
+        batch_arithmetic(cfg, 6)
 
 
 def test_batch_layout_names_the_numbers_and_what_works():
@@ -179,8 +180,9 @@ def test_resolved_config_round_trips_to_json():
 def test_split_must_be_finite_with_a_train_share(split):
     from rtd_scale.config import DataConfig
 
-    with pytest.raises(ConfigError, match="--split"):
+    with pytest.raises(ConfigError, match=f"^data.split '{split}': expected up to three") as e:
         DataConfig(split=split).split_weights()
+    assert str(e.value.naming({"data.split": "--split"})).startswith(f"--split (data.split) '{split}'")
 
 
 @pytest.mark.parametrize("path", [["inf", "A", "1", "B"], ["nan", "A", "1", "B"], ["0.5", "A", "B"]])

@@ -137,11 +137,11 @@ def test_summary_verdict_reads_the_last_auc_against_chance():
     ("debertav3-xsmall", {}, "DebertaV2Model", "its RTD head in hf/my-run/rtd_head.safetensors"),
 ])
 def test_summary_names_the_export_command_of_its_own_run(preset, flags, cls, head):
-    from rtd_scale import config
+    from rtd_scale import config, presets
     from rtd_scale.exports import export_hint
     from rtd_scale.training.summary import summary_text
 
-    cfg = config.preset(preset)
+    cfg = presets.preset(preset)
     for k, v in flags.items():
         setattr(cfg.model, k, config.LayerNormPosition(v))
     cfg.train.save = "runs/my-run/"

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from rtd_scale.cli_errors import UserInputError
-from rtd_scale.config import Precision, preset
+from rtd_scale.config import Precision
+from rtd_scale.presets import preset
 from rtd_scale.arguments import build_parser, config_from_args
 from rtd_scale.training import ds_config as dsc
 from tests.helpers.env import REPO

@@ -16,8 +16,8 @@ import warnings
 import pytest
 import torch
 
-from rtd_scale.config import (AttentionType, ConfigError, LayerNormPosition, Sharing,
-                              SharingScope, preset)
+from rtd_scale.config import AttentionType, ConfigError, LayerNormPosition, Sharing, SharingScope
+from rtd_scale.presets import preset
 from rtd_scale.model import weights
 from rtd_scale.model.sharing import GDESPositions, GDESTable
 
@@ -164,10 +164,9 @@ def test_scope_config_field_flag_and_validation():
     assert "--sharing-scope {tokens,embeddings}" in build_parser().format_help()
 
     cfg = preset("tiny")
-    cfg.model.sharing_scope = "everything"
-    with pytest.raises(ConfigError, match=r"^model.sharing_scope \(--sharing-scope\) "
-                                          r"'everything': choose 'tokens' or 'embeddings'$"):
-        cfg.validate()
+    with pytest.raises(ConfigError, match=r"^model.sharing_scope 'everything': choose one of "
+                                          r"tokens, embeddings$"):
+        cfg.model.sharing_scope = "everything"  # typed as it is set
 
     cfg = preset("tiny")
     cfg.model.sharing, cfg.model.sharing_scope = Sharing.NES, SharingScope.TOKENS
@@ -194,38 +193,24 @@ def _write_meta(tmp_path, config: dict) -> str:
     return str(tmp_path)
 
 
-def test_checkpoint_from_before_the_scope_field_shared_tokens_only(tmp_path):
-    """A checkpoint whose config lacks model.sharing_scope shared the token table only: it
-    resumes under --sharing-scope tokens, is refused under the new default with the field
-    named, and resumes either way where the scope changes nothing (disentangled attention)."""
+def test_a_checkpoint_at_another_sharing_scope_is_refused_where_the_scope_shapes_it(tmp_path):
+    """A checkpoint saved under --sharing-scope tokens is refused under the default scope with
+    the field and both values named, resumes under its own scope, and resumes either way where
+    the scope changes nothing (disentangled attention)."""
     from rtd_scale.cli_errors import UserInputError
     from rtd_scale.training.checkpoint.compat import check_compatible
 
-    old = preset("tiny").to_dict()
-    del old["model"]["sharing_scope"]
-    run = _write_meta(tmp_path, old)
-    new = preset("tiny").to_dict()
+    old = preset("tiny")
+    old.model.sharing_scope = SharingScope.TOKENS
+    run = _write_meta(tmp_path, old.to_dict())
+    new = preset("tiny")
     with pytest.raises(UserInputError, match=r"holds another model \(model.sharing_scope "
                                              r"tokens → embeddings\)"):
         check_compatible(run, "global_step1", new, {"world_size": 1})
-    new["model"]["sharing_scope"] = "tokens"
+    new.model.sharing_scope = SharingScope.TOKENS
     check_compatible(run, "global_step1", new, {"world_size": 1})
 
-    deberta = preset("debertav3-tiny").to_dict()
-    del deberta["model"]["sharing_scope"]
-    run = _write_meta(tmp_path, deberta)
-    check_compatible(run, "global_step1", preset("debertav3-tiny").to_dict(), {"world_size": 1})
-
-
-def test_export_of_a_run_from_before_the_scope_field_reads_tokens():
-    """``tools/export_hf.py --load`` rebuilds the model of an old run as it was: ES / GDES with
-    absolute positions shared the token table only; elsewhere the preset's scope stays."""
-    from rtd_scale.config import RunConfig
-    from rtd_scale.training.checkpoint.compat import upgrade_config
-
-    d = preset("tiny").to_dict()
-    del d["model"]["sharing_scope"]
-    assert RunConfig.from_dict(upgrade_config(d)).model.sharing_scope is SharingScope.TOKENS
-    d = preset("debertav3-tiny").to_dict()
-    del d["model"]["sharing_scope"]
-    assert RunConfig.from_dict(upgrade_config(d)).model.sharing_scope is SharingScope.EMBEDDINGS
+    deberta = preset("debertav3-tiny")
+    deberta.model.sharing_scope = SharingScope.TOKENS
+    run = _write_meta(tmp_path, deberta.to_dict())
+    check_compatible(run, "global_step1", preset("debertav3-tiny"), {"world_size": 1})

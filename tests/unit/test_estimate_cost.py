@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rtd_scale.config import preset
+from rtd_scale.presets import preset
 from tests.helpers.tools import load_tool
 
 estimate_cost = load_tool("estimate_cost")

@@ -274,17 +274,14 @@ def test_es_refuses_two_different_position_tables_unless_scope_tokens(single_pro
 
 
 def test_export_pt_file_of_the_other_scope_is_refused(single_process_group, tok, tmp_path):
-    """An --export .pt file whose config predates model.sharing_scope shared the token table
-    only: it loads under --sharing-scope tokens and is refused, naming the flag, under the
-    default."""
+    """An --export .pt file saved under --sharing-scope tokens loads under that scope and is
+    refused, naming the flag, under the default."""
     ctx = single_process_group
     cfg = tiny_config(POST, Sharing.GDES, False, tok.vocab_size)
     cfg.model.sharing_scope = "tokens"
     cfg.validate()
     first = build_model(cfg, single_process_group, tok)
-    old = cfg.to_dict()
-    del old["model"]["sharing_scope"]
-    torch.save({"config": old, "model": canonical_state(first, ctx)}, tmp_path / "w.pt")
+    torch.save({"config": cfg.to_dict(), "model": canonical_state(first, ctx)}, tmp_path / "w.pt")
     _load(build_model(cfg, single_process_group, tok), cfg, ctx, tok, tmp_path / "w.pt")
     new = tiny_config(POST, Sharing.GDES, False, tok.vocab_size)
     with pytest.raises(UserInputError) as e:

@@ -1,7 +1,8 @@
 """The import rules of DESIGN.md §2, read from the source (every import, at module level or inside a
-function): ``objectives/``, ``data/`` and ``config.py`` never import ``model/`` or ``training/``;
-``model/`` never imports ``training/`` or ``hf/``; ``training/`` never imports ``hf/``;
-``objectives/``, ``data/`` and ``config.py`` never import deepspeed, and only ``data/shards.py``
+function): ``objectives/``, ``data/`` and the config (``config.py``, ``presets.py``, ``batch.py``)
+never import ``model/`` or ``training/``; ``model/`` never imports ``training/`` or ``hf/``;
+``training/`` never imports ``hf/``; ``objectives/``, ``data/`` and the config never import
+deepspeed, and only ``data/shards.py``
 of them knows megatron-core (its ``.bin/.idx`` indexed dataset is the shard format). Nothing in
 the package imports the test oracles (``verify/``) or the tests."""
 from __future__ import annotations
@@ -21,8 +22,8 @@ RULES = [
     ("data", ("rtd_scale.model", "rtd_scale.training", "rtd_scale.hf", "deepspeed",
               "megatron.core.models", "megatron.core.transformer", "megatron.core.parallel_state",
               "megatron.core.tensor_parallel")),
-    ("config.py", ("rtd_scale.model", "rtd_scale.training", "rtd_scale.hf", "deepspeed",
-                   "megatron")),
+    *((f, ("rtd_scale.model", "rtd_scale.training", "rtd_scale.hf", "deepspeed", "megatron"))
+      for f in ("config.py", "presets.py", "batch.py")),
     ("model", ("rtd_scale.training", "rtd_scale.hf")),
     ("training", ("rtd_scale.hf",)),
     ("", ("verify", "tests")),  # the whole package

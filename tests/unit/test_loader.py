@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from rtd_scale.cli_errors import UserInputError
-from rtd_scale.config import ConfigError, DataConfig, preset
+from rtd_scale.config import ConfigError, DataConfig
+from rtd_scale.presets import preset
 from rtd_scale.data.blend import SPLIT_INDEX_BASE, BlendSchedule, build_split
 from rtd_scale.data.loader import (DataParallelSampler, advance, global_batch, merge_ranges,
                                    rank_micro_batches)
@@ -166,9 +167,9 @@ def test_data_path_and_split_flags_parse():
         with pytest.raises(ConfigError, match="--data-path .*WEIGHT PREFIX pairs"):
             DataConfig(data_path=bad, seq_length=64).validate(model)
     for bad in ("0,1,0", "a,b", "1,2,3,4", "1,-1"):
-        with pytest.raises(ConfigError, match=f"--split '{bad}'"):
+        with pytest.raises(ConfigError, match=f"^data.split '{bad}'"):
             DataConfig(split=bad, seq_length=64).validate(model)
-    with pytest.raises(ConfigError, match="--num-workers must be >= 0"):
+    with pytest.raises(ConfigError, match="^data.num_workers must be >= 0"):
         DataConfig(num_workers=-1, seq_length=64).validate(model)
 
 

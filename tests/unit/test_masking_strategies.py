@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from rtd_scale.config import ConfigError, MaskStrategy, RTDConfig, preset
+from rtd_scale.config import ConfigError, MaskStrategy, RTDConfig
+from rtd_scale.presets import preset
 from rtd_scale.data.packed import PackedDataset
 from rtd_scale.data.tokenizer import Tokenizer, TokenizerModelError
 from rtd_scale.objectives.masking import (expected_span_length, mask_tokens, masked_positions,
@@ -36,7 +37,7 @@ def _mask(tok, table, ids, sample_index, strategy, seed=7, **kw):
     return mask_tokens(ids, sample_index, seed=seed, mask_prob=kw.pop("mask_prob", P),
                        mask_token_prob=0.8, random_token_prob=0.1, mask_id=tok.mask_id,
                        vocab_size=tok.vocab_size, special_ids=tok.special_ids,
-                       strategy=strategy, word_start_table=table, **kw)
+                       strategy=MaskStrategy(strategy), word_start_table=table, **kw)
 
 
 def _maskable(tok, ids):
@@ -171,7 +172,7 @@ def test_token_strategy_is_unchanged_bitwise():
     kw = dict(seed=11, mask_prob=0.15, mask_token_prob=0.8, random_token_prob=0.1, mask_id=4,
               vocab_size=1000, special_ids=(0, 1, 2, 3, 4))
     for m in (mask_tokens(ids, torch.arange(1000, 1016), **kw),
-              mask_tokens(ids, torch.arange(1000, 1016), strategy="token", **kw)):
+              mask_tokens(ids, torch.arange(1000, 1016), strategy=MaskStrategy.TOKEN, **kw)):
         digest = hashlib.sha256(m.masked.numpy().tobytes() + m.generator_input.numpy().tobytes())
         assert digest.hexdigest()[:16] == "91eb7be3fa68aee4" and m.masked.sum().item() == 219
     assert prediction_budget(0.15, 512) == 77 == prediction_budget(0.15, 512, "token")
@@ -219,11 +220,9 @@ def test_model_masks_with_the_configured_strategy(single_process_group, wiki):
 
 def test_config_refuses_unknown_strategies_and_bad_span_settings():
     assert RTDConfig().mask_strategy is MaskStrategy.TOKEN
-    cfg = RTDConfig(mask_strategy="span")
-    cfg.validate()
-    assert cfg.mask_strategy is MaskStrategy.SPAN
-    for kw, message in ((dict(mask_strategy="words"), "--mask-strategy 'words': choose token, "
-                         "whole_word, span"),
+    assert RTDConfig(mask_strategy="span").mask_strategy is MaskStrategy.SPAN  # typed when built
+    for kw, message in ((dict(mask_strategy="words"), "^rtd.mask_strategy 'words': choose one "
+                         "of token, whole_word, span$"),
                         (dict(span_geometric_p=0.0), "rtd.span_geometric_p must be in"),
                         (dict(span_max_words=0), "rtd.span_max_words must be >= 1")):
         with pytest.raises(ConfigError, match=message):

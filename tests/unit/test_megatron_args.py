@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rtd_scale.config import PRESETS, ConfigError, apply_override, preset
+from rtd_scale.config import ConfigError, apply_override
+from rtd_scale.presets import PRESETS, preset
 from rtd_scale.megatron_args import REFUSED
 from rtd_scale.arguments import build_parser, config_from_args
 from rtd_scale.pretrain import main

@@ -6,7 +6,8 @@ import dataclasses
 import pytest
 import torch
 
-from rtd_scale.config import LayerNormPosition, Sharing, preset
+from rtd_scale.config import LayerNormPosition, Sharing
+from rtd_scale.presets import preset
 from rtd_scale.model.rtd import RTDModel
 
 from tests.helpers.tiny_model import SPECIAL
@@ -329,9 +330,9 @@ def test_layout_presets_flag_and_validation():
     args = build_parser().parse_args(base + ["--set", "model.layernorm_position=post"])
     assert config_from_args(args).model.layernorm_position is POST
     cfg = preset("tiny")
-    cfg.model.layernorm_position = "sandwich"
-    with pytest.raises(ConfigError, match="--layernorm-position 'sandwich'"):
-        cfg.validate()
+    with pytest.raises(ConfigError, match="^model.layernorm_position 'sandwich': choose one of "
+                                          "pre, post$"):
+        cfg.model.layernorm_position = "sandwich"  # typed as it is set
 
 
 def test_checkpoint_of_the_other_layout_is_refused(tmp_path):
@@ -346,11 +347,11 @@ def test_checkpoint_of_the_other_layout_is_refused(tmp_path):
     (tmp_path / "global_step5").mkdir()
     (tmp_path / "global_step5" / META_FILE).write_text(
         json.dumps({"layout": layout, "config": saved.to_dict()}))
-    assert check_compatible(str(tmp_path), "global_step5", saved.to_dict(), layout) is not None
+    assert check_compatible(str(tmp_path), "global_step5", saved, layout) is not None
     post = preset("tiny")
     post.model.layernorm_position = POST
     with pytest.raises(UserInputError, match="model.layernorm_position pre → post"):
-        check_compatible(str(tmp_path), "global_step5", post.to_dict(), layout)
+        check_compatible(str(tmp_path), "global_step5", post, layout)
 
 
 def test_checkpoint_from_before_the_layout_field_counts_as_pre_ln(tmp_path):
@@ -367,11 +368,11 @@ def test_checkpoint_from_before_the_layout_field_counts_as_pre_ln(tmp_path):
     layout = {"world_size": 1, "tensor_model_parallel_size": 1}
     (tmp_path / "global_step5").mkdir()
     (tmp_path / "global_step5" / META_FILE).write_text(json.dumps({"layout": layout, "config": old}))
-    assert check_compatible(str(tmp_path), "global_step5", preset("tiny").to_dict(), layout)
+    assert check_compatible(str(tmp_path), "global_step5", preset("tiny"), layout)
     post = preset("tiny")
     post.model.layernorm_position = POST
     with pytest.raises(UserInputError, match="model.layernorm_position pre → post"):
-        check_compatible(str(tmp_path), "global_step5", post.to_dict(), layout)
+        check_compatible(str(tmp_path), "global_step5", post, layout)
 
 
 def test_checkpoint_with_another_vocab_multiple_is_refused(tmp_path):
@@ -389,11 +390,11 @@ def test_checkpoint_with_another_vocab_multiple_is_refused(tmp_path):
     layout = {"world_size": 1, "tensor_model_parallel_size": 1}
     (tmp_path / "global_step5").mkdir()
     (tmp_path / "global_step5" / META_FILE).write_text(json.dumps({"layout": layout, "config": old}))
-    assert check_compatible(str(tmp_path), "global_step5", preset("tiny").to_dict(), layout)
+    assert check_compatible(str(tmp_path), "global_step5", preset("tiny"), layout)
     other = preset("tiny")
     other.model.make_vocab_size_divisible_by = 64
     with pytest.raises(UserInputError, match="model.make_vocab_size_divisible_by 128 → 64"):
-        check_compatible(str(tmp_path), "global_step5", other.to_dict(), layout)
+        check_compatible(str(tmp_path), "global_step5", other, layout)
 
 
 def test_mlm_loss_normaliser_by_hand(single_process_group):

@@ -12,12 +12,12 @@ import torch.nn.functional as F
 from megatron.core.transformer.identity_op import IdentityOp
 
 from rtd_scale.arguments import build_parser, config_from_args
-from rtd_scale.config import (AttentionType, ConfigError, MLPActivation, RunConfig, Sharing,
-                              preset)
+from rtd_scale.config import AttentionType, ConfigError, MLPActivation, RunConfig, Sharing
 from rtd_scale.model.attention import SDPACoreAttention
 from rtd_scale.model.encoder import Encoder, transformer_config
 from rtd_scale.model.modern import GLOBAL, LOCAL
 from rtd_scale.model.sharing import embedding_pair
+from rtd_scale.presets import preset
 from tests.helpers.tiny_model import sample_ids, tiny_config, tiny_rtd_model
 
 BASE = ["--ds_config", "ds_configs/zero0.json", "--data-path", "data/x_text_document",

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from rtd_scale.config import preset
+from rtd_scale.presets import preset
 from rtd_scale.model.rtd import RTDModel
 from tests.helpers.sync import SyncRecorder
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
-from rtd_scale.config import ConfigError, OptimConfig, preset
+from rtd_scale.config import ConfigError, OptimConfig
+from rtd_scale.presets import preset
 from rtd_scale.training.optimizer import NonFiniteSkippingAdamW
 from rtd_scale.training.lr_schedule import MegatronLRScheduler, build_scheduler
 
@@ -273,15 +274,15 @@ def test_warmup_longer_than_the_run_warms_up_throughout():
 
 
 @pytest.mark.parametrize("fields, message", [
-    ({"lr_decay_style": "exp"}, "--lr-decay-style 'exp': choose one of constant, linear"),
+    ({"lr_decay_style": "exp"}, "optim.lr_decay_style 'exp': choose one of constant, linear"),
     ({"lr_decay_style": "WSD"}, "--lr-decay-style WSD needs .* --lr-wsd-decay-iters"),
     ({"lr_warmup_iters": 5, "lr_warmup_fraction": 0.1}, "--lr-warmup-fraction and"),
     ({"lr_warmup_iters": 5, "lr_warmup_samples": 10}, "--lr-warmup-iters and "
                                                       "--lr-warmup-samples"),
     ({"lr_decay_iters": 5, "lr_decay_samples": 10}, "--lr-decay-iters and --lr-decay-samples"),
-    ({"lr_warmup_fraction": 1.0}, r"--lr-warmup-fraction must be in \[0, 1\)"),
-    ({"lr_warmup_init": 1.0}, "--lr-warmup-init must be in"),
-    ({"lr_wsd_decay_style": "step"}, "--lr-wsd-decay-style 'step'"),
+    ({"lr_warmup_fraction": 1.0}, r"optim.lr_warmup_fraction must be in \[0, 1\)"),
+    ({"lr_warmup_init": 1.0}, r"optim.lr_warmup_init must be in \[0, optim.lr 0.001\]"),
+    ({"lr_wsd_decay_style": "step"}, "optim.lr_wsd_decay_style 'step'"),
 ])
 def test_schedule_flags_are_checked(fields, message):
     with pytest.raises(ConfigError, match=message):

@@ -186,13 +186,14 @@ def test_a_fourth_mode_is_one_rule(single_process_group, tok, tmp_path, half_mod
 
 # A sharing mode by name: a Sharing member, or a mode's value as a string literal.
 _MODE = re.compile(r"\bSharing\.(ES|NES|GDES)\b|[\"'](es|nes|gdes)[\"']")
-_MAY_NAME_MODES = {"rtd_scale/config.py", "rtd_scale/model/sharing.py"}
+_MAY_NAME_MODES = {"rtd_scale/config.py", "rtd_scale/presets.py", "rtd_scale/model/sharing.py"}
 
 
 def test_only_config_and_sharing_name_a_sharing_mode():
     """A new mode touches only ``config.py`` (the enum) and ``model/sharing.py`` (its rule):
     no other product file names one (the HF adapters, diagnostics, weights and checkpoint code
-    ask ``sharing.sharing_rule``; the embedding modules, ``model/embeddings.py``, know no mode)."""
+    ask ``sharing.sharing_rule``; the embedding modules, ``model/embeddings.py``, know no mode;
+    ``presets.py`` names the mode each preset trains with)."""
     named = {}
     for path in sorted((REPO / "rtd_scale").rglob("*.py")):
         rel = path.relative_to(REPO).as_posix()

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rtd_scale import flops
-from rtd_scale.config import preset
+from rtd_scale.presets import preset
 from rtd_scale.training.metrics import format_log_line
 from rtd_scale.training.throughput import (DEVICE_PEAK_TFLOPS, ThroughputMeter, format_eta,
                                            memory_gib, peak_tflops, step_model_flops)

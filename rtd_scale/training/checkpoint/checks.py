@@ -55,38 +55,23 @@ class Moment(enum.Enum):
 
 # ------------------------------------------------------------------------------ CHOOSE ----
 
-def incomplete_reason(ckpt_dir: str) -> tuple[Optional[str], bool]:
-    """Why ``ckpt_dir`` does not count as complete (None when it does), and whether it is a
-    checkpoint from before completion records that looks intact (its ``rtd_meta.json`` and
-    every rank's RNG file are there; its other files cannot be checked)."""
-    if os.path.exists(os.path.join(ckpt_dir, files.RECORD_FILE)):
-        record = files.read_record(ckpt_dir)
-        if record is None:
-            return "its completion record is unreadable", False
-        for name, size in sorted(record["files"].items()):
-            try:
-                actual = os.path.getsize(os.path.join(ckpt_dir, name))
-            except OSError:
-                return f"{name} is missing", False
-            if actual != size:
-                return f"{name} has {actual} bytes, its completion record says {size}", False
-        return None, False
-    meta_path = os.path.join(ckpt_dir, files.META_FILE)
-    if not os.path.exists(meta_path):
-        return "no completion record and no rtd_meta.json (the save did not finish)", False
-    meta = files.read_json(meta_path)
-    if meta is None or "layout" not in meta:
-        return f"no completion record, and {files.META_FILE} is unreadable", False
-    if "record_format" in meta:
-        return "no completion record (the save did not finish)", False
-    world = int(meta["layout"].get("world_size", 1))
-    missing = [files.rng_file(r) for r in range(world)
-               if not os.path.isfile(os.path.join(ckpt_dir, files.rng_file(r)))]
-    if missing:
-        return f"no completion record, and {missing[0]} is missing", False
-    if not any(n.endswith("_model_states.pt") for n in os.listdir(ckpt_dir)):
-        return "no completion record, and no DeepSpeed model states", False
-    return "no completion record (saved before rtd_scale wrote them)", True
+def incomplete_reason(ckpt_dir: str) -> Optional[str]:
+    """Why ``ckpt_dir`` does not count as complete, or None when it does: its completion record
+    is missing or unreadable (the save did not finish), or a file it lists is missing or of
+    another size."""
+    if not os.path.exists(os.path.join(ckpt_dir, files.RECORD_FILE)):
+        return "no completion record (the save did not finish)"
+    record = files.read_record(ckpt_dir)
+    if record is None:
+        return "its completion record is unreadable"
+    for name, size in sorted(record["files"].items()):
+        try:
+            actual = os.path.getsize(os.path.join(ckpt_dir, name))
+        except OSError:
+            return f"{name} is missing"
+        if actual != size:
+            return f"{name} has {actual} bytes, its completion record says {size}"
+    return None
 
 
 # ------------------------------------------------------------------------ BEFORE_BUILD ----
@@ -238,8 +223,7 @@ def _damaged_file(engine) -> Optional[tuple[str, int]]:
 @dataclass(frozen=True)
 class Check:
     """One check: its name, its moment and the function that runs it. The function's arguments
-    are its moment's: CHOOSE ``(ckpt_dir)`` → ``(reason or None, looks intact from before
-    records)``; BEFORE_BUILD ``(ckpt_dir)``; LOAD ``(engine)``; AFTER_LOAD ``(engine, ckpt_dir,
+    are its moment's: CHOOSE ``(ckpt_dir)`` → the reason it fails, or None; BEFORE_BUILD ``(ckpt_dir)``; LOAD ``(engine)``; AFTER_LOAD ``(engine, ckpt_dir,
     loaded, flag, earlier)`` (``loaded``: the path DeepSpeed returned, or None). All but CHOOSE
     raise ``UserInputError``."""
 
@@ -257,15 +241,15 @@ CHECKS: tuple[Check, ...] = (
 )
 
 
-def verdict(ckpt_dir: str) -> tuple[Optional[str], bool]:
-    """The CHOOSE checks of ``ckpt_dir``: the first failing one's (reason, looks intact), or
-    (None, False) when all pass."""
+def verdict(ckpt_dir: str) -> Optional[str]:
+    """The CHOOSE checks of ``ckpt_dir``: the first failing one's reason, or None when all
+    pass."""
     for check in CHECKS:
         if check.moment is Moment.CHOOSE:
-            reason, legacy = check.run(ckpt_dir)
+            reason = check.run(ckpt_dir)
             if reason is not None:
-                return reason, legacy
-    return None, False
+                return reason
+    return None
 
 
 def run(moment: Moment, **args: Any) -> None:

@@ -19,7 +19,6 @@ class Choice:
     load_dir: str
     tag: str
     skipped: list[tuple[str, str]] = field(default_factory=list)  # newer (tag, reason)
-    unverified: bool = False  # made before completion records: sizes could not be checked
     notes: list[str] = field(default_factory=list)  # one line each, for rank 0 to print
 
     @property
@@ -41,10 +40,6 @@ def choose(load: str) -> Choice:
     """The checkpoint ``--load load`` resumes from: the newest complete one in the directory
     (whatever ``latest`` says), or exactly the named ``DIR/global_stepN``.
 
-    Checkpoints from before completion records count only when no checkpoint there has a
-    complete record, and then only if they look intact (see ``checks.incomplete_reason``); a
-    note says their files could not be verified.
-
     Raises:
         UserInputError: no such directory; no complete checkpoint (naming each one and why);
             the named checkpoint is incomplete.
@@ -55,20 +50,19 @@ def choose(load: str) -> Choice:
                              "directory of an earlier run, or drop --load to start fresh")
     tags = list_tags(load_dir)
     verdicts = {t: checks.verdict(os.path.join(load_dir, t)) for t in tags}
-    complete = [t for t in tags if verdicts[t][0] is None]
-    fallback = complete or [t for t in tags if verdicts[t][1]]
+    complete = [t for t in tags if verdicts[t] is None]
     if tag is not None:
-        reason, legacy = verdicts.get(tag, (None, False))
-        more = f" and {len(fallback) - 3} older" if len(fallback) > 3 else ""
-        better = (f"; complete ones there: {', '.join(fallback[:3])}{more} (--load {load_dir} "
-                  f"takes {fallback[0]})" if fallback else "")
+        reason = verdicts.get(tag)
+        more = f" and {len(complete) - 3} older" if len(complete) > 3 else ""
+        better = (f"; complete ones there: {', '.join(complete[:3])}{more} (--load {load_dir} "
+                  f"takes {complete[0]})" if complete else "")
         if tag not in verdicts:
             raise UserInputError(f"--load {load}: checkpoint {tag} does not exist{better}")
-        if reason is not None and not (legacy and not complete):
+        if reason is not None:
             raise UserInputError(f"--load {load}: checkpoint {tag} is incomplete ({reason})"
                                  f"{better}")
-        choice = Choice(load_dir, tag, unverified=reason is not None)
-        newer = [t for t in fallback if step_of(t) > step_of(tag)]
+        choice = Choice(load_dir, tag)
+        newer = [t for t in complete if step_of(t) > step_of(tag)]
         if newer:
             choice.notes.append(
                 f"note: resuming from {tag}; the newer {', '.join(newer)} stay in {load_dir}, "
@@ -76,14 +70,14 @@ def choose(load: str) -> Choice:
     elif not tags:
         raise UserInputError(f"--load {load}: no checkpoint found (no global_step* directory); "
                              "drop --load to start fresh")
-    elif not fallback:
-        why = "; ".join(f"{t}: {verdicts[t][0]}" for t in tags[:4])
+    elif not complete:
+        why = "; ".join(f"{t}: {verdicts[t]}" for t in tags[:4])
         raise UserInputError(f"--load {load}: no complete checkpoint ({why}); restore one from "
                              "a copy, or drop --load to start fresh")
     else:
-        tag = fallback[0]
-        choice = Choice(load_dir, tag, unverified=verdicts[tag][0] is not None)
-        choice.skipped = [(t, verdicts[t][0]) for t in tags if step_of(t) > step_of(tag)]
+        tag = complete[0]
+        choice = Choice(load_dir, tag)
+        choice.skipped = [(t, verdicts[t]) for t in tags if step_of(t) > step_of(tag)]
         if choice.skipped:
             choice.notes.append(
                 f"note: --load {load}: skipped " + "; ".join(
@@ -93,10 +87,6 @@ def choose(load: str) -> Choice:
             choice.notes.append(
                 f"note: {load_dir}/latest names {named}, but {tag} is newer and complete: taking "
                 f"{tag} (--load {os.path.join(load_dir, named)} would take {named})")
-    if choice.unverified:
-        choice.notes.append(
-            f"warning: {choice.path} has no completion record (saved before rtd_scale wrote "
-            "them): its files' sizes could not be checked")
     return choice
 
 

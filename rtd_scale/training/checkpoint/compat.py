@@ -4,54 +4,35 @@ model shape and its seed. Checked before anything is built (``rtd_scale/prepare.
 ``checks.CHECKS``, which every reader of a checkpoint runs: these compare it with a run's flags."""
 from __future__ import annotations
 
+import enum
 from typing import Any, Optional
 
 from rtd_scale.cli_errors import UserInputError
-from rtd_scale.training.checkpoint.files import read_meta
+from rtd_scale.config import ModelConfig, RunConfig, SharingScope
+from rtd_scale.training.checkpoint.files import META_FILE, read_meta
 
 # Model fields that change the shape of some parameter: a checkpoint only loads into the same.
 # ``layernorm_position``: another layout has other parameters (and the same ones mean other things).
 _SHAPE_FIELDS = ("vocab_size", "embedding_size", "max_position_embeddings", "sharing",
                  "layernorm_position", "attention_type", "position_buckets",
                  "make_vocab_size_divisible_by")
-# What a checkpoint written before a model field existed holds (its config lacks the field).
-_FIELDS_BEFORE_THEY_EXISTED = {"layernorm_position": "pre", "attention_type": "bert",
-                               "position_buckets": 256, "make_vocab_size_divisible_by": 128}
-# A checkpoint from before model.sharing_scope existed shared the token table only.
-_SCOPE_BEFORE_IT_EXISTED = "tokens"
 _ENCODER_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size")
 
 
-def scope_shapes_parameters(model: dict[str, Any]) -> bool:
-    """Whether ``model.sharing_scope`` changes the parameters of a recorded model config (its
-    sharing mode shares something past the token table, ``model/sharing.py``
-    ``SharingRule.layer_components``; never under disentangled attention)."""
-    from rtd_scale.config import AttentionType, ModelConfig, SharingScope
+def _sharing_scope(model: ModelConfig) -> SharingScope:
+    """The sharing scope as it shapes the parameters: "tokens" wherever the scope changes
+    nothing (NES, disentangled attention: ``config.SharingScope``), so those models resume
+    whatever scope is recorded."""
     from rtd_scale.model.sharing import sharing_rule
 
-    relative = not AttentionType(model.get("attention_type", "bert")).absolute_positions
-    rule = sharing_rule(model.get("sharing", ModelConfig.sharing))  # the field's default
-    return bool(rule.layer_components(SharingScope.EMBEDDINGS, relative))
+    relative = not model.attention_type.absolute_positions
+    if not sharing_rule(model.sharing).layer_components(SharingScope.EMBEDDINGS, relative):
+        return SharingScope.TOKENS
+    return model.sharing_scope
 
 
-def upgrade_config(d: dict[str, Any]) -> dict[str, Any]:
-    """A recorded run config (``rtd_meta.json``, ``config.json``) with the fields added since it
-    was written filled as that run had them, for ``RunConfig.from_dict``."""
-    m = d.get("model", {})
-    if "sharing_scope" not in m and scope_shapes_parameters(m):
-        # recorded before model.sharing_scope existed: ES / GDES shared the token table only
-        # (elsewhere the scope changes nothing, config.SharingScope)
-        return {**d, "model": {**m, "sharing_scope": _SCOPE_BEFORE_IT_EXISTED}}
-    return d
-
-
-def _sharing_scope(model: dict[str, Any]) -> str:
-    """The sharing scope that shapes the parameters: "tokens" wherever the scope changes nothing
-    (NES, disentangled attention: ``config.SharingScope``), so a checkpoint written before the
-    field existed still resumes those models."""
-    if not scope_shapes_parameters(model):
-        return "tokens"
-    return model.get("sharing_scope", _SCOPE_BEFORE_IT_EXISTED)
+def _shown(value: Any) -> str:
+    return str(value.value if isinstance(value, enum.Enum) else value)
 
 
 def describe_layout(layout: dict[str, Any], precision: Optional[str] = None) -> str:
@@ -108,39 +89,44 @@ def check_convertible(load_dir: str, tag: str, saved: dict[str, Any],
                 "layout, or use a ds_configs/zero1.json-style file on both runs")
 
 
-def check_compatible(load_dir: str, tag: str, config: dict[str, Any],
+def check_compatible(load_dir: str, tag: str, config: RunConfig,
                      layout: dict[str, int]) -> Optional[dict[str, Any]]:
-    """Refuse, before anything is built, a ``--load`` whose checkpoint cannot continue this run:
-    a process layout :func:`check_convertible` refuses, another model shape, or another seed.
-    Returns the checkpoint's metadata (None for a checkpoint without it).
+    """Refuse, before anything is built, a ``--load`` whose checkpoint cannot continue the run
+    of ``config``: a process layout :func:`check_convertible` refuses, another model shape, or
+    another seed. Returns the checkpoint's metadata (None for a checkpoint without it).
 
     A checkpoint at another TP, PP, DP size, ZeRO stage or precision passes: it is converted
     first (``checkpoint/convert.py``).
 
     Raises:
-        UserInputError: naming each difference and the fix.
+        UserInputError: in one line naming each differing field with both values, and the fix.
     """
     meta = read_meta(load_dir, tag)
     if meta is None:
         return None
+    try:
+        saved = RunConfig.from_dict(meta["config"])
+    except UserInputError as e:
+        raise UserInputError(f"--load {load_dir}: {tag}/{META_FILE}: {e}") from None
     check_convertible(load_dir, tag, meta.get("layout") or {}, layout,
-                      saved_precision=precision_of(meta),
-                      precision=config.get("train", {}).get("precision"))
-    old, new = meta["config"]["model"], config["model"]
-    old = {**_FIELDS_BEFORE_THEY_EXISTED, **old}
-    diffs = [f"model.{k} {old.get(k)} → {new.get(k)}" for k in _SHAPE_FIELDS
-             if old.get(k) != new.get(k)]
-    if not diffs and _sharing_scope(old) != _sharing_scope(new):
-        diffs.append(f"model.sharing_scope {_sharing_scope(old)} → {_sharing_scope(new)}")
+                      saved_precision=saved.train.precision.value,
+                      precision=config.train.precision.value)
+    old, new = saved.model, config.model
+    diffs = [f"model.{k} {_shown(getattr(old, k))} → {_shown(getattr(new, k))}"
+             for k in _SHAPE_FIELDS if getattr(old, k) != getattr(new, k)]
+    if not diffs and _sharing_scope(old) is not _sharing_scope(new):
+        diffs.append(f"model.sharing_scope {_sharing_scope(old).value} → "
+                     f"{_sharing_scope(new).value}")
     for enc in ("generator", "discriminator"):
-        diffs += [f"model.{enc}.{k} {old[enc].get(k)} → {new[enc].get(k)}"
-                  for k in _ENCODER_FIELDS if old[enc].get(k) != new[enc].get(k)]
+        a, b = getattr(old, enc), getattr(new, enc)
+        diffs += [f"model.{enc}.{k} {getattr(a, k)} → {getattr(b, k)}"
+                  for k in _ENCODER_FIELDS if getattr(a, k) != getattr(b, k)]
     if diffs:
         raise UserInputError(
             f"--load {load_dir}: {tag} holds another model ({', '.join(diffs)}); use the "
             f"preset and overrides it was trained with (see {load_dir}/config.json)")
-    old_seed, seed = meta["config"].get("train", {}).get("seed"), config["train"]["seed"]
-    if old_seed is not None and old_seed != seed and not config["train"].get("override_data_order"):
+    old_seed, seed = saved.train.seed, config.train.seed
+    if old_seed != seed and not config.train.override_data_order:
         # the order is a function of (seed, epoch) (data/blend.py): another seed reshuffles
         # the epoch the run is in, so its remaining samples are not the ones still unread
         raise UserInputError(

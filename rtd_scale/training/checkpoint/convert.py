@@ -31,7 +31,8 @@ import traceback
 from typing import Any, Callable, Optional
 
 from rtd_scale.cli_errors import UserInputError
-from rtd_scale.config import RunConfig, rank_share
+from rtd_scale.batch import rank_share
+from rtd_scale.config import Precision, RunConfig
 
 DONE_FILE = "rtd_canonical_complete"
 # What a worker imports, loaded once by the forkserver that run_world forks its workers from.
@@ -68,7 +69,7 @@ def read_run(run_dir: str, tag: Optional[str], note: Optional[Callable[[Any], No
     if meta is None or not meta.get("layout") or not meta.get("config"):
         raise UserInputError(f"--load {run_dir}: {tag} has no {files.META_FILE} "
                              "(layout and config); it was not written by rtd_scale")
-    cfg = RunConfig.from_dict(compat.upgrade_config(meta["config"]))
+    cfg = RunConfig.from_dict(meta["config"])
     ds_config = meta.get("ds_config")
     if ds_config is None:  # recorded by every checkpoint since it was added to rtd_meta.json
         ds_path = os.path.join(run_dir, "ds_config.json")
@@ -99,9 +100,8 @@ def ds_config_for_layout(ds_config: dict[str, Any], cfg: RunConfig,
         out.update(train_micro_batch_size_per_gpu=t.micro_batch_size,
                    gradient_accumulation_steps=gas)
     out["train_batch_size"] = t.global_batch_size
-    precision = t.precision.value
-    out["bf16"] = {**out.get("bf16", {}), "enabled": precision == "bf16"}
-    if precision == "fp16":
+    out["bf16"] = {**out.get("bf16", {}), "enabled": t.precision is Precision.BF16}
+    if t.precision is Precision.FP16:
         out["fp16"] = {**out.get("fp16", {}), "enabled": True}
     else:
         out.pop("fp16", None)

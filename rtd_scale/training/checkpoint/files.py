@@ -16,7 +16,7 @@ from rtd_scale.cli_errors import UserInputError
 
 META_FILE = "rtd_meta.json"
 RECORD_FILE = "rtd_complete.json"
-RECORD_FORMAT = 1  # also written into rtd_meta.json: its absence marks a checkpoint made before
+RECORD_FORMAT = 1  # the completion record's format, also written into rtd_meta.json
 _TAG_RE = re.compile(r"^global_step(\d+)$")
 
 
