@@ -50,6 +50,13 @@ def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
                    "(default: index-cache/ next to each dataset's first shard)")
     p.add_argument("--num-workers", type=int, help="DataLoader worker processes per rank "
                    "(default 2; 0 in the tiny preset)")
+    p.add_argument("--reset-attention-mask", "--reset-position-ids", dest="reset_attention_mask",
+                   action="store_true",
+                   help="document-masked packing (data.document_masking): inside a packed "
+                   "sample, attention stays within each document and positions restart at each "
+                   "(Megatron-LM's --reset-attention-mask and --reset-position-ids, one switch "
+                   "here: either name sets both); the samples, their order and masks are the "
+                   "same. Default: the preset's (off for BERT, ELECTRA and DeBERTa)")
     p.add_argument("--eval-interval", type=int, help="validate every N steps, and after the "
                    "last step (0: never)")
     p.add_argument("--eval-iters", type=int, help="global batches per validation (0: never)")
@@ -349,6 +356,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         cfg.model.recompute_activations = True
     if args.compile_layers:
         cfg.model.compile_layers = True
+    if args.reset_attention_mask:
+        cfg.data.document_masking = True
     if args.device_peak:
         if args.peak_tflops_per_device is not None:
             raise UserInputError("--device-peak and --peak-tflops-per-device both give the "
