@@ -159,3 +159,22 @@ def test_either_megatron_name_sets_the_one_switch_off_in_every_preset():
         assert arguments.config_from_args(parse([*base, flag])).data.document_masking
     assert not any(make().data.document_masking for make in PRESETS.values())
 
+
+def test_a_resume_that_switches_document_masking_says_so_in_one_line():
+    """Accepted (the samples, order and masks carry on; no parameter changes), with a note."""
+    from rtd_scale.config import preset
+    from rtd_scale.resume import _resume_notes
+
+    cfg = preset("tiny")
+
+    def notes(now: bool, saved_data: dict) -> list[str]:
+        cfg.data.document_masking = now
+        return _resume_notes(cfg, {}, 10, 320, None, None, None, None, None, saved_data)
+
+    assert notes(True, {"document_masking": True}) == [] == notes(False, {})
+    [on] = notes(True, {})  # a checkpoint from before the field: it was off
+    assert on.startswith("note: document masking (--reset-attention-mask) is on, the "
+                         "checkpoint's run had it off: from iteration 11 attention stays within "
+                         "each document")
+    [off] = notes(False, {"document_masking": True})
+    assert "is off, the checkpoint's run had it on" in off and "\n" not in off
