@@ -147,6 +147,17 @@ def test_a_document_inside_a_packed_sample_is_scored_as_if_alone(tmp_path, singl
     assert (logits(packed)[second] - by_itself).abs().max().item() > 0.5
 
 
+def test_the_flex_core_refuses_a_document_mask_before_any_kernel():
+    from rtd_scale.model.disentangled import disentangled_attention
+
+    q = torch.zeros(1, 2, 4, 8)
+    pos = torch.zeros(2, 8, 8)
+    mask = attention_mask(None, torch.tensor([[0, 0, 1, 1]]))
+    with pytest.raises(ValueError, match="not a document mask .*sdpa or explicit core"):
+        disentangled_attention(q, q, q, pos, pos, torch.zeros(4, 4, dtype=torch.long), mask,
+                               impl="flex")
+
+
 def test_either_megatron_name_sets_the_one_switch_off_in_every_preset():
     from rtd_scale import arguments
     from rtd_scale.config import PRESETS
