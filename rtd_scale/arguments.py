@@ -56,7 +56,7 @@ def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
                    "sample, attention stays within each document and positions restart at each "
                    "(Megatron-LM's --reset-attention-mask and --reset-position-ids, one switch "
                    "here: either name sets both); the samples, their order and masks are the "
-                   "same. Default: the preset's (off for BERT, ELECTRA and DeBERTa)")
+                   "same. Default: the preset's (on for modernbert-*, off for the others)")
     p.add_argument("--eval-interval", type=int, help="validate every N steps, and after the "
                    "last step (0: never)")
     p.add_argument("--eval-iters", type=int, help="global batches per validation (0: never)")
