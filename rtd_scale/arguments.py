@@ -64,6 +64,13 @@ def _data_flags(p: argparse.ArgumentParser) -> None:
                    "(default: index-cache/ next to each dataset's first shard)")
     g.add_argument("--num-workers", type=int, help="DataLoader worker processes per rank "
                    "(default 2; 0 in the tiny preset)")
+    g.add_argument("--reset-attention-mask", "--reset-position-ids", dest="reset_attention_mask",
+                   action="store_true", default=None,
+                   help="document-masked packing (data.document_masking): inside a packed "
+                   "sample, attention stays within each document and positions restart at each "
+                   "(Megatron-LM's --reset-attention-mask and --reset-position-ids, one switch "
+                   "here: either name sets both); the samples, their order and masks are the "
+                   "same. Default: the preset's (on for modernbert-*, off for the others)")
     g.add_argument("--tokenizer-model", help="the tokenizer the shards were made with: a SentencePiece "
                    ".model, a tokenizer.json or a WordPiece vocab.txt")
     g.add_argument("--seq-length", type=int)
@@ -312,6 +319,7 @@ FLAG_FIELDS: dict[str, str] = {
     **{f"--{name.replace('_', '-')}": f"data.{name}" for name in (
         "data_path", "valid_data_path", "test_data_path", "tokenizer_model", "seq_length",
         "split", "data_cache_path", "num_workers")},
+    "--reset-attention-mask": "data.document_masking",  # and its other name, --reset-position-ids
     **{f"--{name.replace('_', '-')}": f"train.{name}" for name in (
         "train_iters", "micro_batch_size", "global_batch_size", "seed", "save", "load",
         "save_interval", "log_interval", "timing_log_level", "tensorboard_dir", "export",

@@ -552,6 +552,12 @@ class DataConfig(_Section):
     data_cache_path: Optional[str] = None  # sample-index cache; default index-cache/ by the shards
     num_workers: int = 2  # DataLoader worker processes per rank (Megatron-LM's default)
     prefetch_factor: int = 2  # micro-batches read ahead per worker (with num_workers > 0)
+    # document-masked packing (--reset-attention-mask): attention never crosses a document
+    # boundary inside a packed sample and positions restart at each document (Megatron-LM's
+    # --reset-attention-mask and --reset-position-ids, one switch here); the samples, their
+    # order and their masks are the same either way (data/packed.py, model/document_mask.py).
+    # A preset whose layout packs this way sets it.
+    document_masking: bool = False
 
     def split_weights(self) -> tuple[float, float, float]:
         """``split`` as three non-negative floats (missing trailing shares are 0)."""

@@ -84,7 +84,8 @@ def prepare(cfg: RunConfig, world_size: int, print_fn=None) -> Prepared:
         cfg.model = dataclasses.replace(cfg.model, vocab_size=tok.vocab_size)
         cfg.model.validate()
     common = dict(seq_length=cfg.data.seq_length, seed=cfg.train.seed,
-                  cache_path=cfg.data.data_cache_path, specials=tok.specials)
+                  cache_path=cfg.data.data_cache_path, specials=tok.specials,
+                  document_ids=cfg.data.document_masking)
     split = dict(sources=sources, split=cfg.data.train_split_weights(), **common)
     dataset = {"train": build_split(part=0, **split)}
     # a held-out corpus is read whole as its split: weights (0, 1, 0) for part 1, (0, 0, 1) for 2

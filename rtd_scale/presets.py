@@ -111,7 +111,7 @@ def _modern(cfg: RunConfig, window_size: int = 128) -> RunConfig:
     answerdotai/ModernBERT-base and -large): RoPE with bases 160,000 (global layers) and 10,000
     (local), a sliding window of ``window_size`` tokens in every layer but every third, GeGLU,
     no bias in any linear or norm, LayerNorm epsilon 1e-5, no dropout, pre-LayerNorm placed as
-    ModernBERT (``model/modern.py``)."""
+    ModernBERT (``model/modern.py``), and document-masked packing."""
     m = cfg.model
     m.layernorm_position, m.attention_type = LayerNormPosition.PRE, AttentionType.ROTARY
     m.rotary_base, m.local_rotary_base = 160_000.0, 10_000.0
@@ -121,6 +121,9 @@ def _modern(cfg: RunConfig, window_size: int = 128) -> RunConfig:
     for enc in (m.generator, m.discriminator):
         enc.hidden_dropout = enc.attention_dropout = 0.0
         enc.layernorm_epsilon = 1e-5
+    # no attention across documents, positions from 0 in each (ModernBERT §2.1.3 trains on
+    # unpadded sequences; data/packed.py, model/document_mask.py)
+    cfg.data.document_masking = True
     return cfg
 
 

@@ -117,7 +117,8 @@ def resume(cfg: RunConfig, ctx, eng, model, prep, converted: Optional[str], *,
         print_fn(f"resumed from {cfg.train.load} at iteration {start_step} "
                  f"({read} samples consumed)")
         for line in _resume_notes(cfg, saved, start_step, consumed, old_data, new_data,
-                                  repacked_note, schedule_note, train_data):
+                                  repacked_note, schedule_note, train_data,
+                                  (client.get("config") or {}).get("data", {})):
             print_fn(line)
         if (loss_spikes or {}).get("skipped_samples"):
             ranges = ", ".join(f"{a}–{b - 1}" for a, b in loss_spikes["skipped_samples"])
@@ -129,9 +130,10 @@ def resume(cfg: RunConfig, ctx, eng, model, prep, converted: Optional[str], *,
 
 def _resume_notes(cfg: RunConfig, saved: dict, start_step: int, consumed: int, old_data,
                   new_data, repacked_note: Optional[str], schedule_note: Optional[str],
-                  train_data) -> list[str]:
-    """What a resume changes against the checkpoint's run (``saved``: its ``train`` section):
-    the global batch, the training data, ``--train-iters``, the schedule, the seed."""
+                  train_data, saved_data: Optional[dict] = None) -> list[str]:
+    """What a resume changes against the checkpoint's run (``saved``: its ``train`` section;
+    ``saved_data``: its ``data`` section): the global batch, the training data, document
+    masking, ``--train-iters``, the schedule, the seed."""
     from rtd_scale.training.checkpoint import compat
 
     notes = []
@@ -145,6 +147,19 @@ def _resume_notes(cfg: RunConfig, saved: dict, start_step: int, consumed: int, o
         notes.append(repacked_note)
     elif old_data is not None and (change := compat.data_change(old_data, new_data)):
         notes.append(compat.data_change_note(change, consumed, train_data))  # accepted: prepare
+    # Document masking changes what the model attends to, not the data: the same samples,
+    # order, MLM masks and sampling noise follow (data/packed.py), and no parameter changes
+    # shape, so the run continues exactly where it was, as after another --mask-prob or
+    # dropout (accepted unremarked); it says so, as a context extension's phase 2 would.
+    was_masked = (saved_data or {}).get("document_masking", False)  # False: before the field
+    if was_masked != cfg.data.document_masking:
+        notes.append(f"note: document masking (--reset-attention-mask) is "
+                     f"{'on' if cfg.data.document_masking else 'off'}, the checkpoint's run had "
+                     f"it {'on' if was_masked else 'off'}: from iteration {start_step + 1} "
+                     "attention " + ("stays within each document and positions restart at "
+                                     "each" if cfg.data.document_masking else
+                                     "spans the whole packed sample") +
+                     "; the samples, their order and masks carry on")
     old_iters = saved.get("train_iters")
     if old_iters is not None and old_iters != cfg.train.train_iters:
         if cfg.optim.lr_decay_iters is None and cfg.optim.lr_decay_samples is None:

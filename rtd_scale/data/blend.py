@@ -96,14 +96,18 @@ class BlendedDataset:
         seed: the run's seed (the order).
         flag: the flag that named the datasets (``--data-path``, or ``--valid-data-path`` /
             ``--test-data-path`` for a held-out corpus read whole), for errors.
+        document_ids: also give each micro-batch its samples' document ids
+            (``PackedDataset.sample``; ``DataConfig.document_masking``). The ids, the order and
+            the mask keys are the same either way.
     Raises:
         UserInputError: a dataset's split is empty (naming it, --split and the fix).
     """
 
     def __init__(self, datasets: Sequence[PackedDataset], weights: Sequence[float], *, seed: int,
-                 flag: str = "--data-path"):
+                 flag: str = "--data-path", document_ids: bool = False):
         assert datasets and len(datasets) == len(weights)
         self.datasets, self.seed = list(datasets), seed
+        self.document_ids = document_ids
         self.part = datasets[0].part
         self.seq_length = datasets[0].seq_length
         for ds in self.datasets:
@@ -133,12 +137,16 @@ class BlendedDataset:
         return d, sample
 
     def host_batch(self, k: np.ndarray) -> HostBatch:
-        """The samples at global indices ``k`` (int64 [b]) as numpy: input_ids [b, s], and
-        sample_index = index_base + k [b] (the mask keys)."""
+        """The samples at global indices ``k`` (int64 [b]) as numpy: input_ids [b, s],
+        sample_index = index_base + k [b] (the mask keys), and with ``document_ids`` their
+        document ids [b, s]."""
         k = np.asarray(k, np.int64)
         d, sample = self.locate(k)
-        ids = np.stack([self.datasets[di][si] for di, si in zip(d.tolist(), sample.tolist())])
-        return HostBatch(ids, k + self.index_base)
+        rows = [self.datasets[di].sample(si, self.document_ids)
+                for di, si in zip(d.tolist(), sample.tolist())]
+        ids = np.stack([r[0] for r in rows])
+        docs = np.stack([r[1] for r in rows]) if self.document_ids else None
+        return HostBatch(ids, k + self.index_base, docs)
 
     def __getitem__(self, k: np.ndarray) -> MicroBatch:
         return self.host_batch(k).to_torch()
@@ -191,13 +199,14 @@ def build_split(sources: Sequence[tuple[float, Sequence[str]]], *, seq_length: i
                 split: Sequence[float], part: int, seed: int,
                 cache_path: Optional[str] = None,
                 specials: Optional[SpecialIds] = None,
-                flag: str = "--data-path") -> BlendedDataset:
+                flag: str = "--data-path", document_ids: bool = False) -> BlendedDataset:
     """Split ``part`` of the blend of ``sources`` — (weight, data-path entries) pairs, each
     entry a shard prefix or a dataset prefix (``shards.resolve_data_path``).
 
     ``cache_path`` is ``--data-cache-path`` (default: ``index-cache/`` next to each dataset's
     first shard). ``specials``: the tokenizer's special ids (``Tokenizer.specials``; default
     the layout tools/train_tokenizer.py writes). ``flag`` names the sources in errors.
+    ``document_ids``: micro-batches carry their document ids (``BlendedDataset``).
     Raises UserInputError for a missing or empty dataset or split."""
     datasets = []
     for _, entries in sources:
@@ -205,4 +214,5 @@ def build_split(sources: Sequence[tuple[float, Sequence[str]]], *, seq_length: i
                                       cache_dir=cache_path,
                                       name=os.path.basename(os.fspath(entries[0])),
                                       specials=specials or TRAINED_SPECIAL_IDS))
-    return BlendedDataset(datasets, [w for w, _ in sources], seed=seed, flag=flag)
+    return BlendedDataset(datasets, [w for w, _ in sources], seed=seed, flag=flag,
+                          document_ids=document_ids)

@@ -9,6 +9,12 @@ takes the stream's remainder and is padded with [PAD] after its [SEP], so every 
 reachable (N = ceil(stream tokens / C) samples; a corpus shorter than one sample gives one padded
 sample).
 
+Document-masked packing (``DataConfig.document_masking``, ``--reset-attention-mask``; ModernBERT,
+arXiv 2412.13663, and Megatron-LM's ``--reset-attention-mask`` / ``--reset-position-ids``): the
+samples stay the same; each also gets its document ids (``PackedDataset.sample``), read from the
+index, and the model attends within a document and restarts positions at each
+(``model/document_mask.py``).
+
 Documents (megatron-core's ``.idx``): a shard holds *sequences* (``sequence_lengths``,
 ``sequence_pointers`` in bytes) grouped into *documents* by ``document_indices``. Our
 tools/preprocess_data.py writes one sequence per document; Megatron-LM's with ``--split-sentences``
@@ -441,8 +447,9 @@ class PackedDataset:
             a, s = max(a, end), s + 1
         return np.concatenate(pieces)
 
-    def content(self, i: int) -> np.ndarray:
-        """Sample ``i``'s stream tokens without [CLS] / final [SEP] / padding: int64 [≤ L − 2]."""
+    def _body(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Sample ``i``'s stream tokens (``content``) and where in them each document ends: the
+        positions of the [SEP]s that close a document, int64 [k], ascending."""
         if not 0 <= i < self.num_samples:
             raise IndexError(f"sample {i} out of range [0, {self.num_samples})")
         (d0, o0), (d1, o1) = self._samples[i:i + 2].tolist()
@@ -450,17 +457,39 @@ class PackedDataset:
         a, b = int(starts[0]) + o0, int(starts[-1]) + o1
         ends = starts[1:]  # ends of documents d0 … d1 − 1: a [SEP] follows each non-empty one
         sep_at = (ends - a)[ends > starts[:-1]]
-        return np.insert(self._tokens(a, b).astype(np.int64), sep_at, self.specials.sep)
+        body = np.insert(self._tokens(a, b).astype(np.int64), sep_at, self.specials.sep)
+        return body, sep_at + np.arange(len(sep_at))
+
+    def content(self, i: int) -> np.ndarray:
+        """Sample ``i``'s stream tokens without [CLS] / final [SEP] / padding: int64 [≤ L − 2]."""
+        return self._body(i)[0]
 
     def __getitem__(self, i: int) -> np.ndarray:
         """Sample ``i`` as int64 [seq_length]: [CLS] tokens… [SEP] ([PAD] only after the last
         sample's [SEP])."""
-        body = self.content(i)
+        return self.sample(i)[0]
+
+    def sample(self, i: int, documents: bool = False) -> tuple[np.ndarray, Optional[np.ndarray]]:
+        """Sample ``i`` (``self[i]``) and, with ``documents``, its document ids: int32
+        [seq_length], which run of the sample each position belongs to, counted from 0 and
+        non-decreasing — [CLS] and the first (partial) document are run 0, each document's
+        closing [SEP] belongs to it, the sample's final [SEP] to the run before it, and the
+        padding after it is one run of its own. Read from the sample index, not from the ids
+        (a document may hold the [SEP] id itself). Document-masked packing
+        (``DataConfig.document_masking``) attends within a run and restarts positions at each
+        (``model/document_mask.py``)."""
+        body, closes = self._body(i)
         out = np.full(self.seq_length, self.specials.pad, dtype=np.int64)
         out[0] = self.specials.cls
         out[1:1 + len(body)] = body
         out[1 + len(body)] = self.specials.sep
-        return out
+        if not documents:
+            return out, None
+        starts = np.zeros(self.seq_length, np.int32)
+        starts[closes[closes < len(body) - 1] + 2] = 1  # the token after a closing [SEP]
+        if 2 + len(body) < self.seq_length:
+            starts[2 + len(body)] = 1  # the padding
+        return out, np.cumsum(starts, dtype=np.int32)
 
     def documents_of(self, i: int) -> tuple[int, int]:
         """[first, last] dataset document ids whose tokens sample ``i`` holds (tests, audits)."""
@@ -537,27 +566,35 @@ def sample_order(n: int, seed: int, consumed: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class MicroBatch:
-    """input_ids: [b, s] int64; sample_index: [b] int64 global sample indices (the mask keys)."""
+    """input_ids: [b, s] int64; sample_index: [b] int64 global sample indices (the mask keys);
+    document_ids: [b, s] int32, each position's document within its sample
+    (``PackedDataset.sample``), under document-masked packing only, else None."""
 
     input_ids: torch.Tensor
     sample_index: torch.Tensor
+    document_ids: Optional[torch.Tensor] = None
 
     def pin_memory(self) -> "MicroBatch":
         """Page-locked copy (torch's DataLoader calls this when ``pin_memory=True``)."""
-        return MicroBatch(self.input_ids.pin_memory(), self.sample_index.pin_memory())
+        return MicroBatch(self.input_ids.pin_memory(), self.sample_index.pin_memory(),
+                          None if self.document_ids is None else self.document_ids.pin_memory())
 
 
 @dataclass(frozen=True)
 class HostBatch:
-    """A micro-batch as numpy arrays (input_ids [b, s] int64, sample_index [b] int64): what
-    loader workers send. Pickled through the worker's pipe it costs a copy; torch tensors would
-    each get a new shared-memory segment, measured ~3× slower for [32, 512] (bench/loader.py)."""
+    """A micro-batch as numpy arrays (input_ids [b, s] int64, sample_index [b] int64,
+    document_ids [b, s] int32 or None): what loader workers send. Pickled through the worker's
+    pipe it costs a copy; torch tensors would each get a new shared-memory segment, measured ~3×
+    slower for [32, 512] (bench/loader.py)."""
 
     input_ids: np.ndarray
     sample_index: np.ndarray
+    document_ids: Optional[np.ndarray] = None
 
     def to_torch(self) -> MicroBatch:
-        return MicroBatch(torch.from_numpy(self.input_ids), torch.from_numpy(self.sample_index))
+        return MicroBatch(torch.from_numpy(self.input_ids), torch.from_numpy(self.sample_index),
+                          None if self.document_ids is None
+                          else torch.from_numpy(self.document_ids))
 
     def pin_memory(self) -> MicroBatch:
         """Tensors in page-locked memory (the DataLoader's pin-memory thread calls this)."""

@@ -108,8 +108,11 @@ def disentangled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         pos_q, pos_k: [n, r, d] relative embeddings projected by the query / key weights (all
             2k rows, or the rows ``index`` reads).
         index: [s, s] int64, δ(i, j) (``relative_position_index``) minus the first row given.
-        key_pad: bool [b, 1, 1, s], True at [PAD], or None. A score is masked when its key or
-            its query is [PAD] (a fully masked row becomes uniform, as in Hugging Face).
+        key_pad: bool [b, 1, 1, s], True at [PAD], or [b, 1, s, s], True where query i may not
+            see key j (``model/document_mask.py``: another document, or a [PAD] key), or None.
+            A score is masked when it is masked for (i, j) or for (j, i) — with key padding
+            alone: when its key or its query is [PAD] (a fully masked row becomes uniform, as
+            in Hugging Face); the document mask is symmetric.
         dropout_p: attention-probability dropout (the caller picks the RNG).
         impl: one of ``IMPLEMENTATIONS``.
         relative_terms: one of ``RELATIVE_TERMS`` (explicit and sdpa; flex reads the tables
@@ -120,6 +123,9 @@ def disentangled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     b, n, s, d = q.shape
     scale = 1.0 / math.sqrt(3 * d)  # three terms (arXiv 2006.03654 §3.1, "scaled by 1/sqrt(3d)")
     if impl == "flex":
+        if key_pad is not None and key_pad.shape[-2] != 1:
+            raise ValueError("the flex attention core takes key padding only, not a document "
+                             "mask (--reset-attention-mask): use the sdpa or explicit core")
         if dropout_p > 0:
             raise ValueError("the flex attention core has no attention-probability dropout: "
                              "set --attention-dropout 0 (and --generator-attention-dropout 0) "
@@ -165,8 +171,8 @@ def disentangled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 class DisentangledCoreAttention(MegatronModule):
     """The core of disentangled attention, on one tensor-parallel rank's heads.
 
-    forward(query, key, value [s, b, n, d], attention_mask bool broadcastable to [b, 1, 1, s]
-    (True = masked key, megatron's convention) or None, pos_query, pos_key [hi − lo, 1, n, d]:
+    forward(query, key, value [s, b, n, d], attention_mask bool [b, 1, 1, s] (True = masked key,
+    megatron's convention) or [b, 1, s, s] (query × key, document-masked packing) or None, pos_query, pos_key [hi − lo, 1, n, d]:
     rows [lo, hi) = ``self.rows(s)`` of the projected relative table) -> [s, b, n·d]. Attention-probability dropout draws from megatron-core's model-parallel RNG
     tracker (heads are split over TP ranks). No parameters.
 
@@ -206,7 +212,8 @@ class DisentangledCoreAttention(MegatronModule):
         index = relative_position_index(s, self.span, self.position_buckets,
                                         self.max_relative_positions, device=query.device)
         index = index - self.rows(s)[0]
-        key_pad = None if attention_mask is None else attention_mask.view(b, 1, 1, s)
+        key_pad = (attention_mask if attention_mask is None or attention_mask.dim() == 4
+                   else attention_mask.view(b, 1, 1, s))
         impl = self.impl or ("sdpa" if query.is_cuda else "explicit")
         dropout_p = self.dropout_p if self.training else 0.0
         if dropout_p > 0:

@@ -104,8 +104,10 @@ class EncoderEmbeddings(torch.nn.Module):
     ``type_vocab_size`` 2 being unused in pretraining), ``norm.{weight, bias}`` [E],
     ``projection.{weight [H, E], bias [H]}`` (E != H only).
 
-    forward(ids [b, s], pad_mask [b, s] bool (True at [PAD]) or None) -> [s, b, H] (megatron
-    layout; the one transpose of this model). ``pad_mask`` is read only with ``relative``.
+    forward(ids [b, s], pad_mask [b, s] bool (True at [PAD]) or None, position_ids [b, s] or None
+    (0 … s − 1; document-masked packing restarts them per document, ``model/document_mask.py``))
+    -> [s, b, H] (megatron layout; the one transpose of this model). ``pad_mask`` is read only
+    with ``relative``, ``position_ids`` only without.
 
     ``shared`` gives modules to hold instead of building them — keys ``position`` (an
     ``nn.Embedding`` or a sharing mode's module), ``token_type``, ``norm`` — the discriminator's
@@ -165,7 +167,8 @@ class EncoderEmbeddings(torch.nn.Module):
                 pairs += [(module, p) for p in module.foreign_parameters()]
         return pairs
 
-    def forward(self, ids: torch.Tensor, pad_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, pad_mask: Optional[torch.Tensor] = None,
+                position_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         if self.relative:
             x = self.table(ids)  # [b, s, E]
             if self.projection is not None:
@@ -179,7 +182,8 @@ class EncoderEmbeddings(torch.nn.Module):
         if self.token_type is not None:
             # called as a module (not .weight read directly) so ZeRO-3 gathers its row
             x = x + self.token_type(pos[:1])  # type id 0 everywhere, added before the positions
-        x = x + self.position(pos).unsqueeze(0)
+        x = x + (self.position(pos).unsqueeze(0) if position_ids is None
+                 else self.position(position_ids))
         x = self.dropout(self.norm(x))
         if self.projection is not None:
             x = self.projection(x)  # [b, s, H]

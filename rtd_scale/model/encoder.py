@@ -37,6 +37,8 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from rtd_scale.config import (AttentionType, EncoderConfig, LayerNormPosition, MLPActivation,
                               ModelConfig)
 from rtd_scale.model.disentangled import RELATIVE_TABLE_BLOCK_ARG, relative_embeddings
+from rtd_scale.model.document_mask import attention_mask as make_attention_mask
+from rtd_scale.model.document_mask import document_position_ids
 from rtd_scale.model.embeddings import EncoderEmbeddings, init_normal, scaled_init_normal
 from rtd_scale.model.modern import RotaryAngles
 from rtd_scale.model.specs import encoder_layer_spec, encoder_norm_spec
@@ -113,7 +115,10 @@ class Encoder(torch.nn.Module):
     (megatron-core's ``pre_process`` / ``post_process``).
 
     forward(ids [b, s], pad_mask [b, s] bool, True at [PAD], or None for a micro-batch without
-    padding) -> hidden [s, b, H] (on the last
+    padding, document_ids [b, s] under document-masked packing (attention within each document,
+    absolute or rotary positions restarting at each: ``model/document_mask.py``) or None,
+    position_ids [b, s] or None) -> hidden
+    [s, b, H] (on the last
     stage: after the final LayerNorm, or after the last layer's LayerNorm in the post layout).
     On a stage without ``pre_process`` the input comes from ``set_input_tensor`` (the previous
     stage's output, set by the pipeline schedule) and ``ids`` is unused.
@@ -190,15 +195,20 @@ class Encoder(torch.nn.Module):
         self.block.set_input_tensor(input_tensor)
 
     def forward(self, ids: torch.Tensor, pad_mask: Optional[torch.Tensor],
+                document_ids: Optional[torch.Tensor] = None,
                 position_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """``position_ids`` [b, s]: each token's position for rotary attention (they may
-        restart inside a packed sample); None: 0..s-1 in every sample."""
+        """``document_ids`` [b, s]: document-masked packing (``model/document_mask.py``):
+        attention within each document, positions restarting at each. ``position_ids`` [b, s]:
+        each token's position (the absolute table's or rotary attention's); None: 0..s-1 in
+        every sample, or restarting per document under ``document_ids``."""
+        if position_ids is None and document_ids is not None:
+            position_ids = document_position_ids(document_ids)
         hidden = None  # [s, b, H]
         if self.embeddings is not None:
-            hidden = self.embeddings(ids, pad_mask)
-        attention_mask = None  # no padding: attention without a mask (flash kernels on GPU)
-        if pad_mask is not None:  # True = masked
-            attention_mask = pad_mask.view(pad_mask.shape[0], 1, 1, pad_mask.shape[1])
+            hidden = self.embeddings(ids, pad_mask, position_ids)
+        # True = masked; None without padding or documents: attention without a mask (flash
+        # kernels on GPU)
+        attention_mask = make_attention_mask(pad_mask, document_ids)
         tables = {}  # what every layer reads besides the hidden states and the mask
         if self.rel_embeddings is not None:  # a relative table: P = LayerNorm(R) [2k, H]
             tables[RELATIVE_TABLE_BLOCK_ARG] = relative_embeddings(self.rel_embeddings,

@@ -281,7 +281,8 @@ class RTDModel(torch.nn.Module):
                 step: int = 0, has_padding: bool = True,
                 global_counts: Optional[torch.Tensor] = None,
                 num_micro_batches: int = 1,
-                masks: Optional[MaskedBatch] = None) -> RTDOutput:
+                masks: Optional[MaskedBatch] = None,
+                document_ids: Optional[torch.Tensor] = None) -> RTDOutput:
         """One RTD forward on a micro-batch (single pipeline stage; see
         ``training/pipeline.py`` for the pipelined step).
 
@@ -299,6 +300,9 @@ class RTDModel(torch.nn.Module):
             num_micro_batches: micro-batches in the global batch (accumulation × DP size).
             masks: step 1's result for this micro-batch (``mask``), computed once by the step,
                 which also counted them for ``global_counts``; None: masked here.
+            document_ids: [b, s] under document-masked packing (``MicroBatch.document_ids``):
+                both encoders attend within each document and restart absolute positions at
+                each (``model/document_mask.py``); None: attention across the whole sample.
 
         The step's phase timers (``training/timers.py``) time the submodules' calls from
         outside: the generator and its MLM head, the sampler, the discriminator and its head.
@@ -308,8 +312,10 @@ class RTDModel(torch.nn.Module):
         pad = input_ids == self.pad_id  # [b, s]
         attn_pad = pad if has_padding else None
         m = masks if masks is not None else self.mask(input_ids, sample_index)  # 1. mask
-        gen_hidden = self.generator(m.generator_input, attn_pad)  # 2. generator  [s, b, Hg]
+        gen_hidden = self.generator(m.generator_input, attn_pad,
+                                    document_ids)  # 2. generator  [s, b, Hg]
         gen = self.generator_head(gen_hidden, input_ids, sample_index, m.masked, step,
                                   norm)  # 3–4. MLM head and L_MLM, sample (no grad)
-        disc_hidden = self.discriminator(gen.corrupted_ids, attn_pad)  # 5. discriminator
+        disc_hidden = self.discriminator(gen.corrupted_ids, attn_pad,
+                                         document_ids)  # 5. discriminator
         return self.discriminator_head(disc_hidden, gen, pad, norm)  # 6. L_MLM + λ·L_RTD

@@ -147,6 +147,8 @@ def corrupt(mb, special_ids: Sequence[int] = (0, 1, 2, 3, 4)):
     are ordered by frequency) become rare ones, so the MLM loss jumps once the generator knows
     the unigram distribution. (One id repeated is no spike: a tied MLM head predicts the token
     its context is made of; uniform random ids barely beat ln V early in training.)"""
+    import dataclasses
+
     import torch
 
     ids = mb.input_ids.clone()
@@ -156,4 +158,4 @@ def corrupt(mb, special_ids: Sequence[int] = (0, 1, 2, 3, 4)):
         lo, hi = int(ids[real].min()), int(ids[real].max())
         mirrored = lo + hi - ids[real]
         ids[real] = torch.where(torch.isin(mirrored, specials), hi, mirrored)  # specials stay
-    return type(mb)(ids, mb.sample_index.clone())
+    return dataclasses.replace(mb, input_ids=ids, sample_index=mb.sample_index.clone())

@@ -87,6 +87,9 @@ def pipeline_forward_backward(model: RTDModel, micro_batches: Sequence[MicroBatc
     dev = ctx.device
     gen_results: list[GeneratorResult | None] = [None] * n
     device_ids = [(mb.input_ids.to(dev), mb.sample_index.to(dev)) for mb in micro_batches]
+    # document-masked packing: every stage masks attention, stage 0 also restarts positions
+    documents = [None if mb.document_ids is None else mb.document_ids.to(dev)
+                 for mb in micro_batches]
     masks: list[MaskedBatch | None] = [None] * n
     normaliser = None
     with timers(PHASE_PIPELINE_GENERATOR_PASS):  # 0. (a middle stage reads no mask)
@@ -102,7 +105,7 @@ def pipeline_forward_backward(model: RTDModel, micro_batches: Sequence[MicroBatc
         (ids, idx), m = device_ids[j], masks[j]
         pad = ids == model.pad_id
         hidden = encoder(None if m is None else m.generator_input,  # None: a later stage
-                         _attention_pad(mb, pad, model.pad_id))
+                         _attention_pad(mb, pad, model.pad_id), documents[j])
 
         def loss_func(output):
             gen = model.generator_head(output, ids, idx, m.masked, step, normaliser)
@@ -129,7 +132,7 @@ def pipeline_forward_backward(model: RTDModel, micro_batches: Sequence[MicroBatc
         j, mb = next(data_iterator)
         ids = device_ids[j][0]
         pad = ids == model.pad_id
-        hidden = encoder(corrupted[j], _attention_pad(mb, pad, model.pad_id))
+        hidden = encoder(corrupted[j], _attention_pad(mb, pad, model.pad_id), documents[j])
 
         def loss_func(output):
             # the model's L_MLM + rtd_lambda · L_RTD, L_MLM detached: the generator pass

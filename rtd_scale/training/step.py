@@ -35,11 +35,14 @@ def micro_batch_kwargs(mb: MicroBatch, device: torch.device, pad_id: int) -> dic
     """A host micro-batch as the model's keyword arguments on ``device``: copies that do not
     wait (from the loader's pinned memory on CUDA), and ``has_padding`` decided on the host, so
     that a micro-batch without [PAD] runs attention without a mask and nothing waits for the
-    device."""
+    device. Its document ids go along under document-masked packing."""
     non_blocking = device.type == "cuda"
-    return dict(input_ids=mb.input_ids.to(device, non_blocking=non_blocking),
-                sample_index=mb.sample_index.to(device, non_blocking=non_blocking),
-                has_padding=bool((mb.input_ids == pad_id).any()))
+    kwargs = dict(input_ids=mb.input_ids.to(device, non_blocking=non_blocking),
+                  sample_index=mb.sample_index.to(device, non_blocking=non_blocking),
+                  has_padding=bool((mb.input_ids == pad_id).any()))
+    if mb.document_ids is not None:
+        kwargs["document_ids"] = mb.document_ids.to(device, non_blocking=non_blocking)
+    return kwargs
 
 
 def masked_micro_batches(engine, kwargs: Sequence[dict], ctx: ParallelContext,

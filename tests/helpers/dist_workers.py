@@ -197,11 +197,19 @@ def _pp_config(sharing: Sharing, layout: str = "pre", attention: str = "bert"):
     return cfg
 
 
-def _pp_micro_batches(n: int = 4):
+def _pp_micro_batches(n: int = 4, documents: bool = False):
+    """``n`` micro-batches of 2 samples; with ``documents``, each sample packs three documents
+    (document-masked packing: a [SEP] closes each, as ``PackedDataset.sample`` marks them)."""
     from rtd_scale.data.packed import MicroBatch
 
     ids, _ = fixed_batch(b=8)
-    return [MicroBatch(ids[2 * j:2 * j + 2], torch.arange(500 + 2 * j, 502 + 2 * j))
+    docs = None
+    if documents:
+        ends = torch.tensor([[7, 25], [12, 16], [3, 30], [18, 33]]).repeat(2, 1)  # closing [SEP]s
+        ids[torch.arange(8).unsqueeze(1), ends] = 2
+        docs = (torch.arange(ids.shape[1]) > ends.unsqueeze(-1)).sum(1).to(torch.int32)
+    return [MicroBatch(ids[2 * j:2 * j + 2], torch.arange(500 + 2 * j, 502 + 2 * j),
+                       None if docs is None else docs[2 * j:2 * j + 2])
             for j in range(n)]
 
 
@@ -220,7 +228,7 @@ def pipeline_parity(ctx, cases):
     for name, sharing, layout, *attention in cases:
         cfg = _pp_config(sharing, layout, *attention)
         model = _build_stage(ctx, cfg)
-        mbs = _pp_micro_batches()
+        mbs = _pp_micro_batches(documents=name.endswith("_docs"))
         if ctx.pp_size == 1:  # the global batch's normaliser, as step.train_step
             from rtd_scale.training.normalise import global_counts
 
@@ -228,7 +236,8 @@ def pipeline_parity(ctx, cases):
             outs = []
             for mb in mbs:
                 res = model(mb.input_ids, mb.sample_index, step=2, global_counts=counts,
-                            num_micro_batches=len(mbs) * ctx.dp_size)
+                            num_micro_batches=len(mbs) * ctx.dp_size,
+                            document_ids=mb.document_ids)
                 (res.loss / len(mbs)).backward()
                 outs.append(res)
         else:

@@ -11,11 +11,14 @@ from tests.helpers import dist as harness, dist_workers as workers
 pytestmark = pytest.mark.dist
 
 # (name, sharing, layernorm layout[, attention]): every sharing mode pre-LN, ELECTRA's ES
-# post-LN, DeBERTa's disentangled attention (a relative table on every stage) and the modern
-# block (rotary angles on every stage, its global and local layers split over the stages)
+# post-LN, DeBERTa's disentangled attention (a relative table on every stage), the modern
+# block (rotary angles on every stage, its global and local layers split over the stages), and
+# the modern block under document-masked packing ("_docs": every stage masks attention by the
+# micro-batch's document ids, within its windows, and restarts the rotary positions)
 CASES = (("es", Sharing.ES, "pre"), ("nes", Sharing.NES, "pre"), ("gdes", Sharing.GDES, "pre"),
          ("post_es", Sharing.ES, "post"), ("deberta_gdes", Sharing.GDES, "post", "disentangled"),
-         ("modern_gdes", Sharing.GDES, "pre", "rotary"))
+         ("modern_gdes", Sharing.GDES, "pre", "rotary"),
+         ("modern_docs", Sharing.GDES, "pre", "rotary"))
 
 
 def _merge(results, case):

@@ -171,7 +171,8 @@ FROZEN_FLAGS = (
     "--config", "--ds_config", "--preset", "--set",
     # data
     "--data-path", "--train-data-path", "--valid-data-path", "--test-data-path", "--split",
-    "--data-cache-path", "--num-workers", "--tokenizer-model", "--seq-length",
+    "--data-cache-path", "--num-workers", "--reset-attention-mask", "--tokenizer-model",
+    "--seq-length",
     # training
     "--train-iters", "--micro-batch-size", "--global-batch-size", "--seed", "--bf16", "--fp16",
     "--recompute-activations", "--compile-layers", "--eval-interval", "--eval-iters",
