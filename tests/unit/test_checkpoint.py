@@ -366,3 +366,17 @@ def test_a_load_that_found_no_files_is_one_line():
         checks.run(checks.Moment.AFTER_LOAD, engine=_LoadedEngine(torch.nn.Linear(2, 2)),
                    ckpt_dir="run/global_step3", loaded=None, flag="--load run")
     assert str(e.value) == "--load run: DeepSpeed could not load global_step3"
+
+
+def test_a_failed_save_names_the_newest_complete_checkpoint_before_it(tmp_path):
+    """What a full disk's one line names (training/checkpoint/save.py; the real disk through the
+    launcher: tests/e2e/test_checkpoint_faults.py): the newest complete checkpoint other than
+    the failed one, skipping one without its record."""
+    from rtd_scale.training.checkpoint.save import _previous_complete
+
+    run = tmp_path / "run"
+    make_checkpoint(run, 1)
+    make_checkpoint(run, 2, record=False)
+    make_checkpoint(run, 3)
+    assert _previous_complete(str(run), "global_step3") == "global_step1"
+    assert _previous_complete(str(run), "global_step4") == "global_step3"

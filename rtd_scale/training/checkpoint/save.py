@@ -78,7 +78,7 @@ class _Agreement:
 
 def _previous_complete(save_dir: str, tag: str) -> Optional[str]:
     return next((t for t in files.list_tags(save_dir)
-                 if t != tag and incomplete_reason(os.path.join(save_dir, t))[0] is None), None)
+                 if t != tag and incomplete_reason(os.path.join(save_dir, t)) is None), None)
 
 
 def _save_failed(save_dir: str, tag: str, failure: tuple[str, int, str], rank: int,
