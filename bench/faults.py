@@ -19,7 +19,7 @@ group) a fresh run at a chosen moment; then the same command with ``--load`` run
 
 Faults: ``kill-random-step`` (SIGKILL once the digest shows a random step between two saves),
 ``kill-during-save`` (SIGKILL once the second checkpoint's directory holds an optimizer-state
-file but no completion record), ``kill-after-latest`` (SIGKILL once ``latest`` names the second
+file but no completion record, a moment the test-only ``hold`` fault keeps open), ``kill-after-latest`` (SIGKILL once ``latest`` names the second
 checkpoint), ``truncate-{model,optim,rng,meta,record}`` (the newest checkpoint's file cut to half
 its size), ``empty-latest``, ``latest-deleted-dir`` (the newest checkpoint's directory deleted,
 ``latest`` still naming it), ``disk-full`` (``--save`` on a tmpfs sized for one checkpoint and a
@@ -86,10 +86,14 @@ class Bench:
                 "--save-interval", str(self.interval), "--seed", "11",
                 "--data-digest", str(digest), *(["--load", str(save)] if load else [])]
 
-    def start(self, save: Path, digest: Path, load: bool, log: Path) -> subprocess.Popen:
+    def start(self, save: Path, digest: Path, load: bool, log: Path,
+              faults: str = "") -> subprocess.Popen:
+        """The run; ``faults``: its RTD_FAULTS (rtd_scale/training/faults.py), if any."""
         f = open(log, "w")
+        env = {**os.environ, "RTD_FAULTS": faults} if faults else None
         return subprocess.Popen(self.command(save, digest, load), cwd=REPO, stdout=f,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                env=env)
 
     def run(self, save: Path, digest: Path, load: bool, log: Path) -> tuple[int, str]:
         p = self.start(save, digest, load, log)
@@ -157,13 +161,14 @@ class Bench:
         shutil.copytree(ref_dir, save)
         return save
 
-    def killed_run(self, name: str, ready: Callable[[Path, Path], bool]) -> tuple[Path, int, str]:
-        """A fresh run killed as soon as ``ready(save dir, digest file)``; (dir, steps done,
-        what happened)."""
+    def killed_run(self, name: str, ready: Callable[[Path, Path], bool],
+                   faults: str = "") -> tuple[Path, int, str]:
+        """A fresh run (with RTD_FAULTS ``faults``) killed as soon as ``ready(save dir, digest
+        file)``; (dir, steps done, what happened)."""
         save, digest = self.out / name, self.out / f"{name}.digest.jsonl"
         shutil.rmtree(save, ignore_errors=True)
         digest.unlink(missing_ok=True)
-        p = self.start(save, digest, False, self.out / f"{name}.log")
+        p = self.start(save, digest, False, self.out / f"{name}.log", faults)
         killed = self.kill_when(p, lambda: ready(save, digest))
         done = max(_digest(digest), default=0)
         return save, done, "killed" if killed else f"ended first (exit {p.returncode})"
@@ -172,7 +177,7 @@ class Bench:
         """The row of a ``kill-*`` fault: a fresh run killed at the fault's moment (module
         docstring), then resumed."""
         second = f"global_step{2 * self.interval}"
-        note = ""
+        note, faults = "", ""
         if name == "kill-random-step":
             k = self.rng.randint(self.interval + 1, self.steps - 1)
             note = f" (target {k})"
@@ -180,6 +185,11 @@ class Bench:
             def ready(save: Path, digest: Path) -> bool:
                 return k in _digest(digest)
         elif name == "kill-during-save":
+            # every rank holds the save open between its files and the record (a test-only
+            # fault), so the kill lands in it however busy the machine; without the hold the
+            # window is milliseconds, which a starved poller can miss
+            faults = f"hold=120@{2 * self.interval}:*"
+
             def ready(save: Path, digest: Path) -> bool:
                 g = save / second
                 return (g.is_dir() and any(g.glob("*optim_states.pt"))
@@ -192,7 +202,7 @@ class Bench:
                     return False
         else:
             raise AssertionError(name)
-        save, done, how = self.killed_run(name, ready)
+        save, done, how = self.killed_run(name, ready, faults)
         if name == "kill-during-save":  # read before the resume writes one
             record = (save / second / "rtd_complete.json").exists()
             note = f"; {second} record: {'yes' if record else 'no'}"

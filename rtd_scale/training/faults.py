@@ -11,7 +11,10 @@
   rank: a throttled GPU, a noisy neighbour);
 - ``corrupt``: this rank's micro-batches of that step are replaced by a corrupted copy (every
   non-special token is mirrored in the vocabulary: text read with another tokenizer's ids,
-  as a shard made with the wrong tokenizer would give).
+  as a shard made with the wrong tokenizer would give);
+- ``hold=SECONDS``: in the save after iteration STEP, the rank waits that long between its
+  checkpoint files and the completion record (:func:`hold_in_save`): the moment a kill during
+  a save hits, held open so that a test's kill lands in it however loaded the machine.
 
 STEP is the 1-based iteration about to run (the one the log line will print); RANK a global
 rank or ``*`` (every rank), rank 0 when left out. ``!once``: the fault fires the first time that
@@ -33,7 +36,8 @@ from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
 ENV = "RTD_FAULTS"
-KINDS = ("segv", "kill", "exit", "stop", "sleep", "corrupt")
+KINDS = ("segv", "kill", "exit", "stop", "sleep", "corrupt", "hold")
+_WITH_ARG = ("exit", "sleep", "hold")
 _ENTRY = re.compile(r"^(?P<kind>[a-z]+)(?:=(?P<arg>[0-9.]+))?@(?P<step>[0-9]+)"
                     r"(?::(?P<rank>[0-9]+|\*))?(?P<once>!once)?$")
 
@@ -61,9 +65,10 @@ def parse(spec: str) -> list[Fault]:
         if not text:
             continue
         m = _ENTRY.match(text)
-        if not m or m["kind"] not in KINDS or (m["kind"] in ("exit", "sleep")) != bool(m["arg"]):
+        if not m or m["kind"] not in KINDS or (m["kind"] in _WITH_ARG) != bool(m["arg"]):
             raise ValueError(f"{ENV}: cannot read {text!r}; expected KIND@STEP[:RANK][!once] "
-                             f"with KIND one of segv, kill, exit=N, stop, sleep=SECONDS, corrupt")
+                             f"with KIND one of segv, kill, exit=N, stop, sleep=SECONDS, corrupt, "
+                             "hold=SECONDS")
         rank = None if m["rank"] == "*" else int(m["rank"] or 0)
         faults.append(Fault(kind=m["kind"], step=int(m["step"]), rank=rank,
                             arg=float(m["arg"]) if m["arg"] else None, once=bool(m["once"]),
@@ -117,6 +122,8 @@ class FaultPlan:
         micro-batches, corrupted (:func:`corrupt`, keeping ``special_ids``) where a ``corrupt``
         fault says so."""
         for fault in self.faults:
+            if fault.kind == "hold":  # in the save, not before a step (hold_in_save)
+                continue
             if fault.kind == "sleep":
                 if fault.hits(step, self.rank):
                     time.sleep(fault.arg)
@@ -136,6 +143,17 @@ class FaultPlan:
             elif fault.kind == "corrupt":
                 batches = [corrupt(mb, special_ids) for mb in batches]
         return batches
+
+
+def hold_in_save(step: int, rank: int, environ: Optional[Mapping[str, str]] = None) -> None:
+    """A ``hold`` fault of iteration ``step``'s save on this rank (module docstring): called by
+    training/checkpoint/save.py after the checkpoint's files, before its completion record."""
+    spec = (os.environ if environ is None else environ).get(ENV, "")
+    for fault in parse(spec) if spec else []:
+        if fault.kind == "hold" and fault.hits(step, rank):
+            print(f"[rtd-fault] rank {rank}: injecting {fault.text} in the save of iteration "
+                  f"{step}", flush=True)
+            time.sleep(fault.arg)
 
 
 def corrupt(mb, special_ids: Sequence[int] = (0, 1, 2, 3, 4)):

@@ -19,8 +19,8 @@ def test_entries_read_with_their_step_rank_argument_and_once():
                    Fault("exit", 4, 0, 17.0, False, "exit=17@4")]
 
 
-@pytest.mark.parametrize("bad", ["segv", "segv@x", "boom@3", "exit@3", "sleep@2", "stop=1@2",
-                                 "segv@3:a"])
+@pytest.mark.parametrize("bad", ["segv", "segv@x", "boom@3", "exit@3", "sleep@2", "hold@2",
+                                 "stop=1@2", "segv@3:a"])
 def test_a_malformed_entry_is_refused_naming_it(bad):
     with pytest.raises(ValueError, match=rf"RTD_FAULTS: cannot read '{bad}'"):
         parse(bad)
@@ -58,3 +58,25 @@ def test_corrupt_mirrors_the_ids_and_keeps_shape_specials_padding_and_sample_ind
     assert bad.input_ids.tolist() == [[1, 300, 299, 5, 2, 0, 0], [1, 297, 2, 296, 261, 2, 0]]
     assert bad.sample_index.tolist() == [3, 4]
     assert mb.input_ids[0, 1] == 5  # the loader's batch is left alone
+
+
+def test_hold_waits_in_the_save_of_its_iteration_only(capsys):
+    """``hold`` (a kill during a save: bench/faults.py's kill-during-save) waits in
+    training/checkpoint/save.py, never before a step."""
+    import time
+
+    from rtd_scale.training.faults import hold_in_save
+
+    env = {"RTD_FAULTS": "hold=0.3@2:*"}
+    assert parse(env["RTD_FAULTS"])[0].arg == 0.3
+    t0 = time.monotonic()
+    hold_in_save(1, 0, env)
+    hold_in_save(2, 1, {})  # no RTD_FAULTS: nothing
+    assert time.monotonic() - t0 < 0.2 and capsys.readouterr().out == ""
+    hold_in_save(2, 1, env)
+    assert time.monotonic() - t0 >= 0.3
+    assert capsys.readouterr().out == (
+        "[rtd-fault] rank 1: injecting hold=0.3@2:* in the save of iteration 2\n")
+    t0 = time.monotonic()
+    FaultPlan(parse(env["RTD_FAULTS"]), rank=0).before_step(2, [])
+    assert time.monotonic() - t0 < 0.2

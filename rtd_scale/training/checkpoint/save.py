@@ -13,6 +13,7 @@ from rtd_scale.atomic import write_atomic
 from rtd_scale.cli_errors import UserInputError
 from rtd_scale.training.checkpoint import files
 from rtd_scale.training.checkpoint.checks import incomplete_reason
+from rtd_scale.training.faults import hold_in_save
 
 
 def _rng_state() -> dict[str, Any]:
@@ -162,6 +163,7 @@ def save(engine, save_dir: str, *, step: int, client_state: dict[str, Any], rank
             ce.written.append(meta_path)
         for path in ce.written:
             agree.attempt(path, files.fsync, path)
+    hold_in_save(step, rank)  # tests only: a kill during the save (training/faults.py)
     failure = agree.check()
     if failure is None and rank == 0:
         agree.attempt(record_path, files.write_record, ckpt_dir, step)
