@@ -19,8 +19,8 @@ group) a fresh run at a chosen moment; then the same command with ``--load`` run
 
 Faults: ``kill-random-step`` (SIGKILL once the digest shows a random step between two saves),
 ``kill-during-save`` (SIGKILL once the second checkpoint's directory holds an optimizer-state
-file but no completion record, a moment the test-only ``hold`` fault keeps open), ``kill-after-latest`` (SIGKILL once ``latest`` names the second
-checkpoint), ``truncate-{model,optim,rng,meta,record}`` (the newest checkpoint's file cut to half
+file but no completion record, a moment the test-only ``hold`` fault keeps open),
+``kill-after-latest`` (SIGKILL once ``latest`` names the second checkpoint), ``truncate-{model,optim,rng,meta,record}`` (the newest checkpoint's file cut to half
 its size), ``empty-latest``, ``latest-deleted-dir`` (the newest checkpoint's directory deleted,
 ``latest`` still naming it), ``disk-full`` (``--save`` on a tmpfs sized for one checkpoint and a
 half, where mounting is permitted; the resume runs on a copy of the directory on a disk with
