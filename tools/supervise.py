@@ -21,6 +21,7 @@ another; this wrapper does those, with the same rules as the Slurm job.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -51,11 +52,27 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help=f"wait before the first restart, doubled each time (default "
                         f"{DEFAULT_BACKOFF_S:g})")
     a = p.parse_args(own)
+    for flag, value, least in (("--max-restarts", a.max_restarts, 0),
+                               ("--max-failures-at-step", a.max_failures_at_step, 0),
+                               ("--backoff", a.backoff, 0)):
+        if not value >= least:  # also NaN
+            print(f"error: {flag} {value}: must be >= {least}", file=sys.stderr)
+            return EXIT_USER_ERROR
+    if not cmd:
+        print("error: no command after --: expected `tools/supervise.py [options] -- deepspeed "
+              "... rtd_scale/pretrain.py ... --save DIR`", file=sys.stderr)
+        return EXIT_USER_ERROR
+    if shutil.which(cmd[0]) is None:
+        print(f"error: {cmd[0]}: no such command (the first word after --); give the launcher's "
+              "path, e.g. .venv/bin/deepspeed", file=sys.stderr)
+        return EXIT_USER_ERROR
     if "--save" not in cmd or cmd.index("--save") + 1 >= len(cmd):
         print("error: the command has no --save DIR: a restart resumes from the checkpoints "
               "there; add --save and --save-interval", file=sys.stderr)
         return EXIT_USER_ERROR
     save = os.path.abspath(cmd[cmd.index("--save") + 1])
+    # the restart records live there: a run that fails before creating it is still counted
+    os.makedirs(save, exist_ok=True)
     return supervise(cmd, save=save, max_restarts=a.max_restarts,
                      max_same=a.max_failures_at_step, backoff_s=a.backoff)
 

@@ -84,3 +84,37 @@ def test_a_command_without_save_is_refused(tmp_path):
     r = subprocess.run([sys.executable, str(REPO / "tools" / "supervise.py"), "--", "true"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and r.stderr.startswith("error: the command has no --save DIR")
+
+
+def _refusal(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "tools" / "supervise.py"), *argv],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_bad_options_and_a_missing_command_are_one_line_each(tmp_path):
+    save = str(tmp_path / "run")
+    for argv, line in (
+            (["--max-restarts", "-1", "--", "true", "--save", save],
+             "error: --max-restarts -1: must be >= 0"),
+            (["--backoff", "nan", "--", "true", "--save", save],
+             "error: --backoff nan: must be >= 0"),
+            (["--"], "error: no command after --: expected `tools/supervise.py [options] -- "
+                     "deepspeed ... rtd_scale/pretrain.py ... --save DIR`"),
+            (["--", str(tmp_path / "nowhere"), "--save", save],
+             f"error: {tmp_path / 'nowhere'}: no such command (the first word after --); give "
+             "the launcher's path, e.g. .venv/bin/deepspeed")):
+        r = _refusal(*argv)
+        assert (r.returncode, r.stderr) == (2, line + "\n"), (argv, r.stderr)
+    assert not (tmp_path / "run").exists()  # refused before anything is written
+
+
+def test_a_run_that_fails_before_making_its_directory_is_counted(tmp_path):
+    """The restart records go to --save, made by the supervisor: restarts are numbered 1, 2
+    and the crash loop stops (a command that never creates it, as a run dying at start-up)."""
+    r = subprocess.run([sys.executable, str(REPO / "tools" / "supervise.py"), "--backoff", "0",
+                        "--max-failures-at-step", "2", "--", "false", "--save",
+                        str(tmp_path / "run")], capture_output=True, text=True, timeout=120)
+    lines = _lines(r)
+    assert r.returncode == 1 and len(lines) == 2, r.stdout + r.stderr
+    assert lines[0].startswith("restart 1 (1 of 3 here): crash: ")
+    assert lines[1].startswith("error: the start (before iteration 1) failed 2 times in a row")
