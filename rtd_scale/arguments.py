@@ -13,6 +13,7 @@ fields).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 
 from rtd_scale import config_file, megatron_args
@@ -389,6 +390,9 @@ def _section_timeouts(cfg: RunConfig, value: str) -> None:
         except ValueError:
             raise UserInputError(f"--ft-rank-section-timeouts {value}: {name}:{raw} is not "
                                  "seconds, auto or none") from None
+        if seconds is not None and not math.isfinite(seconds):  # config.json holds no inf/NaN
+            raise UserInputError(f"--ft-rank-section-timeouts {value}: {name}:{raw} is not "
+                                 "seconds, auto or none (none: no budget)")
         setattr(cfg.fault_tolerance, _SECTION_FIELDS[name], seconds)
 
 

@@ -166,6 +166,9 @@ def test_the_flag_sets_each_section(value, want):
     ("step=12", "cannot read 'step=12'; expected SECTION:SECONDS"),
     ("setup:auto", "setup has no measured time"),
     ("step:soon", "step:soon is not seconds, auto or none"),
+    # a run's config.json holds no inf or NaN, so its --config could not start it again
+    ("step:inf", r"step:inf is not seconds, auto or none \(none: no budget\)"),
+    ("setup:nan", r"setup:nan is not seconds, auto or none \(none: no budget\)"),
 ])
 def test_a_bad_flag_value_is_one_line(value, says):
     from rtd_scale.arguments import build_parser, config_from_args
