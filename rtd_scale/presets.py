@@ -130,9 +130,12 @@ def _modern(cfg: RunConfig, window_size: int = 128) -> RunConfig:
 def _modernbert_tiny() -> RunConfig:
     """``tiny``'s dimensions (discriminator 4×96, generator 2×96) in the modern block, FFN 1.5 ×
     width (ModernBERT-base's 1152 / 768) and a 32-token window, so that at ``tiny``'s 128 tokens
-    the local layers (1 and 2 of the discriminator, 1 of the generator) see a quarter of it."""
+    the local layers (1 and 2 of the discriminator, 1 of the generator) see a quarter of it.
+    ModernBERT's 8,192 positions: no parameter depends on them (RoPE), so ``--seq-length`` may
+    go up to 8,192 (the second phase of a context extension, README "Modern block")."""
     cfg = _tiny()
     cfg.preset = "modernbert-tiny"
+    cfg.model.max_position_embeddings = 8192
     for enc in (cfg.model.generator, cfg.model.discriminator):
         enc.ffn_hidden_size = 144
     return _modern(cfg, window_size=32)

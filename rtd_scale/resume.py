@@ -80,7 +80,7 @@ def resume(cfg: RunConfig, ctx, eng, model, prep, converted: Optional[str], *,
     then this run's (``checkpoint.load.apply_hyperparameters``). Returns where training continues
     (a fresh :class:`Resumed` without ``--load``); the logging rank prints what changed."""
     from rtd_scale import distributed
-    from rtd_scale.training.checkpoint import choose, files, load as ckpt_load
+    from rtd_scale.training.checkpoint import choose, compat, files, load as ckpt_load
     from rtd_scale.training.spikes import CLIENT_KEY
 
     if not cfg.train.load:
@@ -116,6 +116,9 @@ def resume(cfg: RunConfig, ctx, eng, model, prep, converted: Optional[str], *,
     if ctx.is_logging_rank:
         print_fn(f"resumed from {cfg.train.load} at iteration {start_step} "
                  f"({read} samples consumed)")
+        if prep.meta is not None and (context := compat.context_note(
+                RunConfig.from_dict(prep.meta["config"]).model, cfg.model)):
+            print_fn(context)  # the context extension (compat.check_positions allowed it)
         for line in _resume_notes(cfg, saved, start_step, consumed, old_data, new_data,
                                   repacked_note, schedule_note, train_data,
                                   (client.get("config") or {}).get("data", {})):

@@ -4,7 +4,8 @@
   ``--override-data-order``, which says where the new order starts;
 * BERT's two-phase schedule (arXiv 1810.04805 §A.2): ``--load`` with a new ``--seq-length`` and
   ``--global-batch-size`` keeps the optimizer state and the step count, and continues at the
-  same fraction of the data (``BlendedDataset.continue_after``);
+  same fraction of the data (``BlendedDataset.continue_after``); the modern block's context
+  extension (ModernBERT) also raises the global RoPE base;
 * a changed optimizer setting (``--weight-decay``, ``--adam-beta2``, ``--adam-eps``) is refused in
   one line naming both values, unless ``--override-opt_param-scheduler`` (the new values run) or
   ``--use-checkpoint-opt_param-scheduler`` (the checkpoint's run): the optimizer's param_groups,
@@ -126,8 +127,10 @@ def resumes(wiki_shards, two_steps, swapped_data, tmp_path_factory):
     --adam-eps 1e-3 with --override-opt_param-scheduler), ``to_bf16``
     (--bf16 at ZeRO-1), ``other_data`` (the swapped corpus with --override-data-order); ``bf16``,
     an uninterrupted bf16 ZeRO-1 run of 3 steps saved at 2, and ``to_fp32``, its checkpoint at 2
-    resumed in fp32 at ZeRO-3; and ``from_config``, a fresh run of ``two_steps``' own
-    config.json (``--config``) saving elsewhere."""
+    resumed in fp32 at ZeRO-3; ``from_config``, a fresh run of ``two_steps``' own config.json
+    (``--config``) saving elsewhere; and ``modern``, modernbert-tiny's context extension: 2 steps
+    at 128 tokens and RoPE base 10,000 in the first round (``modern_phase1``, its weights at
+    step 2 kept), then ``--load`` at 512 tokens, global batch 4, the preset's 160,000 to step 4."""
     root = tmp_path_factory.mktemp("resumes")
     flags = {"same": [], "checkpoint_wd": ["--weight-decay", "0.5",
                                            "--use-checkpoint-opt_param-scheduler"],
@@ -143,20 +146,54 @@ def resumes(wiki_shards, two_steps, swapped_data, tmp_path_factory):
     runs["bf16"] = root / "bf16"
     jobs["bf16"] = common(wiki_shards, runs["bf16"], 3, ["--eval-iters", "0", *BF16],
                           save_interval=2)
-    # to_fp32 needs bf16's checkpoint: a second round, which other_data shares (two cores)
+    runs["modern"] = root / "modern"
+    modern = dict(preset="modernbert-tiny", save_interval=2)
+    jobs["modern_phase1"] = common(wiki_shards, runs["modern"], 2, [
+        "--eval-iters", "0", "--rotary-base", "10000"], seq_length=128, **modern)
+    # to_fp32 needs bf16's checkpoint, modern its first phase: a second round, which other_data
+    # shares (two cores)
     first = [n for n in jobs if n != "other_data"]
     results = dict(zip(first, launch_together([jobs[n] for n in first], timeout=600)))
+    assert results["modern_phase1"].returncode == 0, results["modern_phase1"].stderr[-3000:]
+    runs["modern_phase1"] = fp32_weights(runs["modern"], "global_step2")
+    jobs["modern"] = common(wiki_shards, runs["modern"], 4, [
+        "--eval-iters", "0", "--load", str(runs["modern"])], seq_length=512, global_batch_size=4,
+        **modern)
     runs["to_fp32"] = cut_back(runs["bf16"], root / "to_fp32", 2)
     jobs["to_fp32"] = common(wiki_shards, runs["to_fp32"], 3, ["--eval-iters", "0", "--load",
                                                                str(runs["to_fp32"])])
     runs["from_config"] = root / "from_config"
     jobs["from_config"] = ["--config", str(two_steps / "config.json"),
                            "--save", str(runs["from_config"])]
-    second = ["other_data", "to_fp32", "from_config"]
+    second = ["other_data", "to_fp32", "from_config", "modern"]
     results.update(zip(second, launch_together([jobs[n] for n in second], timeout=600)))
     for name, r in results.items():
         assert r.returncode == 0, (name, r.stdout[-2000:], r.stderr[-3000:])
     return runs, results
+
+
+def test_modern_context_extension_continues_at_512_tokens_and_a_raised_rope_base(resumes):
+    """ModernBERT's context extension (arXiv 2412.13663) at test size (``resumes``' ``modern``):
+    the note names the raised base, the data note where the samples continue; config.json
+    records the new values; the phase-2 weights are the phase-1 weights moved by two AdamW steps
+    (each parameter by at most the two steps' learning rates, 5e-4 + 7.5e-4 in warm-up, where a
+    fresh initialisation would be ~0.02 away), and the AdamW step count is the run's."""
+    runs, results = resumes
+    save, r = runs["modern"], results["modern"]
+    assert f"resumed from {save} at iteration 2 (32 samples consumed)" in r.stdout
+    assert ("note: --rotary-base 160000 (the checkpoint's 10000): the rotary layout has no "
+            "position parameters, so the weights load as they are and the rotary angles follow "
+            "the new values from the first resumed iteration (ModernBERT's context extension)"
+            in r.stdout.splitlines()), r.stdout[-3000:]
+    assert re.search(r"^note: --seq-length 512 \(the checkpoint's 128\): .* global sample "
+                     r"[\d,]+ of the [\d,]+ an epoch of 512-token samples", r.stdout, re.M)
+    assert [int(m[0]) for m in ITERATION.findall(r.stdout)] == [3, 4]
+    config = json.loads((save / "config.json").read_text())
+    assert (config["model"]["rotary_base"], config["data"]["seq_length"]) == (160_000.0, 512)
+    phase2 = fp32_weights(save, "global_step4")
+    moved = max((phase2[k] - v).abs().max().item() for k, v in runs["modern_phase1"].items())
+    assert 0 < moved <= 1.3e-3, moved
+    assert adam_steps(save / "global_step4") == {4.0}
 
 
 def _param_groups(ckpt_dir) -> list[dict]:

@@ -11,11 +11,21 @@ from rtd_scale.cli_errors import UserInputError
 from rtd_scale.config import ModelConfig, RunConfig, SharingScope
 from rtd_scale.training.checkpoint.files import META_FILE, read_meta
 
-# Model fields that change the shape of some parameter: a checkpoint only loads into the same.
-# ``layernorm_position``: another layout has other parameters (and the same ones mean other things).
-_SHAPE_FIELDS = ("vocab_size", "embedding_size", "max_position_embeddings", "sharing",
-                 "layernorm_position", "attention_type", "position_buckets",
-                 "make_vocab_size_divisible_by")
+# Model fields that change the shape of some parameter, or what the same parameters compute: a
+# checkpoint only loads into the same. ``layernorm_position``: another layout has other
+# parameters (and the same ones mean other things); ``max_relative_positions`` sizes DeBERTa's
+# relative table or spreads its buckets; the modern block's norm, bias and FFN fields shape its
+# parameters, its window and global-layer pattern decide what each layer attends.
+# ``max_position_embeddings`` is judged by :func:`check_positions` (it shapes a parameter in some
+# layouts only); the RoPE bases are not compared: raising them with the length is the context
+# extension (:func:`context_note`).
+_SHAPE_FIELDS = ("vocab_size", "embedding_size", "sharing", "layernorm_position",
+                 "attention_type", "position_buckets", "max_relative_positions",
+                 "make_vocab_size_divisible_by", "normalization", "norm_bias", "add_bias_linear",
+                 "mlp_activation", "window_size", "global_attn_every_n_layers")
+# What a context extension may change in the rotary layout, with its flag (:func:`context_note`).
+_CONTEXT_FIELDS = {"rotary_base": "--rotary-base", "local_rotary_base": "--local-rotary-base",
+                   "max_position_embeddings": "model.max_position_embeddings"}
 _ENCODER_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size")
 
 
@@ -125,6 +135,7 @@ def check_compatible(load_dir: str, tag: str, config: RunConfig,
         raise UserInputError(
             f"--load {load_dir}: {tag} holds another model ({', '.join(diffs)}); use the "
             f"preset and overrides it was trained with (see {load_dir}/config.json)")
+    check_positions(load_dir, tag, old, new, config.data.seq_length)
     old_seed, seed = saved.train.seed, config.train.seed
     if old_seed != seed and not config.train.override_data_order:
         # the order is a function of (seed, epoch) (data/blend.py): another seed reshuffles
@@ -135,6 +146,57 @@ def check_compatible(load_dir: str, tag: str, config: RunConfig,
             f"never); pass --seed {old_seed}, or --override-data-order to start the new seed's "
             "order where the run resumes")
     return meta
+
+
+def check_positions(load_dir: str, tag: str, old: ModelConfig, new: ModelConfig,
+                    seq_length: int) -> None:
+    """Refuse another ``model.max_position_embeddings`` (``old`` the checkpoint's model, ``new``
+    this run's, same attention type) where it changes a parameter: it sizes BERT's learned
+    position table, whose rows cannot grow, and under disentangled attention with
+    ``max_relative_positions`` -1 it is the distance DeBERTa's log buckets are spread over
+    (Hugging Face ``make_log_bucket_position``), so the learned relative rows would stand for
+    other distances. The rotary layout has no position parameter (RoPE's angles are computed from
+    the positions and bases, ``model/modern.py``): there it is only the length the model
+    declares, and a longer second phase raises it (:func:`context_note`).
+
+    Raises:
+        UserInputError: one line naming both values and the fix.
+    """
+    was, now = old.max_position_embeddings, new.max_position_embeddings
+    if was == now or new.attention_type.rotary:
+        return
+    if new.attention_type.absolute_positions:
+        what = f"a learned position table of {was} rows, which cannot grow"
+    elif old.max_relative_positions > 0:
+        return  # the same on both sides (compared above): the buckets keep their distances
+    else:
+        what = (f"relative-position buckets spread over {was} positions "
+                "(model.max_relative_positions -1: max_position_embeddings), whose learned rows "
+                "would stand for other distances")
+    raise UserInputError(
+        f"--load {load_dir}: {tag} holds {what} (model.max_position_embeddings {was} → {now}) "
+        f"for --seq-length {seq_length}; train the first phase with "
+        "model.max_position_embeddings at the longest length (BERT trains its 512 rows at 128 "
+        "tokens), or use --position-embedding-type rope, which has no position parameters")
+
+
+def context_note(saved: ModelConfig, model: ModelConfig) -> Optional[str]:
+    """The note a resumed rotary run prints when the checkpoint's model ``saved`` had other RoPE
+    bases or another ``max_position_embeddings`` than ``model`` (this run's): the weights load
+    as they are, and the new angles apply from the first resumed iteration — ModernBERT's
+    context extension (arXiv 2412.13663, "Context Length Extension": 1,024 tokens at base
+    10,000, then 8,192 at a global base of 160,000). None when nothing of it changed or the
+    layout is another one."""
+    if not model.attention_type.rotary:
+        return None
+    show = lambda v: f"{v:g}" if isinstance(v, float) else str(v)  # noqa: E731
+    changed = [f"{flag} {show(getattr(model, k))} (the checkpoint's {show(getattr(saved, k))})"
+               for k, flag in _CONTEXT_FIELDS.items() if getattr(saved, k) != getattr(model, k)]
+    if not changed:
+        return None
+    return (f"note: {', '.join(changed)}: the rotary layout has no position parameters, so the "
+            "weights load as they are and the rotary angles follow the new values from the "
+            "first resumed iteration (ModernBERT's context extension)")
 
 
 def data_change(saved: dict[str, Any], now: dict[str, Any]) -> Optional[str]:
