@@ -34,7 +34,16 @@ dropout; arXiv 2111.09543 §4 for relative-position attention):
   (the same sequences) at √2 × the learning rate;
 * ``vocab-3000``: a 3,000-piece SentencePiece vocabulary (its own tokenizer and shards);
   ``seq-64``: sequences of 64 at twice the batch (the same tokens a step);
-* ``combined``: ``dropout-0`` and ``mask-0.25`` together, which is ``debertav3-tiny`` now.
+* ``combined``: ``dropout-0`` and ``mask-0.25`` together, which is ``debertav3-tiny`` now;
+  ``combined-doc-mask`` the same with document-masked packing (``--reset-attention-mask``: no
+  attention across the documents of a packed sample);
+* ``modern-block``: the ``modernbert-tiny`` preset (ModernBERT's block at ``tiny``'s dimensions,
+  document-masked packing on) at ``combined``'s mask rate and dropout, so that the block is the
+  one change; ``modern-block-no-doc-mask`` the same with attention across documents. The
+  ``--preset`` a lever names comes after the main job's and wins (argparse keeps the last).
+
+    python bench/lever_study.py --work-dir runs/levers --seeds 1234 1 \\
+        --levers combined combined-doc-mask modern-block modern-block-no-doc-mask
 """
 from __future__ import annotations
 
@@ -77,6 +86,13 @@ LEVERS: dict[str, tuple[tuple[str, ...], int, int]] = {
     "vocab-3000": ((), 3000, 1),
     "seq-64": (("--seq-length", "64", "--global-batch-size", "64"), 8000, 1),
     "combined": (NO_DROPOUT + ("--mask-prob", "0.25"), 8000, 1),  # debertav3-tiny's own now
+    "combined-doc-mask": (NO_DROPOUT + ("--mask-prob", "0.25", "--reset-attention-mask"), 8000, 1),
+    # the modern block at debertav3-tiny's mask rate and dropout: the preset named last wins
+    "modern-block": (("--preset", "modernbert-tiny") + NO_DROPOUT + ("--mask-prob", "0.25"),
+                     8000, 1),
+    "modern-block-no-doc-mask": (("--preset", "modernbert-tiny") + NO_DROPOUT
+                                 + ("--mask-prob", "0.25", "--set", "data.document_masking=false"),
+                                 8000, 1),
 }
 
 
