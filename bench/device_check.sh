@@ -13,13 +13,15 @@
 #
 # Then, on the GPU machine, from the repository root with .wheels/ copied along, run
 # `bash bench/device_check.sh` and allow it 8 minutes. Everything it prints also lands in $OUT
-# (8 files):
+# (10 files):
 #   env.txt            versions and the GPU
 #   pytest.txt         the sampler and step tests, CUDA ones included (a GPU draw agrees with
 #                      the CPU's and with softmax; forward + backward with zero host syncs)
 #   gpu_rtd_step.*     bench/gpu_rtd_step.py: HF eager vs rtd_scale (DeepSpeed bf16, ZeRO-1) for
 #                      ELECTRA-large B 32, ELECTRA-base B 64, DeBERTaV3-large dims B 16, seq 512,
 #                      then rtd_scale with compiled layers (ELECTRA-large) while time is left
+#   doc_mask_attention.*  bench/doc_mask_attention.py: the modern block's document mask, the
+#                      explicit mask + SDPA against FlexAttention's block mask (ms, peak memory)
 #   step_vs_hf.*       bench/step_vs_hf.py on CUDA (electra-small, debertav3-xsmall dims)
 #   deberta_step_vs_hf.*  bench/deberta_step_vs_hf.py: our DeBERTaV3 step (disentangled
 #                      attention, sdpa core, c2p / p2c gathered and shifted, bf16 parameters
@@ -56,10 +58,22 @@ elapsed "installed"
 
 # 2. the tests of the sampler and of the step (the CUDA ones skip on CPU)
 timeout 130 $PY -m pytest -q -p no:cacheprovider -x tests/unit/test_objectives.py \
-  tests/unit/test_rtd_step.py tests/unit/test_disentangled.py \
+  tests/unit/test_rtd_step.py tests/unit/test_disentangled.py tests/unit/test_document_mask.py \
   -k "cuda or sampler or never_wait" 2>&1 \
   | tee "$OUT/pytest.txt" | tail -25
 elapsed "tests"
+
+# 2b. the modern block's document mask: explicit [b, 1, s, s] + SDPA against the compact ids +
+#     FlexAttention's block mask, forward + backward, s 1,024 and 8,192 (~1 minute)
+if [ "$TINY" = 1 ]; then
+  docmask_args=(--device cpu --tiny)
+else
+  docmask_args=(--device cuda --seq 1024 8192 --batch 8 2)
+fi
+timeout 150 $PY bench/doc_mask_attention.py "${docmask_args[@]}" \
+  --json "$OUT/doc_mask_attention.json" 2>&1 | grep -v -i "warn" \
+  | tee "$OUT/doc_mask_attention.txt" | tail -8
+elapsed "doc_mask_attention"
 
 # 3. DeBERTaV3: our disentangled-attention step against Hugging Face's DebertaV2 at
 #    debertav3-large dims (first, so that the slower rows below cannot crowd it out)

@@ -250,7 +250,7 @@ def sampler_cost(model, cfg, s: Settings, step_ms: float) -> dict:
 
     def sample():
         sample_from_logits(logits, seed=SEED, step=0, sample_index=rows_index, position=position,
-                           vocab_start=0, sampleable=model.sampleable, temperature=1.0)
+                           vocab_start=0, sampleable=model.sampler.sampleable, temperature=1.0)
 
     def mask():
         mask_tokens(ids, sample_index, seed=SEED, mask_prob=cfg.rtd.mask_prob,

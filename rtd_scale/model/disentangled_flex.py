@@ -36,7 +36,8 @@ _compiled = None
 _working: Optional[dict] = None
 
 
-def _flex():
+def compiled_flex_attention():
+    """``torch.compile``d ``flex_attention`` (static shapes), compiled once a process."""
     global _compiled
     if _compiled is None:
         from torch.nn.attention.flex_attention import flex_attention
@@ -74,7 +75,7 @@ def flex_disentangled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
             score = torch.where(pad[bi, kj], -float("inf"), score)
         return score
 
-    flex = _flex()
+    flex = compiled_flex_attention()
     if _working is not None:
         return flex(q, k, v, score_mod=score_mod, scale=scale, kernel_options=_working)
     last: Optional[Exception] = None

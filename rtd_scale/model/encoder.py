@@ -37,6 +37,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from rtd_scale.config import (AttentionType, EncoderConfig, LayerNormPosition, MLPActivation,
                               ModelConfig)
 from rtd_scale.model.disentangled import RELATIVE_TABLE_BLOCK_ARG, relative_embeddings
+from rtd_scale.model import document_mask
 from rtd_scale.model.document_mask import attention_mask as make_attention_mask
 from rtd_scale.model.document_mask import document_position_ids
 from rtd_scale.model.embeddings import EncoderEmbeddings, init_normal, scaled_init_normal
@@ -206,14 +207,21 @@ class Encoder(torch.nn.Module):
         hidden = None  # [s, b, H]
         if self.embeddings is not None:
             hidden = self.embeddings(ids, pad_mask, position_ids)
-        # True = masked; None without padding or documents: attention without a mask (flash
-        # kernels on GPU)
-        attention_mask = make_attention_mask(pad_mask, document_ids)
+        x = hidden if hidden is not None else self.block.input_tensor
+        if document_mask.compact_on(x.device) and not self.attention_type.disentangled and (
+                document_ids is not None or self.config.window_size is not None):
+            # the compact mask: SDPACoreAttention runs FlexAttention over a block mask made
+            # from it, no [b, s, s] tensor (model/document_mask.py)
+            attention_mask = document_mask.document_keys(pad_mask, document_ids,
+                                                         (x.shape[1], x.shape[0]), x.device)
+        else:
+            # True = masked; None without padding or documents: attention without a mask
+            # (flash kernels on GPU)
+            attention_mask = make_attention_mask(pad_mask, document_ids)
         tables = {}  # what every layer reads besides the hidden states and the mask
         if self.rel_embeddings is not None:  # a relative table: P = LayerNorm(R) [2k, H]
             tables[RELATIVE_TABLE_BLOCK_ARG] = relative_embeddings(self.rel_embeddings,
                                                                    self.rel_embeddings_norm)
         if self.rotary is not None:  # both kinds' angles [2, s, b or 1, 1, d]
-            x = hidden if hidden is not None else self.block.input_tensor
             tables["rotary_pos_emb"] = self.rotary(x.shape[0], position_ids, device=x.device)
         return self.block(hidden_states=hidden, attention_mask=attention_mask, **tables)
