@@ -49,16 +49,21 @@ def export_hf(engine, model, cfg: RunConfig, ctx, tokenizer, print_fn) -> None:
 
 def export_hint(cfg: RunConfig) -> Optional[str]:
     """The summary's line that exports this run to Hugging Face, and what the export loads as
-    (``rtd_scale.hf.adapters.adapter_for``); None without ``--save`` or for a layout no Hugging
+    (``rtd_scale.hf.adapters.adapter_for``); None without ``--save``, for a layout no Hugging
     Face class holds (no entry in ``hf/adapters.py``'s ``ADAPTERS``, e.g. disentangled attention
-    with ``--layernorm-position pre``)."""
+    with ``--layernorm-position pre``) or for a model its adapter refuses (the adapter's
+    ``check_exportable``: e.g. the modern block with ``--normalization RMSNorm``)."""
     from rtd_scale.hf.adapters import ADAPTERS, adapter_for, key_of
-    from rtd_scale.hf.common import RTD_HEAD_FILE
+    from rtd_scale.hf.common import RTD_HEAD_FILE, ExportError
 
     if not cfg.train.save or key_of(cfg.model) not in ADAPTERS:
         return None
     out = os.path.join("hf", os.path.basename(os.path.normpath(cfg.train.save)))
     adapter = adapter_for(cfg.model)
+    try:
+        adapter.check_exportable(cfg.model)
+    except ExportError:
+        return None
     disc = adapter.discriminator_class
     head = ("RTD head included" if adapter.rtd_head_in_model
             else f"its RTD head in {out}/{RTD_HEAD_FILE}")

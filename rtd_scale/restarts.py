@@ -219,11 +219,17 @@ def _where(failure: Failure) -> str:
     return f"{failure.what} {at}{log}{stacks}"
 
 
+# How a stop line names the two limits: the Slurm job's variables, tools/supervise.py's flags.
+SLURM_LIMITS = ("RTD_MAX_RESTARTS={}", "RTD_MAX_FAILURES_AT_STEP={}")
+SUPERVISE_LIMITS = ("--max-restarts {}", "--max-failures-at-step {}")
+
+
 def decide(save: str, failure: Failure, *, restarts_done: int, max_restarts: int,
            max_same: int, backoff_s: float, requeue_left: bool = False,
-           now: Optional[float] = None) -> Decision:
+           now: Optional[float] = None, limits: tuple[str, str] = SLURM_LIMITS) -> Decision:
     """What to do after ``failure``; appends the failure's record to ``<save>/restarts.jsonl``
-    (module docstring)."""
+    (module docstring). ``limits``: how the line names ``max_restarts`` and ``max_same``, as
+    the user set them (``SLURM_LIMITS`` or ``SUPERVISE_LIMITS``)."""
     now = time.time() if now is None else now
     records = read_records(save)
     number = len(records) + 1
@@ -247,7 +253,7 @@ def decide(save: str, failure: Failure, *, restarts_done: int, max_restarts: int
               else "the start (before iteration 1)")
         log = f" (its log: {failure.log})" if failure.log else ""
         line = (f"error: {at} failed {same} times in a row, the last time: {failure.what}"
-                f"{log}; not restarting (RTD_MAX_FAILURES_AT_STEP={max_same}); the newest "
+                f"{log}; not restarting ({limits[1].format(max_same)}); the newest "
                 f"complete checkpoint is {tag or 'none'}")
     elif restarts_done < max_restarts:
         action = "restart"
@@ -257,7 +263,8 @@ def decide(save: str, failure: Failure, *, restarts_done: int, max_restarts: int
         action = "requeue" if requeue_left else "stop"
         then = "requeueing the job" if requeue_left else "stopping"
         line = (f"error: {failure.cause}: {_where(failure)}; {max_restarts} restarts used "
-                f"(RTD_MAX_RESTARTS): {then}; the newest complete checkpoint is {tag or 'none'}")
+                f"({limits[0].format(max_restarts)}): {then}; the newest complete checkpoint is "
+                f"{tag or 'none'}")
     record = {"restart": number, "time": round(now, 3), "action": action, **{
         k: v for k, v in asdict(failure).items()}, "resume_from": tag,
         "checkpoint_time": saved_at, "line": line,
@@ -375,7 +382,8 @@ def supervise(cmd: list[str], *, save: str, max_restarts: int, max_same: int,
             return 0
         failure = classify(save, status, started)
         decision = decide(save, failure, restarts_done=done, max_restarts=max_restarts,
-                          max_same=max_same, backoff_s=backoff(done, backoff_s))
+                          max_same=max_same, backoff_s=backoff(done, backoff_s),
+                          limits=SUPERVISE_LIMITS)
         print_fn(f"[rtd-supervise {time.strftime('%F %T')}] {decision.line}")
         sys.stdout.flush()
         if decision.action != "restart":

@@ -18,7 +18,8 @@ from rtd_scale.training.stragglers import summary_line
 def start_lines(cfg, ctx, model, ds_config: dict, dp: int, gas: int, data: dict) -> list[str]:
     """The run's first lines: preset, sharing, attention and LayerNorm layout, parameters on
     this rank's model-parallel shard (ZeRO-3's ``ds_numel``: the whole parameter), vocabulary,
-    the process layout, the batch arithmetic, ZeRO stage, precision; then one line per data
+    the process layout, the batch arithmetic, ZeRO stage, precision, the sample length (and
+    "(document-masked)" under ``data.document_masking``); then one line per data
     split (``BlendedDataset.describe``)."""
     n_params = sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel()
                    for p in {id(p): p for p in model.parameters()}.values())
@@ -32,7 +33,8 @@ def start_lines(cfg, ctx, model, ds_config: dict, dp: int, gas: int, data: dict)
              f"{cfg.train.global_batch_size}, ZeRO stage "
              f"{ds_config.get('zero_optimization', {}).get('stage', 0)}, "
              f"{cfg.train.precision.value}, packed samples of {cfg.data.seq_length} "
-             f"tokens, {cfg.data.num_workers} loader workers"]
+             f"tokens{' (document-masked)' if cfg.data.document_masking else ''}, "
+             f"{cfg.data.num_workers} loader workers"]
     return lines + [f"  data {split.describe()}" for split in data.values()]
 
 def summary_text(summary: dict) -> str:

@@ -51,10 +51,11 @@ def test_resume_with_another_seed_is_refused_unless_overridden(wiki_shards, two_
     resume = common(wiki_shards, save, 3, ["--eval-iters", "0", "--load", str(save),
                                            "--seed", "4321"])  # the later --seed wins
     err = pretrain_error(capsys, resume, monkeypatch, world_size=1)
-    assert err == (f"error: --load {save}: global_step2 was trained with --seed 11, this run has "
-                   "--seed 4321, which would reshuffle the data mid-epoch (some samples read "
-                   "twice, others never); pass --seed 11, or --override-data-order to start the "
-                   "new seed's order where the run resumes")
+    assert err == (f"error: --load {save}: global_step2 was trained with train.seed 11, this run "
+                   "has 4321 (from --seed or a --config file), which would reshuffle the data "
+                   "mid-epoch (some samples read twice, others never); pass --seed 11 (a flag "
+                   "overrides the file), or --override-data-order to start the new seed's order "
+                   "where the run resumes")
 
     r = launch(resume + ["--override-data-order"], ranks=1)
     assert r.returncode == 0, r.stderr[-3000:]

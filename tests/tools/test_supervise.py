@@ -76,8 +76,18 @@ def test_a_crash_loop_stops_after_k_failures_of_the_same_iteration(tmp_path):
     assert len(lines) == 2 and lines[0].startswith("restart 1 (1 of 3 here): crash:")
     assert lines[1] == ("error: iteration 5 failed 2 times in a row, the last time: rank 1 "
                         "exited with exit status 1; not restarting "
-                        "(RTD_MAX_FAILURES_AT_STEP=2); the newest complete checkpoint is none")
+                        "(--max-failures-at-step 2); the newest complete checkpoint is none")
     assert (tmp_path / "run" / "starts").read_text() == "-\n1\n"
+
+
+def test_restarts_used_up_are_named_by_the_flag_that_set_them(tmp_path):
+    r = _supervise(tmp_path, "1,1,0", "--max-restarts", "1")
+    assert r.returncode == 1
+    lines = _lines(r)
+    assert len(lines) == 2 and lines[0].startswith("restart 1 (1 of 1 here): crash:")
+    assert lines[1] == ("error: crash: rank 1 exited with exit status 1 at iteration 5; "
+                        "1 restarts used (--max-restarts 1): stopping; the newest complete "
+                        "checkpoint is none")
 
 
 def test_a_command_without_save_is_refused(tmp_path):

@@ -135,6 +135,35 @@ def test_a_resume_refuses_a_config_that_changes_the_model_in_one_line(tmp_path):
         f"with (see {tmp_path / 'run'}/config.json)")
 
 
+def test_a_resume_refuses_a_config_files_seed_without_calling_it_a_flag(tmp_path):
+    """A --config file whose train.seed differs from the checkpoint's: the refusal names the
+    field and both places it may have come from (a file has no --seed), and the flag that
+    fixes it; that flag beside the file passes."""
+    from rtd_scale.training.checkpoint.compat import check_compatible
+    from rtd_scale.training.checkpoint.files import META_FILE
+
+    yaml_path = tmp_path / "run.yaml"
+    yaml_path.write_text(YAML)
+    saved = _from("--config", str(yaml_path))
+    tag = tmp_path / "run" / "global_step2"
+    tag.mkdir(parents=True)
+    (tag / META_FILE).write_text(json.dumps({"layout": {"world_size": 1},
+                                             "config": saved.to_dict()}))
+    other = tmp_path / "other.yaml"
+    other.write_text(YAML.replace("train:\n", "train:\n  seed: 99\n", 1))
+    cfg = _from("--config", str(other), "--load", str(tmp_path / "run"))
+    assert cfg.train.seed == 99 and saved.train.seed != 99
+    with pytest.raises(UserInputError) as e:
+        check_compatible(str(tmp_path / "run"), "global_step2", cfg, {"world_size": 1})
+    assert str(e.value).startswith(
+        f"--load {tmp_path / 'run'}: global_step2 was trained with train.seed "
+        f"{saved.train.seed}, this run has 99 (from --seed or a --config file), "), str(e.value)
+    assert f"pass --seed {saved.train.seed} (a flag overrides the file)" in str(e.value)
+    fixed = _from("--config", str(other), "--seed", str(saved.train.seed),
+                  "--load", str(tmp_path / "run"))
+    assert check_compatible(str(tmp_path / "run"), "global_step2", fixed, {"world_size": 1})
+
+
 def test_a_recorded_config_reads_back_without_its_warnings():
     """A checkpoint's or a run's recorded config was warned about when that run started:
     reading it back (a resume's checks, an export) says nothing; validating it again does."""

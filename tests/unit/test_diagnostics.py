@@ -152,3 +152,36 @@ def test_summary_names_the_export_command_of_its_own_run(preset, flags, cls, hea
     assert text.splitlines()[-1] == f"  export:      {hint}"
     cfg.train.save = None
     assert export_hint(cfg) is None
+
+
+def test_summary_offers_no_export_its_adapter_would_refuse():
+    """A modern-block run with RMSNorm: ModernBERT has LayerNorm only, so tools/export_hf.py
+    refuses it; the summary names no export (with LayerNorm it names ModernBertModel's)."""
+    from rtd_scale import presets
+    from rtd_scale.exports import export_hint
+
+    cfg = presets.preset("modernbert-tiny")
+    cfg.train.save = "runs/m"
+    assert "(loads as ModernBertModel, " in export_hint(cfg)
+    cfg.model.normalization = "RMSNorm"
+    assert export_hint(cfg) is None
+
+
+def test_the_start_line_says_whether_samples_are_document_masked():
+    from types import SimpleNamespace
+
+    import torch
+
+    from rtd_scale import presets
+    from rtd_scale.training.summary import start_lines
+
+    model = torch.nn.Linear(10, 10)  # 110 parameters
+    model.padded_vocab_size = 8064
+    ctx = SimpleNamespace(world_size=1, tp_size=1, pp_size=1, dp_size=1)
+    ds = {"zero_optimization": {"stage": 3}}
+    modern = start_lines(presets.preset("modernbert-tiny"), ctx, model, ds, 1, 2, {})[0]
+    assert modern.endswith(", fp32, packed samples of 128 tokens (document-masked), "
+                           "0 loader workers"), modern
+    assert "preset modernbert-tiny, sharing gdes, rotary attention, pre-LN layers, 0.00M" in modern
+    plain = start_lines(presets.preset("debertav3-tiny"), ctx, model, ds, 1, 2, {})[0]
+    assert plain.endswith(", fp32, packed samples of 128 tokens, 0 loader workers"), plain

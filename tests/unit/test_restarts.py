@@ -92,7 +92,7 @@ def test_restarts_then_requeue_then_a_crash_loop_stops_in_one_line(tmp_path):
     f.iteration = 9
     d4 = decide(save, f, restarts_done=2, max_restarts=2, max_same=3, backoff_s=40,
                 requeue_left=True)
-    assert d4.action == "requeue" and "2 restarts used (RTD_MAX_RESTARTS): requeueing" in d4.line
+    assert d4.action == "requeue" and "2 restarts used (RTD_MAX_RESTARTS=2): requeueing" in d4.line
     # the requeued job (Slurm's restart count one higher) writes that failure's event
     assert restarts.requeued(save, {"SLURM_RESTART_COUNT": "1"}) == 4
     assert restarts.requeued(save, {"SLURM_RESTART_COUNT": "2"}) is None  # a later requeue

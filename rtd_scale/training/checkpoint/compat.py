@@ -141,10 +141,11 @@ def check_compatible(load_dir: str, tag: str, config: RunConfig,
         # the order is a function of (seed, epoch) (data/blend.py): another seed reshuffles
         # the epoch the run is in, so its remaining samples are not the ones still unread
         raise UserInputError(
-            f"--load {load_dir}: {tag} was trained with --seed {old_seed}, this run has --seed "
-            f"{seed}, which would reshuffle the data mid-epoch (some samples read twice, others "
-            f"never); pass --seed {old_seed}, or --override-data-order to start the new seed's "
-            "order where the run resumes")
+            f"--load {load_dir}: {tag} was trained with train.seed {old_seed}, this run has "
+            f"{seed} (from --seed or a --config file), which would reshuffle the data mid-epoch "
+            f"(some samples read twice, others never); pass --seed {old_seed} (a flag overrides "
+            "the file), or --override-data-order to start the new seed's order where the run "
+            "resumes")
     return meta
 
 
