@@ -4,7 +4,7 @@ Each lever is the main job's command (``tools/run_default.sh``: the ``debertav3-
 the sample corpus, 2 ranks, ZeRO-3, 600 steps, validation every 100 steps over 8 global batches)
 at the preset's earlier mask rate and dropout (``BASE``), with one change, run through the real ``deepspeed`` launcher. The table gives the held-out RTD
 AUC at every validation, the last validation L_MLM and MLM accuracy, the seconds a step took and
-the exact flags; the figure (``--work-dir/levers.png``, ``tools/curves.py``) puts the
+the exact flags, then a second table of the held-out L_MLM at every validation; the figure (``--work-dir/levers.png``, ``tools/curves.py``) puts the
 runs on one set of axes.
 
     python bench/lever_study.py --work-dir runs/levers                  # every lever
@@ -145,6 +145,7 @@ def results_of(name: str, run_dir: Path, flags: tuple[str, ...], seconds: float 
     acc = run.scalars.get("valid/mlm/accuracy", {})
     last = max(mlm) if mlm else None
     return {"flags": list(flags), "auc": auc, "steps": steps,
+            "mlm": {s * scale: v for s, v in mlm.items()},
             "valid_mlm": mlm.get(last) if last else None,
             "valid_mlm_accuracy": acc.get(last) if last else None,
             "s_per_step": None if seconds is None else seconds / steps}
@@ -183,6 +184,21 @@ def table(results: dict[str, list[dict]], steps: int, eval_interval: int) -> str
             + f" | {f(_mean([r['valid_mlm'] for r in runs]), '{:.2f}')}"
             + f" | {f(_mean([r['valid_mlm_accuracy'] for r in runs]), '{:.3f}')}"
             + f" | {f(_mean([r['s_per_step'] for r in runs]), '{:.2f}')} |")
+    return "\n".join(lines) + "\n"
+
+
+def mlm_table(results: dict[str, list[dict]], steps: int, eval_interval: int) -> str:
+    """One row per lever: the mean over its seeds' runs of the held-out L_MLM at each
+    validation (runs recorded before it was kept show —)."""
+    cols = list(range(eval_interval, steps + 1, eval_interval))
+    lines = ["| lever | seeds | " + " | ".join(f"L_MLM @{c}" for c in cols) + " |",
+             "|" + "---|" * (len(cols) + 2)]
+    for name, runs in results.items():
+        mlms = [{int(k): v for k, v in r.get("mlm", {}).items()} for r in runs]
+        cells = [_mean([m.get(c) for m in mlms]) if all(c in m for m in mlms) else None
+                 for c in cols]
+        lines.append(f"| {name} | {len(runs)} | "
+                     + " | ".join("—" if c is None else f"{c:.2f}" for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -226,8 +242,9 @@ def main(argv=None) -> None:
             results[key] = {**results_of(key, run_dir, flags, seconds, steps, scale),
                             "seconds": seconds, "vocab_size": vocab}
             write_atomic(store, json.dumps(results, indent=2) + "\n")
-    text = table({n: [results[run_key(n, s)] for s in args.seeds] for n in args.levers},
-                 args.steps, args.eval_interval)
+    chosen = {n: [results[run_key(n, s)] for s in args.seeds] for n in args.levers}
+    text = (table(chosen, args.steps, args.eval_interval) + "\n"
+            + mlm_table(chosen, args.steps, args.eval_interval))
     write_atomic(work / "levers.md", text)
     print(text, flush=True)
 

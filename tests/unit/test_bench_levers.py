@@ -47,6 +47,7 @@ def test_results_are_read_from_tensorboard_at_the_main_jobs_steps(tmp_path):
     got = lever_study.results_of("batch-64", run, ("--global-batch-size", "64"), 90.0, 150, 2)
     assert {k: round(v, 6) for k, v in got["auc"].items()} == {100: 0.55, 200: 0.61, 300: 0.66}
     assert (got["valid_mlm"], round(got["valid_mlm_accuracy"], 6)) == (6.25, 0.125)
+    assert got["mlm"] == {100: 7.0, 200: 6.5, 300: 6.25}
     assert got["s_per_step"] == 0.6 and got["flags"] == ["--global-batch-size", "64"]
 
 
@@ -68,5 +69,11 @@ def test_the_table_has_a_row_per_lever_with_the_mean_over_seeds_and_marks_auc_pa
              "valid_mlm_accuracy": None, "s_per_step": None}
     assert lever_study.table({"vocab-3000": [vocab]}, 100, 100).splitlines()[2] == (
         "| vocab-3000 | a 3,000-piece tokenizer | 1 | — | — | — | — | — |")
+    # the L_MLM table: the mean over seeds at each validation; a run without the record: —
+    mlm = {"modern-block": [{"mlm": {"100": 6.5, "200": 6.0}}, {"mlm": {"100": 6.7, "200": 6.2}}],
+           "combined": [{"auc": {}}]}
+    assert lever_study.mlm_table(mlm, 200, 100).splitlines() == [
+        "| lever | seeds | L_MLM @100 | L_MLM @200 |", "|---|---|---|---|",
+        "| modern-block | 2 | 6.60 | 6.10 |", "| combined | 1 | — | — |"]
     assert (lever_study.run_key("generator-1/3", 1234), lever_study.run_key("mask-0.25", 7)) == (
         "generator-1_3", "mask-0.25-seed7")
