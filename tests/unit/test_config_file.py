@@ -110,10 +110,8 @@ def test_preset_beside_a_file_that_names_another_is_refused(tmp_path):
         _from("--config", str(path), "--preset", "tiny")
 
 
-def test_a_resume_refuses_a_config_that_changes_the_model_in_one_line(tmp_path):
-    """The resume rules (checkpoint/compat.py check_compatible, the same that refuse flags) refuse
-    a --config whose model differs from the checkpoint's: one line, the field, old → new."""
-    from rtd_scale.training.checkpoint.compat import check_compatible
+def _checkpoint_of_yaml(tmp_path) -> RunConfig:
+    """``YAML``'s config, and a checkpoint tmp_path/run/global_step2 whose metadata holds it."""
     from rtd_scale.training.checkpoint.files import META_FILE
 
     yaml_path = tmp_path / "run.yaml"
@@ -123,6 +121,15 @@ def test_a_resume_refuses_a_config_that_changes_the_model_in_one_line(tmp_path):
     tag.mkdir(parents=True)
     (tag / META_FILE).write_text(json.dumps({"layout": {"world_size": 1},
                                              "config": saved.to_dict()}))
+    return saved
+
+
+def test_a_resume_refuses_a_config_that_changes_the_model_in_one_line(tmp_path):
+    """The resume rules (checkpoint/compat.py check_compatible, the same that refuse flags) refuse
+    a --config whose model differs from the checkpoint's: one line, the field, old → new."""
+    from rtd_scale.training.checkpoint.compat import check_compatible
+
+    saved = _checkpoint_of_yaml(tmp_path)
     changed = tmp_path / "changed.yaml"
     changed.write_text(YAML + "model:\n  discriminator:\n    num_layers: 2\n")
     cfg = _from("--config", str(changed), "--load", str(tmp_path / "run"))
@@ -140,15 +147,8 @@ def test_a_resume_refuses_a_config_files_seed_without_calling_it_a_flag(tmp_path
     field and both places it may have come from (a file has no --seed), and the flag that
     fixes it; that flag beside the file passes."""
     from rtd_scale.training.checkpoint.compat import check_compatible
-    from rtd_scale.training.checkpoint.files import META_FILE
 
-    yaml_path = tmp_path / "run.yaml"
-    yaml_path.write_text(YAML)
-    saved = _from("--config", str(yaml_path))
-    tag = tmp_path / "run" / "global_step2"
-    tag.mkdir(parents=True)
-    (tag / META_FILE).write_text(json.dumps({"layout": {"world_size": 1},
-                                             "config": saved.to_dict()}))
+    saved = _checkpoint_of_yaml(tmp_path)
     other = tmp_path / "other.yaml"
     other.write_text(YAML.replace("train:\n", "train:\n  seed: 99\n", 1))
     cfg = _from("--config", str(other), "--load", str(tmp_path / "run"))
