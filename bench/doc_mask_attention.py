@@ -28,12 +28,20 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
 from rtd_scale.cli_errors import OneLineArgumentParser, run_cli  # noqa: E402
-from rtd_scale.model import document_mask  # noqa: E402
-from rtd_scale.model.attention import flex_masked_attention, window_keep  # noqa: E402
+
+# torch and the model's modules (megatron-core) are imported after the flags are checked, so
+# that a wrong flag is its one line at once: ``_imports``
+torch = F = document_mask = flex_masked_attention = window_keep = None
+
+
+def _imports() -> None:
+    global torch, F, document_mask, flex_masked_attention, window_keep
+    import torch
+    import torch.nn.functional as F
+
+    from rtd_scale.model import document_mask
+    from rtd_scale.model.attention import flex_masked_attention, window_keep
 
 
 def packed_documents(b: int, s: int, doc_len: int, seed: int = 0) -> torch.Tensor:
@@ -145,6 +153,7 @@ def main(argv=None) -> None:
         args.window, args.doc_len, args.steps, args.warmup = 32, 60, 1, 1
     if len(args.batch) != len(args.seq):
         p.error(f"--batch: one per --seq ({len(args.seq)}), got {len(args.batch)}")
+    _imports()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device here (--device cpu --tiny checks the plumbing)")
     rows = run(args)

@@ -94,6 +94,21 @@ class HyphenSafeHelpFormatter(argparse.HelpFormatter):
         return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
 
 
+# How long a rank that fails silently waits before exiting (wait_for_rank0_line).
+QUIET_EXIT_GRACE_S = 30.0
+
+
+def wait_for_rank0_line(seconds: float = QUIET_EXIT_GRACE_S) -> None:
+    """Before a rank other than 0 exits on a user error that rank 0 reports: wait, so that rank
+    0 prints its line first. A launcher (``deepspeed``, ``torchrun``, ``srun
+    --kill-on-bad-exit``) stops every rank when the first one fails: had the silent rank exited
+    first, rank 0 could be killed before its line was out, and a loaded machine showed no error
+    at all. Rank 0's exit ends this wait at once (the launcher kills the waiting rank)."""
+    import time
+
+    time.sleep(seconds)
+
+
 class OneLineArgumentParser(argparse.ArgumentParser):
     """``argparse.ArgumentParser`` whose usage errors are one line, not the whole usage block:
     ``error: <argparse's message> (did you mean --closest-flag?); <prog> --help lists every
@@ -108,7 +123,7 @@ class OneLineArgumentParser(argparse.ArgumentParser):
 
     ``quiet=True`` (the ranks other than 0 of a launch, ``pretrain.main``): the same exit
     status, but nothing printed, neither the error nor ``--help``, so a launch of N ranks shows
-    rank 0's line once, not N times
+    rank 0's line once, not N times, and only after :func:`wait_for_rank0_line`
     (tests/e2e/test_pretrain_errors.py::test_launcher_prints_a_flag_error_once).
 
     Help text wraps at spaces only, never inside a hyphenated name such as
@@ -125,6 +140,8 @@ class OneLineArgumentParser(argparse.ArgumentParser):
             super().print_help(file)
 
     def exit(self, status=0, message=None):  # noqa: D102 (argparse's hook)
+        if self.quiet and status:
+            wait_for_rank0_line()
         super().exit(status, None if self.quiet else message)
 
     def error(self, message: str):  # noqa: D102 (argparse's hook)

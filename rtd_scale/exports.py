@@ -51,8 +51,9 @@ def export_hint(cfg: RunConfig) -> Optional[str]:
     """The summary's line that exports this run to Hugging Face, and what the export loads as
     (``rtd_scale.hf.adapters.adapter_for``); None without ``--save``, for a layout no Hugging
     Face class holds (no entry in ``hf/adapters.py``'s ``ADAPTERS``, e.g. disentangled attention
-    with ``--layernorm-position pre``) or for a model its adapter refuses (the adapter's
-    ``check_exportable``: e.g. the modern block with ``--normalization RMSNorm``)."""
+    with ``--layernorm-position pre``); "none: " and the reason for a model its adapter refuses
+    (the adapter's ``check_exportable``: e.g. the modern block with ``--normalization
+    RMSNorm``)."""
     from rtd_scale.hf.adapters import ADAPTERS, adapter_for, key_of
     from rtd_scale.hf.common import RTD_HEAD_FILE, ExportError
 
@@ -62,8 +63,8 @@ def export_hint(cfg: RunConfig) -> Optional[str]:
     adapter = adapter_for(cfg.model)
     try:
         adapter.check_exportable(cfg.model)
-    except ExportError:
-        return None
+    except ExportError as e:  # say why, rather than offer a command that refuses
+        return f"none: {e}"
     disc = adapter.discriminator_class
     head = ("RTD head included" if adapter.rtd_head_in_model
             else f"its RTD head in {out}/{RTD_HEAD_FILE}")

@@ -33,7 +33,7 @@ if __name__ == "__main__" and __package__ in (None, ""):
 from rtd_scale import launch_env  # noqa: E402
 from rtd_scale.arguments import build_parser, config_from_args  # noqa: E402
 from rtd_scale.cli_errors import (EXIT_USER_ERROR, HeldWarnings, UserInputError,  # noqa: E402
-                                  exit_process, one_line_warnings)
+                                  exit_process, one_line_warnings, wait_for_rank0_line)
 from rtd_scale.run import run  # noqa: E402
 
 
@@ -69,12 +69,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (UserInputError, OSError) as e:  # user errors; bugs keep their traceback
         if os.environ.get("RTD_SCALE_TRACEBACK") == "1":
             raise
-        if rank == 0 or getattr(e, "every_rank", False):  # a file only that rank reads
-            print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         # a lost connection, a timeout or a taken port is the moment's fault, not the input's:
         # status 1, which a supervisor restarts
         transient = isinstance(e, (ConnectionError, TimeoutError)) or getattr(
             e, "restartable", False)
+        if rank == 0 or getattr(e, "every_rank", False):  # a file only that rank reads
+            print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        elif not transient:  # rank 0's line, the same input: let it out before a launcher
+            wait_for_rank0_line()  # stops every rank
         return 1 if transient else EXIT_USER_ERROR
     return 0
 

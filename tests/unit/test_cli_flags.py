@@ -252,3 +252,23 @@ def test_the_flag_table_names_real_flags_and_fields():
         for s in sections:
             obj = getattr(obj, s)
         assert name in {f.name for f in dataclasses.fields(obj)}, (flag, path)
+
+
+def test_a_quiet_rank_waits_for_rank_0s_line_before_it_exits_on_a_flag_error(monkeypatch):
+    """A rank other than 0 prints nothing for a flag error and waits before exiting, so that a
+    launcher that stops every rank at the first failure cannot kill rank 0 before its line is
+    out (seen under load: the launch showed no error at all); --help and rank 0 do not wait."""
+    from rtd_scale import cli_errors
+
+    waits = []
+    monkeypatch.setattr(cli_errors, "wait_for_rank0_line", lambda: waits.append(1))
+    with pytest.raises(SystemExit) as e:
+        arguments.build_parser(quiet=True).parse_args(["--train-it", "5"])
+    assert e.value.code == 2 and waits == [1]
+    with pytest.raises(SystemExit) as e:
+        arguments.build_parser(quiet=False).parse_args(["--train-it", "5"])
+    assert e.value.code == 2 and waits == [1]
+    with pytest.raises(SystemExit) as e:
+        arguments.build_parser(quiet=True).parse_args(["--help"])
+    assert e.value.code == 0 and waits == [1]
+    assert cli_errors.QUIET_EXIT_GRACE_S == 30.0

@@ -156,7 +156,8 @@ def test_summary_names_the_export_command_of_its_own_run(preset, flags, cls, hea
 
 def test_summary_offers_no_export_its_adapter_would_refuse():
     """A modern-block run with RMSNorm: ModernBERT has LayerNorm only, so tools/export_hf.py
-    refuses it; the summary names no export (with LayerNorm it names ModernBertModel's)."""
+    refuses it; the summary offers no command but says why, in the export tool's words (with
+    LayerNorm it names ModernBertModel's)."""
     from rtd_scale import presets
     from rtd_scale.exports import export_hint
 
@@ -164,7 +165,9 @@ def test_summary_offers_no_export_its_adapter_would_refuse():
     cfg.train.save = "runs/m"
     assert "(loads as ModernBertModel, " in export_hint(cfg)
     cfg.model.normalization = "RMSNorm"
-    assert export_hint(cfg) is None
+    assert export_hint(cfg) == ("none: cannot export: Hugging Face ModernBERT has LayerNorm only, "
+                                "but --normalization RMSNorm; train with --normalization "
+                                "LayerNorm")
 
 
 def test_the_start_line_says_whether_samples_are_document_masked():
