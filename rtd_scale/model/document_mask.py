@@ -30,6 +30,7 @@ pair of the mask reaches are skipped by the kernel, and tiles that every pair re
 """
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
@@ -67,10 +68,16 @@ def attention_mask(pad_mask: Optional[torch.Tensor],
     return masked.unsqueeze(1)
 
 
+# Set to 0 to keep the explicit mask on CUDA too (as Transformer Engine's NVTE_FLASH_ATTN=0
+# turns a kernel off): the FlexAttention path has been checked on the CPU only so far.
+FLEX_ENV = "RTD_SCALE_FLEX_ATTENTION"
+
+
 def compact_on(device: torch.device) -> bool:
     """Whether the encoder hands SDPACoreAttention the compact mask (FlexAttention): on CUDA,
-    where FlexAttention compiles to a fused kernel with a backward; the CPU's has neither."""
-    return device.type == "cuda"
+    where FlexAttention compiles to a fused kernel with a backward (the CPU's has neither),
+    unless ``RTD_SCALE_FLEX_ATTENTION=0``."""
+    return device.type == "cuda" and os.environ.get(FLEX_ENV, "1") != "0"
 
 
 # FlexAttention's tile (torch.nn.attention.flex_attention's default BLOCK_SIZE)

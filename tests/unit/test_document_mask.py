@@ -299,6 +299,17 @@ def test_the_block_mask_at_8192_tokens_writes_nothing_of_size_s_squared():
     assert int(mask.kv_num_blocks.sum() + mask.full_kv_num_blocks.sum()) <= 3 * 64 * b
 
 
+def test_the_compact_mask_is_cudas_unless_switched_off(monkeypatch):
+    from rtd_scale.model.document_mask import FLEX_ENV, compact_on
+
+    monkeypatch.delenv(FLEX_ENV, raising=False)
+    assert compact_on(torch.device("cuda")) and not compact_on(torch.device("cpu"))
+    monkeypatch.setenv(FLEX_ENV, "0")
+    assert not compact_on(torch.device("cuda"))
+    monkeypatch.setenv(FLEX_ENV, "1")
+    assert compact_on(torch.device("cuda", 0))
+
+
 def test_the_compact_mask_written_out_is_the_explicit_mask():
     from rtd_scale.model.document_mask import document_keys, expand
 
