@@ -6,6 +6,7 @@ heading or a bold lead-in of README.md itself. The run summary's plateau verdict
 section that had been renamed."""
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -19,9 +20,12 @@ PAGE = re.compile(r"(?<![\w/.-])((?:\.\./)?(?:docs/[\w-]+\.md|(?:bench/)?README\
 QUOTED = re.compile(r"README(?:'s|,)?\s+\\?\"([^\"\\]+)\\?\"")
 
 
-def _files() -> list[Path]:
-    return [p for top in SEARCHED for p in sorted((REPO / top).rglob("*"))
-            if p.suffix in (".py", ".sh", ".md") and p.is_file()]
+@functools.cache
+def _texts() -> dict[Path, str]:
+    """The product's sources, scripts and pages under ``SEARCHED``, by path."""
+    files = [p for top in SEARCHED for ext in ("py", "sh", "md")
+             for p in sorted((REPO / top).rglob(f"*.{ext}")) if "__pycache__" not in p.parts]
+    return {p: p.read_text(encoding="utf-8") for p in files}
 
 
 def page_references(text: str) -> set[str]:
@@ -43,8 +47,8 @@ def readme_titles() -> set[str]:
 
 def test_every_page_and_section_the_product_names_exists():
     refs: dict[str, set[str]] = {}
-    for path in _files():
-        for ref in page_references(path.read_text(encoding="utf-8")):
+    for path, text in _texts().items():
+        for ref in page_references(text):
             refs.setdefault(ref, set()).add(str(path.relative_to(REPO)))
     # the summary's plateau verdicts (training/summary.py), and the comments that cite a page
     assert "docs/main-job.md#what-the-main-job-shows" in refs
@@ -57,8 +61,8 @@ def test_every_page_and_section_the_product_names_exists():
 def test_every_readme_section_a_message_quotes_is_in_the_readme():
     titles = readme_titles()
     missing = {}
-    for path in _files():
-        for name in quoted_sections(path.read_text(encoding="utf-8")):
+    for path, text in _texts().items():
+        for name in quoted_sections(text):
             if name not in titles:
                 missing.setdefault(name, []).append(str(path.relative_to(REPO)))
     assert not missing, (f"{missing}: these sections moved to docs/; name the page and its "
