@@ -1,6 +1,6 @@
-"""The manual's Layout page (docs/layout.md) names every file of the product, its tools, test oracles, Slurm
-scripts and benchmarks, and every folder of tests/, and names nothing that is not there: a new module
-appears in the list with its job, and a moved one moves there too."""
+"""The manual's Layout page (docs/layout.md) names every file of the product, its tools, test
+oracles, Slurm scripts and benchmarks, and every folder of tests/, and names nothing that is not
+there: a new module appears in the list with its job, and a moved one moves there too."""
 from __future__ import annotations
 
 import re
