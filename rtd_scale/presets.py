@@ -34,7 +34,7 @@ def _debertav3_tiny() -> RunConfig:
     """The main job's model (``tools/run_default.sh``): ``tiny``'s dimensions in DeBERTaV3's
     layout (disentangled attention, no absolute positions, post-LayerNorm, GDES), with 25% of
     tokens masked (ELECTRA-large's rate, arXiv 2003.10555 Table 6) and no dropout. Measured with
-    ``bench/lever_study.py`` on the sample corpus (README, "What the main job shows"): BERT
+    ``bench/lever_study.py`` on the sample corpus (docs/main-job.md#which-levers-move-it): BERT
     attention stays on the RTD plateau for 600 steps (held-out AUC 0.55); with disentangled
     attention the run leaves it, after about 400 steps at mask 0.15 and dropout 0.1, and by
     step 300 with both levers (0.65 and 0.69 for two seeds, 0.70 and 0.69 at step 600)."""
@@ -132,7 +132,8 @@ def _modernbert_tiny() -> RunConfig:
     width (ModernBERT-base's 1152 / 768) and a 32-token window, so that at ``tiny``'s 128 tokens
     the local layers (1 and 2 of the discriminator, 1 of the generator) see a quarter of it.
     ModernBERT's 8,192 positions: no parameter depends on them (RoPE), so ``--seq-length`` may
-    go up to 8,192 (the second phase of a context extension, README "Modern block")."""
+    go up to 8,192 (the second phase of a context extension,
+    docs/modern-block.md#long-context-8192-tokens-and-the-context-extension)."""
     cfg = _tiny()
     cfg.preset = "modernbert-tiny"
     cfg.model.max_position_embeddings = 8192

@@ -97,14 +97,14 @@ def summary_text(summary: dict) -> str:
             verdict = (f"above chance ({z:.1f} chance standard deviations above 0.5) but not "
                        f"rising since iteration {a0}: the discriminator tells some replaced tokens "
                        "apart (early on, often by the token alone) and is on a plateau; "
-                       "train longer (see the README, \"What the main job shows\")")
+                       "train longer (see docs/main-job.md#what-the-main-job-shows)")
         elif z < -3:
             verdict = ("below chance: the discriminator ranks replaced tokens below original "
                        "ones, which training should never do; check the data and the labels")
         else:
             verdict = ("on the prior plateau: the discriminator does not yet tell replaced "
                        "tokens from original ones (AUC within 3 chance standard deviations of "
-                       "0.5); train longer (see the README, \"What the main job shows\")")
+                       "0.5); train longer (see docs/main-job.md#what-the-main-job-shows)")
         lines.append(f"  verdict: {verdict}")
     stragglers = summary_line(summary.get("stragglers"))
     if stragglers:

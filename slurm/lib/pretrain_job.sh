@@ -24,8 +24,8 @@
 # Elastic requeue: the batch arithmetic is redone at every start, so a requeued job given
 # fewer (or more) nodes (`scontrol update JobId=… NumNodes=1-1 NumTasks=… NumCPUs=…` while it
 # waits, or a new sbatch with the same RTD_SAVE) continues from the same checkpoint at the new
-# data-parallel size (pretrain.py --load converts the checkpoint at TP 1 and PP 1; see README,
-# "Resume at another size"), as long as the global batch still divides.
+# data-parallel size (pretrain.py --load converts the checkpoint at TP 1 and PP 1; see
+# docs/resume.md#resume-at-another-size), as long as the global batch still divides.
 #
 # Preemption, step by step:
 #   1. Slurm sends SIGUSR1 to this shell ahead of the time limit (#SBATCH --signal=B:USR1@600),
@@ -44,7 +44,7 @@
 #   A signal sent straight to the tasks (--signal=USR1@N, without B:) also works: the tasks save
 #   and exit 0 before the last step, and this shell requeues because the run is not finished.
 #
-# Failures (rtd_scale/restarts.py decides; README, "Unattended runs"):
+# Failures (rtd_scale/restarts.py decides; docs/troubleshooting.md#unattended-runs):
 #   - each rank runs inside slurm/lib/rank_env.sh, which copies its output to
 #     RTD_SAVE/logs/rank<R>.log and records its exit status in rank<R>.exit;
 #   - a step that fails is classified: a user-input error (pretrain.py's exit status 2 after its

@@ -1,6 +1,7 @@
 """tools/run_default.sh around the launch: MASTER_PORT reaches the `deepspeed` launcher as
 --master_port, and a run refused before it writes anything leaves no empty run directory (the
-README's `ls -d runs/debertav3-tiny-* | tail -n 1` would pick it), while anything written stays.
+export command of docs/hf.md, `ls -d runs/debertav3-tiny-* | tail -n 1`, would pick it), while
+anything written stays.
 
 The script runs from a copy of the repository's tools/ whose setup_env.sh puts stand-ins for
 `python` (the set-up steps: no-ops) and `deepspeed` on PATH; the stand-in launcher records its

@@ -1,12 +1,13 @@
-"""The README says one thing about continuing a run at another size: `--load` does it, exactly,
-at another TP, PP or DP size or ZeRO stage (its "Resume at another size" section, pinned by
-tests/e2e/test_resume_layout.py); no other part sends a TP or PP change through an export and
-`--pretrained-checkpoint`, as it once did."""
+"""The README and the manual in docs/ say one thing about continuing a run at another size:
+`--load` does it, exactly, at another TP, PP or DP size or ZeRO stage (docs/resume.md's "Resume
+at another size" section, pinned by tests/e2e/test_resume_layout.py); no part sends a TP or PP
+change through an export and `--pretrained-checkpoint`, as the README once did."""
 from __future__ import annotations
 
 import re
 
 from tests.helpers.env import REPO
+from tests.helpers.markdown import pages, section
 
 # a change of the tensor- or pipeline-parallel size, in the README's words
 SIZE_CHANGE = re.compile(r"\b(?:another|other|a new|a different)\s+(?:TP|PP|tensor-parallel|"
@@ -27,19 +28,19 @@ def offending_clauses(text: str) -> list[str]:
 
 
 def test_resume_at_another_size_is_load():
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    section = readme.split("\n### Resume at another size\n", 1)[1].split("\n## ", 1)[0]
-    first = " ".join(section.split()).split(": ", 1)[0]
+    resume = section(REPO / "docs" / "resume.md", "Resume at another size")
+    first = " ".join(resume.split()).split(": ", 1)[0]
     assert first.startswith("`--load` continues a checkpoint saved at another tensor-parallel, "
                             "pipeline-parallel or data-parallel size, another ZeRO stage (0–3)")
     assert first.endswith(", exactly")
-    starting = readme.split("**Starting from weights.**", 1)[1].split("\n\n", 1)[0]
+    starting = section(REPO / "docs" / "hf.md", "Starting from weights").strip().split("\n\n")[0]
     assert "To continue a run at another TP, PP or DP size or ZeRO stage, `--load` does it, " \
            "exactly" in " ".join(starting.split())
 
 
 def test_no_part_sends_a_tp_or_pp_change_through_an_export():
-    assert offending_clauses((REPO / "README.md").read_text(encoding="utf-8")) == []
+    for page in pages():
+        assert offending_clauses(page.read_text(encoding="utf-8")) == [], page.name
     # what the README said before (the control: the check finds it)
     before = ("To continue a run at another data-parallel size or ZeRO stage, `--load` does it "
               "with\nthe optimizer state (see \"Resume at another size\"); at another TP or PP "

@@ -263,15 +263,16 @@ def test_refused_flags_accept_their_no_op_value():
         from_flags("--context-parallel-size", "2")
 
 
-def _readme_section(start: str, end: str) -> str:
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+def _flags_page_section(start: str, end: str) -> str:
+    """The manual's flag reference (docs/flags.md) from ``start`` to ``end``."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "flags.md").read_text(encoding="utf-8")
     return text[text.index(start):text.index(end, text.index(start))]
 
 
-def test_readme_flag_table_matches_the_parser():
+def test_manual_flag_table_matches_the_parser():
     parser = build_parser()
     known = parser._option_string_actions
-    table = _readme_section("### Megatron flags", "**The generator.**")
+    table = _flags_page_section("## Megatron flags", "**The generator.**")
     rows = [line.split("|")[1] for line in table.splitlines() if line.startswith("| `--")]
     listed = {f for row in rows for f in re.findall(r"`(--[\w-]+)", row)}
     refused = {f for r in REFUSED for f in r.flags}
@@ -279,13 +280,13 @@ def test_readme_flag_table_matches_the_parser():
     assert sorted(f for f in listed if f not in known) == []  # every row is a flag we take
     assert sorted(f for f in listed if f in refused and not any(
         r.accepted for r in REFUSED if f in r.flags)) == []
-    generator = _readme_section("**The generator.**", "**Refused**")
+    generator = _flags_page_section("**The generator.**", "**Refused**")
     model_flags = {o for a in parser._actions for o in a.option_strings
                    if o in known and a.help != argparse.SUPPRESS
                    and a.container.title and a.container.title.startswith("Megatron-LM model")}
     documented = listed | set(re.findall(r"`(--[\w-]+)", generator))
     assert sorted(model_flags - documented) == []
-    refusals = _readme_section("**Refused**", "Our own flags")
+    refusals = _flags_page_section("**Refused**", "Our own flags")
     assert sorted(f for f in refused if f"`{f}" not in refusals) == []
 
 

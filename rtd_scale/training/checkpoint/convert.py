@@ -10,7 +10,7 @@ megatron-core and DeepSpeed once). Each builds the model from the recorded confi
 DeepSpeed engine from the recorded ds_config, loads its own files exactly as ``--load`` at that
 layout would, through the same checks (``checks.CHECKS``: a checkpoint damaged in place is
 refused, not converted), and then they gather (``layout_free``). The cost is that restart
-(README, "Resume at another size").
+(docs/resume.md#resume-at-another-size).
 
 What :func:`convert` writes, beside the checkpoint, which is only read: ``<load>/<tag>_canonical/``
 (``layout_free.STATE_FILE``, ``layout_free.INFO_FILE``), built under
