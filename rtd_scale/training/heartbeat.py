@@ -63,7 +63,7 @@ PROGRESS_DIR = "progress"
 REQUEST_FILE = "request.json"
 STACKS_FILE = "stacks.txt"
 RECORD_FILE = "hang.json"
-_PROGRESS_BYTES = 256  # fixed size: each pwrite replaces the whole record
+_PROGRESS_BYTES = 512  # fixed size: each pwrite replaces the whole record
 # frames of a thread waiting in a collective (faulthandler prints the file of each frame)
 _COLLECTIVE_FRAMES = ("torch/distributed/", "deepspeed/comm/")
 
@@ -127,6 +127,7 @@ class Heartbeat:
         self._thread: Optional[threading.Thread] = None
         self._fd: Optional[int] = None
         self._entered: Optional[float] = None
+        self._stop_request: dict = {}
 
     @property
     def enabled(self) -> bool:
@@ -163,6 +164,15 @@ class Heartbeat:
         self.section, self.since = section, self.clock()
         self._entered = self.since
 
+    def stopped(self, code: int, reason: str) -> None:
+        """The run stops on a request (``signals.StopRequest``: ``code``, a signal number or
+        ``LAUNCHER_EXITED``; ``reason``, its words): recorded in the progress file, so that a
+        supervisor (rtd_scale/restarts.py) stops too instead of restarting a run the user
+        stopped."""
+        self._stop_request = {"stopped": reason, "stop_code": int(code)}
+        if self._fd is not None:
+            self._write_progress()
+
     def close(self) -> None:
         self._stop.set()
         if self._thread is not None:
@@ -174,7 +184,7 @@ class Heartbeat:
     def _write_progress(self) -> None:
         record = json.dumps({"rank": self.rank, "host": socket.gethostname(),
                              "pid": os.getpid(), "iteration": self.iteration,
-                             "time": round(time.time(), 3)})
+                             "time": round(time.time(), 3), **self._stop_request})
         os.pwrite(self._fd, record.ljust(_PROGRESS_BYTES).encode()[:_PROGRESS_BYTES], 0)
 
     # --------------------------------------------------------------- the watchdog thread ----

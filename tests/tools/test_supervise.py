@@ -6,6 +6,7 @@ The real launcher with real faults: tests/e2e/test_unattended.py."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -15,12 +16,26 @@ from tests.helpers.env import REPO
 # and exits with the plan's next status; the launcher polls it once a second and exits with it
 STAND_IN = r"""
 import json, os, subprocess, sys, time
-save, plan = sys.argv[sys.argv.index("--save") + 1], sys.argv[1].split(",")
+save = next(a.split("=", 1)[1] if "=" in a else sys.argv[i + 1]
+            for i, a in enumerate(sys.argv) if a.split("=", 1)[0] == "--save")
+plan = sys.argv[1].split(",")
 os.makedirs(os.path.join(save, "progress"), exist_ok=True)
 starts = os.path.join(save, "starts")
 n = len(open(starts).read().splitlines()) if os.path.exists(starts) else 0
 with open(starts, "a") as f:
     f.write(os.environ.get("RTD_RESTART", "-") + "\n")
+with open(os.path.join(save, "commands"), "a") as f:
+    f.write(json.dumps(sys.argv[2:]) + "\n")
+if os.environ.get("STAND_IN_CHECKPOINT") and n == 0:  # a complete checkpoint, as a save leaves
+    sys.path.insert(0, os.environ["STAND_IN_REPO"])
+    from rtd_scale.training.checkpoint import files
+    ckpt = os.path.join(save, "global_step3")
+    os.makedirs(ckpt)
+    with open(os.path.join(ckpt, files.META_FILE), "w") as f:
+        json.dump({"step": 3, "consumed_samples": 48, "layout": {"world_size": 2},
+                   "config": {}, "record_format": files.RECORD_FORMAT}, f)
+    files.write_record(ckpt, 3)
+    files.write_latest(save, "global_step3")
 rank = ("import json, os, sys, time\n"
         f"json.dump(dict(rank=1, host='h', pid=os.getpid(), iteration=5, time=time.time()), "
         f"open({os.path.join(save, 'progress', 'rank1.json')!r}, 'w'))\n"
@@ -34,12 +49,14 @@ sys.exit(status)
 """
 
 
-def _supervise(tmp_path, plan: str, *flags: str) -> subprocess.CompletedProcess:
+def _supervise(tmp_path, plan: str, *flags: str, command=None, env=None
+               ) -> subprocess.CompletedProcess:
     (tmp_path / "stand_in.py").write_text(STAND_IN)
     return subprocess.run([sys.executable, str(REPO / "tools" / "supervise.py"), "--backoff",
                            "0", *flags, "--", sys.executable, str(tmp_path / "stand_in.py"),
-                           plan, "--save", str(tmp_path / "run")],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+                           plan, *(command or ["--save", str(tmp_path / "run")])],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={**os.environ, **(env or {})})
 
 
 def _lines(r) -> list[str]:
@@ -88,6 +105,23 @@ def test_restarts_used_up_are_named_by_the_flag_that_set_them(tmp_path):
     assert lines[1] == ("error: crash: rank 1 exited with exit status 1 at iteration 5; "
                         "1 restarts used (--max-restarts 1): stopping; the newest complete "
                         "checkpoint is none")
+
+
+def test_save_and_load_are_read_as_pretrain_reads_them(tmp_path):
+    """``--save=D`` is pretrain.py's (argparse's) other spelling of ``--save D``; a command
+    holding ``--load=X`` keeps it on its first start, and its restart resumes from the newest
+    checkpoint in D with exactly one --load (argparse would take the last of two)."""
+    run, other = tmp_path / "run", tmp_path / "elsewhere"
+    r = _supervise(tmp_path, "1,0", command=[f"--save={run}", "--lr", "1e-3", f"--load={other}"],
+                   env={"STAND_IN_CHECKPOINT": "1", "STAND_IN_REPO": str(REPO)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = _lines(r)
+    assert len(lines) == 1 and lines[0].startswith(
+        "restart 1 (1 of 3 here): crash: rank 1 exited with exit status 1 at iteration 5; "
+        "resuming from global_step3 in 0 s;"), lines
+    commands = [json.loads(x) for x in (run / "commands").read_text().splitlines()]
+    assert commands == [[f"--save={run}", "--lr", "1e-3", f"--load={other}"],
+                        [f"--save={run}", "--lr", "1e-3", "--load", str(run)]]
 
 
 def test_a_command_without_save_is_refused(tmp_path):
