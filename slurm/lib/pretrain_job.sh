@@ -422,9 +422,10 @@ rtd_pretrain_main() {
   fi
   if [ -n "$stopped_by" ]; then
     [ "$rc" = 0 ] || rtd_log "warning: the tasks exited with status $rc after the signal"
-    rtd_log "stopped by SIG$stopped_by: the newest complete checkpoint is" \
-      "${tag:+$RTD_SAVE/$tag}${tag:-none in $RTD_SAVE}; resume with: the same sbatch" \
-      "command (it passes --load $RTD_SAVE)"
+    local where="none in $RTD_SAVE"
+    if [ -n "$tag" ]; then where="$RTD_SAVE/$tag"; fi
+    rtd_log "stopped by SIG$stopped_by: the newest complete checkpoint is $where; resume" \
+      "with: the same sbatch command (it passes --load $RTD_SAVE)"
     exit $(( 128 + $(kill -l "$stopped_by") ))
   fi
   # stopped early: by our trap (preempted), or by a signal sent to the tasks directly (exit 0)
