@@ -12,6 +12,11 @@ Why a run stopped (:func:`classify`), from what the run left behind:
   status (``<save>/logs/rank<R>.exit``, written by slurm/lib/rank_env.sh around the rank) where
   there is one, else from the launcher's status: srun reports the highest status of its tasks,
   or a signal's, so a rank killed on the way out would hide the first rank's 2;
+- a stop: the ranks stopped on a request — a signal (the line "exit signal … received") or
+  their launcher's exit — and saved (``training/signals.py``), recorded in their progress files
+  (``<save>/progress/rank<R>.json``, ``stopped``). The user stopped the run: it is never
+  restarted, whatever the launcher's status (DeepSpeed's launch.py exits 1 after it passed a
+  signal on), and no failure is recorded;
 - a hang: ``hangs/*/hang.json`` written during this attempt (``training/heartbeat.py``), which
   names the ranks that stopped beating and their stack file;
 - a crash: anything else — a signal (a segfault, an out-of-memory kill, a lost node), an exit
@@ -19,9 +24,9 @@ Why a run stopped (:func:`classify`), from what the run left behind:
   status is not 0 (by the time its wrapper recorded it); the iteration is the one that rank's
   progress file (``<save>/progress/rank<R>.json``) was in.
 
-What follows (:func:`decide`): a user error stops; the same iteration failing ``max_same``
-times in a row (RTD_MAX_FAILURES_AT_STEP, default 3) stops with one line naming the iteration,
-the rank and its log; otherwise a restart, while ``restarts_done`` < ``max_restarts``, else a
+What follows (:func:`decide`): a user error or a stop stops; the same iteration failing
+``max_same`` times in a row (RTD_MAX_FAILURES_AT_STEP, default 3) stops with one line naming the
+iteration, the rank and its log; otherwise a restart, while ``restarts_done`` < ``max_restarts``, else a
 requeue (the job's own choice; tools/supervise.py stops).
 
 Every failure is one line in the supervisor's log and one JSON line in ``<save>/restarts.jsonl``
