@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
+import time
 
 from tests.helpers.env import REPO
 
@@ -162,3 +165,52 @@ def test_a_run_that_fails_before_making_its_directory_is_counted(tmp_path):
     assert r.returncode == 1 and len(lines) == 2, r.stdout + r.stderr
     assert lines[0].startswith("restart 1 (1 of 3 here): crash: ")
     assert lines[1].startswith("error: the start (before iteration 1) failed 2 times in a row")
+
+
+# rank 0 of two, whose main thread stops finishing steps: its heartbeat (setup budget 1 s)
+# finds rank 1 silent, names it, ends it if it is stopped, and exits 75
+HUNG_RANK0 = r"""
+import sys, time
+sys.path.insert(0, sys.argv[2])
+from rtd_scale.config import FaultToleranceConfig
+from rtd_scale.training.heartbeat import Heartbeat
+Heartbeat(FaultToleranceConfig(setup_timeout_s=1, step_timeout_s=0, checkpointing_timeout_s=0),
+          rank=0, world_size=2, save=sys.argv[1], answer_s=0.5).start(0)
+time.sleep(120)
+"""
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def test_a_hang_ends_with_the_reporters_status_before_the_stopped_rank_is_killed(tmp_path):
+    """DeepSpeed's launch.py exits with the status of the first failed rank it collects: the
+    heartbeat's reporter (75) must be that one, not the SIGSTOPped rank it kills (a launcher
+    status of 247, 256 − SIGKILL). The stopped rank dies only once the reporter's exit has
+    been collected by its parent, here this test as the launcher."""
+    save = tmp_path / "run"
+    (save / "progress").mkdir(parents=True)
+    stopped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    os.kill(stopped.pid, signal.SIGSTOP)
+    (save / "progress" / "rank1.json").write_text(json.dumps(
+        {"rank": 1, "host": socket.gethostname(), "pid": stopped.pid, "iteration": 1,
+         "time": time.time()}))
+    reporter = subprocess.Popen([sys.executable, "-c", HUNG_RANK0, str(save), str(REPO)])
+    try:
+        deadline = time.monotonic() + 120
+        while _state(reporter.pid) != "Z":  # exited, its status not collected yet
+            assert time.monotonic() < deadline and stopped.poll() is None, stopped.returncode
+            time.sleep(0.05)
+        time.sleep(1.0)
+        assert stopped.poll() is None, "the stopped rank was killed before the reporter's exit"
+        assert reporter.wait() == 75
+        assert stopped.wait(30) == -signal.SIGKILL  # then it is ended, without a grace period
+    finally:
+        for p in (reporter, stopped):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    (record,) = save.glob("hangs/*/hang.json")
+    assert json.loads(record.read_text())["ranks"] == [1]
