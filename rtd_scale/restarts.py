@@ -573,9 +573,12 @@ def _stopped(save: str, cmd: list[str], got: list[int], failure: Optional[Failur
     resume = shlex.join([*relaunch, *command_with_load(cmd, save, replace=True)])
     where = (f"the newest complete checkpoint is {os.path.join(save, tag)}; resume with: "
              if tag else f"no complete checkpoint in {save}; start again with: ")
-    print_fn(f"[rtd-supervise {time.strftime('%F %T')}] stopped by {name}{after}: "
-             f"{where}{resume}")
-    sys.stdout.flush()
+    try:  # after a hang-up the terminal may be gone: the status still says it
+        print_fn(f"[rtd-supervise {time.strftime('%F %T')}] stopped by {name}{after}: "
+                 f"{where}{resume}")
+        sys.stdout.flush()
+    except OSError:
+        pass
     return stop_status(signum)
 
 
