@@ -12,6 +12,11 @@ Why a run stopped (:func:`classify`), from what the run left behind:
   status (``<save>/logs/rank<R>.exit``, written by slurm/lib/rank_env.sh around the rank) where
   there is one, else from the launcher's status: srun reports the highest status of its tasks,
   or a signal's, so a rank killed on the way out would hide the first rank's 2;
+- a stop: the ranks stopped on a request — a signal (the line "exit signal … received") or
+  their launcher's exit — and saved (``training/signals.py``), recorded in their progress files
+  (``<save>/progress/rank<R>.json``, ``stopped``). The user stopped the run: it is never
+  restarted, whatever the launcher's status (DeepSpeed's launch.py exits 1 after it passed a
+  signal on), and no failure is recorded;
 - a hang: ``hangs/*/hang.json`` written during this attempt (``training/heartbeat.py``), which
   names the ranks that stopped beating and their stack file;
 - a crash: anything else — a signal (a segfault, an out-of-memory kill, a lost node), an exit
@@ -19,9 +24,9 @@ Why a run stopped (:func:`classify`), from what the run left behind:
   status is not 0 (by the time its wrapper recorded it); the iteration is the one that rank's
   progress file (``<save>/progress/rank<R>.json``) was in.
 
-What follows (:func:`decide`): a user error stops; the same iteration failing ``max_same``
-times in a row (RTD_MAX_FAILURES_AT_STEP, default 3) stops with one line naming the iteration,
-the rank and its log; otherwise a restart, while ``restarts_done`` < ``max_restarts``, else a
+What follows (:func:`decide`): a user error or a stop stops; the same iteration failing
+``max_same`` times in a row (RTD_MAX_FAILURES_AT_STEP, default 3) stops with one line naming the
+iteration, the rank and its log; otherwise a restart, while ``restarts_done`` < ``max_restarts``, else a
 requeue (the job's own choice; tools/supervise.py stops).
 
 Every failure is one line in the supervisor's log and one JSON line in ``<save>/restarts.jsonl``
@@ -59,7 +64,8 @@ DEFAULT_BACKOFF_S = 10.0
 
 @dataclass
 class Failure:
-    """Why an attempt stopped. ``cause``: "user-error", "hang" or "crash"."""
+    """Why an attempt stopped. ``cause``: "user-error", "stopped" (the ranks stopped on a
+    signal and saved there: a stop the user asked for, never restarted), "hang" or "crash"."""
 
     cause: str
     status: int  # the launcher's exit status
@@ -68,6 +74,7 @@ class Failure:
     iteration: Optional[int] = None  # the iteration that failed (1-based); None: before the first
     log: Optional[str] = None  # the failing rank's log
     stacks: Optional[str] = None  # a hang's stack file
+    stop_code: Optional[int] = None  # "stopped": the ranks' signal (signals.LAUNCHER_EXITED)
 
 
 @dataclass
@@ -154,6 +161,21 @@ def _log_of(save: str, rank: Optional[int]) -> Optional[str]:
     return path if os.path.exists(path) else None
 
 
+def stop_requests(save: str, started: float) -> list[dict]:
+    """The progress records (``training/heartbeat.py``) of the ranks that stopped on a request
+    (a signal, or their launcher's exit: ``signals.StopRequest``, the line "exit signal …
+    received") during the attempt that started at ``started``, by rank."""
+    from rtd_scale.training.heartbeat import PROGRESS_DIR, read_progress
+
+    found = []
+    for name in sorted(_listdir(os.path.join(save, PROGRESS_DIR))):
+        if name.startswith("rank") and name.endswith(".json") and name[4:-5].isdigit():
+            p = read_progress(save, int(name[4:-5]))
+            if p and p.get("stopped") and p.get("time", 0) >= started - 1:
+                found.append(p)
+    return sorted(found, key=lambda p: p.get("rank", 0))
+
+
 def classify(save: str, status: int, started: float) -> Failure:
     """Why the attempt that started at ``started`` (epoch seconds) and ended with the
     launcher's ``status`` stopped (module docstring)."""
@@ -165,6 +187,12 @@ def classify(save: str, status: int, started: float) -> Failure:
         return Failure("user-error", status, "the run stopped on a user-input error (exit "
                        f"status {EXIT_USER_ERROR}: its error line is above)", rank=rank,
                        log=_log_of(save, rank))
+    stops = stop_requests(save, started)
+    if stops:
+        first = stops[0]
+        return Failure("stopped", status, first["stopped"], rank=first.get("rank"),
+                       iteration=int(first.get("iteration", 1)) - 1,
+                       stop_code=first.get("stop_code"))
     hangs = hang_records(save, since=started - 1)
     if hangs:
         h = hangs[-1]
@@ -243,6 +271,11 @@ def decide(save: str, failure: Failure, *, restarts_done: int, max_restarts: int
         "checkpoint yet)"
     redone = f"; {(now - saved_at) / 60:.1f} min of training since it is redone" \
         if saved_at else ""
+    if failure.cause == "stopped":  # the user's stop: no restart, and no failure to record
+        where = f"{save}/{tag}" if tag else f"none in {save}"
+        return Decision("stop", f"not restarting: the ranks stopped on request ({failure.what}) "
+                                f"after iteration {failure.iteration}; the newest complete "
+                                f"checkpoint is {where}", 0)
     if failure.cause == "user-error":
         action = "stop"
         line = (f"error: not restarting: {failure.what}; fix it and resubmit "
@@ -313,12 +346,48 @@ def requeued(save: str, environ=None) -> Optional[int]:
 
 # ----------------------------------------------------------- tools/supervise.py, one node ----
 
-def _with_load(cmd: list[str], save: str) -> list[str]:
-    """``cmd`` with ``--load SAVE`` when SAVE holds a complete checkpoint and the command has no
-    ``--load`` (a fresh start must not pass one: it would refuse an empty directory)."""
-    if "--load" in cmd or _checkpoint(save)[0] is None:
+def _script_args(cmd: Sequence[str]) -> int:
+    """Where pretrain.py's own arguments start in ``cmd`` (after ``…/pretrain.py`` or
+    ``-m rtd_scale.pretrain``; for another program, after its first word)."""
+    for i, word in enumerate(cmd):
+        if os.path.basename(word) == "pretrain.py" or (
+                word == "rtd_scale.pretrain" and i and cmd[i - 1] == "-m"):
+            return i + 1
+    return 1
+
+
+def command_flags(cmd: Sequence[str]) -> argparse.Namespace:
+    """pretrain.py's flags in ``cmd`` as pretrain.py reads them (its own parser:
+    ``arguments.build_parser``; ``--save D`` and ``--save=D``, the last one given wins); the
+    launcher's flags and anything else are left aside. A flag pretrain.py would refuse exits
+    with pretrain.py's one-line error (status 2)."""
+    from rtd_scale.arguments import build_parser
+
+    args = list(cmd[_script_args(cmd):])
+    try:
+        return build_parser(quiet=True).parse_known_args(args)[0]
+    except SystemExit:
+        return build_parser().parse_known_args(args)[0]  # prints the error line and exits 2
+
+
+def command_with_load(cmd: Sequence[str], save: str, *, replace: bool) -> list[str]:
+    """``cmd`` with exactly one ``--load SAVE`` when SAVE holds a complete checkpoint (a fresh
+    start must not pass one: it would refuse an empty directory). A ``--load`` of the command's
+    own (``--load X`` or ``--load=X``) is kept on the first start and replaced by SAVE when
+    ``replace`` (a restart or a resume: the newest checkpoint is in SAVE)."""
+    cmd = list(cmd)
+    has_load = command_flags(cmd).load is not None
+    if _checkpoint(save)[0] is None or (has_load and not replace):
         return cmd
-    return [*cmd, "--load", save]
+    start, out, skip = _script_args(cmd), cmd[:_script_args(cmd)], False
+    for word in cmd[start:]:
+        if skip:
+            skip = False
+        elif word == "--load":
+            skip = True
+        elif not word.startswith("--load="):
+            out.append(word)
+    return [*out, "--load", save]
 
 
 def _zombie_status(pid: int) -> Optional[int]:
@@ -360,37 +429,157 @@ def watch_ranks(save: str, stop: threading.Event, started: float, poll_s: float 
                     f.write(f"{status} {time.time()}\n")
 
 
+# What stops a supervised run: the signals of ``kill``, systemd and process managers (SIGTERM),
+# a terminal's Ctrl-C (SIGINT) and its hang-up (SIGHUP).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+GROUP_GONE_S = 60.0  # after a run's launcher exits, how long its other processes may take
+# (DeepSpeed's launch.py gives its ranks 30 s after a SIGTERM, then SIGKILLs them)
+
+
+def _become_subreaper() -> None:
+    """Adopt the run's processes whose parent exits (the runner dies at once of SIGTERM,
+    leaving launch.py and the ranks), so that they are reaped here and their exit is seen
+    (Linux ``prctl(PR_SET_CHILD_SUBREAPER)``); nothing elsewhere."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def _drain(pgid: int, timeout_s: float = GROUP_GONE_S) -> None:
+    """Wait until no process of the run's process group ``pgid`` is left (reaping the ones
+    adopted here); SIGKILL what is left after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        except ChildProcessError:
+            pass
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        except PermissionError:
+            pass
+        if time.monotonic() > deadline:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except OSError:
+                pass
+            deadline = time.monotonic() + 5.0
+        time.sleep(0.1)
+
+
+def stop_status(signum: int) -> int:
+    """The exit status of a program stopped by signal ``signum``, as a shell reports one."""
+    return 128 + signum
+
+
 def supervise(cmd: list[str], *, save: str, max_restarts: int, max_same: int,
-              backoff_s: float, print_fn=print) -> int:
+              backoff_s: float, print_fn=print, relaunch: Sequence[str] = ()) -> int:
     """Run ``cmd`` (a ``deepspeed … rtd_scale/pretrain.py … --save SAVE`` command) until it
     succeeds, restarting it after a crash or a hang (:func:`decide`); returns its last status
-    (0, or the failure's)."""
+    (0, or the failure's).
+
+    A stop is one rule: SIGTERM, SIGINT or SIGHUP here is passed on as SIGTERM to the run's own
+    process group (the runner, launch.py, the ranks: each rank finishes its step and saves,
+    ``training/signals.py``), and a run whose ranks stopped on a request is never restarted;
+    once every process of the run is gone, one line names the newest complete checkpoint and
+    the command that resumes it (``relaunch``, this supervisor's own words, then the command
+    with ``--load SAVE``), and the status is 128 + the signal's number."""
     done = 0
     env = dict(os.environ)
-    while True:
-        started = time.time()
-        clear_exits(save)
-        stop = threading.Event()
-        watcher = threading.Thread(target=watch_ranks, args=(save, stop, started), daemon=True)
-        watcher.start()
-        try:
-            status = subprocess.call(_with_load(cmd, save), env=env)
-        finally:
-            stop.set()
-            watcher.join()
-        if status == 0:
-            return 0
-        failure = classify(save, status, started)
-        decision = decide(save, failure, restarts_done=done, max_restarts=max_restarts,
-                          max_same=max_same, backoff_s=backoff(done, backoff_s),
-                          limits=SUPERVISE_LIMITS)
-        print_fn(f"[rtd-supervise {time.strftime('%F %T')}] {decision.line}")
+    got: list[int] = []  # the stop signal received here, if any
+    group: list[int] = []  # the running attempt's process group
+
+    def on_signal(signum, frame) -> None:
+        got.append(signum)
+        for pgid in group:
+            try:
+                os.killpg(pgid, signal.SIGTERM)
+            except OSError:
+                pass
+
+    previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
+    _become_subreaper()
+    try:
+        while not got:
+            started = time.time()
+            clear_exits(save)
+            stop = threading.Event()
+            watcher = threading.Thread(target=watch_ranks, args=(save, stop, started),
+                                       daemon=True)
+            watcher.start()
+            try:
+                # its own session and process group: a stop reaches all of it, and nothing else
+                proc = subprocess.Popen(command_with_load(cmd, save, replace=done > 0),
+                                        env=env, start_new_session=True)
+                group.append(proc.pid)
+                if got:  # a signal before the group was known
+                    on_signal(got[0], None)
+                status = proc.wait()
+                _drain(proc.pid)
+                group.clear()
+            finally:
+                stop.set()
+                watcher.join()
+            if status == 0 and not got:
+                return 0
+            status = status if status >= 0 else 128 - status  # as bash reports a signal
+            failure = classify(save, status, started)
+            if got or failure.cause == "stopped":
+                break
+            decision = decide(save, failure, restarts_done=done, max_restarts=max_restarts,
+                              max_same=max_same, backoff_s=backoff(done, backoff_s),
+                              limits=SUPERVISE_LIMITS)
+            print_fn(f"[rtd-supervise {time.strftime('%F %T')}] {decision.line}")
+            sys.stdout.flush()
+            if decision.action != "restart":
+                return status if status else 1
+            until = time.monotonic() + backoff(done, backoff_s)
+            while not got and time.monotonic() < until:
+                time.sleep(min(0.1, max(0.0, until - time.monotonic())))
+            done += 1
+            env[ENV_RESTART] = str(decision.number)
+        else:
+            failure = None
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    return _stopped(save, cmd, got, failure, relaunch, print_fn)
+
+
+def _stopped(save: str, cmd: list[str], got: list[int], failure: Optional[Failure],
+             relaunch: Sequence[str], print_fn) -> int:
+    """The one line of a stopped run, and its status (:func:`supervise`)."""
+    import shlex
+
+    from rtd_scale.training.signals import LAUNCHER_EXITED
+
+    if got:
+        signum = got[0]
+    elif failure is not None and failure.stop_code and failure.stop_code != LAUNCHER_EXITED:
+        signum = failure.stop_code
+    else:  # the ranks' launcher was killed (its status: 128 + N)
+        signum = failure.status - 128 if failure and 128 < failure.status <= 192 else \
+            signal.SIGTERM
+    name = signal.Signals(signum).name
+    after = (f" after iteration {failure.iteration}" if failure is not None
+             and failure.cause == "stopped" and failure.iteration is not None else "")
+    tag = _checkpoint(save)[0]
+    resume = shlex.join([*relaunch, *command_with_load(cmd, save, replace=True)])
+    where = (f"the newest complete checkpoint is {os.path.join(save, tag)}; resume with: "
+             if tag else f"no complete checkpoint in {save}; start again with: ")
+    try:  # after a hang-up the terminal may be gone: the status still says it
+        print_fn(f"[rtd-supervise {time.strftime('%F %T')}] stopped by {name}{after}: "
+                 f"{where}{resume}")
         sys.stdout.flush()
-        if decision.action != "restart":
-            return status if status else 1
-        time.sleep(backoff(done, backoff_s))
-        done += 1
-        env[ENV_RESTART] = str(decision.number)
+    except OSError:
+        pass
+    return stop_status(signum)
 
 
 # ------------------------------------------------- slurm/lib/pretrain_job.sh's questions ----

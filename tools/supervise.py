@@ -14,6 +14,12 @@ stops with one line naming it. Each restart is one ``[rtd-supervise]`` line here
 ``<save>/restarts.jsonl`` and one event in the restarted run's TensorBoard (``restarts/*``).
 Exits 0 when the run finished, else with the last failure's status.
 
+A stop is a stop: SIGTERM (``kill``, systemd), SIGINT (Ctrl-C) or SIGHUP here reaches the whole
+run (its own process group) as SIGTERM; every rank finishes its step and saves there, nothing is
+restarted (neither is a run whose ranks stopped on a signal sent to them), and once no process of
+the run is left one line names the newest complete checkpoint and the command that resumes it;
+the status is 128 + the signal's number (143 for SIGTERM, 130 for SIGINT, 129 for SIGHUP).
+
 torchrun's ``--max-restarts`` also restarts a failed run, but it restarts a user error too, gives
 a fresh start no ``--load`` when a checkpoint appears, and cannot tell one crash loop from
 another; this wrapper does those, with the same rules as the Slurm job.
@@ -31,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rtd_scale.cli_errors import (EXIT_USER_ERROR, OneLineArgumentParser,  # noqa: E402
                                   exit_process)
 from rtd_scale.restarts import (DEFAULT_BACKOFF_S, DEFAULT_MAX_RESTARTS,  # noqa: E402
-                                DEFAULT_MAX_SAME, supervise)
+                                DEFAULT_MAX_SAME, command_flags, supervise)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -66,15 +72,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {cmd[0]}: no such command (the first word after --); give the launcher's "
               "path, e.g. .venv/bin/deepspeed", file=sys.stderr)
         return EXIT_USER_ERROR
-    if "--save" not in cmd or cmd.index("--save") + 1 >= len(cmd):
+    save = command_flags(cmd).save  # as pretrain.py reads it: --save D, --save=D
+    if not save:
         print("error: the command has no --save DIR: a restart resumes from the checkpoints "
               "there; add --save and --save-interval", file=sys.stderr)
         return EXIT_USER_ERROR
-    save = os.path.abspath(cmd[cmd.index("--save") + 1])
+    save = os.path.abspath(save)
     # the restart records live there: a run that fails before creating it is still counted
     os.makedirs(save, exist_ok=True)
+    relaunch = [sys.executable, sys.argv[0], *own, "--"]
     return supervise(cmd, save=save, max_restarts=a.max_restarts,
-                     max_same=a.max_failures_at_step, backoff_s=a.backoff)
+                     max_same=a.max_failures_at_step, backoff_s=a.backoff, relaunch=relaunch)
 
 
 if __name__ == "__main__":

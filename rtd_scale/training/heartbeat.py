@@ -26,7 +26,10 @@ When a rank's budget runs out (``--save`` set):
    itself, so its peers name it. The ranks named are those that did not answer; when all
    answered, those not waiting in a collective (their main thread has no ``torch.distributed``
    or ``deepspeed.comm`` frame); else all. A named rank on the reporter's host that is stopped
-   (``/proc`` state T) is killed, so the launcher need not wait out its SIGTERM grace;
+   (``/proc`` state T) is killed, so the launcher need not wait out its SIGTERM grace — once
+   the reporter's own exit (75) has been collected by its parent (:func:`_kill_after`), so the
+   deepspeed launcher, which exits with the first failed rank's status it sees, exits 75 and
+   not 247 (a SIGKILLed rank's);
 4. the reporter prints one line — ``error: hang: rank(s) … stopped beating at iteration N
    (… s without a finished step, the step budget …); every rank's Python stack: PATH`` — and
    writes ``hang.json`` there for the supervisor (``rtd_scale/restarts.py``);
@@ -63,7 +66,7 @@ PROGRESS_DIR = "progress"
 REQUEST_FILE = "request.json"
 STACKS_FILE = "stacks.txt"
 RECORD_FILE = "hang.json"
-_PROGRESS_BYTES = 256  # fixed size: each pwrite replaces the whole record
+_PROGRESS_BYTES = 512  # fixed size: each pwrite replaces the whole record
 # frames of a thread waiting in a collective (faulthandler prints the file of each frame)
 _COLLECTIVE_FRAMES = ("torch/distributed/", "deepspeed/comm/")
 
@@ -127,6 +130,7 @@ class Heartbeat:
         self._thread: Optional[threading.Thread] = None
         self._fd: Optional[int] = None
         self._entered: Optional[float] = None
+        self._stop_request: dict = {}
 
     @property
     def enabled(self) -> bool:
@@ -163,6 +167,15 @@ class Heartbeat:
         self.section, self.since = section, self.clock()
         self._entered = self.since
 
+    def stopped(self, code: int, reason: str) -> None:
+        """The run stops on a request (``signals.StopRequest``: ``code``, a signal number or
+        ``LAUNCHER_EXITED``; ``reason``, its words): recorded in the progress file, so that a
+        supervisor (rtd_scale/restarts.py) stops too instead of restarting a run the user
+        stopped."""
+        self._stop_request = {"stopped": reason, "stop_code": int(code)}
+        if self._fd is not None:
+            self._write_progress()
+
     def close(self) -> None:
         self._stop.set()
         if self._thread is not None:
@@ -174,7 +187,7 @@ class Heartbeat:
     def _write_progress(self) -> None:
         record = json.dumps({"rank": self.rank, "host": socket.gethostname(),
                              "pid": os.getpid(), "iteration": self.iteration,
-                             "time": round(time.time(), 3)})
+                             "time": round(time.time(), 3), **self._stop_request})
         os.pwrite(self._fd, record.ljust(_PROGRESS_BYTES).encode()[:_PROGRESS_BYTES], 0)
 
     # --------------------------------------------------------------- the watchdog thread ----
@@ -287,13 +300,10 @@ class Heartbeat:
         named = name_hung(self.world_size, texts)
         stacks = os.path.join(folder, STACKS_FILE)
         write_atomic(stacks, stacks_text(self.world_size, texts, progress, request))
-        for r in named:  # a stopped rank on this host: end it now (the launcher would wait)
+        for r in named:  # a stopped rank on this host: end it (the launcher would wait)
             p = progress.get(r) or {}
             if p.get("host") == socket.gethostname() and _stopped(p.get("pid")):
-                try:
-                    os.kill(p["pid"], signal.SIGKILL)
-                except OSError:
-                    pass
+                _kill_after(os.getpid(), p["pid"])
         line = hang_line(named, request, stacks)
         write_atomic(os.path.join(folder, RECORD_FILE), json.dumps(
             {**request, "ranks": named, "answered": parts, "stacks": stacks,
@@ -307,6 +317,24 @@ class Heartbeat:
             except (OSError, ValueError):
                 pass
         self.exit_fn(EXIT_HANG)
+
+
+def _kill_after(pid: int, victim: int) -> None:
+    """SIGKILL process ``victim`` once process ``pid`` (this one) is gone and collected by its
+    parent, from a small shell of its own: a launcher that takes the first failed child's
+    status (DeepSpeed's launch.py polls its ranks once a second) sees ``pid``'s first. ``kill
+    -0`` still finds an exited process its parent has not collected yet."""
+    import subprocess
+
+    try:
+        subprocess.Popen(["sh", "-c", 'while kill -0 "$1" 2>/dev/null; do sleep 0.05; done; '
+                                      'kill -9 "$2" 2>/dev/null', "sh", str(pid), str(victim)],
+                         stdin=subprocess.DEVNULL, close_fds=True)
+    except OSError:
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def _parts(folder: str) -> list[int]:

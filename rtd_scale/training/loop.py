@@ -646,6 +646,8 @@ class Trainer:
         if self.say:
             self.say(stop_line(self.stop.reason(stopping), done, self.t.save,
                                self.result.checkpoint_dir if saved else None, self.last_good))
+        if self.heartbeat:
+            self.heartbeat.stopped(stopping, self.stop.reason(stopping))
         self.result.interrupted, self.result.last_step = True, done
 
     def finish(self) -> None:

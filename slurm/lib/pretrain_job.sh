@@ -43,6 +43,10 @@
 #      stops with one line naming each and why, instead of a fresh start over the old run.
 #   A signal sent straight to the tasks (--signal=USR1@N, without B:) also works: the tasks save
 #   and exit 0 before the last step, and this shell requeues because the run is not finished.
+# Stopping: SIGTERM, SIGINT or SIGHUP to this shell (kill, scancel --signal=TERM --batch) saves
+# the same way, then the job ends: no requeue, no restart, one line naming the checkpoint, exit
+# status 128 + the signal's number. A run whose tasks stopped on a signal sent to them is never
+# restarted either (rtd_scale/restarts.py: "stopped").
 #
 # Failures (rtd_scale/restarts.py decides; docs/troubleshooting.md#unattended-runs):
 #   - each rank runs inside slurm/lib/rank_env.sh, which copies its output to
@@ -139,6 +143,19 @@ rtd_pretrain_main() {
   # A trapped signal interrupts `wait` (status > 128) while srun keeps running: count signals so
   # the loop below waits again and rc is srun's own status.
   trap 'preempted=1; signals=$((signals + 1)); rtd_log "SIGUSR1: forwarding to the tasks (save, then requeue)"; if [ -n "$srun_pid" ]; then kill -USR1 "$srun_pid" 2>/dev/null || true; fi' USR1
+  # A stop (SIGTERM from kill or scancel --batch, Ctrl-C's SIGINT under salloc, SIGHUP) is the
+  # same save as a preemption, passed on as SIGUSR1 (the tasks' --exit-signal), but no requeue
+  # and no restart: one line names the checkpoint, and this shell exits 128 + the signal.
+  local stopped_by=""
+  rtd_stop_trap() {  # SIGNAL: the name of the stop signal this shell got
+    stopped_by="${stopped_by:-$1}"
+    signals=$((signals + 1))
+    rtd_log "SIG$1: stopping: the tasks save after their current step (no requeue)"
+    if [ -n "$srun_pid" ]; then kill -USR1 "$srun_pid" 2>/dev/null || true; fi
+  }
+  trap 'rtd_stop_trap TERM' TERM
+  trap 'rtd_stop_trap INT' INT
+  trap 'rtd_stop_trap HUP' HUP
   : "${SLURM_JOB_ID:?not inside a Slurm job: submit with sbatch (or run inside salloc)}"
   rtd_positive_int RTD_TRAIN_ITERS "$RTD_TRAIN_ITERS"
   rtd_positive_int RTD_GLOBAL_BATCH "$RTD_GLOBAL_BATCH"
@@ -335,7 +352,7 @@ rtd_pretrain_main() {
       rtd_log "running: srun ... ${cmd[*]}"
     fi
 
-    if [ "$preempted" = 0 ]; then
+    if [ "$preempted" = 0 ] && [ -z "$stopped_by" ]; then
       # a restart gets its own port: the failed step's rendezvous may still hold the old one
       export MASTER_PORT=$(( port + restarts ))
       mkdir -p "$RTD_RANK_LOG_DIR"
@@ -360,7 +377,7 @@ rtd_pretrain_main() {
     fi
 
     tag="$(rtd_latest_tag)"
-    if [ "$rc" != 0 ] && [ "$preempted" = 0 ]; then
+    if [ "$rc" != 0 ] && [ "$preempted" = 0 ] && [ -z "$stopped_by" ]; then
       # a failed step: rtd_scale/restarts.py says why (a user error, a hang, a crash) and what
       # follows, and appends the record the restarted run turns into its TensorBoard event
       requeue_left=()
@@ -391,7 +408,7 @@ rtd_pretrain_main() {
       esac
     fi
     # phase 1 done (not stopped early): the same job goes on to phase 2
-    if [ "$phase" = 1 ] && [ "$rc" = 0 ] && [ "$preempted" = 0 ] && \
+    if [ "$phase" = 1 ] && [ "$rc" = 0 ] && [ "$preempted" = 0 ] && [ -z "$stopped_by" ] && \
         (( $(rtd_step_of "$tag") >= RTD_PHASE1_ITERS )); then
       rtd_log "phase 1 finished: $RTD_SAVE/$tag"
       continue
@@ -402,6 +419,14 @@ rtd_pretrain_main() {
   if [ "$rc" = 0 ] && rtd_is_final "$tag"; then
     rtd_log "training finished: $RTD_SAVE/$tag"
     return 0
+  fi
+  if [ -n "$stopped_by" ]; then
+    [ "$rc" = 0 ] || rtd_log "warning: the tasks exited with status $rc after the signal"
+    local where="none in $RTD_SAVE"
+    if [ -n "$tag" ]; then where="$RTD_SAVE/$tag"; fi
+    rtd_log "stopped by SIG$stopped_by: the newest complete checkpoint is $where; resume" \
+      "with: the same sbatch command (it passes --load $RTD_SAVE)"
+    exit $(( 128 + $(kill -l "$stopped_by") ))
   fi
   # stopped early: by our trap (preempted), or by a signal sent to the tasks directly (exit 0)
   if [ "$preempted" = 1 ] || [ "$rc" = 0 ]; then

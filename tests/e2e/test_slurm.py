@@ -294,24 +294,46 @@ def _assert_restarts(out: str, save: Path, digest: Path) -> None:
 
 
 def test_a_user_error_and_a_crash_loop_stop_the_job_in_one_line(slurm_shards, tmp_path):
+    """With them, a third job stopped by SIGTERM to its batch shell (kill, scancel
+    --signal=TERM --batch): the tasks save at the end of their step, no restart, no requeue,
+    one line naming the checkpoint, exit status 143."""
     env, _ = slurm_shards
     client = SlurmClient(env)
     jobs = {}
     for name, extra in (("user", {"RTD_EXTRA_ARGS": "--mask-prob 2"}),
                         ("loop", {"RTD_FAULTS": "exit=3@2:1", "RTD_MAX_FAILURES_AT_STEP": "2",
-                                  "RTD_RESTART_BACKOFF": "0"})):
+                                  "RTD_RESTART_BACKOFF": "0"}),
+                        ("stop", {"RTD_FAULTS": "sleep=0.25@1:*", "RTD_TRAIN_ITERS": "40",
+                                  "RTD_SAVE_INTERVAL": "100"})):
         (tmp_path / name).mkdir()
         jobs[name] = client.sbatch(tmp_path / name, *SMALL_TEST, LARGE, env={
             **env, "RTD_TRAIN_ITERS": "3", "RTD_WARMUP_ITERS": "1",
             "RTD_SAVE": str(tmp_path / name / "run"), **extra})
+    stop_log = tmp_path / "stop" / f"slurm-rtd-debertav3-large-{jobs['stop']}.out"
     try:
+        wait_for("iteration 2 of the stop job", lambda: stop_log.exists() and any(
+            int(m[1]) >= 2 for m in ITERATION.finditer(stop_log.read_text())), 480, stop_log)
+        client.run("scancel", "--signal=TERM", "--batch", str(jobs["stop"]))
         for name, job in jobs.items():
             wait_for(f"the {name} job to end", lambda: not client.queued(job), 480)
     finally:
         for job in jobs.values():
             client.run("scancel", str(job), check=False, timeout=30)
+    stop_job = jobs.pop("stop")
     out = {name: (tmp_path / name / f"slurm-rtd-debertav3-large-{job}.out").read_text()
            for name, job in jobs.items()}
+    stop, save = stop_log.read_text(), tmp_path / "stop" / "run"
+    state = client.job(stop_job)
+    assert (state["JobState"], state["ExitCode"], state["Restarts"]) == ("FAILED", "143:0", "0"), \
+        (state, stop[-3000:])
+    saved = int(re.search(r"exit signal SIGUSR1 received: stopped after iteration (\d+); saved ",
+                          stop)[1])
+    assert 2 <= saved < 40 and (save / f"global_step{saved}" / "rtd_complete.json").is_file()
+    assert stop.count("] running: srun") == 1 and "] restart " not in stop, stop[-3000:]
+    assert "requeueing" not in stop and not (save / "restarts.jsonl").exists()
+    assert re.search(rf"^\[rtd-slurm [\d-]+ [\d:]+\] stopped by SIGTERM: the newest complete "
+                     rf"checkpoint is {save}/global_step{saved}; resume with: the same sbatch "
+                     rf"command \(it passes --load {save}\)$", stop, re.M), stop[-3000:]
     for name, job in jobs.items():
         state = client.job(job)
         assert state["JobState"] == "FAILED" and state["ExitCode"] == "1:0", (state, out[name])

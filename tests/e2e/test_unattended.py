@@ -80,6 +80,9 @@ def test_each_fault_is_one_restart_line_and_record(run):
     assert [(x["restart"], x["cause"], x["rank"], x["iteration"], x["resume_from"])
             for x in records] == [(1, "crash", 1, 5, "global_step3"),
                                   (2, "hang", 1, 8, "global_step6")]
+    # the launcher's status: 256 - SIGSEGV (DeepSpeed's launch.py), then the heartbeat's 75 for
+    # the hang (the reporter's own, not 247: the SIGKILL of the stopped rank it ended)
+    assert [x["status"] for x in records] == [245, 75]
     assert r.stdout.count("resumed from ") == 2
 
 

@@ -141,10 +141,16 @@ def test_no_budget_no_thread_and_progress_is_one_fixed_size_record(tmp_path):
     assert h._thread is None
     for done in range(1, 12):
         h.beat(done)
+    # a stop on request is in the record, for a supervisor (rtd_scale/restarts.py), at any
+    # length a host name can have (HOST_NAME_MAX 64) and the longest reason
+    h.stopped(1024, f"the deepspeed.launcher.launch process (pid {2 ** 22}) exited")
     h.close()
     raw = (tmp_path / "progress" / "rank3.json").read_bytes()
-    assert len(raw) == 256
-    assert hb.read_progress(str(tmp_path), 3)["iteration"] == 12
+    assert len(raw) == 512
+    record = hb.read_progress(str(tmp_path), 3)
+    assert (record["iteration"], record["stop_code"]) == (12, 1024)
+    assert record["stopped"] == "the deepspeed.launcher.launch process (pid 4194304) exited"
+    assert len(raw.rstrip(b" ")) - len(record["host"]) + 64 < 512
     assert hb.read_progress(str(tmp_path), 0) is None
 
 

@@ -114,3 +114,24 @@ def test_the_restarted_run_gets_its_event(tmp_path):
 @pytest.mark.parametrize("done,want", [(0, 10.0), (1, 20.0), (2, 40.0), (9, 300.0)])
 def test_backoff_doubles_to_five_minutes(done, want):
     assert restarts.backoff(done, 10.0) == want
+
+
+def test_ranks_that_stopped_on_a_signal_are_a_stop_never_a_restart(tmp_path):
+    """The ranks' clean stop (``exit signal SIGINT received``, recorded in their progress files
+    by the heartbeat) ended the attempt: whatever the launcher's status (DeepSpeed's launch.py
+    exits 1 after passing a signal on), nothing is restarted and nothing is recorded."""
+    started = _attempt(tmp_path, exits=[(0, 0), (1, 0)])
+    for rank in (0, 1):
+        (tmp_path / "progress" / f"rank{rank}.json").write_text(json.dumps(
+            {"rank": rank, "host": "h", "pid": 1, "iteration": 8, "time": time.time(),
+             "stopped": "exit signal SIGINT received", "stop_code": 2}))
+    f = classify(str(tmp_path), 1, started)
+    assert (f.cause, f.what, f.iteration, f.stop_code) == (
+        "stopped", "exit signal SIGINT received", 7, 2)
+    d = decide(str(tmp_path), f, restarts_done=0, max_restarts=3, max_same=3, backoff_s=10)
+    assert (d.action, d.line) == ("stop", "not restarting: the ranks stopped on request (exit "
+                                  "signal SIGINT received) after iteration 7; the newest "
+                                  f"complete checkpoint is none in {tmp_path}")
+    assert restarts.read_records(str(tmp_path)) == []
+    # a stop of an earlier attempt is not this one's: a crash now is restarted
+    assert classify(str(tmp_path), 1, time.time() + 30).cause == "crash"
