@@ -8,6 +8,16 @@ import os
 # torch.compile calls (rtd_scale/_lazy_fusions.py); no test calls a fused kernel on CPU.
 os.environ.setdefault("RTD_SCALE_LAZY_FUSIONS", "1")
 
+import torch  # noqa: E402 (imports no Triton)
+
+# Without a CUDA device every process of the suite runs Triton kernels in Triton's interpreter:
+# flashdeberta's, which tests/unit/test_flash_core.py and tests/multiproc/test_tensor_parallel.py
+# prove exact on the CPU. Triton reads the variable when its language module is imported, and
+# megatron-core imports it (megatron/core/utils.py), so it is set before anything else. With a
+# CUDA device the compiled kernels stay (TorchInductor's too).
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
 import warnings  # noqa: E402
 
 import pytest  # noqa: E402
