@@ -566,4 +566,3 @@ def layout_free_matrix(ctx, configs: dict, pairs: list, out_dir: str) -> dict:
             "adam_step": steps, "loss3": loss,
             "after_rel": _max_rel(_matrix_state(ctx, eng, model, cfg), ref_after)}
     return out
-
