@@ -53,7 +53,7 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from rtd_scale.model import disentangled_flash, document_mask
+from rtd_scale.model import disentangled_flash
 from rtd_scale.model.relative_position import (log_bucket_position,  # noqa: F401 (re-exported)
                                                relative_position_index, used_rows)
 
@@ -178,10 +178,10 @@ class DisentangledCoreAttention(MegatronModule):
     """The core of disentangled attention, on one tensor-parallel rank's heads.
 
     forward(query, key, value [s, b, n, d], attention_mask bool [b, 1, 1, s] (True = masked key,
-    megatron's convention) or [b, 1, s, s] (query × key, document-masked packing) or int [b, s]
-    (the compact document mask, ``document_mask.document_keys``: what the encoder hands the
-    flash core) or None, pos_query, pos_key [hi − lo, 1, n, d]: rows [lo, hi) = ``self.rows(s)``
-    of the projected relative table) -> [s, b, n·d]. Attention-probability dropout draws from
+    megatron's convention) or [b, 1, s, s] (query × key, document-masked packing) or, to the
+    flash core, int [b, s] (the compact document mask, ``document_mask.document_keys``) or
+    None, pos_query, pos_key [hi − lo, 1, n, d]: rows [lo, hi) = ``self.rows(s)`` of the
+    projected relative table) -> [s, b, n·d]. Attention-probability dropout draws from
     megatron-core's model-parallel RNG tracker (heads are split over TP ranks). No parameters.
 
     Args (beyond megatron-core's core-attention constructor):
@@ -234,8 +234,6 @@ class DisentangledCoreAttention(MegatronModule):
                 position_buckets=self.position_buckets,
                 max_relative_positions=self.max_relative_positions, dropout_p=dropout_p)
             return out.permute(2, 0, 1, 3).reshape(s, b, n * d)  # [s, b, n·d]
-        if attention_mask is not None and attention_mask.dtype != torch.bool:
-            attention_mask = document_mask.expand(attention_mask)  # the compact form, written out
         key_pad = (attention_mask if attention_mask is None or attention_mask.dim() == 4
                    else attention_mask.view(b, 1, 1, s))
         index = relative_position_index(s, self.span, self.position_buckets,
