@@ -3,7 +3,8 @@
 flashdeberta (Knowledgator/FlashDeBERTa, PyPI ``flashdeberta``, pinned in pyproject.toml) ships
 forward and backward Triton kernels of DeBERTa's attention (arXiv 2006.03654 §3.1) behind two
 autograd Functions, ``flashdeberta.ops.flash_attention.flash_attention_with_disentangled``
-(fixed length, right padding) and ``flash_attention_varlen.flash_attention_with_disentangled_varlen``
+(fixed length, right padding) and
+``flashdeberta.ops.flash_attention_varlen.flash_attention_with_disentangled_varlen``
 (packed sequences of several lengths). They compute c2p = q · Pkᵀ and p2c = k · Pqᵀ as
 [·, r] matmuls and gather them at δ(i, j) inside the kernel, so no [b, n, s, s] tensor is
 written, and return the gradients of q, k, v and both projected relative tables.
@@ -40,11 +41,12 @@ The log buckets are theirs (``ops/position.py`` line 20, ``make_log_bucket_posit
 
 No attention-probability dropout: the core refuses a dropout probability above 0.
 
-On a CPU the kernels run in Triton's interpreter (TRITON_INTERPRET=1 set before flashdeberta
-is imported), which is how the tests prove them exact. Its launcher enters
+On a CPU the kernels run in Triton's interpreter (TRITON_INTERPRET=1 set before Triton is
+imported: tests/conftest.py), which is how the tests prove them exact. Its launcher enters
 ``torch.cuda.device(q.device.index)`` around every kernel (``ops/flash_attention.py`` lines
-195, 514, 568; ``ops/flash_attention_varlen.py`` lines 284, 599, 660), which fails for a CPU tensor (index None): on the interpreter only, the calls
-run with ``torch.cuda.device`` replaced by a null context, forward and backward
+195, 514, 568; ``ops/flash_attention_varlen.py`` lines 284, 599, 660), which fails for a CPU
+tensor (index None): on the interpreter only, the calls run with ``torch.cuda.device`` replaced
+by a null context, forward and backward
 (:class:`_OnInterpreter`).
 """
 from __future__ import annotations
@@ -81,16 +83,19 @@ def _kernels():
 
 
 def on_interpreter() -> bool:
-    """flashdeberta's kernels were built for Triton's interpreter (TRITON_INTERPRET=1 when it
-    was imported). Imports it only where the variable is set or it is already imported."""
+    """flashdeberta's kernels, and Triton's own library functions they call (``tl.zeros`` …),
+    were built for Triton's interpreter: TRITON_INTERPRET=1 when Triton was imported. Imports
+    flashdeberta only where the variable is set or it is already imported."""
     if os.environ.get("TRITON_INTERPRET") != "1" and _FIXED not in sys.modules:
         return False
     mods = _kernels()
     if mods is None:
         return False
+    import triton.language as tl
     from triton.runtime.interpreter import InterpretedFunction
 
-    return isinstance(mods[0]._fwd_kernel_deberta_disentangled_attention, InterpretedFunction)
+    return all(isinstance(f, InterpretedFunction)
+               for f in (mods[0]._fwd_kernel_deberta_disentangled_attention, tl.zeros))
 
 
 def runs_on(device: torch.device) -> bool:
