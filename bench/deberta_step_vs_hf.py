@@ -11,7 +11,8 @@ What is timed is the whole step — generator and discriminator forward, backwar
   ``scaled_dot_product_attention``; on GPU its memory-efficient kernel, which takes a bias with
   gradient), and "flex" (one FlexAttention kernel reading the c2p / p2c tables in a score
   modification, ``model/disentangled_flex.py``; CUDA only, timed without attention dropout,
-  which it lacks).
+  which it lacks), and "flash" (flashdeberta's Triton kernels, ``model/disentangled_flash.py``;
+  CUDA only, without attention dropout, which it lacks too).
 - **HF**: the RTD step as a ``transformers`` user writes it with DeBERTaV3's classes (eager
   attention, the only one ``DebertaV2`` has): ``DebertaV2ForMaskedLM`` generator
   (``labels=-100`` outside the masked slots), ``DebertaV2Model`` discriminator with ELECTRA's
@@ -77,7 +78,7 @@ def ours(cfg, device: torch.device, impl: str, bf16_params: bool = False,
     assert cores, "no disentangled attention in the model"
     for core in cores:
         core.impl, core.relative_terms = impl, relative_terms
-        if impl == "flex":  # FlexAttention has no attention-probability dropout
+        if impl in ("flex", "flash"):  # neither kernel has attention-probability dropout
             core.dropout_p = 0.0
     return step
 
@@ -183,6 +184,9 @@ def parse_args(argv=None):
     if "flex" in args.impls and args.device != "cuda":
         p.error("--impls flex needs --device cuda (FlexAttention has no backward on CPU); "
                 "time explicit,sdpa on CPU")
+    if "flash" in args.impls and args.device != "cuda":
+        p.error("--impls flash needs --device cuda (flashdeberta's Triton kernels; on CPU "
+                "only Triton's interpreter runs them, for the tests); time explicit,sdpa on CPU")
     if args.bf16 and args.device != "cuda" and not args.tiny:
         p.error("--bf16 is for --device cuda (on CPU both sides run fp32; --tiny allows it, "
                 "to test the path)")

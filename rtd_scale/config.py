@@ -161,6 +161,25 @@ ATTENTION_TRAITS = {
 }
 
 
+class DisentangledCore(str, enum.Enum):
+    """Which kernel computes disentangled attention's core (``model.disentangled_core``;
+    ``model/disentangled.py``'s ``IMPLEMENTATIONS``): the same attention, other speed and memory.
+
+    AUTO: "sdpa" on CUDA, "explicit" elsewhere. EXPLICIT: scores [b, n, s, s] in PyTorch. SDPA:
+    c2p + p2c as one float bias of PyTorch's ``scaled_dot_product_attention``. FLEX: one
+    FlexAttention kernel (CUDA; no attention dropout, no document mask). FLASH: flashdeberta's
+    Triton kernels (``model/disentangled_flash.py``; CUDA, ``pip install '.[gpu]'``; no
+    attention dropout; key padding and document-masked packing without an [s, s] tensor); where
+    flashdeberta is missing or the device is not CUDA, AUTO's choice runs, with one note.
+    """
+
+    AUTO = "auto"
+    EXPLICIT = "explicit"
+    SDPA = "sdpa"
+    FLEX = "flex"
+    FLASH = "flash"
+
+
 class MLPActivation(str, enum.Enum):
     """The FFN of both encoders (``model.mlp_activation``; ``--swiglu``).
 
@@ -315,6 +334,8 @@ class ModelConfig(_Section):
     attention_type: AttentionType = AttentionType.BERT
     position_buckets: int = 256
     max_relative_positions: int = -1
+    # the kernel of disentangled attention's core (DisentangledCore; GPU speed, same values)
+    disentangled_core: DisentangledCore = DisentangledCore.AUTO
     init_method_std: float = 0.02
     # --make-vocab-size-divisible-by: the vocabulary is padded to a multiple of this × TP size
     make_vocab_size_divisible_by: int = VOCAB_PAD_MULTIPLE
@@ -394,6 +415,7 @@ class ModelConfig(_Section):
                 f"layernorm_epsilon {self.generator.layernorm_epsilon} != model.discriminator."
                 f"layernorm_epsilon {self.discriminator.layernorm_epsilon}; set both to one "
                 f"value, or pass --sharing-scope tokens")
+        self._validate_core()
         if self.position_buckets == 0 or self.position_buckets < -1:
             raise ConfigError(f"{{0}} must be > 0 or -1 (no buckets), got "
                               f"{self.position_buckets}; DeBERTaV3 uses 256", "model.position_buckets")
@@ -407,6 +429,27 @@ class ModelConfig(_Section):
         # the discriminator first: Megatron's flags set it, and the generator follows it
         self.discriminator.validate("model.discriminator")
         self.generator.validate("model.generator")
+
+    def _validate_core(self) -> None:
+        """``disentangled_core``: no effect without disentangled attention; the cores without
+        attention-probability dropout (FlexAttention's, flashdeberta's) refuse it."""
+        core = self.disentangled_core
+        if core is DisentangledCore.AUTO:
+            return
+        if not self.attention_type.disentangled:
+            warnings.warn(f"model.disentangled_core {core.value!r} has no effect: "
+                          f"{self.attention_type.value} attention is not disentangled")
+            return
+        if core in (DisentangledCore.FLEX, DisentangledCore.FLASH):
+            for name, enc in (("generator", self.generator),
+                              ("discriminator", self.discriminator)):
+                if enc.attention_dropout > 0:
+                    raise ConfigError(
+                        f"model.disentangled_core {core.value!r} has no attention-probability "
+                        f"dropout, but {{0}} is {enc.attention_dropout}: pass "
+                        f"--attention-dropout 0 (both encoders), or --set "
+                        f"model.disentangled_core=sdpa",
+                        f"model.{name}.attention_dropout")
 
     def local_layer(self, layer_number: int) -> bool:
         """Whether the layer ``layer_number`` (1-based, megatron-core's) attends within the

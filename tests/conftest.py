@@ -27,6 +27,16 @@ warnings.filterwarnings("ignore", message=".*Apex is not installed.*")
 if not os.environ.get("OMP_NUM_THREADS", "").strip():
     os.environ["OMP_NUM_THREADS"] = "1"
 
+import torch  # noqa: E402 (after OMP_NUM_THREADS, which it reads; it imports no Triton)
+
+# Without a CUDA device every process of the suite runs Triton kernels in Triton's interpreter:
+# flashdeberta's, which tests/unit/test_flash_core.py and tests/multiproc/test_tensor_parallel.py
+# prove exact on the CPU. Triton reads the variable when its language module is imported, and
+# megatron-core imports it (megatron/core/utils.py), so it is set before anything imports
+# megatron-core. With a CUDA device the compiled kernels stay (TorchInductor's too).
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
 
 @pytest.fixture(scope="session")
 def single_process_group():

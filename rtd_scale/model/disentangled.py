@@ -53,6 +53,7 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from rtd_scale.model import disentangled_flash
 from rtd_scale.model.relative_position import (log_bucket_position,  # noqa: F401 (re-exported)
                                                relative_position_index, used_rows)
 
@@ -67,7 +68,11 @@ RELATIVE_TABLE_ATTENTION_ARG = "attention_bias"
 #           scaled_dot_product_attention (its memory-efficient kernel takes a bias with grad on GPU)
 #   "flex": one FlexAttention kernel reading the c2p / p2c tables in a score modification
 #           (``disentangled_flex.py``; CUDA, no attention-probability dropout)
-IMPLEMENTATIONS = ("explicit", "sdpa", "flex")
+#   "flash": flashdeberta's Triton kernels, forward and backward, the c2p / p2c gathers inside
+#            (``disentangled_flash.py``; CUDA, ``pip install '.[gpu]'``, no attention-probability
+#            dropout; key padding, and document-masked packing through its varlen kernel)
+# (config: ``model.disentangled_core``, ``config.DisentangledCore``)
+IMPLEMENTATIONS = ("explicit", "sdpa", "flex", "flash")
 # How "explicit" and "sdpa" build c2p and p2c [b, n, s, s] (the same values):
 #   "gather": [b, n, s, r] matmuls against the r relative rows, gathered at δ(i, j); the
 #             backward pass of a gather is a scatter-add (atomics on GPU)
@@ -122,6 +127,7 @@ def disentangled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """
     b, n, s, d = q.shape
     scale = 1.0 / math.sqrt(3 * d)  # three terms (arXiv 2006.03654 §3.1, "scaled by 1/sqrt(3d)")
+    assert impl != "flash", "the flash core takes the relative rule: DisentangledCoreAttention"
     if impl == "flex":
         if key_pad is not None and key_pad.shape[-2] != 1:
             raise ValueError("the flex attention core takes key padding only, not a document "
@@ -172,13 +178,16 @@ class DisentangledCoreAttention(MegatronModule):
     """The core of disentangled attention, on one tensor-parallel rank's heads.
 
     forward(query, key, value [s, b, n, d], attention_mask bool [b, 1, 1, s] (True = masked key,
-    megatron's convention) or [b, 1, s, s] (query × key, document-masked packing) or None, pos_query, pos_key [hi − lo, 1, n, d]:
-    rows [lo, hi) = ``self.rows(s)`` of the projected relative table) -> [s, b, n·d]. Attention-probability dropout draws from megatron-core's model-parallel RNG
-    tracker (heads are split over TP ranks). No parameters.
+    megatron's convention) or [b, 1, s, s] (query × key, document-masked packing) or, to the
+    flash core, int [b, s] (the compact document mask, ``document_mask.document_keys``) or
+    None, pos_query, pos_key [hi − lo, 1, n, d]: rows [lo, hi) = ``self.rows(s)`` of the
+    projected relative table) -> [s, b, n·d]. Attention-probability dropout draws from
+    megatron-core's model-parallel RNG tracker (heads are split over TP ranks). No parameters.
 
     Args (beyond megatron-core's core-attention constructor):
         position_buckets: k (> 0) or -1 (no buckets); max_relative_positions: resolved (> 0).
-        impl: ``IMPLEMENTATIONS``; None picks "sdpa" on CUDA and "explicit" elsewhere.
+        impl: ``IMPLEMENTATIONS``; None picks "sdpa" on CUDA and "explicit" elsewhere, and so
+            does "flash" where flashdeberta cannot run (``disentangled_flash.runs_on``).
     """
 
     def __init__(self, config: TransformerConfig, layer_number: int,
@@ -198,6 +207,13 @@ class DisentangledCoreAttention(MegatronModule):
         self.impl = impl
         self.relative_terms = "gather"  # RELATIVE_TERMS; bench/deberta_step_vs_hf.py times both
 
+    def core(self, device: torch.device) -> str:
+        """The implementation that runs on ``device`` (``impl``, resolved)."""
+        auto = "sdpa" if device.type == "cuda" else "explicit"
+        if self.impl == "flash" and not disentangled_flash.runs_on(device):
+            return auto
+        return self.impl or auto
+
     def rows(self, seq_length: int) -> tuple[int, int]:
         """[lo, hi): the relative rows a sequence of this length reads (``used_rows``)."""
         return used_rows(seq_length, self.span, self.position_buckets,
@@ -209,13 +225,19 @@ class DisentangledCoreAttention(MegatronModule):
         s, b, n, d = query.shape
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, n, s, d]
         pq, pk = (t.squeeze(1).transpose(0, 1) for t in (pos_query, pos_key))  # [n, r, d]
-        index = relative_position_index(s, self.span, self.position_buckets,
-                                        self.max_relative_positions, device=query.device)
-        index = index - self.rows(s)[0]
+        lo = self.rows(s)[0]
+        impl = self.core(query.device)
+        dropout_p = self.dropout_p if self.training else 0.0
+        if impl == "flash":
+            out = disentangled_flash.flash_disentangled_attention(
+                q, k, v, pq, pk, attention_mask, scale=1.0 / math.sqrt(3 * d), first_row=lo,
+                position_buckets=self.position_buckets,
+                max_relative_positions=self.max_relative_positions, dropout_p=dropout_p)
+            return out.permute(2, 0, 1, 3).reshape(s, b, n * d)  # [s, b, n·d]
         key_pad = (attention_mask if attention_mask is None or attention_mask.dim() == 4
                    else attention_mask.view(b, 1, 1, s))
-        impl = self.impl or ("sdpa" if query.is_cuda else "explicit")
-        dropout_p = self.dropout_p if self.training else 0.0
+        index = relative_position_index(s, self.span, self.position_buckets,
+                                        self.max_relative_positions, device=query.device) - lo
         if dropout_p > 0:
             with tensor_parallel.get_cuda_rng_tracker().fork():
                 out = disentangled_attention(q, k, v, pq, pk, index, key_pad,

@@ -37,7 +37,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from rtd_scale.config import (AttentionType, EncoderConfig, LayerNormPosition, MLPActivation,
                               ModelConfig)
 from rtd_scale.model.disentangled import RELATIVE_TABLE_BLOCK_ARG, relative_embeddings
-from rtd_scale.model import document_mask
+from rtd_scale.model import disentangled_flash, document_mask
 from rtd_scale.model.document_mask import attention_mask as make_attention_mask
 from rtd_scale.model.document_mask import document_position_ids
 from rtd_scale.model.embeddings import EncoderEmbeddings, init_normal, scaled_init_normal
@@ -136,12 +136,17 @@ class Encoder(torch.nn.Module):
         position_buckets, max_relative_positions: disentangled attention's relative positions
             (``max_relative_positions`` resolved, > 0; the table has 2·span rows, span =
             ``ModelConfig.relative_span()``).
+        disentangled_core: the implementation of disentangled attention's core
+            (``disentangled.IMPLEMENTATIONS``; None: the device's default). Under "flash" where it
+            runs, a document mask reaches the layers in its compact form ([b, s]), which
+            flashdeberta's varlen kernel reads: no [b, s, s] tensor.
     """
 
     def __init__(self, embeddings: Optional[EncoderEmbeddings], config: TransformerConfig, *,
                  layernorm_position: LayerNormPosition = LayerNormPosition.PRE,
                  attention_type: AttentionType = AttentionType.BERT,
                  position_buckets: int = 256, max_relative_positions: int = 512,
+                 disentangled_core: Optional[str] = None,
                  rotary_base: float = 10000.0, local_rotary_base: float = 10000.0,
                  norm_bias: bool = True, pre_process: bool = True, post_process: bool = True):
         super().__init__()
@@ -154,12 +159,13 @@ class Encoder(torch.nn.Module):
         self.config = config
         self.layernorm_position = layernorm_position
         self.attention_type = attention_type
+        self.disentangled_core = disentangled_core
         self.model_type = ModelType.encoder_or_decoder  # read by megatron-core's schedules
         self.embeddings = embeddings
         spec = encoder_layer_spec(layernorm_position, attention_type=attention_type,
                                   position_buckets=position_buckets,
                                   max_relative_positions=max_relative_positions,
-                                  norm_bias=norm_bias)
+                                  disentangled_core=disentangled_core, norm_bias=norm_bias)
         self.rotary: Optional[RotaryAngles] = None
         if attention_type.rotary:  # its final norm is the block's norm, not megatron-core's
             spec = TransformerBlockSubmodules(
@@ -212,6 +218,12 @@ class Encoder(torch.nn.Module):
                 document_ids is not None or self.config.window_size is not None):
             # the compact mask: SDPACoreAttention runs FlexAttention over a block mask made
             # from it, no [b, s, s] tensor (model/document_mask.py)
+            attention_mask = document_mask.document_keys(pad_mask, document_ids,
+                                                         (x.shape[1], x.shape[0]), x.device)
+        elif (document_ids is not None and self.attention_type.disentangled
+              and self.disentangled_core == "flash" and disentangled_flash.runs_on(x.device)):
+            # the compact mask: flashdeberta's varlen kernel runs each document as a sequence
+            # (model/disentangled_flash.py), no [b, s, s] tensor
             attention_mask = document_mask.document_keys(pad_mask, document_ids,
                                                          (x.shape[1], x.shape[0]), x.device)
         else:

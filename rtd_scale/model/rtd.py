@@ -11,7 +11,7 @@ from typing import NamedTuple, Optional, Sequence
 
 import torch
 
-from rtd_scale.config import LayerNormPosition, ModelConfig, RTDConfig
+from rtd_scale.config import DisentangledCore, LayerNormPosition, ModelConfig, RTDConfig
 from megatron.core import parallel_state
 
 from rtd_scale.model.embeddings import TiedOutputTable, TokenTable
@@ -122,6 +122,8 @@ class RTDModel(torch.nn.Module):
         enc = dict(layernorm_position=model.layernorm_position,
                    attention_type=model.attention_type, position_buckets=model.position_buckets,
                    max_relative_positions=model.resolved_max_relative_positions(),
+                   disentangled_core=(None if model.disentangled_core is DisentangledCore.AUTO
+                                      else model.disentangled_core.value),
                    rotary_base=model.rotary_base, local_rotary_base=model.local_rotary_base,
                    norm_bias=model.norm_bias, pre_process=pre_process, post_process=post_process)
         self.generator = Encoder(gen_emb, gen_tc, **enc)

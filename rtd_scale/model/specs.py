@@ -94,6 +94,7 @@ def encoder_layer_spec(layernorm_position: LayerNormPosition = LayerNormPosition
                        attention_type: AttentionType = AttentionType.BERT,
                        position_buckets: int = 256,
                        max_relative_positions: int = 512,
+                       disentangled_core: str | None = None,
                        norm_bias: bool = True) -> ModuleSpec:
     """The transformer-layer spec of both encoders (bidirectional, padding mask).
 
@@ -105,6 +106,8 @@ def encoder_layer_spec(layernorm_position: LayerNormPosition = LayerNormPosition
             layout only; the modern block).
         position_buckets, max_relative_positions: disentangled attention's relative positions
             (``max_relative_positions`` resolved, > 0).
+        disentangled_core: its core's implementation (``disentangled.IMPLEMENTATIONS``), or
+            None for the device's default.
         norm_bias: the modern block's norms have a bias (LayerNorm only).
     Raises:
         ValueError: an unknown ``layernorm_position`` or ``attention_type``, or disentangled
@@ -115,7 +118,7 @@ def encoder_layer_spec(layernorm_position: LayerNormPosition = LayerNormPosition
         if layernorm_position is not LayerNormPosition.POST:
             raise ValueError("disentangled attention needs the post-LayerNorm layout")
         relative = {"position_buckets": position_buckets,
-                    "max_relative_positions": max_relative_positions}
+                    "max_relative_positions": max_relative_positions, "impl": disentangled_core}
     if use_transformer_engine is None:
         use_transformer_engine = _have_transformer_engine()
     if attention_type.rotary:

@@ -30,9 +30,10 @@ def fixed_batch(b: int = 6, s: int = 40, vocab_size: int = 300):
     return ids, torch.arange(1000, 1000 + b)
 
 
-def parity(ctx, cases):
+def parity(ctx, cases, flash: bool = False):
     """One RTD forward/backward per case (name, sharing, embedding size, layout "pre" /
-    "post"[, attention "bert" / "disentangled"]); returns what TP=1 and TP=2 must agree on."""
+    "post"[, attention "bert" / "disentangled"]); returns what TP=1 and TP=2 must agree on,
+    and with ``flash`` also ``flash_core``'s comparison under "flash"."""
     from rtd_scale.model import weights
 
     out = {}
@@ -68,7 +69,54 @@ def parity(ctx, cases):
             "paths": paths,
             "same_object": model.discriminator_table is model.generator_table,
         }
+    if flash:
+        out["flash"] = flash_core(ctx)
     return out
+
+
+def flash_core(ctx):
+    """DeBERTa's RTD step (tiny: generator 2 heads of 16, discriminator 4 of 12) with the flash
+    core of disentangled attention against the explicit core, same weights, at this TP size:
+    the largest relative difference (max |a − b| / max |b|) of the loss and every local
+    gradient, for a padded batch (flashdeberta's fixed-length kernel) and with three documents
+    in a sample (its varlen kernel), and against an explicit model whose log buckets reach 16
+    instead of 128 (a wrong bucket rule, the negative control); with each rank's heads. None
+    where flashdeberta cannot run (not installed, or Triton's interpreter off on a CPU)."""
+    import importlib.util
+
+    from rtd_scale.model import disentangled_flash
+    from rtd_scale.model.disentangled import DisentangledSelfAttention
+
+    if (importlib.util.find_spec("flashdeberta") is None
+            or not disentangled_flash.runs_on(torch.device("cpu"))):
+        return None
+    ids, idx = fixed_batch(b=2)  # sample 1 padded from position 20
+    documents = torch.tensor([[0] * 12 + [1] * 18 + [2] * 10, [0] * 10 + [1] * 10 + [2] * 20],
+                             dtype=torch.int32)  # the padding a run of its own
+
+    def step(core: str, docs=None, max_relative_positions: int = -1):
+        cfg = tiny_config(Sharing.GDES, layout="post", attention="disentangled")
+        cfg.model.disentangled_core = core
+        cfg.model.max_relative_positions = max_relative_positions
+        model = build(cfg, ctx.tp_size)
+        res = model(ids, idx, step=3, document_ids=docs)
+        res.loss.backward()
+        grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+        heads = [m.num_attention_heads_per_partition for m in model.modules()
+                 if isinstance(m, DisentangledSelfAttention)]  # generator's layers first
+        return res.loss.detach(), grads, heads
+
+    def worst(a, b) -> float:
+        (la, ga, _), (lb, gb, _) = a, b
+        assert ga.keys() == gb.keys()
+        return max([((la - lb).abs() / lb.abs()).item()]
+                   + [((ga[n] - gb[n]).abs().max() / gb[n].abs().max()).item() for n in gb])
+
+    padded = step("flash")
+    return {"padded": worst(padded, step("explicit")),
+            "documents": worst(step("flash", documents), step("explicit", documents)),
+            "wrong rule": worst(padded, step("explicit", max_relative_positions=16)),
+            "heads": padded[2]}
 
 
 def sampler(ctx, n: int, temperatures):

@@ -402,13 +402,16 @@ def test_cuda_disentangled_cores_agree_and_never_make_the_host_wait(single_proce
 # --- the benchmark --------------------------------------------------------------------------
 
 def test_deberta_bench_refuses_what_cpu_cannot_run_in_one_line(capsys):
-    """FlexAttention has no CPU backward, megatron-core's linear layers no CPU autocast: the
-    bench says so before building anything."""
+    """FlexAttention has no CPU backward, flashdeberta's kernels no CPU build, megatron-core's
+    linear layers no CPU autocast: the bench says so before building anything."""
     from bench import deberta_step_vs_hf as bench
 
     for argv, message in [
             (["--impls", "explicit,flex"], "--impls flex needs --device cuda (FlexAttention has "
              "no backward on CPU); time explicit,sdpa on CPU"),
+            (["--impls", "flash"], "--impls flash needs --device cuda (flashdeberta's Triton "
+             "kernels; on CPU only Triton's interpreter runs them, for the tests); time "
+             "explicit,sdpa on CPU"),
             (["--tiny", "--bf16", "--ours-bf16", "both"], "--ours-bf16 both needs --device "
              "cuda (megatron-core's linear layers run their backward under autocast on CUDA "
              "only); use params on CPU")]:
