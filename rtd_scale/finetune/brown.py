@@ -84,6 +84,9 @@ def read_brown(directory: Path | str) -> dict[str, list[Sentence]]:
 
     Raises:
         UserInputError: no Brown files in ``directory``, or a token without ``/``."""
+    if not Path(directory).is_dir():
+        raise UserInputError(f"--brown-dir {directory}: no such directory; pass the directory of "
+                             "the Brown corpus files (ca01 … cr09), or leave it out to fetch them")
     files = sorted(p for p in Path(directory).iterdir() if BROWN_FILE.match(p.name))
     if not files:
         raise UserInputError(f"--brown-dir {directory}: no Brown corpus files (ca01 … cr09) there")

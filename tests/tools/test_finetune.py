@@ -198,6 +198,9 @@ def _bad_inputs(tmp_path, export):
         ([str(d / "empty"), "--task", "brown-pos"],
          f"error: EXPORT {d / 'empty'}: no config.json there; pass a tools/export_hf.py output "
          "(its top directory, or generator/) or a Hugging Face encoder directory"),
+        ([str(export), "--task", "brown-pos", "--brown-dir", str(d / "nothing")],
+         f"error: --brown-dir {d / 'nothing'}: no such directory; pass the directory of the Brown "
+         "corpus files (ca01 … cr09), or leave it out to fetch them"),
         ([str(export), "--task", "sst2"],
          "error: argument --task: invalid choice: 'sst2' (choose from 'classification', "
          "'regression', 'token-classification', 'brown-pos', 'brown-genre'); finetune.py --help "
