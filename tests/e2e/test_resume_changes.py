@@ -137,11 +137,11 @@ def resumes(wiki_shards, two_steps, swapped_data, tmp_path_factory):
     an uninterrupted bf16 ZeRO-1 run of 3 steps saved at 2, and ``to_fp32``, its checkpoint at 2
     resumed in fp32 at ZeRO-3; ``same`` also exports (``--export-hf``, its file's bytes and
     mtime kept in ``same_export``) and ``from_config`` is a run of ``same``'s config.json
-    (``--config``) with ``--train-iters 2``, saving elsewhere; ``to_zero2``, ``two_steps``
-    resumed at ZeRO-2 (1 rank, as saved); and ``modern``, modernbert-tiny's context extension:
-    2 steps at 128 tokens and RoPE base 10,000 in the first round (``modern_phase1``, its
-    weights at step 2 kept), then ``--load`` at 512 tokens, global batch 4, the preset's
-    160,000 to step 4."""
+    (``--config``) with ``--train-iters 4 --save-interval 2``, saving elsewhere;
+    ``to_zero2``, ``two_steps`` resumed at ZeRO-2 (1 rank, as saved); and ``modern``,
+    modernbert-tiny's context extension: 2 steps at 128 tokens and RoPE base 10,000 in the
+    first round (``modern_phase1``, its weights at step 2 kept), then ``--load`` at 512
+    tokens, global batch 4, the preset's 160,000 to step 4."""
     root = tmp_path_factory.mktemp("resumes")
     flags = {"same": ["--export-hf", str(root / "same_hf")],
              "checkpoint_wd": ["--weight-decay", "0.5",
@@ -180,7 +180,8 @@ def resumes(wiki_shards, two_steps, swapped_data, tmp_path_factory):
     runs["same_export"] = (export, export.read_bytes(), export.stat().st_mtime_ns)
     runs["from_config"] = root / "from_config"
     jobs["from_config"] = ["--config", str(runs["same"] / "config.json"),
-                           "--save", str(runs["from_config"]), "--train-iters", "2"]
+                           "--save", str(runs["from_config"]), "--train-iters", "4",
+                           "--save-interval", "2"]
     runs["to_zero2"] = shutil.copytree(two_steps, root / "to_zero2")
     jobs["to_zero2"] = common(wiki_shards, runs["to_zero2"], 3, [
         "--eval-iters", "0", "--load", str(runs["to_zero2"])], ds_config="ds_configs/zero2.json")
@@ -382,7 +383,7 @@ def test_a_resumed_runs_config_json_starts_the_run_afresh_and_leaves_its_export(
     and never writes the first run's export (its bytes and mtime unchanged)."""
     runs, results = resumes
     out = results["from_config"].stdout + results["from_config"].stderr
-    assert [int(m[0]) for m in ITERATION.findall(results["from_config"].stdout)] == [1, 2]
+    assert [int(m[0]) for m in ITERATION.findall(results["from_config"].stdout)] == [1, 2, 3, 4]
     assert "resumed from" not in out
     same = runs["same"]
     assert (f"note: --config {same}/config.json: left out --load {same} --export-hf "
@@ -399,12 +400,14 @@ def test_a_run_started_from_its_own_config_json_repeats_it_to_the_bit(two_steps,
     """``--config <run>/config.json --save NEW`` and nothing else is the same run again: every
     logged loss equal to the bit, the same fp32 master weights at the last step, and the same
     config.json but for the paths under --save. The file is that of ``same``, the run's resume
-    to step 3, with ``--train-iters 2``: where that run read and wrote is left out."""
+    to step 3 (where that run read and wrote is left out), run to step 4 saving every 2 steps:
+    its first two steps are ``two_steps``'."""
     runs, _ = resumes
     again = runs["from_config"]
     first, second = scalars(str(two_steps / "tensorboard")), scalars(str(again / "tensorboard"))
     for tag in ("loss/mlm", "loss/rtd", "loss/total", "optim/grad_norm"):
-        assert sorted(first[tag]) == [1, 2] and first[tag] == second[tag], tag
+        assert sorted(first[tag]) == [1, 2] and sorted(second[tag]) == [1, 2, 3, 4], tag
+        assert all(first[tag][k] == second[tag][k] for k in (1, 2)), tag
     assert first["loss/total"][1] != first["loss/total"][2]  # two steps that moved
     # negative control: the same run in bf16 (the ``bf16`` resume fixture's) differs at step 1
     bf16 = scalars(str(runs["bf16"] / "tensorboard"))
@@ -415,6 +418,9 @@ def test_a_run_started_from_its_own_config_json_repeats_it_to_the_bit(two_steps,
     for d, config in zip((two_steps, again), recorded):
         assert config["train"]["save"] == str(d)
         config["train"].update(save=None, tensorboard_dir=None)
+    assert (recorded[1]["train"]["train_iters"], recorded[1]["train"]["save_interval"]) == (4, 2)
+    for config in recorded:
+        config["train"].update(train_iters=None, save_interval=None)  # the flags beside the file
     assert recorded[0] == recorded[1]
 
 
