@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import warnings
 
 from rtd_scale import config_file, megatron_args
 from rtd_scale.cli_errors import OneLineArgumentParser, UserInputError
@@ -402,8 +403,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     Raises:
         ValueError: naming the flag, file or field and the fix.
     """
-    cfg = (config_file.read(args.config, preset_flag=args.preset) if args.config
-           else preset(args.preset or "tiny"))
+    cfg, left_out = (config_file.read(args.config, preset_flag=args.preset) if args.config
+                     else (preset(args.preset or "tiny"), {}))
     if args.train_data_path is not None:
         if args.data_path is not None and args.data_path != args.train_data_path:
             raise UserInputError("--data-path and --train-data-path name two training corpora; "
@@ -437,6 +438,9 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     origins.update(megatron_args.apply_model_args(cfg, args))  # before --set
     for assignment in args.set:
         origins.pop(apply_override(cfg, assignment), None)  # --set has the last word
+    if left_out and (note := config_file.left_out_note(
+            args.config, left_out, cfg, {p: f for f, p in reversed(FLAG_FIELDS.items())})):
+        warnings.warn(note)  # printed once the run is validated (pretrain.py's HeldWarnings)
     if args.ckpt_step is not None:  # one form for both: --load DIR/global_stepN
         if not cfg.train.load:
             raise UserInputError(f"--ckpt-step {args.ckpt_step}: needs --load DIR (the run "

@@ -231,12 +231,34 @@ def _enum_fields(section: type) -> dict[str, type]:
             if isinstance(kind, type) and issubclass(kind, enum.Enum)}
 
 
+class FieldKind(str, enum.Enum):
+    """What a config field describes. ``RUN``: the run itself — model, data, objective,
+    schedule, layout, what is logged — which ``--config FILE`` repeats. ``LOCATION``: where this
+    one run reads its starting state and writes its outputs (``--save``, ``--load`` and the
+    permission that goes with that resume, the exports, the audit and analysis files, the
+    TensorBoard and W&B directories), which ``--config`` never takes from another run's file:
+    a recorded ``config.json`` would otherwise resume that run or write over its outputs
+    (``config_file.read``)."""
+
+    RUN = "run"
+    LOCATION = "location"
+
+
+RUN = {"kind": FieldKind.RUN}  # field(metadata=RUN)
+LOCATION = {"kind": FieldKind.LOCATION}
+
+
 class _Section:
     """A section of the tree. Its enum fields hold their enum from the moment they are set (at
     construction, by a flag, ``--set``, a config file or a resume), so no module converts a mode
-    string again; a value that is no member is a :class:`ConfigError` naming the field."""
+    string again; a value that is no member is a :class:`ConfigError` naming the field.
+
+    ``KIND``: the :class:`FieldKind` of every field of a section that holds only one kind; a
+    section that holds both (``None``) names each field's kind in its ``metadata``
+    (:func:`field_kinds`)."""
 
     SECTION: typing.ClassVar[str] = ""
+    KIND: typing.ClassVar[Optional[FieldKind]] = FieldKind.RUN
 
     def __setattr__(self, name: str, value: Any) -> None:
         kind = _enum_fields(type(self)).get(name)
@@ -581,26 +603,31 @@ class DataConfig(_Section):
     """Data, packing and loading (Megatron-LM's flag names; rtd_scale/data/*.py)."""
 
     SECTION = "data"
+    KIND = None  # each field names its kind
 
     # --data-path as typed: shard or dataset prefixes (one dataset, concatenated), or
     # WEIGHT PREFIX pairs (a blend, weights normalised), e.g. ["0.7", "A", "0.3", "B"]
-    data_path: list[str] = field(default_factory=list)
+    data_path: list[str] = field(default_factory=list, metadata=RUN)
     # --valid-data-path / --test-data-path (Megatron-LM's): held-out corpora in --data-path's
     # syntax, each read whole as the validation / test split (none: that split of data_path)
-    valid_data_path: list[str] = field(default_factory=list)
-    test_data_path: list[str] = field(default_factory=list)
-    tokenizer_model: Optional[str] = None
-    seq_length: int = 512
-    split: str = "969,30,1"  # train,valid,test document shares of each dataset (Megatron-LM)
-    data_cache_path: Optional[str] = None  # sample-index cache; default index-cache/ by the shards
-    num_workers: int = 2  # DataLoader worker processes per rank (Megatron-LM's default)
-    prefetch_factor: int = 2  # micro-batches read ahead per worker (with num_workers > 0)
+    valid_data_path: list[str] = field(default_factory=list, metadata=RUN)
+    test_data_path: list[str] = field(default_factory=list, metadata=RUN)
+    tokenizer_model: Optional[str] = field(default=None, metadata=RUN)
+    seq_length: int = field(default=512, metadata=RUN)
+    # train,valid,test document shares of each dataset (Megatron-LM)
+    split: str = field(default="969,30,1", metadata=RUN)
+    # sample-index cache; default index-cache/ by the shards
+    data_cache_path: Optional[str] = field(default=None, metadata=RUN)
+    # DataLoader worker processes per rank (Megatron-LM's default)
+    num_workers: int = field(default=2, metadata=RUN)
+    # micro-batches read ahead per worker (with num_workers > 0)
+    prefetch_factor: int = field(default=2, metadata=RUN)
     # document-masked packing (--reset-attention-mask): attention never crosses a document
     # boundary inside a packed sample and positions restart at each document (Megatron-LM's
     # --reset-attention-mask and --reset-position-ids, one switch here); the samples, their
     # order and their masks are the same either way (data/packed.py, model/document_mask.py).
     # A preset whose layout packs this way sets it.
-    document_masking: bool = False
+    document_masking: bool = field(default=False, metadata=RUN)
 
     def split_weights(self) -> tuple[float, float, float]:
         """``split`` as three non-negative floats (missing trailing shares are 0)."""
@@ -826,54 +853,62 @@ class OptimConfig(_Section):
 @dataclass(kw_only=True)
 class TrainConfig(_Section):
     SECTION = "train"
+    KIND = None  # each field names its kind
 
-    train_iters: int = 1000  # optimizer steps
-    micro_batch_size: int = 8  # samples per rank per forward
-    global_batch_size: int = 8  # samples per optimizer step, all data-parallel ranks
-    precision: Precision = Precision.FP32
-    seed: int = 1234
-    save: Optional[str] = None
-    load: Optional[str] = None
-    save_interval: int = 0  # steps; 0: only at the end
-    log_interval: int = 10
+    train_iters: int = field(default=1000, metadata=RUN)  # optimizer steps
+    micro_batch_size: int = field(default=8, metadata=RUN)  # samples per rank per forward
+    # samples per optimizer step, all data-parallel ranks
+    global_batch_size: int = field(default=8, metadata=RUN)
+    precision: Precision = field(default=Precision.FP32, metadata=RUN)
+    seed: int = field(default=1234, metadata=RUN)
+    save: Optional[str] = field(default=None, metadata=LOCATION)
+    load: Optional[str] = field(default=None, metadata=LOCATION)
+    save_interval: int = field(default=0, metadata=RUN)  # steps; 0: only at the end
+    log_interval: int = field(default=10, metadata=RUN)
     # per-phase timers in the log line and TensorBoard (training/timers.py), Megatron-LM's
     # --timing-log-level: 0 none, 1 coarse (data, forward, backward, step), 2 fine (+ the
     # forward's mask, generator forward, sample, discriminator forward)
-    timing_log_level: int = 0
-    tensorboard_dir: Optional[str] = None
-    ds_config: Optional[str] = None
-    export: Optional[str] = None  # consolidated TP-agnostic weights written after the last step
+    timing_log_level: int = field(default=0, metadata=RUN)
+    tensorboard_dir: Optional[str] = field(default=None, metadata=LOCATION)
+    ds_config: Optional[str] = field(default=None, metadata=RUN)
+    # consolidated TP-agnostic weights written after the last step
+    export: Optional[str] = field(default=None, metadata=LOCATION)
     # Hugging Face export directory written after the last step (rtd_scale/hf/export.py)
-    export_hf: Optional[str] = None
+    export_hf: Optional[str] = field(default=None, metadata=LOCATION)
     # weights only (optimizer and schedule start fresh), any TP/PP/DP layout: an export
     # directory, a Hugging Face directory of an export target (rtd_scale/hf/adapters.py) or an
-    # --export .pt file (rtd_scale/hf/pretrained.py)
-    pretrained_checkpoint: Optional[str] = None
-    eval_interval: int = 1000  # steps between validations (Megatron-LM's default); 0: never
-    eval_iters: int = 100  # global batches per validation; 0: never validate
-    data_digest: Optional[str] = None  # audit: per-step jsonl of sample ids, mask and loss hashes
+    # --export .pt file (rtd_scale/hf/pretrained.py); RUN: the initial weights are part of
+    # what is trained (a read-only input, as --data-path), unlike --load's whole resumed state
+    pretrained_checkpoint: Optional[str] = field(default=None, metadata=RUN)
+    # steps between validations (Megatron-LM's default); 0: never
+    eval_interval: int = field(default=1000, metadata=RUN)
+    # global batches per validation; 0: never validate
+    eval_iters: int = field(default=100, metadata=RUN)
+    # audit: per-step jsonl of sample ids, mask and loss hashes
+    data_digest: Optional[str] = field(default=None, metadata=LOCATION)
     # analysis: each validation's original ids, masks, corrupted ids and discriminator logits,
     # one torch.save file per evaluation and data-parallel rank (training/loop.py evaluate)
-    eval_dump_dir: Optional[str] = None
+    eval_dump_dir: Optional[str] = field(default=None, metadata=LOCATION)
     # stop after this many iterations in a row with a non-finite loss or gradient norm (each
     # is skipped); checked at the log interval and before a save; 0: never stop
-    max_consecutive_nonfinite_iters: int = 5
+    max_consecutive_nonfinite_iters: int = field(default=5, metadata=RUN)
     # loss spikes (training/spikes.py): a step whose L_MLM or L_RTD exceeds its median over the
     # last loss_spike_window_iters steps by more than loss_spike_threshold robust standard
     # deviations of the logarithm and by more than loss_spike_min_rise of the median
-    loss_spike_policy: LossSpikePolicy = LossSpikePolicy.ROLLBACK
-    loss_spike_window_iters: int = 100
-    loss_spike_threshold: float = 6.0
-    loss_spike_min_rise: float = 0.1
+    loss_spike_policy: LossSpikePolicy = field(default=LossSpikePolicy.ROLLBACK, metadata=RUN)
+    loss_spike_window_iters: int = field(default=100, metadata=RUN)
+    loss_spike_threshold: float = field(default=6.0, metadata=RUN)
+    loss_spike_min_rise: float = field(default=0.1, metadata=RUN)
     # rollbacks in the whole run (kept in the checkpoints) after which a spike stops it
-    max_loss_spike_rollbacks: int = 5
+    max_loss_spike_rollbacks: int = field(default=5, metadata=RUN)
     # a device's peak TFLOP/s, MFU's denominator in the log (--peak-tflops-per-device or
     # --device-peak); None: the GPU's bf16 dense datasheet value when its name is known
-    peak_tflops_per_device: Optional[float] = None
+    peak_tflops_per_device: Optional[float] = field(default=None, metadata=RUN)
     # with --load: accept another --seed than the checkpoint's, or other training data than it
     # was trained on; the data order (and masks, sampling noise) start anew at the resumed
-    # sample (training/checkpoint/compat.py, check_compatible and check_same_data)
-    override_data_order: bool = False
+    # sample (training/checkpoint/compat.py, check_compatible and check_same_data); LOCATION:
+    # a permission for the one resume --load names, not taken from another run's file
+    override_data_order: bool = field(default=False, metadata=LOCATION)
 
     @property
     def evaluates(self) -> bool:
@@ -918,18 +953,27 @@ class MonitorConfig(_Section):
     ``--profile*``; defaults as in its ``megatron/training/arguments.py``)."""
 
     SECTION = "monitor"
+    KIND = None  # each field names its kind
 
-    wandb_project: Optional[str] = None  # log to W&B (from the logging rank) when set
-    wandb_exp_name: Optional[str] = None  # the W&B run's name; None: W&B picks one
-    wandb_entity: Optional[str] = None  # team or user; None: W&B's default entity
-    wandb_save_dir: Optional[str] = None  # W&B's local files; None: <save>/wandb
-    profile: bool = False  # torch.profiler trace of iterations [profile_step_start, _end)
-    profile_step_start: int = 10  # the first traced iteration (1-based, as in the log)
-    profile_step_end: int = 12  # the iteration after the last traced one
-    profile_ranks: list[int] = field(default_factory=lambda: [0])  # global ranks traced
+    # log to W&B (from the logging rank) when set
+    wandb_project: Optional[str] = field(default=None, metadata=RUN)
+    # the W&B run's name; None: W&B picks one
+    wandb_exp_name: Optional[str] = field(default=None, metadata=RUN)
+    # team or user; None: W&B's default entity
+    wandb_entity: Optional[str] = field(default=None, metadata=RUN)
+    # W&B's local files; None: <save>/wandb
+    wandb_save_dir: Optional[str] = field(default=None, metadata=LOCATION)
+    # torch.profiler trace of iterations [profile_step_start, _end)
+    profile: bool = field(default=False, metadata=RUN)
+    # the first traced iteration (1-based, as in the log)
+    profile_step_start: int = field(default=10, metadata=RUN)
+    # the iteration after the last traced one
+    profile_step_end: int = field(default=12, metadata=RUN)
+    # global ranks traced
+    profile_ranks: list[int] = field(default_factory=lambda: [0], metadata=RUN)
     # Python stacks and module names (nn.Module: Encoder_0, …) in the trace; ~100× larger
     # (268 MB for two tiny-preset CPU steps under ZeRO-3, tests/e2e/test_monitoring_launcher.py)
-    profile_with_stack: bool = False
+    profile_with_stack: bool = field(default=False, metadata=RUN)
 
     @property
     def uses_wandb(self) -> bool:
@@ -1086,6 +1130,35 @@ class RunConfig(_Section):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return _build(cls, d, "")
+
+
+@functools.cache
+def field_kinds(section: type = RunConfig, path: str = "") -> dict[str, FieldKind]:
+    """The :class:`FieldKind` of every leaf field under ``section``, by dotted path
+    (``"train.load"``): the field's ``metadata`` kind, else its section's ``KIND``.
+
+    Raises:
+        AssertionError: a field of a section that holds both kinds names none (a new field
+            says what it is: tests/unit/test_config_file.py).
+    """
+    out: dict[str, FieldKind] = {}
+    hints = typing.get_type_hints(section)
+    for f in dataclasses.fields(section):
+        dotted = _dotted(path, f.name)
+        kind = hints[f.name]
+        if isinstance(kind, type) and issubclass(kind, _Section):
+            out.update(field_kinds(kind, dotted))
+            continue
+        named = f.metadata.get("kind", section.KIND)
+        assert named is not None, (f"{dotted}: {section.__name__} holds fields of both kinds; "
+                                   "give it metadata=RUN or metadata=LOCATION")
+        out[dotted] = named
+    return out
+
+
+def location_fields() -> list[str]:
+    """The dotted paths of the :attr:`FieldKind.LOCATION` fields, in the tree's order."""
+    return [p for p, k in field_kinds().items() if k is FieldKind.LOCATION]
 
 
 def _build(kind: type, values: Any, path: str) -> Any:

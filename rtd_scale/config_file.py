@@ -5,9 +5,12 @@ value (``preset:`` in the file, else ``--preset``, else tiny). Every value is ty
 types it (``config._typed``), so ``lr: 1e-3`` (a string to YAML 1.1) is a float. Flags given
 beside ``--config`` override it (``arguments.config_from_args``).
 
-Paths the run derives from ``train.save`` (``<save>/tensorboard``, ``<save>/wandb``) are derived
-again from the new run's ``--save``: a recorded run's config.json does not send a new run's
-TensorBoard files into the old run's directory.
+A file gives the run, never where a run reads and writes: its ``FieldKind.LOCATION`` fields
+(``config.field_kinds``: ``train.save``, ``train.load``, the exports, ``--data-digest``,
+``--eval-dump-dir``, the TensorBoard and W&B directories, ``--override-data-order``) keep this
+command line's values, so another run's ``config.json`` neither resumes that run (its
+``train.load``) nor writes over its outputs (its ``train.export_hf``). :func:`read` returns what
+it left out, for the one-line note ``arguments.config_from_args`` prints.
 """
 from __future__ import annotations
 
@@ -16,12 +19,11 @@ import os
 from typing import Any, Optional
 
 from rtd_scale.cli_errors import UserInputError
-from rtd_scale.config import RunConfig
+from rtd_scale.config import RunConfig, location_fields
 from rtd_scale.presets import PRESETS, preset
 
-# (section, field, the directory under train.save it defaults to)
-_DERIVED_FROM_SAVE = (("train", "tensorboard_dir", "tensorboard"),
-                      ("monitor", "wandb_save_dir", "wandb"))
+# the directory under train.save a field defaults to: not worth naming in the note
+_DERIVED_FROM_SAVE = {"train.tensorboard_dir": "tensorboard", "monitor.wandb_save_dir": "wandb"}
 
 
 def _load(path: str) -> dict[str, Any]:
@@ -64,9 +66,29 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def read(path: str, preset_flag: Optional[str] = None) -> RunConfig:
+def _take_locations(data: dict[str, Any]) -> dict[str, Any]:
+    """Remove the ``FieldKind.LOCATION`` fields from ``data`` (a file's nested mapping); returns
+    those that name something (not None, False or empty), by dotted path, but for a directory
+    the run derives from ``train.save`` anyway."""
+    left: dict[str, Any] = {}
+    for dotted in location_fields():
+        section, name = dotted.split(".")
+        values = data.get(section)
+        if isinstance(values, dict) and name in values:
+            value = values.pop(name)
+            if value not in (None, False, "", []):
+                left[dotted] = value
+    save = left.get("train.save")
+    for dotted, sub in _DERIVED_FROM_SAVE.items():
+        if save and left.get(dotted) == os.path.join(save, sub):
+            del left[dotted]
+    return left
+
+
+def read(path: str, preset_flag: Optional[str] = None) -> tuple[RunConfig, dict[str, Any]]:
     """The config of ``--config path`` (``preset_flag``: ``--preset`` given beside it), built
-    and validated as ``RunConfig.from_dict`` builds one.
+    and validated as ``RunConfig.from_dict`` builds one, without the file's
+    ``FieldKind.LOCATION`` fields; and those fields' values it left out, by dotted path.
 
     Raises:
         UserInputError: one line naming the file and the field, and the fix.
@@ -79,13 +101,33 @@ def read(path: str, preset_flag: Optional[str] = None) -> RunConfig:
     if name not in PRESETS:
         raise UserInputError(f"--config {path}: preset {name!r} is unknown; choose one of "
                              f"{', '.join(PRESETS)}")
+    left_out = _take_locations(data)
     fields = _merge(preset(name).to_dict(), data)
-    save = (fields.get("train") or {}).get("save")
-    for section, key, sub in _DERIVED_FROM_SAVE:
-        values = fields.get(section)
-        if save and isinstance(values, dict) and values.get(key) == os.path.join(save, sub):
-            values[key] = None  # derived again from this run's --save
     try:
-        return RunConfig.from_dict(fields)
+        return RunConfig.from_dict(fields), left_out
     except UserInputError as e:
         raise UserInputError(f"--config {path}: {e}") from None
+
+
+def left_out_note(path: str, left_out: dict[str, Any], cfg: RunConfig,
+                  flags: dict[str, str]) -> Optional[str]:
+    """The note naming the fields :func:`read` left out of ``path`` that this command line did
+    not set either (their value in ``cfg`` is still the preset's), each as its flag (``flags``:
+    field → flag) and value; None when there are none."""
+    base = preset(cfg.preset)
+    shown = []
+    for dotted, value in left_out.items():
+        section, name = dotted.split(".")
+        if getattr(getattr(cfg, section), name) != getattr(getattr(base, section), name):
+            continue  # the command line gave this run its own
+        flag = flags.get(dotted)
+        if flag is None:
+            shown.append(f"--set {dotted}={value}")
+        elif isinstance(value, bool):
+            shown.append(flag)
+        else:
+            shown.append(f"{flag} {value}")
+    if not shown:
+        return None
+    return (f"note: --config {path}: left out {' '.join(shown)} (where that run read and "
+            "wrote); give them on this command line to use them")

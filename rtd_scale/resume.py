@@ -100,7 +100,9 @@ def resume(cfg: RunConfig, ctx, eng, model, prep, converted: Optional[str], *,
         client = ckpt_load.load(eng, cfg.train.load, rank=ctx.rank, choice=prep.resume)
     ckpt_load.apply_hyperparameters(eng, cfg.optim)
     start_step = int(client.get("step", 0))
-    if converted is not None:  # dropout: a fresh stream per rank (layout_free's RNG policy)
+    if converted is not None and compat.same_ranks(prep.meta, prep.layout):
+        ckpt_load.restore_rng(prep.resume.path, ctx.rank)  # the same ranks: dropout continues
+    elif converted is not None:  # other ranks: a fresh stream each (layout_free's RNG policy)
         distributed.seed_after_build(ctx, cfg.train.seed + start_step)
     resumed_from = os.path.join(choose.split_load(cfg.train.load)[0],
                                 files.tag_for(start_step))

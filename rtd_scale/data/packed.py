@@ -182,13 +182,30 @@ class ShardIndex:
             out += [st.st_size, st.st_mtime_ns]
         return out
 
+    def identity(self) -> list:
+        """What the content cache trusts of this shard's files: their path, and of each its
+        device, inode, size, mtime and change time (``st_ctime_ns``). Tools that copy or restore
+        a file's times (``cp -p``, ``rsync -t``, ``touch -r``, ``os.utime``) set its mtime, never
+        its ctime: the kernel sets ctime to the present at every write and every change of the
+        times, so rewritten bytes always change this key, whatever size and mtime they keep
+        (git's index trusts a file's stat the same way)."""
+        out: list = [os.path.abspath(self.prefix)]
+        for p in (self.bin_path, self.idx_path):
+            st = os.stat(p)
+            out += [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+        return out
+
     def content(self, cache: "IndexCache") -> dict:
         """What this shard holds, for a checkpoint to record: the SHA-256 of its ``.idx`` and
         of its ``.bin`` (its name only to name it), not its path, size or mtime, so a shard
         regenerated in place with the same counts (two documents swapped) differs and a moved
         copy does not. Hashed once (the ``.bin`` read at ~1.4 GB/s on one core) and cached under
-        ``cache`` keyed by :meth:`fingerprint`, as the sample index is (a rewritten file has
-        another mtime, so it is hashed again)."""
+        ``cache`` keyed by :meth:`identity`, which any write changes. A hash is not kept when
+        the files changed while being hashed or less than ``CONTENT_SETTLE_S`` before it ended
+        (a later write within the file system's time resolution could keep the same ctime:
+        git's "racy" entries); the next start hashes them again."""
+        before = self.identity()
+
         def build() -> dict:
             out = {"name": os.path.basename(self.prefix)}
             for kind, path in (("idx", self.idx_path), ("bin", self.bin_path)):
@@ -199,8 +216,19 @@ class ShardIndex:
                 out[f"{kind}_sha256"] = h.hexdigest()
             return out
 
-        name = f"{os.path.basename(self.prefix)}.{_digest(self.fingerprint())}.content.json"
-        return {**cache.get_json(name, build), "name": os.path.basename(self.prefix)}
+        def settled() -> bool:
+            changed = max(before[5], before[10])  # the ctimes of the .bin and the .idx
+            return (self.identity() == before
+                    and time.time_ns() - changed >= CONTENT_SETTLE_S * 1e9)
+
+        name = f"{os.path.basename(self.prefix)}.{_digest(before)}.content.json"
+        return {**cache.get_json(name, build, keep=settled),
+                "name": os.path.basename(self.prefix)}
+
+
+# a shard's hash is cached only when its files had not changed for this long when it was made
+# (ShardIndex.content): above the 1 s ctime resolution of some file systems (Lustre, NFSv3)
+CONTENT_SETTLE_S = 2.0
 
 
 class IndexCache:
@@ -245,8 +273,10 @@ class IndexCache:
                 self.directory = None
         return arr
 
-    def get_json(self, name: str, build: Callable[[], dict]) -> dict:
-        """The JSON object stored as ``name``, built and stored if absent or unreadable."""
+    def get_json(self, name: str, build: Callable[[], dict],
+                 keep: Callable[[], bool] = lambda: True) -> dict:
+        """The JSON object stored as ``name``, built if absent or unreadable, and then stored
+        when ``keep()`` (asked after the build) says so."""
         if self.directory is not None:
             try:
                 with open(os.path.join(self.directory, name), encoding="utf-8") as f:
@@ -256,7 +286,7 @@ class IndexCache:
             except (OSError, ValueError):
                 pass
         value = build()
-        if self.directory is not None:
+        if self.directory is not None and keep():
             text = (json.dumps(value, indent=1, sort_keys=True) + "\n").encode()
             try:
                 os.makedirs(self.directory, exist_ok=True)

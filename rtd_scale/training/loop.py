@@ -281,6 +281,9 @@ def _write_dump(directory: str, name: str, tensors: dict[str, torch.Tensor]) -> 
     write_atomic(os.path.join(directory, name), buf.getvalue())
 
 
+SAVE_TIME_TAG = "timers/save-checkpoint-time"  # seconds of one save (Loop.save)
+
+
 def format_valid_line(step: int, samples: int, scalars: dict[str, float],
                       split: str = "valid") -> str:
     """Megatron-LM-style validation (or, with ``split="test"``, test) line."""
@@ -567,6 +570,7 @@ class Trainer:
         """The validation split (``evaluate``), under the heartbeat's setup budget; its time is
         not training throughput."""
         t = self.t
+        began = time.perf_counter()
         if self.heartbeat:
             self.heartbeat.enter("setup")
         scalars = evaluate(self.cfg, self.ctx, self.engine, self.valid_loader, iteration=done)
@@ -574,7 +578,7 @@ class Trainer:
             self.tb.write(done, scalars)
             self.say(format_valid_line(done, t.eval_iters * t.global_batch_size, scalars))
             self.result.valid_history.append((done, scalars))
-        self.last_log = time.perf_counter()
+        self.last_log += time.perf_counter() - began  # not training time
 
     def roll_back(self, spike: Spike, back_step: int, back_dir: str) -> None:
         """Reload the checkpoint of ``back_step`` before ``spike`` and never read the spike's
@@ -625,7 +629,12 @@ class Trainer:
 
     def save(self, done: int) -> bool:
         """The checkpoint after ``done`` steps, with the loader's position, the config and the
-        spikes' record in its client state."""
+        spikes' record in its client state. Its time is left out of the log interval's (the
+        iteration time, tokens/s, TFLOP/s, MFU and ETA describe training only, as Megatron-LM's
+        ``save_checkpoint_and_time`` stops its interval timer around the save) and shown on its
+        own: in its line and as TensorBoard's ``timers/save-checkpoint-time`` (seconds, the
+        name Megatron-LM's ``Timers.write`` gives its ``save-checkpoint`` timer)."""
+        began = time.perf_counter()
         if self.heartbeat:
             self.heartbeat.enter("checkpointing")
         self.result.checkpoint_dir = checkpoint_save.save(
@@ -636,8 +645,12 @@ class Trainer:
             layout=self.layout)
         self.last_good = self.result.checkpoint_dir
         self.ours.append((done, self.result.checkpoint_dir))
+        seconds = time.perf_counter() - began
+        self.last_log += seconds
         if self.say:
-            self.say(f"saved checkpoint at iteration {done:8d} to {self.result.checkpoint_dir}")
+            self.tb.write(done, {SAVE_TIME_TAG: seconds})
+            self.say(f"saved checkpoint at iteration {done:8d} to {self.result.checkpoint_dir} "
+                     f"in {seconds:.1f} s")
         return True
 
     def interrupt(self, done: int, stopping: int, saved: bool) -> None:

@@ -13,16 +13,23 @@
 * fp32 ↔ bf16 converts through the layout-free state and the losses continue;
 * other training data (two documents swapped) are refused in one line naming the shard, unless
   ``--override-data-order``, which says where the new order starts.
-* ``--config <run>/config.json`` starts the same run again, to the bit; with ``--load``, a
-  config file that changes the model is refused in one line.
+* a shard's ``.bin`` rewritten in place with its size and mtime kept (as ``cp -p`` or
+  ``rsync -t`` leave it) is other data: refused in one line naming the shard;
+* another ZeRO stage at the same size continues each rank's dropout stream (the tiny preset's
+  dropout 0.1): step 3 is the unchanged resume's;
+* ``--config <run>/config.json`` of a resumed run that exported starts the same run again from
+  step 1, to the bit, and never writes the first run's export; with ``--load``, a config file
+  that changes the model is refused in one line.
 
 The resumes that train share two rounds of one-rank launches run side by side
 (``launch_together``, module fixture ``resumes``)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -128,12 +135,16 @@ def resumes(wiki_shards, two_steps, swapped_data, tmp_path_factory):
     --adam-eps 1e-3 with --override-opt_param-scheduler), ``to_bf16``
     (--bf16 at ZeRO-1), ``other_data`` (the swapped corpus with --override-data-order); ``bf16``,
     an uninterrupted bf16 ZeRO-1 run of 3 steps saved at 2, and ``to_fp32``, its checkpoint at 2
-    resumed in fp32 at ZeRO-3; ``from_config``, a fresh run of ``two_steps``' own config.json
-    (``--config``) saving elsewhere; and ``modern``, modernbert-tiny's context extension: 2 steps
-    at 128 tokens and RoPE base 10,000 in the first round (``modern_phase1``, its weights at
-    step 2 kept), then ``--load`` at 512 tokens, global batch 4, the preset's 160,000 to step 4."""
+    resumed in fp32 at ZeRO-3; ``same`` also exports (``--export-hf``, its file's bytes and
+    mtime kept in ``same_export``) and ``from_config`` is a run of ``same``'s config.json
+    (``--config``) with ``--train-iters 4 --save-interval 2``, saving elsewhere;
+    ``to_zero2``, ``two_steps`` resumed at ZeRO-2 (1 rank, as saved); and ``modern``,
+    modernbert-tiny's context extension: 2 steps at 128 tokens and RoPE base 10,000 in the
+    first round (``modern_phase1``, its weights at step 2 kept), then ``--load`` at 512
+    tokens, global batch 4, the preset's 160,000 to step 4."""
     root = tmp_path_factory.mktemp("resumes")
-    flags = {"same": [], "checkpoint_wd": ["--weight-decay", "0.5",
+    flags = {"same": ["--export-hf", str(root / "same_hf")],
+             "checkpoint_wd": ["--weight-decay", "0.5",
                                            "--use-checkpoint-opt_param-scheduler"],
              "override": ["--weight-decay", "0.5", "--adam-beta2", "0.9", "--adam-eps", "1e-3",
                           "--override-opt_param-scheduler"],
@@ -163,10 +174,18 @@ def resumes(wiki_shards, two_steps, swapped_data, tmp_path_factory):
     runs["to_fp32"] = cut_back(runs["bf16"], root / "to_fp32", 2)
     jobs["to_fp32"] = common(wiki_shards, runs["to_fp32"], 3, ["--eval-iters", "0", "--load",
                                                                str(runs["to_fp32"])])
+    # the export of the resumed run (its config.json holds train.load and train.export_hf):
+    # from_config, started from that file, must neither resume it nor write over this
+    export = root / "same_hf" / "model.safetensors"
+    runs["same_export"] = (export, export.read_bytes(), export.stat().st_mtime_ns)
     runs["from_config"] = root / "from_config"
-    jobs["from_config"] = ["--config", str(two_steps / "config.json"),
-                           "--save", str(runs["from_config"])]
-    second = ["other_data", "to_fp32", "from_config", "modern"]
+    jobs["from_config"] = ["--config", str(runs["same"] / "config.json"),
+                           "--save", str(runs["from_config"]), "--train-iters", "4",
+                           "--save-interval", "2"]
+    runs["to_zero2"] = shutil.copytree(two_steps, root / "to_zero2")
+    jobs["to_zero2"] = common(wiki_shards, runs["to_zero2"], 3, [
+        "--eval-iters", "0", "--load", str(runs["to_zero2"])], ds_config="ds_configs/zero2.json")
+    second = ["other_data", "to_fp32", "from_config", "modern", "to_zero2"]
     results.update(zip(second, launch_together([jobs[n] for n in second], timeout=600)))
     for name, r in results.items():
         assert r.returncode == 0, (name, r.stdout[-2000:], r.stderr[-3000:])
@@ -272,6 +291,60 @@ def test_fp32_and_bf16_convert_into_each_other_and_continue(resumes):
         assert abs(want[1] - want[3]) > 4 * PRECISION_REL * abs(want[3])
 
 
+def test_another_zero_stage_at_the_same_size_keeps_the_dropout_streams(resumes):
+    """The tiny preset's dropout 0.1, one rank: ``two_steps`` (ZeRO-3) resumed at ZeRO-2 goes
+    through the layout-free state, yet each rank continues its own dropout stream from the
+    checkpoint (the same ranks in the same roles), so step 3 is the unchanged ZeRO-3 resume's
+    (measured equal to the bit; reseeded dropout put L_MLM 3e-3 relative off)."""
+    runs, results = resumes
+    run = runs["to_zero2"]
+    assert (f"converted {run}/global_step2 from TP 1 × PP 1 × DP 1, ZeRO-3 to TP 1 × PP 1 × "
+            f"DP 1, ZeRO-2 (layout-free state {run}/global_step2_canonical) in "
+            in results["to_zero2"].stdout), results["to_zero2"].stdout[-3000:]
+    got, want = scalars(str(run / "tensorboard")), scalars(str(runs["same"] / "tensorboard"))
+    for tag in ("loss/mlm", "loss/rtd", "loss/total"):
+        assert sorted(got[tag]) == [1, 2, 3]
+        assert got[tag][3] == pytest.approx(want[tag][3], rel=1e-6), (tag, got[tag], want[tag])
+
+
+def test_a_shard_rewritten_with_its_size_and_mtime_kept_is_refused(wiki_shards, two_steps,
+                                                                    tmp_path, capsys,
+                                                                    monkeypatch):
+    """A copy of the training shards (the same data: the checkpoint records content, not
+    paths) is hashed by a first, refused, resume; then two tokens of its .bin are swapped in
+    place and its times restored (``touch -r``, ``cp -p``, ``rsync -t``). ``--load`` refuses it
+    in one line naming the shard, exit 2, and writes nothing."""
+    save = shutil.copytree(two_steps, tmp_path / "run")
+    _, prefix = wiki_shards
+    data = shutil.copytree(Path(prefix).parent, tmp_path / "data",
+                           ignore=shutil.ignore_patterns("index-cache"))
+    copied = str(data / Path(prefix).name)
+    resume = common(wiki_shards, save, 3, ["--eval-iters", "0", "--load", str(save),
+                                           "--data-path", copied])
+    err = pretrain_error(capsys, resume + ["--seed", "4321"], monkeypatch, world_size=1)
+    assert "was trained with train.seed 11, this run has 4321" in err  # hashed, then refused
+
+    (bin_path,) = data.glob(Path(prefix).name + "_*.bin")
+    stat = bin_path.stat()
+    raw = bytearray(bin_path.read_bytes())
+    i = next(i for i in range(0, len(raw) - 8, 4) if raw[i:i + 4] != raw[i + 4:i + 8])
+    raw[i:i + 8] = raw[i + 4:i + 8] + raw[i:i + 4]  # two 4-byte groups of ids swapped
+    with open(bin_path, "r+b") as f:  # in place: the same file, the same length
+        f.write(raw)
+    os.utime(bin_path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert (bin_path.stat().st_size, bin_path.stat().st_mtime_ns) == (stat.st_size,
+                                                                        stat.st_mtime_ns)
+    err = pretrain_error(capsys, resume, monkeypatch, world_size=1)
+    assert re.fullmatch(
+        rf"error: --load {re.escape(str(save))}: global_step2 was trained on other data: shard "
+        rf"{bin_path.stem} holds other data than the checkpoint's {bin_path.stem} \(its \.bin "
+        r"differ: sha256 [0-9a-f]{12} → [0-9a-f]{12}\); restore the data it was trained on, or "
+        r"pass --override-data-order to continue on these data, their order starting at global "
+        r"sample 32 where the run resumes", err), err
+    assert sorted(p.name for p in save.iterdir()) == sorted(p.name for p in two_steps.iterdir())
+    assert (save / "latest").read_text().strip() == "global_step2"
+
+
 def test_other_data_are_refused_in_one_line_unless_overridden(wiki_shards, two_steps,
                                                               swapped_data, resumes, tmp_path,
                                                               capsys, monkeypatch):
@@ -303,15 +376,38 @@ def test_other_data_are_refused_in_one_line_unless_overridden(wiki_shards, two_s
 
 # ------------------------------------------------------------------ --config (the same run) ----
 
+def test_a_resumed_runs_config_json_starts_the_run_afresh_and_leaves_its_export(resumes):
+    """``same`` was resumed (``--load A --save A``) and exported (``--export-hf``): its
+    config.json holds both. ``--config`` of it with another ``--save`` starts fresh at step 1
+    (a file's train.load is no resume the user asked for), says in one note what it left out,
+    and never writes the first run's export (its bytes and mtime unchanged)."""
+    runs, results = resumes
+    out = results["from_config"].stdout + results["from_config"].stderr
+    assert [int(m[0]) for m in ITERATION.findall(results["from_config"].stdout)] == [1, 2, 3, 4]
+    assert "resumed from" not in out
+    same = runs["same"]
+    assert (f"note: --config {same}/config.json: left out --load {same} --export-hf "
+            f"{same.parent / 'same_hf'} (where that run read and wrote); give them on this "
+            "command line to use them" in out.splitlines()), out[-3000:]
+    export, data, mtime = runs["same_export"]
+    assert export.read_bytes() == data and export.stat().st_mtime_ns == mtime
+    assert not list(runs["from_config"].glob("*hf*"))
+    recorded = json.loads((runs["from_config"] / "config.json").read_text())["train"]
+    assert (recorded["load"], recorded["export_hf"]) == (None, None)
+
+
 def test_a_run_started_from_its_own_config_json_repeats_it_to_the_bit(two_steps, resumes):
     """``--config <run>/config.json --save NEW`` and nothing else is the same run again: every
     logged loss equal to the bit, the same fp32 master weights at the last step, and the same
-    config.json but for the paths under --save."""
+    config.json but for the paths under --save. The file is that of ``same``, the run's resume
+    to step 3 (where that run read and wrote is left out), run to step 4 saving every 2 steps:
+    its first two steps are ``two_steps``'."""
     runs, _ = resumes
     again = runs["from_config"]
     first, second = scalars(str(two_steps / "tensorboard")), scalars(str(again / "tensorboard"))
     for tag in ("loss/mlm", "loss/rtd", "loss/total", "optim/grad_norm"):
-        assert sorted(first[tag]) == [1, 2] and first[tag] == second[tag], tag
+        assert sorted(first[tag]) == [1, 2] and sorted(second[tag]) == [1, 2, 3, 4], tag
+        assert all(first[tag][k] == second[tag][k] for k in (1, 2)), tag
     assert first["loss/total"][1] != first["loss/total"][2]  # two steps that moved
     # negative control: the same run in bf16 (the ``bf16`` resume fixture's) differs at step 1
     bf16 = scalars(str(runs["bf16"] / "tensorboard"))
@@ -322,6 +418,9 @@ def test_a_run_started_from_its_own_config_json_repeats_it_to_the_bit(two_steps,
     for d, config in zip((two_steps, again), recorded):
         assert config["train"]["save"] == str(d)
         config["train"].update(save=None, tensorboard_dir=None)
+    assert (recorded[1]["train"]["train_iters"], recorded[1]["train"]["save_interval"]) == (4, 2)
+    for config in recorded:
+        config["train"].update(train_iters=None, save_interval=None)  # the flags beside the file
     assert recorded[0] == recorded[1]
 
 

@@ -1,6 +1,8 @@
 """A real 4-step run of rtd_scale/pretrain.py (one process, tiny preset): TFLOP/s per device,
 MFU, memory and ETA in its log lines follow flops.py's formula, and its TensorBoard holds the
-resolved configs and the scalars. The formulas themselves are in tests/unit/test_throughput_log.py."""
+resolved configs and the scalars; its save after step 2, held 3 s (a slow file system, the
+test-only fault ``hold``), is no training time. The formulas themselves are in
+tests/unit/test_throughput_log.py."""
 from __future__ import annotations
 
 import json
@@ -15,18 +17,23 @@ from rtd_scale import flops
 from tests.helpers.env import REPO, free_port, standalone_env
 
 
+HOLD_S = 3  # the save after step 2 takes at least this long
+
+
 @pytest.fixture(scope="module")
 def tiny_run(wiki_shards, tmp_path_factory):
-    """4 steps of the tiny preset, one process, ZeRO 0, a user-set peak of 1 GFLOP/s."""
+    """4 steps of the tiny preset, one process, ZeRO 0, a user-set peak of 1 GFLOP/s; saved
+    after step 2 (held ``HOLD_S`` by the test-only fault ``hold``) and after step 4."""
     tok, prefix = wiki_shards
     save = tmp_path_factory.mktemp("throughput") / "run"
     args = ["--ds_config", "ds_configs/zero0.json", "--preset", "tiny", "--data-path", prefix,
             "--tokenizer-model", tok, "--save", str(save), "--train-iters", "4",
             "--seq-length", "64", "--micro-batch-size", "4", "--global-batch-size", "8",
             "--seed", "11", "--eval-iters", "0", "--log-interval", "1",
-            "--peak-tflops-per-device", "0.001", "--log-throughput"]
+            "--peak-tflops-per-device", "0.001", "--log-throughput", "--save-interval", "2"]
     env = dict(standalone_env(), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+               RTD_FAULTS=f"hold={HOLD_S}@2:0")
     r = subprocess.run([sys.executable, "rtd_scale/pretrain.py", *args], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -87,3 +94,22 @@ def test_tensorboard_has_the_resolved_config_and_the_scalars(tiny_run):
     mfu = float(re.search(r"MFU: ([\d.e+-]+)%", step4).group(1)) / 100
     assert scalars["throughput/mfu"][4] == pytest.approx(mfu, rel=1e-3)
     assert "optim/loss_scale" not in scalars  # fp32: no loss scaler
+
+
+def test_a_slow_save_is_left_out_of_the_training_time(tiny_run):
+    """The save after step 2 took over ``HOLD_S`` seconds: its line and TensorBoard's
+    ``timers/save-checkpoint-time`` say so, and iteration 3's time per iteration (so its
+    tokens/s, TFLOP/s, MFU and ETA) describes its training only — a step here takes well under
+    a second, where the save counted in would make it over ``HOLD_S``."""
+    from tests.helpers.launcher import scalars
+
+    _, save, stdout = tiny_run
+    saved = re.search(rf"^saved checkpoint at iteration +2 to {re.escape(str(save))}/global_step2"
+                      r" in ([\d.]+) s$", stdout, re.M)
+    assert saved and float(saved[1]) >= HOLD_S, stdout[-3000:]
+    tb = scalars(str(save / "tensorboard"))["timers/save-checkpoint-time"]
+    assert sorted(tb) == [2, 4] and tb[2] >= HOLD_S and tb[4] < HOLD_S, tb
+    assert float(saved[1]) == pytest.approx(tb[2], abs=0.05)
+    ms = {int(m[1]): float(m[2]) for m in re.finditer(
+        r" iteration +(\d+)/ +4 \|.*?elapsed time per iteration \(ms\): ([\d.]+)", stdout)}
+    assert ms[3] < 1000 * HOLD_S / 2, ms

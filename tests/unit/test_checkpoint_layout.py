@@ -25,6 +25,19 @@ def test_another_dp_size_or_zero_stage_needs_a_conversion_and_passes():
     compat.check_convertible("run", "global_step3", DP2_Z3, DP1_Z1)  # no error
 
 
+def test_dropout_streams_continue_where_the_same_ranks_keep_their_roles():
+    """Another ZeRO stage (or precision, offload) at the same TP × PP × DP sizes converts, yet
+    every rank continues its own dropout stream (resume.resume restores rng_rank*.pt); another
+    DP, TP or PP size reseeds. The launched run: tests/e2e/test_resume_changes.py."""
+    z1 = {**DP2_Z3, "zero_stage": 1}
+    assert compat.needs_conversion({"layout": dict(DP2_Z3)}, z1)
+    assert compat.same_ranks({"layout": dict(DP2_Z3)}, z1)
+    assert not compat.same_ranks({"layout": dict(DP2_Z3)}, DP1_Z1)
+    tp2 = {**DP2_Z3, "data_parallel_size": 1, "tensor_model_parallel_size": 2}
+    assert not compat.same_ranks({"layout": dict(DP2_Z3)}, tp2)  # same world, other roles
+    assert not compat.same_ranks(None, DP2_Z3)
+
+
 def test_another_tp_pp_size_zero_stage_or_precision_converts():
     # TP 2 → 3: the layout-free state holds the real vocabulary rows, padded again for TP 3
     tp2 = {**DP2_Z3, "data_parallel_size": 1, "tensor_model_parallel_size": 2}

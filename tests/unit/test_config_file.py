@@ -46,18 +46,92 @@ def test_a_yaml_file_sets_its_fields_over_its_preset_typed(tmp_path):
 
 
 def test_a_runs_own_config_json_reads_back_as_itself(tmp_path):
-    """config.json (RunConfig.to_json, what a run writes) → --config → the same tree; the
-    paths derived from --save are derived again from the new run's."""
+    """config.json (RunConfig.to_json, what a run writes) → --config → the same tree but for
+    where the run writes: without --save it saves nothing (a note says so), with it the paths
+    derived from --save are derived from the new run's."""
     yaml_path = tmp_path / "run.yaml"
     yaml_path.write_text(YAML)
     first = _from("--config", str(yaml_path), "--save", str(tmp_path / "a"))
     assert first.train.tensorboard_dir == str(tmp_path / "a" / "tensorboard")
     path = tmp_path / "config.json"
     path.write_text(first.to_json())
-    assert _from("--config", str(path)).to_dict() == first.to_dict()
+    with pytest.warns(UserWarning) as caught:
+        unsaved = _from("--config", str(path))
+    assert [str(w.message) for w in caught if "left out" in str(w.message)] == [
+        f"note: --config {path}: left out --save {tmp_path / 'a'} (where that run read and "
+        "wrote); give them on this command line to use them"]
+    assert (unsaved.train.save, unsaved.train.tensorboard_dir) == (None, None)
+    assert {**unsaved.to_dict(), "train": None} == {**first.to_dict(), "train": None}
     again = _from("--config", str(path), "--save", str(tmp_path / "b"))
     assert again.train.tensorboard_dir == str(tmp_path / "b" / "tensorboard")
     assert {**again.to_dict(), "train": None} == {**first.to_dict(), "train": None}
+
+
+def test_every_config_field_names_its_kind():
+    """One place says of every field whether it describes the run (a --config file gives it) or
+    where one run reads and writes (never taken from a file): each leaf of the tree has a kind,
+    and the locations are exactly these; a field of a mixed section without a kind fails."""
+    import dataclasses
+
+    from rtd_scale.config import FieldKind, _Section, field_kinds, location_fields
+
+    def leaves(d, prefix=""):
+        for k, v in d.items():
+            yield from (leaves(v, f"{prefix}{k}.") if isinstance(v, dict) else [prefix + k])
+
+    kinds = field_kinds()
+    assert sorted(kinds) == sorted(leaves(preset("tiny").to_dict()))
+    assert set(kinds.values()) == set(FieldKind)
+    assert location_fields() == [
+        "train.save", "train.load", "train.tensorboard_dir", "train.export", "train.export_hf",
+        "train.data_digest", "train.eval_dump_dir", "train.override_data_order",
+        "monitor.wandb_save_dir"]
+
+    @dataclasses.dataclass(kw_only=True)
+    class Mixed(_Section):
+        KIND = None
+        named: int = dataclasses.field(default=0, metadata={"kind": FieldKind.RUN})
+        unnamed: int = 0
+
+    with pytest.raises(AssertionError, match="unnamed: Mixed holds fields of both kinds"):
+        field_kinds(Mixed)
+
+
+def test_a_resumed_exporting_runs_config_json_neither_resumes_it_nor_writes_its_outputs(
+        tmp_path):
+    """A run resumed with --load A --save A that exported (--export-hf, --export, --data-digest,
+    --eval-dump-dir, --override-data-order): its config.json started with --save C gives the
+    same run, starting fresh and writing only under C; one note names what it left out as
+    flags. A flag beside the file uses it again (and the note no longer names it)."""
+    a = tmp_path / "A"
+    outputs = ["--export-hf", f"{a}_hf", "--export", f"{a}.pt", "--data-digest", f"{a}.jsonl",
+               "--eval-dump-dir", f"{a}_dumps"]
+    resumed = _from("--ds_config", "z.json", "--data-path", "d", "--tokenizer-model", "t.model",
+                    "--save", str(a), "--load", str(a), "--override-data-order", "--seed", "5",
+                    "--wandb-project", "p", *outputs)
+    path = a / "config.json"
+    a.mkdir()
+    path.write_text(resumed.to_json())
+    c = tmp_path / "C"
+    with pytest.warns(UserWarning) as caught:
+        cfg = _from("--config", str(path), "--save", str(c), "--train-iters", "6")
+    notes = [str(w.message) for w in caught if "left out" in str(w.message)]
+    assert notes == [f"note: --config {path}: left out --load {a} --export {a}.pt --export-hf "
+                     f"{a}_hf --data-digest {a}.jsonl --eval-dump-dir {a}_dumps "
+                     "--override-data-order (where that run read and wrote); give them on this "
+                     "command line to use them"]
+    t = cfg.train
+    assert (t.save, t.load, t.export, t.export_hf, t.data_digest, t.eval_dump_dir) == (
+        str(c), None, None, None, None, None)
+    assert not t.override_data_order
+    assert (t.tensorboard_dir, cfg.monitor.wandb_save_dir) == (f"{c}/tensorboard", f"{c}/wandb")
+    assert (t.seed, t.train_iters, cfg.monitor.wandb_project) == (5, 6, "p")  # the run's own
+
+    with pytest.warns(UserWarning) as caught:
+        again = _from("--config", str(path), "--save", str(c), "--load", str(a))
+    assert again.train.load == str(a)
+    (note,) = [str(w.message) for w in caught if "left out" in str(w.message)]
+    assert "--load" not in note and f"--export-hf {a}_hf" in note
 
 
 def test_flags_beside_the_file_override_it(tmp_path):

@@ -52,7 +52,11 @@ def test_documents_swapped_in_place_change_the_fingerprint_a_moved_copy_does_not
     assert "(its .idx and .bin differ" in data_change(before, _data(prefix, tmp_path / "c").state())
 
 
-def test_the_hash_is_cached_by_the_files_stat_and_made_again_when_they_change(tmp_path):
+def test_the_hash_is_cached_by_the_files_stat_and_made_again_when_they_change(tmp_path,
+                                                                             monkeypatch):
+    from rtd_scale.data import packed
+
+    monkeypatch.setattr(packed, "CONTENT_SETTLE_S", 0.0)  # files written just now are cached
     prefix = _write(tmp_path / "corpus", DOCS)
     cache = tmp_path / "cache"
     real = _data(prefix, cache).state()["shards"][0][0]
@@ -63,6 +67,43 @@ def test_the_hash_is_cached_by_the_files_stat_and_made_again_when_they_change(tm
     assert _data(prefix, cache).state()["shards"][0][0]["bin_sha256"] == "f" * 64
     os.utime(f"{prefix}.bin", ns=(1, 1))  # as a rewrite leaves it: another mtime, hashed again
     assert _data(prefix, cache).state()["shards"][0][0]["bin_sha256"] == real["bin_sha256"]
+
+
+def test_bytes_rewritten_with_size_and_mtime_kept_are_hashed_again(tmp_path, monkeypatch):
+    """A shard's .bin rewritten in place at the same length, its mtime then restored (as
+    ``cp -p``, ``rsync -t`` and ``touch -r`` leave a file): the hash a resume compares is made
+    from the new bytes, not taken from the cache (its key holds the files' ctime, which no tool
+    sets back), and the change names the shard. A shard changed moments before its hashing is
+    not cached at all (a later write could keep its ctime)."""
+    from rtd_scale.data import packed
+
+    prefix = _write(tmp_path / "corpus", DOCS)
+    cache = tmp_path / "cache"
+    _data(prefix, cache).state()
+    assert not [p for p in cache.iterdir() if p.name.endswith(".content.json")]  # just written
+
+    monkeypatch.setattr(packed, "CONTENT_SETTLE_S", 0.0)
+    before = _data(prefix, cache).state()
+    (cached,) = [p for p in cache.iterdir() if p.name.endswith(".content.json")]
+    cached.write_text(json.dumps({**before["shards"][0][0], "bin_sha256": "f" * 64}))
+    assert _data(prefix, cache).state()["shards"][0][0]["bin_sha256"] == "f" * 64  # the cache
+    stat = os.stat(f"{prefix}.bin")
+    with open(f"{prefix}.bin", "r+b") as f:  # tokens 10 and 11 swapped: same length, same ids
+        data = bytearray(f.read())
+        width = len(data) // sum(map(len, DOCS))
+        data[:2 * width] = data[width:2 * width] + data[:width]
+        f.seek(0)
+        f.write(data)
+    os.utime(f"{prefix}.bin", ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    now = os.stat(f"{prefix}.bin")
+    assert (now.st_size, now.st_mtime_ns) == (stat.st_size, stat.st_mtime_ns)
+    after = _data(prefix, cache).state()
+    old = before["shards"][0][0]["bin_sha256"]
+    assert after["shards"][0][0]["bin_sha256"] not in ("f" * 64, old)
+    assert data_change(before, after) == (
+        f"shard corpus holds other data than the checkpoint's corpus (its .bin differ: sha256 "
+        f"{before['shards'][0][0]['bin_sha256'][:12]} → "
+        f"{after['shards'][0][0]['bin_sha256'][:12]})")
 
 
 def test_other_data_is_refused_in_one_line_unless_overridden(tmp_path):

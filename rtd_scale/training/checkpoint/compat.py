@@ -73,6 +73,19 @@ def needs_conversion(meta: Optional[dict[str, Any]], layout: dict[str, Any],
             or (precision is not None and precision_of(meta) != precision))
 
 
+RANK_KEYS = ("world_size", "data_parallel_size", "tensor_model_parallel_size",
+             "pipeline_model_parallel_size")
+
+
+def same_ranks(meta: Optional[dict[str, Any]], layout: dict[str, Any]) -> bool:
+    """Whether the checkpoint of ``meta`` was saved by the same ranks in the same roles as
+    ``layout`` (its TP × PP × DP sizes; the ZeRO stage and precision may differ): then each rank
+    continues its own dropout stream from the checkpoint's ``rng_rank*.pt``, as an unchanged
+    resume does (layout_free's RNG policy)."""
+    saved = (meta or {}).get("layout") or {}
+    return all(saved.get(k) == layout.get(k) for k in RANK_KEYS)
+
+
 def check_convertible(load_dir: str, tag: str, saved: dict[str, Any],
                       layout: dict[str, Any], *, saved_precision: Optional[str] = None,
                       precision: Optional[str] = None) -> None:

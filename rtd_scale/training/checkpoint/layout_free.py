@@ -28,9 +28,11 @@ Files (written by ``checkpoint/convert.py`` beside the checkpoint): ``state.pt``
 and ``training_state.json`` ({"adam_step": float, "loss_scaler": {...}}).
 
 RNG policy. Masks and sampling noise are functions of (seed, step, global sample index): they
-continue exactly at any layout. Dropout streams are per rank (``rng_rank*.pt``) and cannot be
-carried to another number of ranks: at a new layout each rank seeds dropout as a fresh run would,
-from ``seed + step`` (``distributed.seed_after_build``).
+continue exactly at any layout. Dropout streams are per rank (``rng_rank*.pt``): the same ranks
+in the same roles (TP × PP × DP sizes; another ZeRO stage, precision or offload) each continue
+their own stream, as an unchanged resume does (``resume.resume``, ``compat.same_ranks``); at
+another TP, PP or DP size a stream cannot be carried over, and each rank seeds dropout as a
+fresh run would, from ``seed + step`` (``distributed.seed_after_build``).
 """
 from __future__ import annotations
 

@@ -97,9 +97,18 @@ def load(engine, load: str, *, rank: int, choice: Optional[Choice] = None) -> di
     client_state = load_checked(engine, choice.load_dir, choice.tag, flag=f"--load {load}")
     layout_free.match_optimizer(engine, built)
     refresh_learning_rate(engine)
-    rng_path = os.path.join(choice.path, rng_file(rank))
+    restore_rng(choice.path, rank)
+    return client_state
+
+
+def restore_rng(path: str, rank: int) -> None:
+    """This rank's generator states (dropout) from the checkpoint directory ``path``.
+
+    Raises:
+        CheckpointReadError: its ``rng_rank*.pt`` is missing or unreadable.
+    """
+    rng_path = os.path.join(path, rng_file(rank))
     if not os.path.isfile(rng_path):
         raise CheckpointReadError(f"{rng_path}: missing; resume from another checkpoint "
                                   "(--load DIR/global_stepN)")
     _set_rng_state(safe_load(rng_path))
-    return client_state
