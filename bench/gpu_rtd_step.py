@@ -20,8 +20,13 @@ In one run (≤ 8 minutes on one H200) this prints, side by side:
    operations of rtd_scale's step that synchronise the host, and the sampler's and masking's
    own cost.
 
+With ``--cores`` (``bench/device_check.sh``'s kernel table) rtd_scale's row is run once per
+attention core its workload has (``gpu/workloads.py`` ``CORES``; ``--workloads`` may add
+ModernBERT-base at 1,024 tokens against HF's ModernBert), HF compiled once per workload, and the
+best row again with its phase split and kernel families.
+
 One table: workload, implementation, micro-batch, tokens/s, TFLOP/s, MFU (of the measured
-ceiling), peak memory, target. FLOPs: ``rtd_scale/flops.py`` (formula in bench/README.md).
+ceiling, and of 989 dense bf16 TFLOP/s), peak memory, target. FLOPs: ``rtd_scale/flops.py`` (formula in bench/README.md).
 Warm-up steps are excluded; timed steps run back to back and the host waits for the device
 only at measurement boundaries. Each row has a time budget, the whole run a deadline (rows that
 no longer fit are reported as skipped), and an out-of-memory error or any other failure of a
