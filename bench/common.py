@@ -372,6 +372,48 @@ def hf_deberta(cfg, device: torch.device, *, compile_backend: Optional[str] = No
     return HFPair(gen_c, both, rtd_loss)
 
 
+def hf_modernbert(cfg, device: torch.device, *, compile_backend: Optional[str] = None) -> HFPair:
+    """``ModernBertForMaskedLM`` + ``ModernBertModel`` (SDPA attention; its sliding window a
+    mask) with an RTD head (dense, GELU, dense → 1) at ``cfg``'s dimensions (the export's
+    ``ModernBertConfig``, ``rtd_scale/hf/modernbert.py``), the token tables tied as GDES ties
+    rtd_scale's (``E_G.detach() + E_Δ``; ModernBERT's embedding layer names its table
+    ``tok_embeddings``, so ``share_hf_embeddings`` is not used), BCE over the non-pad positions.
+    ``compile_backend``: both models under ``torch.compile``."""
+    import transformers as T
+    import torch.nn.functional as F
+
+    from rtd_scale.config import Sharing
+    from rtd_scale.hf import convert
+
+    m = cfg.model
+    if m.sharing is not Sharing.GDES:
+        raise ValueError(f"model.sharing {m.sharing.value}: the ModernBERT reference ties the "
+                         "token table as GDES only (the modern presets')")
+    built = []
+    with torch.device(device):
+        for cls, which in ((T.ModernBertForMaskedLM, "generator"), (T.ModernBertModel,
+                                                                     "discriminator")):
+            c = convert.hf_config(m, which, pad_id=PAD_ID)
+            try:
+                built.append(cls._from_config(c, attn_implementation="sdpa"))
+            except (ValueError, TypeError, ImportError):
+                built.append(cls._from_config(c))
+        gen, disc = built
+        h = m.discriminator.hidden_size
+        head = torch.nn.Sequential(torch.nn.Linear(h, h), torch.nn.GELU(), torch.nn.Linear(h, 1))
+    disc.embeddings.tok_embeddings = ResidualEmbedding(gen.model.embeddings.tok_embeddings)
+    both = torch.nn.ModuleDict({"generator": gen, "discriminator": disc, "head": head})
+    gen_c, disc_c = _compiled(gen, compile_backend), _compiled(disc, compile_backend)
+
+    def rtd_loss(corrupted, attn, labels):
+        hidden = disc_c(input_ids=corrupted, attention_mask=attn).last_hidden_state
+        logits = head(hidden).squeeze(-1).float()
+        active = attn.bool()
+        return F.binary_cross_entropy_with_logits(logits[active], labels[active])
+
+    return HFPair(gen_c, both, rtd_loss)
+
+
 def hf_rtd_forward(cfg, device: torch.device, gen: torch.nn.Module,
                    rtd_loss: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
                    autocast: Callable[[], Any],

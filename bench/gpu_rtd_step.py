@@ -20,8 +20,13 @@ In one run (≤ 8 minutes on one H200) this prints, side by side:
    operations of rtd_scale's step that synchronise the host, and the sampler's and masking's
    own cost.
 
+With ``--cores`` (``bench/device_check.sh``'s kernel table) rtd_scale's row is run once per
+attention core its workload has (``gpu/workloads.py`` ``CORES``; ``--workloads`` may add
+ModernBERT-base at 1,024 tokens against HF's ModernBert), HF compiled once per workload, and the
+best row again with its phase split and kernel families.
+
 One table: workload, implementation, micro-batch, tokens/s, TFLOP/s, MFU (of the measured
-ceiling), peak memory, target. FLOPs: ``rtd_scale/flops.py`` (formula in bench/README.md).
+ceiling, and of 989 dense bf16 TFLOP/s), peak memory, target. FLOPs: ``rtd_scale/flops.py`` (formula in bench/README.md).
 Warm-up steps are excluded; timed steps run back to back and the host waits for the device
 only at measurement boundaries. Each row has a time budget, the whole run a deadline (rows that
 no longer fit are reported as skipped), and an out-of-memory error or any other failure of a
@@ -54,9 +59,10 @@ import torch  # noqa: E402
 from bench import common  # noqa: E402
 from bench.gpu.report import (SETUP, diagnostics_text, header, profile_table,  # noqa: E402
                               results_table)
-from bench.gpu.run import Bench, plan  # noqa: E402
+from bench.gpu.run import Bench, Item, plan  # noqa: E402
 from bench.gpu.timing import matmul_ceiling  # noqa: E402
-from bench.gpu.workloads import IMPL_TITLES, WORKLOADS, Settings  # noqa: E402
+from bench.gpu.workloads import (CORES, DEFAULT_WORKLOADS, IMPL_TITLES, WORKLOADS,  # noqa: E402
+                                 Settings)
 
 
 def settings_from(args) -> Settings:
@@ -74,14 +80,26 @@ def settings_from(args) -> Settings:
                     zero_stage=args.zero_stage, matmul_size=8192)
 
 
+def best_row(bench: Bench):
+    """rtd_scale's engine row with the highest MFU, or None."""
+    ok = [r for r in bench.rows if r.impl == "rtd-engine" and r.status == "ok" and r.mfu_peak]
+    return max(ok, key=lambda r: r.mfu_peak) if ok else None
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when available")
     p.add_argument("--tiny", action="store_true",
                    help="tiny sizes (hidden 64, seq 64, 2 timed steps): the CPU smoke run")
-    p.add_argument("--workloads", default=",".join(WORKLOADS),
-                   help=f"comma-separated subset of {', '.join(WORKLOADS)}")
+    p.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS),
+                   help=f"comma-separated subset of {', '.join(WORKLOADS)} (default: "
+                        f"{', '.join(DEFAULT_WORKLOADS)})")
+    every = sorted({c for cs in CORES.values() for c in cs})
+    p.add_argument("--cores", default="",
+                   help=f"comma-separated attention cores of {', '.join(every)}: rtd_scale's "
+                        "row once per core its workload's attention has, HF compiled for "
+                        "every workload, and the best row's phase split (bench/README.md)")
     p.add_argument("--skip", default="",
                    help="comma-separated parts to leave out: stack, profile, extras, "
                         "rtd-compile, hf-compile")
@@ -100,6 +118,10 @@ def parse_args(argv=None):
     unknown = set(filter(None, args.workloads.split(","))) - set(WORKLOADS)
     if unknown:
         p.error(f"--workloads: unknown {sorted(unknown)}; choose from {', '.join(WORKLOADS)}")
+    args.cores = tuple(c for c in args.cores.split(",") if c)
+    if set(args.cores) - set(every):
+        p.error(f"--cores: unknown {sorted(set(args.cores) - set(every))}; choose from "
+                f"{', '.join(every)}")
     parts = {"stack", "profile", "extras", "rtd-compile", "hf-compile"}
     bad = set(filter(None, args.skip.split(","))) - parts
     if bad:
@@ -120,9 +142,19 @@ def main(argv=None) -> int:
     print(f"bf16 matmul ceiling ({s.matmul_size}^3 torch.mm): {bench.ceiling / 1e12:.1f} TFLOP/s",
           flush=True)
     workloads = [w for w in args.workloads.split(",") if w]
-    for item in plan(s, workloads, set(filter(None, args.skip.split(",")))):
+    for item in plan(s, workloads, set(filter(None, args.skip.split(","))), args.cores):
         bench.run(item)
         sys.stdout.flush()
+    best = best_row(bench) if args.cores else None
+    if best is not None and bench.left() > 40:
+        # the fastest of rtd_scale's rows again, with the phase split and kernel families
+        item = Item(best.workload, best.impl, frozenset({"families", "phases"}),
+                    core=best.core, min_left_s=0.0)
+        bench.log(f"-- best step (MFU {100 * best.mfu_peak:.1f}% of 989): profiling it")
+        again = bench.run(item)
+        bench.rows.remove(again)
+        if again.status == "ok":
+            bench.best = (again, f"{again.workload}|{again.impl}")
     common.teardown_world()
     order = list(IMPL_TITLES)
 
@@ -130,6 +162,16 @@ def main(argv=None) -> int:
         return (0 if "|rtd" in k or "mcore" in k else 1, order.index(k.split("|")[1]))
 
     large = sorted([k for k in bench.profiles if k.startswith("electra-large")], key=ours_first)
+    best = getattr(bench, "best", None)
+    best_phases = ""
+    if best is not None:
+        row, key = best
+        phases = bench.phases.get(f"{row.workload} / {row.title}", {})
+        best_phases = (f"== The best step: {row.workload} / {row.title}, "
+                       f"{row.tokens_per_s / 1e3:.1f}k tokens/s, MFU {100 * row.mfu_peak:.1f}% "
+                       f"of 989 TFLOP/s ==\nphases (ms): " + ", ".join(
+                           f"{k} {v:.1f}" for k, v in phases.items()) + "\n"
+                       + profile_table(bench, [key]))
     stack = sorted([k for k in bench.profiles if k.startswith("stack")], key=ours_first)
     report = "\n\n".join(filter(None, [
         f"== Results (bf16 matmul ceiling {bench.ceiling / 1e12:.1f} TFLOP/s; "
@@ -141,6 +183,7 @@ def main(argv=None) -> int:
         profile_table(bench, stack),
         "== rtd_scale step diagnostics ==",
         diagnostics_text(bench),
+        best_phases,
     ]))
     print("\n" + report, flush=True)
     if args.json:
@@ -150,6 +193,7 @@ def main(argv=None) -> int:
             "rows": [dataclasses.asdict(r) for r in bench.rows],
             "profiles": {k: dataclasses.asdict(v) for k, v in bench.profiles.items()},
             "phases_ms": bench.phases, "host_syncs": bench.syncs,
+            "best": None if best is None else dataclasses.asdict(best[0]),
             "objective_pieces": bench.samplers,
             "settings": {k: str(v) for k, v in dataclasses.asdict(s).items()},
             "report": report,

@@ -36,7 +36,9 @@ dropout; arXiv 2111.09543 §4 for relative-position attention):
   ``seq-64``: sequences of 64 at twice the batch (the same tokens a step);
 * ``combined``: ``dropout-0`` and ``mask-0.25`` together, which is ``debertav3-tiny`` now;
   ``combined-doc-mask`` the same with document-masked packing (``--reset-attention-mask``: no
-  attention across the documents of a packed sample);
+  attention across the documents of a packed sample); ``combined-attention-dropout-0.1`` the same
+  with DeBERTaV3's attention-probability dropout 0.1 back in both models (the ``flash`` core,
+  flashdeberta's kernel, has none; docs/gpu.md#the-device-check, the dropout decision);
 * ``modern-block``: the ``modernbert-tiny`` preset (ModernBERT's block at ``tiny``'s dimensions,
   document-masked packing on) at ``combined``'s mask rate and dropout, so that the block is the
   one change; ``modern-block-no-doc-mask`` the same with attention across documents. The
@@ -87,6 +89,10 @@ LEVERS: dict[str, tuple[tuple[str, ...], int, int]] = {
     "seq-64": (("--seq-length", "64", "--global-batch-size", "64"), 8000, 1),
     "combined": (NO_DROPOUT + ("--mask-prob", "0.25"), 8000, 1),  # debertav3-tiny's own now
     "combined-doc-mask": (NO_DROPOUT + ("--mask-prob", "0.25", "--reset-attention-mask"), 8000, 1),
+    # debertav3-tiny with DeBERTaV3's attention-probability dropout (0.1) back in both models
+    "combined-attention-dropout-0.1": (NO_DROPOUT + ("--mask-prob", "0.25", "--attention-dropout",
+                                                     "0.1", "--generator-attention-dropout", "0.1"),
+                                       8000, 1),
     # the modern block at debertav3-tiny's mask rate and dropout: the preset named last wins
     "modern-block": (("--preset", "modernbert-tiny") + NO_DROPOUT + ("--mask-prob", "0.25"),
                      8000, 1),

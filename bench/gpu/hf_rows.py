@@ -11,16 +11,17 @@ from bench.gpu.timing import Stepper, phased, stack_stepper
 from bench.gpu.workloads import Settings
 
 
-def hf_rtd_step(cfg, arch: Literal["electra", "deberta-v2"], s: Settings,
+def hf_rtd_step(cfg, arch: Literal["electra", "deberta-v2", "modernbert"], s: Settings,
                 compile_backend: Optional[str]) -> tuple[Stepper, str]:
     """The RTD step as a transformers user writes it: ``common.hf_electra`` (generator
     ``ElectraForMaskedLM``, discriminator ``ElectraForPreTraining``) or ``common.hf_deberta``
     (DebertaV2), their embeddings tied as the workload's sharing mode ties rtd_scale's (ES: the
     generator's modules; GDES: ``E_G.detach() + E_Δ``; ``common.share_hf_embeddings``),
-    ``common.hf_rtd_forward``'s masking with ``torch.bernoulli`` and ``torch.multinomial`` from
+    ``common.hf_modernbert`` (ModernBERT), ``common.hf_rtd_forward``'s masking with ``torch.bernoulli`` and ``torch.multinomial`` from
     the softmax at masked positions, L = L_MLM + 50 · L_RTD, bf16 autocast, fused AdamW.
     ``compile_backend``: both models under ``torch.compile``."""
-    builders = {"electra": common.hf_electra, "deberta-v2": common.hf_deberta}
+    builders = {"electra": common.hf_electra, "deberta-v2": common.hf_deberta,
+                "modernbert": common.hf_modernbert}
     if arch not in builders:
         raise ValueError(f"arch {arch!r}: choose one of {', '.join(builders)}")
     build = builders[arch]

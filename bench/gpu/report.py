@@ -70,13 +70,14 @@ def results_table(bench: Bench) -> str:
             fmt_k(r.tokens_per_s) if r.status == "ok" else r.status,
             f"{r.tflops:.1f}" if r.tflops is not None else "-",
             f"{100 * r.mfu:.1f}%" if r.mfu is not None else "-",
+            f"{100 * r.mfu_peak:.1f}%" if r.mfu_peak is not None else "-",
             f"{r.peak_mem_gib:.1f}" if r.peak_mem_gib is not None else "-",
             (f">= {fmt_k(r.target_tokens_per_s)}" + meets) if r.target_tokens_per_s else "-",
             vs, fmt_k(r.anchor_tokens_per_s),
         ])
     head = ["workload", "implementation", "micro-batch", "tokens/s", "TFLOP/s", "MFU",
-            "peak GiB", "target (rtd_scale)", "vs HF", "H200 anchor"]
-    out = table(head, lines, right={2, 3, 4, 5, 6, 8, 9})
+            "MFU of 989", "peak GiB", "target (rtd_scale)", "vs HF", "H200 anchor"]
+    out = table(head, lines, right={2, 3, 4, 5, 6, 7, 9, 10})
     notes = [f"  [{r.workload} / {r.title}] {r.status}: {r.note}"
              for r in sorted(bench.rows, key=key) if r.note]
     return out + ("\nNotes:\n" + "\n".join(notes) if notes else "")

@@ -35,19 +35,68 @@ def micro_batches(cfg, s: Settings):
     return [mb.pin_memory() for mb in out] if s.cuda else out
 
 
-def rtd_engine_step(cfg, s: Settings, zero_stage: int) -> tuple[Stepper, tuple]:
+def _build_with_core(cfg, s: Settings, core: str):
+    """``common.build_rtd_model`` with attention ``core`` (``workloads.CORES``; "" the
+    product's own choice) and a note for the row; the modern block's choice is an environment
+    switch read at every forward, so it comes back as ``env`` for the step to set.
+
+    Raises:
+        RowSkipped: the core does not exist for this layout, or not on this machine."""
+    import importlib.util
+    import os
+    from unittest import mock
+
+    from bench.gpu.timing import RowSkipped
+    from bench.gpu.workloads import CORES
+    from rtd_scale.model import document_mask, specs
+    from rtd_scale.model.disentangled import IMPLEMENTATIONS, DisentangledCoreAttention
+
+    layout = cfg.model.attention_type.value
+    env = {}
+    if not core:
+        return common.build_rtd_model(cfg, s.device), env, ""
+    if core not in CORES.get(layout, ()):
+        raise RowSkipped(f"core {core!r} is not one of {layout} attention's "
+                         f"{', '.join(CORES.get(layout, ()))}")
+    if core == "te" and not specs._have_transformer_engine():
+        raise RowSkipped("transformer-engine does not import here (or no CUDA device)")
+    if core == "flash" and "flash" not in IMPLEMENTATIONS:
+        raise RowSkipped("this checkout's model/disentangled.py has no flash core")
+    if core == "flash" and importlib.util.find_spec("flashdeberta") is None:
+        raise RowSkipped("flashdeberta does not import (pip install .[gpu])")
+    if core in ("flex", "flash") and not s.cuda:
+        raise RowSkipped(f"the {core} core trains on CUDA only")
+    # every core but "te" on megatron-core's local linears, whatever is installed
+    with mock.patch.object(specs, "_have_transformer_engine", lambda: core == "te"):
+        model = common.build_rtd_model(cfg, s.device)
+    if layout == "disentangled":
+        for m in model.modules():
+            if isinstance(m, DisentangledCoreAttention):
+                m.impl = core
+                if core != "sdpa":  # FlexAttention and flashdeberta have no attention dropout
+                    m.dropout_p = 0.0
+    if layout == "rotary":
+        env[document_mask.FLEX_ENV] = "1" if core == "flex" else "0"
+        os.environ.update(env)
+    return model, env, f"core {core}"
+
+
+def rtd_engine_step(cfg, s: Settings, zero_stage: int, core: str = "") -> tuple[Stepper, tuple]:
     """rtd_scale's step as ``pretrain.py --bf16`` runs it: ``training/step.py``'s ``train_step``
     over one micro-batch (gradient accumulation 1), called as ``training/loop.py`` calls it at
     pipeline_model_parallel_size 1 — the counts of the global batch, ``engine(...)``,
     ``engine.backward``, ``engine.step`` — without the loop's non-finite gate and norm read.
     DeepSpeed casts the model to bf16 and keeps fp32 master weights in its optimizer wrapper
-    around rtd_scale's AdamW (fused on GPU)."""
+    around rtd_scale's AdamW (fused on GPU). ``core``: the attention core (``_build_with_core``).
+    """
+    import os
+
     from rtd_scale import distributed
     from rtd_scale.training.engine import build_engine, resolve_ds_config
     from rtd_scale.training.step import train_step
 
     ctx = parallel_context(s)
-    model = common.build_rtd_model(cfg, s.device)
+    model, env, core_note = _build_with_core(cfg, s, core)
     ds = resolve_ds_config({"zero_optimization": {"stage": zero_stage}}, cfg,
                            data_parallel_size=1, gradient_accumulation_steps=1)
     with contextlib.redirect_stdout(io.StringIO()):  # BF16_Optimizer prints memory banners
@@ -55,9 +104,11 @@ def rtd_engine_step(cfg, s: Settings, zero_stage: int) -> tuple[Stepper, tuple]:
     batches = micro_batches(cfg, s)
 
     def run(i: int, timers) -> None:
+        os.environ.update(env)  # the modern block's core is read at every forward
         train_step(eng, [batches[i % len(batches)]], step=i, ctx=ctx, timers=timers)
 
     note = f"{type(eng.optimizer).__name__} over {type(eng.basic_optimizer).__name__}"
+    note = ", ".join(filter(None, [core_note, note]))
     return Stepper(run, keep=[eng, model]), (model, note)
 
 

@@ -21,10 +21,10 @@ from bench.common import REPO, SEED
 from bench.gpu.census import FamilyProfile, SyncCensus, profile_families, sampler_cost
 from bench.gpu.hf_rows import hf_rtd_step, stack_hf_step
 from bench.gpu.rtd_rows import rtd_autocast_step, rtd_engine_step, stack_mcore_step
-from bench.gpu.timing import (Row, Stepper, fmt_k, failure_note, is_oom, phase_split, release,
-                              time_steps)
-from bench.gpu.workloads import (IMPL_TITLES, STACK_ANCHORS, STACK_TARGET, WORKLOADS, Settings,
-                                 rtd_config, rtd_dims, stack_shape)
+from bench.gpu.timing import (PEAK_FLOPS, Row, RowSkipped, Stepper, fmt_k, failure_note, is_oom,
+                              phase_split, release, time_steps)
+from bench.gpu.workloads import (CORES, IMPL_TITLES, STACK_ANCHORS, STACK_TARGET, WORKLOADS,
+                                 Settings, rtd_config, rtd_dims, stack_shape)
 from rtd_scale.flops import EncoderDims, mfu, rtd_flops_per_token, stack_flops_per_token
 
 
@@ -38,6 +38,7 @@ class Item:
     # rtd_scale rows "phases" (forward/backward/update), "syncs" (host-sync census), "sampler"
     diag: frozenset = frozenset()
     min_left_s: float = 25.0  # do not start with less time than this left
+    core: str = ""  # rtd-engine rows: the attention core (workloads.CORES); "" the default
 
 
 class Bench:
@@ -72,7 +73,9 @@ class Bench:
         title = IMPL_TITLES[item.impl].format(zs=f", ZeRO-{self.s.zero_stage}")
         if item.impl == "hf-eager" and wl.hf_arch == "deberta-v2":
             title = "HF eager (DebertaV2)"
-        return Row(workload=wl.key, impl=item.impl, title=title,
+        if item.core:
+            title += f", core {item.core}"
+        return Row(workload=wl.key, impl=item.impl, title=title, core=item.core,
                    micro_batch=cfg.train.micro_batch_size, seq_length=cfg.data.seq_length,
                    flops_per_token=rtd_flops_per_token(rtd_dims(cfg)),
                    target_tokens_per_s=wl.target_tokens_per_s,
@@ -97,7 +100,7 @@ class Bench:
         if item.impl in ("rtd-engine", "rtd-engine-z0", "rtd-compile"):
             zs = 0 if item.impl == "rtd-engine-z0" else s.zero_stage
             cfg.model.compile_layers = item.impl == "rtd-compile"
-            stepper, (model, note) = rtd_engine_step(cfg, s, zs)
+            stepper, (model, note) = rtd_engine_step(cfg, s, zs, item.core)
             return stepper, (model, cfg), note
         if item.impl == "rtd-autocast":
             stepper, (model, note) = rtd_autocast_step(cfg, s)
@@ -123,6 +126,8 @@ class Bench:
             row.note = note
             row.step_ms, row.steps = time_steps(stepper, self.s)
             self.finish(row)
+        except RowSkipped as e:
+            row.status, row.note = "skipped", str(e)
         except Exception as e:  # noqa: BLE001 - a row's failure is reported, not fatal
             row.status = "OOM" if is_oom(e) else "error"
             row.note = failure_note(e)
@@ -155,6 +160,7 @@ class Bench:
         row.tflops = row.flops_per_token * row.tokens_per_s / 1e12
         if self.ceiling:
             row.mfu = mfu(row.flops_per_token, row.tokens_per_s, self.ceiling)
+        row.mfu_peak = mfu(row.flops_per_token, row.tokens_per_s, PEAK_FLOPS)
 
     def diagnose(self, item: Item, row: Row, stepper: Stepper, rtd) -> None:
         key = f"{row.workload} / {row.title}"
@@ -179,7 +185,8 @@ class Bench:
         self.log(f"-- {row.workload} / {row.title} (child process, ≤ {self.left() - 10:.0f}s) ...")
         out = (Path(os.environ.get("TMPDIR", "/tmp")) / f"gpu_rtd_step_child_{os.getpid()}.json"
                ).resolve()
-        cmd = [sys.executable, "-m", "bench.gpu.child", "--row", f"{item.workload}:{item.impl}",
+        cmd = [sys.executable, "-m", "bench.gpu.child", "--row",
+               f"{item.workload}:{item.impl}" + (f":{item.core}" if item.core else ""),
                "--out", str(out), "--settings", self.s.to_json()]
         release(self.s.device)
         try:
@@ -201,9 +208,15 @@ class Bench:
         return row
 
 
-def plan(s: Settings, workloads: list[str], skip: set[str]) -> list[Item]:
-    """Rows in priority order: the side-by-side rows first, diagnostics after, compile last."""
+def plan(s: Settings, workloads: list[str], skip: set[str], cores: tuple[str, ...] = ()
+         ) -> list[Item]:
+    """Rows in priority order: the side-by-side rows first, diagnostics after, compile last.
+    With ``cores``, rtd_scale's engine row once per core its workload's attention has
+    (``workloads.CORES``: "sdpa" for each, then the others named), and HF's compiled row for
+    every workload (ELECTRA-large's first), not only ELECTRA-large's."""
     on = "profile" not in skip
+    if cores:
+        return _plan_cores(s, workloads, skip, cores, on)
 
     def diag(*what: str, when: bool = True) -> frozenset:
         return frozenset(what) if on and when else frozenset()
@@ -229,4 +242,23 @@ def plan(s: Settings, workloads: list[str], skip: set[str]) -> list[Item]:
         items.append(Item("electra-large", "rtd-compile", min_left_s=60))
     if "hf-compile" not in skip and "electra-large" in workloads:
         items.append(Item("electra-large", "hf-compile", min_left_s=20 if s.tiny else 75))
+    return items
+
+
+def _plan_cores(s: Settings, workloads: list[str], skip: set[str], cores: tuple[str, ...],
+                on: bool) -> list[Item]:
+    """``plan`` with ``cores``: per workload HF eager, then rtd_scale's engine per core (the
+    first, ELECTRA-large's, with the kernel-family profile and the phase split); HF compiled per
+    workload last, while the deadline allows."""
+    items = []
+    for w in workloads:
+        cfg = rtd_config(WORKLOADS[w], True)
+        mine = [c for c in cores if c in CORES[cfg.model.attention_type.value]]
+        items.append(Item(w, "hf-eager"))
+        for i, c in enumerate(mine):
+            first = on and i == 0 and w == workloads[0]
+            items.append(Item(w, "rtd-engine", frozenset({"families", "phases"}) if first
+                              else frozenset(), core=c))
+    if "hf-compile" not in skip:
+        items += [Item(w, "hf-compile", min_left_s=20 if s.tiny else 75) for w in workloads]
     return items

@@ -22,6 +22,15 @@ def fmt_k(x: Optional[float]) -> str:
     return f"{x / 1e3:.1f}k" if x >= 1e3 else f"{x:.1f}"
 
 
+# H100 / H200 SXM dense bf16 datasheet peak, the MFU denominator of tools/estimate_cost.py
+PEAK_FLOPS = 989e12
+
+
+class RowSkipped(Exception):
+    """A row that cannot run on this machine (a kernel or package missing): reported as
+    skipped with the reason, not as an error."""
+
+
 @dataclass
 class Row:
     """One line of the table."""
@@ -41,6 +50,8 @@ class Row:
     tokens_per_s: Optional[float] = None
     tflops: Optional[float] = None
     mfu: Optional[float] = None
+    mfu_peak: Optional[float] = None  # of the datasheet's dense bf16 peak (PEAK_FLOPS)
+    core: str = ""  # rtd_scale rows: the attention core (workloads.CORES), "" the default
     peak_mem_gib: Optional[float] = None
     seconds: float = 0.0  # wall time of the row, build included
 

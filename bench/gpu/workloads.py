@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Optional
 
 import torch
 
@@ -55,8 +55,9 @@ class Workload:
     key: str
     preset: str
     micro_batch: int
-    target_tokens_per_s: float
-    hf_arch: Literal["electra", "deberta-v2"]  # ElectraFor{MaskedLM,PreTraining} / DebertaV2
+    target_tokens_per_s: Optional[float]
+    # ElectraFor{MaskedLM,PreTraining} / DebertaV2 / ModernBert
+    hf_arch: Literal["electra", "deberta-v2", "modernbert"]
     anchors: dict  # implementation key -> tokens/s measured on one H200 (the reference rows)
 
 
@@ -70,7 +71,20 @@ WORKLOADS = {
     "debertav3-large": Workload(key="debertav3-large", preset="debertav3-large", micro_batch=16,
                                 target_tokens_per_s=110e3, hf_arch="deberta-v2",
                                 anchors={"hf-eager": 24.5e3}),
+    # ModernBERT-base's discriminator at its 1,024 tokens (no measured target or anchor yet)
+    "modernbert-base": Workload(key="modernbert-base", preset="modernbert-base", micro_batch=16,
+                                target_tokens_per_s=None, hf_arch="modernbert", anchors={}),
 }
+# what a run without --workloads measures (the reference rows of bench/README.md)
+DEFAULT_WORKLOADS = ("electra-large", "electra-base", "debertav3-large")
+# The attention cores a rtd_scale row can run on, per attention layout (``--cores``):
+# disentangled attention's ``model/disentangled.py`` IMPLEMENTATIONS ("sdpa": a float bias to
+# PyTorch's SDPA; "flex": FlexAttention; "flash": flashdeberta's Triton kernels); BERT
+# attention's SDPA core on megatron-core's local linears ("sdpa") or Transformer Engine's ("te",
+# where transformer-engine imports); the modern block's explicit band mask + SDPA ("sdpa",
+# RTD_SCALE_FLEX_ATTENTION=0) or FlexAttention's block mask ("flex").
+CORES = {"disentangled": ("sdpa", "flex", "flash"), "bert": ("sdpa", "te"),
+         "rotary": ("sdpa", "flex")}
 # The stack-only row: 24 × 1024, 16 heads, FFN 4096, seq 512, batch 16, bf16 weights, fwd + bwd.
 STACK = dict(num_layers=24, hidden_size=1024, num_attention_heads=16, ffn_hidden_size=4096,
              seq_length=512, micro_batch=16)
@@ -121,6 +135,8 @@ def rtd_config(wl: Workload, tiny: bool):
         m.embedding_size = 64
         m.vocab_size = 3000 if wl.hf_arch == "deberta-v2" else 1000
         m.max_position_embeddings = 64
+        if m.window_size > 0:  # the modern block: local layers narrower than the sequence
+            m.window_size = 16
         cfg.data.seq_length = 64
         cfg.train.micro_batch_size = cfg.train.global_batch_size = 4
     cfg.validate()

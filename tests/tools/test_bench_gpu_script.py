@@ -38,7 +38,8 @@ def test_tiny_cpu_run_covers_every_row(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = json.loads(out.read_text())
     rows = {(r["workload"], r["impl"]): r for r in res["rows"]}
-    expected = {(w, i) for w in bench.WORKLOADS for i in ("hf-eager", "rtd-engine", "rtd-autocast")}
+    expected = {(w, i) for w in bench.DEFAULT_WORKLOADS
+                for i in ("hf-eager", "rtd-engine", "rtd-autocast")}
     expected |= {("electra-large", "hf-compile"), ("electra-large", "rtd-engine-z0"),
                  ("debertav3-large", "hf-electra-arch")}
     expected |= {("stack 2x64", i) for i in ("stack-hf", "stack-mcore", "stack-mcore-mask")}

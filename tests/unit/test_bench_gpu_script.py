@@ -145,7 +145,45 @@ def test_the_sync_census_counts_device_waits_not_the_data_wait_host_work():
 def test_an_unknown_mode_of_a_row_is_an_error_not_another_row():
     from bench.gpu import hf_rows, rtd_rows
 
-    with pytest.raises(ValueError, match="arch 'bert': choose one of electra, deberta-v2"):
+    with pytest.raises(ValueError,
+                       match="arch 'bert': choose one of electra, deberta-v2, modernbert"):
         hf_rows.hf_rtd_step(None, "bert", _tiny_settings(), None)
     with pytest.raises(ValueError, match="impl 'stack-hf': choose"):
         rtd_rows.stack_mcore_step("stack-hf", workloads.stack_shape(True), _tiny_settings())
+
+
+def test_the_core_table_plans_each_layouts_cores_and_skips_what_cannot_run_here():
+    """``--cores`` (bench/device_check.sh's kernel table): per workload HF eager, then the
+    engine once per core its attention has (DeBERTa sdpa / flex / flash, the modern block sdpa /
+    flex, ELECTRA sdpa / te), HF compiled per workload last; the ModernBERT-base workload is
+    the preset's 1,024 tokens. A core that cannot run here is skipped with its reason, before
+    any model is built; an unknown core is refused in one line."""
+    s = _tiny_settings()
+    items = run.plan(s, ["debertav3-large", "modernbert-base", "electra-base"], {"stack"},
+                     ("sdpa", "flex", "flash", "te"))
+    assert [(i.workload, i.impl, i.core) for i in items] == [
+        ("debertav3-large", "hf-eager", ""), ("debertav3-large", "rtd-engine", "sdpa"),
+        ("debertav3-large", "rtd-engine", "flex"), ("debertav3-large", "rtd-engine", "flash"),
+        ("modernbert-base", "hf-eager", ""), ("modernbert-base", "rtd-engine", "sdpa"),
+        ("modernbert-base", "rtd-engine", "flex"),
+        ("electra-base", "hf-eager", ""), ("electra-base", "rtd-engine", "sdpa"),
+        ("electra-base", "rtd-engine", "te"),
+        ("debertav3-large", "hf-compile", ""), ("modernbert-base", "hf-compile", ""),
+        ("electra-base", "hf-compile", "")]
+    assert items[1].diag == {"families", "phases"} and not items[2].diag
+    modern = workloads.rtd_config(workloads.WORKLOADS["modernbert-base"], tiny=False)
+    assert modern.data.seq_length == 1024 and modern.model.window_size == 128
+
+    b = run.Bench(s)
+    b.log = lambda *a, **k: None
+    for item in items[2:4] + items[6:7] + items[9:10]:  # flex, flash, flex, te on the CPU
+        row = b.run(item)
+        assert row.status == "skipped" and row.tokens_per_s is None, (item, row.note)
+        assert f"core {item.core}" in row.title
+    notes = [r.note for r in b.rows]
+    assert notes[0] == "the flex core trains on CUDA only"
+    assert "flash" in notes[1] and "te" not in notes[1]
+    assert "transformer-engine" in notes[3]
+    assert "skipped" in results_table(b)
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--cores", "sdpa,cudnn"])
