@@ -56,15 +56,18 @@ _ALIASES = {"prefetch_bucket_size": "stage3_prefetch_bucket_size",
             "param_persistence_threshold": "stage3_param_persistence_threshold"}
 
 # Saved activations per layer and micro-batch, in elements of the activation dtype per s·b·h:
-# C_HIDDEN + C_FFN · (FFN width / h), the FFN width doubled for a gated FFN (fc1 of 2f), and
-# the attention's saved scores C_SCORES · n·s·K (K the keys each query attends to).
-# Counted on the CPU by bench/memory.py --saved (h 768, 12 heads, s 256 and 512, b 1).
-C_HIDDEN = {"bert": 14.0, "disentangled": 14.0, "rotary": 14.0}
-C_FFN = {"bert": 6.0, "disentangled": 6.0, "rotary": 6.0}
+# C_HIDDEN + C_FFN · (FFN width / h), the FFN width doubled for a gated FFN (fc1 of 2f); the
+# attention's saved scores C_SCORES · n·s·K (K the keys each query attends to; the CPU's
+# attention kernels keep none); disentangled attention's position projections C_REL · R·h per
+# layer (R relative rows). Counted on the CPU by bench/memory.py --saved (h 768, 12 heads, s 256
+# and 512, b 1; what autograd keeps, parameters excluded).
+C_HIDDEN = {"bert": 48.0, "disentangled": 46.0, "rotary": 48.0}
+C_FFN = {"bert": 2.0, "disentangled": 2.0, "rotary": 2.0}
 C_SCORES = {"bert": 0.0, "disentangled": 0.0, "rotary": 0.0}
+C_REL = 4.0
 # Per token and micro-batch outside the layers (embeddings, heads, losses, masks, sampled ids):
 # elements of the activation dtype per s·b·h of the discriminator.
-C_OUTSIDE = 10.0
+C_OUTSIDE = 12.0
 # The MLM logits at the masked positions: elements per masked position and vocabulary row of
 # this rank (logits, their fp32 softmax and gradient, and the sampler's Gumbel scores).
 C_LOGITS = 4.0
@@ -279,6 +282,8 @@ def _activations(cfg, layout: RankLayout, b_act: int) -> tuple[float, float]:
         per_layer_elems = s * b * h * (C_HIDDEN[family] + C_FFN[family] * ffn / h) / layout.tp
         local = sum(m.local_layer(n) for n in range(1, enc.num_layers + 1))
         scores = heads * s * b * C_SCORES[family] / layout.tp
+        if m.attention_type.relative_table:
+            per_layer_elems += C_REL * flops.relative_rows(m, s) * h / layout.tp
         layers_here = enc.num_layers // layout.pp
         local_here = local // layout.pp
         elems = (layers_here * per_layer_elems + (layers_here - local_here) * scores * s
