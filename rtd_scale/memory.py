@@ -94,19 +94,20 @@ class ParameterCounts:
                                other=self.other, largest=-(-self.largest // tp))
 
 
-def count_parameters(model, padded_vocab_size: int) -> ParameterCounts:
+def count_parameters(model) -> ParameterCounts:
     """``model``'s own parameters (each once; a ZeRO-3 partition by its full size
-    ``ds_numel``), sorted by what divides them. ``padded_vocab_size``: the rows of this rank's
-    vocabulary shard."""
+    ``ds_numel``), sorted by what divides them: the vocabulary-parallel ones are those
+    ``model/weights.py``'s ``mark_vocab_parallel`` marked."""
+    from rtd_scale.model.weights import VOCAB_DIM_ATTR
+
     seen: dict[int, Any] = {}
     for name, p in model.named_parameters():
         seen.setdefault(id(p), (name, p))
     vocab = layers = other = largest = 0
     for name, p in seen.values():
         n = int(getattr(p, "ds_numel", p.numel()))
-        shape = tuple(getattr(p, "ds_shape", p.shape))
         largest = max(largest, n)
-        if shape and shape[0] == padded_vocab_size:
+        if getattr(p, VOCAB_DIM_ATTR, None) is not None:
             vocab += n
         elif ".layers." in name:
             layers += n
@@ -144,8 +145,7 @@ def config_parameter_counts(cfg, ctx=None) -> ParameterCounts:
         meta = _MetaStage(ctx)
         with torch.device("meta"):
             model = build_model(cfg, meta, _MetaTokenizer(cfg.model.vocab_size))
-        tp = cfg.parallel.tensor_model_parallel_size
-        return count_parameters(model, model.padded_vocab_size // tp)
+        return count_parameters(model)
     finally:
         if own_group:
             ps.destroy_model_parallel()
@@ -389,7 +389,9 @@ def peak_bytes(device) -> Optional[float]:
         return float(torch.cuda.max_memory_allocated(device))
     import resource
 
-    return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024.0  # KiB on Linux
+    # KiB on Linux; the kernel's high-water mark lags the resident size by a few pages
+    return max(float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024.0,
+               resident_bytes())
 
 
 def resident_bytes() -> float:
