@@ -358,11 +358,18 @@ def estimate(cfg, mine: ParameterCounts, layout: RankLayout, *,
             parts["optimizer"] = optimizer
         if z.stage == 3 and z.offload_param:
             host["weights (offloaded)"] = parts.pop("weights")
-    b_act = 2 if layout.bf16 else 4
+    # bf16 activations are 2 bytes on a GPU; on the CPU a bf16 step was measured to keep about
+    # what an fp32 step keeps (bench/memory.py: electra-base ZeRO-1, 2 ranks)
+    b_act = 2 if layout.bf16 and not cpu else 4
     acts, logits = _activations(cfg, layout, b_act)
     parts["activations"] = acts
     parts["MLM logits"] = logits
     not_ours = {"runtime": runtime_bytes} if runtime_bytes else {}
+    if cpu and z.stage == 3:
+        # ZeRO-3's gathers on the CPU: the freed gathered copies stay in the C heap (glibc keeps
+        # freed blocks below its mmap threshold); measured at about one copy of the rank's
+        # weights (bench/memory.py: electra-base ZeRO-3, 2 ranks, fp32 and bf16)
+        not_ours["CPU heap of ZeRO-3 gathers"] = w * p
     return MemoryEstimate(parts, host, not_ours)
 
 
