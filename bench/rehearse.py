@@ -11,7 +11,7 @@
 3. ``tools/export_hf.py`` the checkpoint;
 4. load the export with transformers (``AutoModel.from_pretrained``).
 
-The layouts are the first two of ``LAYOUTS`` whose estimate (rtd_scale/memory.py, the function
+The layouts are the two cheapest of ``LAYOUTS`` whose estimate (rtd_scale/memory.py, the function
 pretrain.py prints at start) for 2 ranks fits the memory the machine has available now, less
 ``--reserve-gb`` for others. Prints one table row: preset, layouts, estimated and measured peak
 per rank (the largest rank's resident size), s/step, checkpoint and export sizes, the load.
@@ -29,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-# (name, ds_config, extra flags), cheapest first on the CPU: bf16 with full-layer recompute
+# (name, ds_config, extra flags): bf16 with full-layer recompute, the cheapest on the CPU
 LAYOUTS = (
     ("ZeRO-3 bf16 recompute", "ds_configs/zero3.json", ["--bf16", "--recompute-activations"]),
     ("ZeRO-3 + offload bf16 recompute", "ds_configs/zero3_offload.json",
@@ -110,6 +110,7 @@ def main(argv=None) -> int:
               f"(room {room:.1f} GB)", flush=True)
         if 2 * est <= room:
             fits.append((name, ds_file, flags, est))
+    fits.sort(key=lambda f: f[3])  # the two cheapest that fit
     if len(fits) < 2:
         print(f"error: fewer than two layouts fit in {room:.1f} GB now; free memory or lower "
               "--reserve-gb", file=sys.stderr)

@@ -56,14 +56,18 @@ _ALIASES = {"prefetch_bucket_size": "stage3_prefetch_bucket_size",
             "param_persistence_threshold": "stage3_param_persistence_threshold"}
 
 # Saved activations per layer and micro-batch, in elements of the activation dtype per s·b·h:
-# C_HIDDEN + C_FFN · (FFN width / h), the FFN width doubled for a gated FFN (fc1 of 2f); the
-# attention's saved scores C_SCORES · n·s·K (K the keys each query attends to; the CPU's
-# attention kernels keep none); disentangled attention's position projections C_REL · R·h per
-# layer (R relative rows). Counted on the CPU by bench/memory.py --saved (h 768, 12 heads, s 256
-# and 512, b 1; what autograd keeps, parameters excluded).
+# C_HIDDEN + C_FFN · (FFN width / h), the FFN width doubled for a gated FFN (fc1 of 2f);
+# disentangled attention's position projections C_REL · R·h per layer (R relative rows). Counted
+# on the CPU by bench/memory.py --saved (h 768, 12 heads, s 256 and 512, b 1; what autograd
+# keeps, parameters excluded). The attention's [b, n, s, K] scores, C_SCORES · n·s·K per layer
+# (K the keys each query attends to): none for SDPA's flash kernels; DeBERTa's explicit core
+# (the CPU's: c2c, the c2p and p2c gathers, their sum, softmax and the backward's scatter) from
+# the measured peak of debertav3-base (bench/memory.py, ZeRO-3, fp32, 2 ranks) less the rest of
+# the estimate; the GPU's SDPA core keeps fewer (one bias and its gradient), so this is high
+# there.
 C_HIDDEN = {"bert": 48.0, "disentangled": 46.0, "rotary": 48.0}
 C_FFN = {"bert": 2.0, "disentangled": 2.0, "rotary": 2.0}
-C_SCORES = {"bert": 0.0, "disentangled": 0.0, "rotary": 0.0}
+C_SCORES = {"bert": 0.0, "disentangled": 5.0, "rotary": 0.0}
 C_REL = 4.0
 # Per token and micro-batch outside the layers (embeddings, heads, losses, masks, sampled ids):
 # elements of the activation dtype per s·b·h of the discriminator.
