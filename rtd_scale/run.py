@@ -41,6 +41,7 @@ def run(cfg: RunConfig, print_fn=print, stop=None, validated=None) -> dict:
         validated()
     ctx = distributed.initialize(cfg.parallel, seed=cfg.train.seed)
     try:
+        plan = memory_plan(cfg, ctx, prep, print_fn)
         model, eng, converted = set_up(cfg, ctx, prep, print_fn)
         resumed = resume(cfg, ctx, eng, model, prep, converted, schedule_note=schedule_note,
                          print_fn=print_fn)
@@ -48,7 +49,8 @@ def run(cfg: RunConfig, print_fn=print, stop=None, validated=None) -> dict:
         result = train_phase(cfg, ctx, eng, prep, resumed, prep.ds_config, stop, print_fn,
                              reload=rollback_reload(cfg, ctx, eng, model, prep, converted,
                                                     resumed.resumed_from))
-        return finish(cfg, ctx, eng, model, prep, result, resumed.start_step, print_fn)
+        return finish(cfg, ctx, eng, model, prep, result, resumed.start_step, print_fn,
+                      plan=plan)
     finally:
         distributed.teardown()
 
@@ -95,6 +97,22 @@ def pretrained_weights(cfg: RunConfig) -> tuple[Optional[str], Optional[str]]:
     return path, None
 
 
+def memory_plan(cfg: RunConfig, ctx, prep: Prepared, print_fn):
+    """This rank's memory estimate (``rtd_scale/memory.py``), before the model is built: the
+    parameters counted on the meta device, the layout from the resolved ds_config, and on the
+    CPU the process's resident size now as the runtime's share. The logging rank prints its
+    ``memory per rank:`` line. Returns the ``MemoryEstimate``."""
+    from rtd_scale import memory
+
+    device = ctx.device.type
+    plan = memory.estimate(cfg, memory.config_parameter_counts(cfg, ctx),
+                           memory.layout_of(cfg, prep.ds_config, dp=ctx.dp_size, device=device),
+                           runtime_bytes=memory.resident_bytes() if device == "cpu" else 0.0)
+    if ctx.is_logging_rank:
+        print_fn(plan.line())
+    return plan
+
+
 def set_up(cfg: RunConfig, ctx, prep: Prepared, print_fn) -> tuple[Any, Any, Optional[str]]:
     """The model (with ``--pretrained-checkpoint``'s weights when it starts the run), the
     checkpoint's conversion when it was saved at another layout or precision, and the DeepSpeed
@@ -104,7 +122,8 @@ def set_up(cfg: RunConfig, ctx, prep: Prepared, print_fn) -> tuple[Any, Any, Opt
     from rtd_scale.training import engine
 
     tok = prep.tokenizer
-    model = build_model(cfg, ctx, tok)
+    with engine.zero3_construction(prep.ds_config, cfg, ctx.dp_group):  # ZeRO-3: partitioned
+        model = build_model(cfg, ctx, tok)
     pretrained, note = pretrained_weights(cfg)
     if note and ctx.is_logging_rank:
         print_fn(note)
@@ -220,12 +239,14 @@ def train_phase(cfg: RunConfig, ctx, eng, prep: Prepared, resumed: Resumed, ds_c
 
 
 def finish(cfg: RunConfig, ctx, eng, model, prep: Prepared, result, start_step: int,
-           print_fn) -> dict:
+           print_fn, plan=None) -> dict:
     """After the last step (unless interrupted): ``--export`` and ``--export-hf``; then the
-    summary (printed by the logging rank) and ``--save/curves.png``. Returns the summary."""
+    summary (printed by the logging rank; with ``plan``, the ``memory_plan`` estimate beside
+    the measured peak) and ``--save/curves.png``. Returns the summary."""
     import torch
 
     from rtd_scale.exports import export_consolidated, export_hf, export_hint
+    from rtd_scale.training.throughput import peak_memory_gb
 
     if cfg.train.export and not result.interrupted:
         export_consolidated(eng, model, cfg, ctx, cfg.train.export)
@@ -239,7 +260,11 @@ def finish(cfg: RunConfig, ctx, eng, model, prep: Prepared, result, start_step: 
                "interrupted": result.interrupted, "last_step": result.last_step,
                "stragglers": result.stragglers,
                "tensorboard_dir": cfg.train.tensorboard_dir, "start_step": start_step,
-               "export_hint": export_hint(cfg)}
+               "export_hint": export_hint(cfg),
+               "memory": {**peak_memory_gb(ctx.device),  # collective
+                          "estimate_gb": (plan.measured_as(ctx.device.type) / 1e9
+                                          if plan is not None else None),
+                          "device": ctx.device.type}}
     if ctx.is_logging_rank and result.history:
         from rtd_scale.training.summary import summary_text
 

@@ -38,6 +38,14 @@ usual model-FLOPs (MFU) convention: embedding lookups and their scatter-add grad
 norms, softmax, GELU, dropout, biases, the Gumbel-max sampling (elementwise, no matmul), the
 optimizer update and any activation recomputation. V is the real vocabulary, not the padded one.
 
+Memory (--memory, with --gpus and --gpu-memory): the bytes per rank of rtd_scale/memory.py (the
+function pretrain.py prints at start) for each of ds_configs/zero0-3.json and zero3_offload.json
+as written (their bucket and live-parameter limits), at the precision of --bf16 (the regime's) or
+fp32, TP --tp and DP = GPUs / TP: the largest micro-batch that fits and divides the rank's share
+of the global batch, and the gradient accumulation it implies. A GPU's room is --gpu-memory less
+what max_memory_allocated does not count (CUDA context, NCCL buffers) and the caching
+allocator's slack.
+
 GPU-hours: with a measured throughput (--tokens-per-s, for the whole job, and --gpus),
 hours = total tokens / tokens-per-s / 3600 and GPU-hours = hours × GPUs. With an assumed model
 FLOPs utilisation (--mfu and --peak-tflops, per GPU, e.g. 989 dense bf16 TFLOPs for an H100 SXM),
@@ -192,7 +200,20 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--peak-tflops", type=_positive(float),
                    help="peak dense TFLOPs per GPU at the training precision, e.g. 989 (H100 "
                         "SXM bf16) or 312 (A100 bf16)")
+    p.add_argument("--memory", action="store_true",
+                   help="print the memory per GPU at each ZeRO stage (ds_configs/zero*.json) and "
+                        "the largest micro-batch that fits; needs --gpus and --gpu-memory")
+    p.add_argument("--gpu-memory", type=_positive(float),
+                   help="GB of memory per GPU, e.g. 80 (H100) or 141 (H200); with --memory")
+    p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16",
+                   help="with --memory: the training precision (the regime's bf16, default)")
+    p.add_argument("--recompute-activations", action="store_true",
+                   help="with --memory: megatron-core's full-layer recompute in both models")
     args = p.parse_args(argv)
+    if args.memory and (args.gpus is None or args.gpu_memory is None):
+        p.error("--memory plans for a cluster: also pass --gpus and --gpu-memory")
+    if args.gpu_memory is not None and not args.memory:
+        p.error("--gpu-memory is read with --memory only")
     if args.tokens_per_s is not None and args.gpus is None:
         p.error("--tokens-per-s is the whole job's throughput: also pass --gpus")
     if (args.mfu is None) != (args.peak_tflops is None):
@@ -206,6 +227,68 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     if args.tokens_per_s is not None and args.mfu is not None:
         p.error("pass --tokens-per-s (measured) or --mfu with --peak-tflops (assumed), not both")
     return args
+
+
+# what CUDA's max_memory_allocated does not count: the CUDA context with cuBLAS and NCCL's
+# buffers (TODO(verify): measure on the GPU, torch.cuda.mem_get_info before and after start-up),
+# and the caching allocator's slack between reserved and allocated memory
+CUDA_RUNTIME_GB = 2.0
+ALLOCATOR_SLACK = 0.10
+ZERO_CONFIGS = (("ZeRO-0", "zero0.json"), ("ZeRO-1", "zero1.json"), ("ZeRO-2", "zero2.json"),
+                ("ZeRO-3", "zero3.json"), ("ZeRO-3 + offload", "zero3_offload.json"))
+DS_CONFIGS = Path(__file__).resolve().parents[1] / "ds_configs"
+
+
+def memory_plan(cfg: RunConfig, *, gpus: int, gpu_memory_gb: float, tp: int, global_batch: int,
+                seq_length: int, bf16: bool, recompute: bool, print_fn=print) -> list[tuple]:
+    """For each of ``ZERO_CONFIGS``: (name, largest micro-batch that fits or None, its
+    accumulation, its MemoryEstimate), printed as a table. The micro-batch divides the rank's
+    share of ``global_batch`` (global / DP); it fits when the estimate's device bytes, plus the
+    allocator's slack, are under ``gpu_memory_gb`` less ``CUDA_RUNTIME_GB``."""
+    import json
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
+    warnings.filterwarnings("ignore", message=".*full scope is deprecated.*")
+    from rtd_scale import memory
+
+    dp = gpus // tp
+    whole = memory.config_parameter_counts(cfg)
+    mine = whole.per_rank(tp, 1)
+    room = (gpu_memory_gb - CUDA_RUNTIME_GB) * 1e9
+    share = global_batch // dp
+    micro_batches = [b for b in range(share, 0, -1) if share % b == 0]
+    rows = []
+    print_fn(f"memory per GPU: {whole.total / 1e6:.1f}M parameters ({mine.total / 1e6:.1f}M per "
+             f"rank at TP {tp}), {gpus} GPUs = TP {tp} × DP {dp}, "
+             f"{'bf16' if bf16 else 'fp32'}, sequence {seq_length}"
+             f"{', full-layer recompute' if recompute else ''}; room {room / 1e9:.1f} GB of "
+             f"{gpu_memory_gb:g} (CUDA context and NCCL ~{CUDA_RUNTIME_GB:g} GB, allocator "
+             f"slack {100 * ALLOCATOR_SLACK:.0f}% on top of the estimate)")
+    for name, file in ZERO_CONFIGS:
+        with open(DS_CONFIGS / file, encoding="utf-8") as f:
+            zero = memory.ZeroSettings.from_ds_config(json.load(f))
+
+        def at(b: int):
+            layout = memory.RankLayout(tp=tp, dp=dp, zero=zero, bf16=bf16, micro_batch_size=b,
+                                       seq_length=seq_length, recompute=recompute,
+                                       device="cuda")
+            return memory.estimate(cfg, mine, layout)
+
+        fits = next((b for b in micro_batches
+                     if at(b).device_bytes * (1 + ALLOCATOR_SLACK) <= room), None)
+        est = at(fits or 1)
+        rows.append((name, fits, share // fits if fits else None, est))
+        parts = ", ".join(f"{k} {v / 1e9:.1f}" for k, v in est.parts.items() if v >= 5e7)
+        host = sum(est.host.values())
+        if fits is None:
+            verdict = f"does not fit even at micro-batch 1 ({est.device_bytes / 1e9:.1f} GB)"
+        else:
+            verdict = (f"micro-batch {fits:>3} × accumulation {share // fits:>3} × DP {dp} = "
+                       f"global {global_batch}: {est.device_bytes / 1e9:5.1f} GB")
+        print_fn(f"  {name:<17} {verdict} ({parts}"
+                 f"{f'; host {host / 1e9:.1f} GB per rank' if host else ''})")
+    return rows
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -264,6 +347,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             implied = total / (gpu_h * 3600.0) / 1e12
             line += f"; implies {implied:.0f} model TFLOPs per GPU"
         print(line)
+    if args.memory:
+        if args.gpus % args.tp or global_batch % (args.gpus // args.tp):
+            print(f"error: global batch {global_batch} does not divide over DP "
+                  f"{args.gpus // args.tp} (--gpus {args.gpus} / --tp {args.tp}); change "
+                  "--global-batch-size or --gpus", file=sys.stderr)
+            return 2
+        if args.vocab_size:
+            cfg.model.vocab_size = args.vocab_size
+        memory_plan(cfg, gpus=args.gpus, gpu_memory_gb=args.gpu_memory, tp=args.tp,
+                    global_batch=global_batch, seq_length=seq, bf16=args.precision == "bf16",
+                    recompute=args.recompute_activations)
     return 0
 
 

@@ -29,13 +29,14 @@ class MLMHead(torch.nn.Module):
     def __init__(self, hidden_size: int, table: TokenTable, vocab_size: int, eps: float,
                  init_std: float):
         super().__init__()
-        embedding_size = table.weight.shape[1]
+        # the table's shape on this rank (``ds_shape`` once DeepSpeed's zero.Init partitioned it)
+        rows, embedding_size = getattr(table.weight, "ds_shape", table.weight.shape)
         self.dense = torch.nn.Linear(hidden_size, embedding_size)
         torch.nn.init.normal_(self.dense.weight, std=init_std)
         torch.nn.init.zeros_(self.dense.bias)
         self.norm = torch.nn.LayerNorm(embedding_size, eps=eps)
         self.table = table
-        self.bias = torch.nn.Parameter(torch.zeros(table.weight.shape[0]))
+        self.bias = torch.nn.Parameter(torch.zeros(rows))
         from megatron.core import tensor_parallel
 
         tensor_parallel.set_tensor_model_parallel_attributes(self.bias, True, 0, 1)

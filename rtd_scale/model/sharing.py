@@ -58,11 +58,18 @@ from rtd_scale.model.embeddings import EncoderEmbeddings, TokenTable, vocab_para
 from rtd_scale.model.weights import mark_vocab_parallel, mark_zero_init
 
 
+def _zeros_of(weight: torch.nn.Parameter) -> torch.Tensor:
+    """Zeros of ``weight``'s shape on this rank, also once DeepSpeed's ``zero.Init`` has
+    partitioned it (its shape is then ``ds_shape``; the new parameter is partitioned in turn)."""
+    return torch.zeros(getattr(weight, "ds_shape", weight.shape), dtype=weight.dtype,
+                       device=weight.device)
+
+
 def zero_residual(table: TokenTable) -> torch.nn.Parameter:
     """A residual table beside ``table``: zeros of its shape [V/tp, E], vocab-parallel with its
     partition, and kept at zero by every initialisation (``mark_zero_init``). GDES's E_Δ; a
     sharing mode that adds a learned residual to the generator's table makes it here."""
-    residual = torch.nn.Parameter(torch.zeros_like(table.weight))
+    residual = torch.nn.Parameter(_zeros_of(table.weight))
     tensor_parallel.set_tensor_model_parallel_attributes(residual, True, 0, 1)
     mark_vocab_parallel(residual)
     mark_zero_init(residual)
@@ -106,7 +113,7 @@ class GDESPositions(torch.nn.Module):
     def __init__(self, generator_position: torch.nn.Embedding):
         super().__init__()
         self.generator_position = generator_position
-        self.delta = torch.nn.Parameter(torch.zeros_like(generator_position.weight))
+        self.delta = torch.nn.Parameter(_zeros_of(generator_position.weight))
         mark_zero_init(self.delta)
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:

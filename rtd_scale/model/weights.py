@@ -103,8 +103,32 @@ def _norm_param_ids(model: torch.nn.Module) -> set[int]:
     return ids
 
 
+def _shape(p: torch.Tensor) -> torch.Size:
+    """``p``'s shape on this tensor-parallel rank, also when DeepSpeed's ``zero.Init`` has
+    partitioned it over the data-parallel ranks (its whole shape is then ``ds_shape``)."""
+    return getattr(p, "ds_shape", p.shape)
+
+
+def _write(p: torch.Tensor, local: torch.Tensor) -> None:
+    """Set ``p`` to ``local`` (its value on this tensor-parallel rank). A parameter partitioned
+    by DeepSpeed's ``zero.Init`` keeps only its data-parallel partition, ``ds_tensor``: the
+    flattened value's slice [rank·n, (rank + 1)·n) of n = the partition's size (DeepSpeed 0.19.8
+    ``partition_parameters.py``; the last rank's tail past the value is padding, left 0)."""
+    part = getattr(p, "ds_tensor", None)
+    if part is None:
+        p.copy_(local.to(p.dtype))
+        return
+    n = part.ds_numel if hasattr(part, "ds_numel") else part.numel()
+    flat = local.reshape(-1)
+    start = n * p.ds_zero_partition_rank if hasattr(p, "ds_zero_partition_rank") else \
+        n * dist.get_rank(group=p.ds_process_group)
+    take = max(0, min(n, flat.numel() - start))
+    part.data.zero_()
+    part.data[:take].copy_(flat[start:start + take].to(part.dtype))
+
+
 def _full_shape(p: torch.Tensor, tp_size: int, vocab_size: int) -> list[int]:
-    shape = list(p.shape)
+    shape = list(_shape(p))
     vocab_dim = getattr(p, VOCAB_DIM_ATTR, None)
     if vocab_dim is not None:
         shape[vocab_dim] = vocab_size
@@ -119,7 +143,7 @@ def _local_slice(full: torch.Tensor, p: torch.Tensor, tp_rank: int) -> torch.Ten
     dim = vocab_dim if vocab_dim is not None else (p.partition_dim if _is_tp(p) else None)
     if dim is None:
         return full
-    n = p.shape[dim]
+    n = _shape(p)[dim]
     if vocab_dim is not None:
         pad = n * (tp_rank + 1) - full.shape[dim]
         if pad > 0:  # the rows of this rank past the real vocabulary are padding (zeros)
@@ -135,7 +159,9 @@ def _local_slice(full: torch.Tensor, p: torch.Tensor, tp_rank: int) -> torch.Ten
 def initialize(model: torch.nn.Module, *, seed: int, std: float, num_layers: dict[str, int],
                tp_rank: int, tp_size: int, vocab_size: int,
                scaled_output: dict[str, bool] | None = None) -> None:
-    """Initialise every parameter of ``model`` in place, independently of the TP size.
+    """Initialise every parameter of ``model`` in place, independently of the TP size (and
+    of the data-parallel size: a model built under DeepSpeed's ``zero.Init`` gets, in each
+    rank's partition, the values the whole parameter would have).
 
     Args:
         seed: run seed; each parameter's generator is seeded by sha256(seed, name).
@@ -157,7 +183,7 @@ def initialize(model: torch.nn.Module, *, seed: int, std: float, num_layers: dic
             full = torch.zeros(shape)
         elif id(p) in norms or leaf in ("layer_norm_weight", "layer_norm_bias"):
             full = torch.ones(shape) if leaf.endswith("weight") else torch.zeros(shape)
-        elif p.dim() < 2:
+        elif len(shape) < 2:
             full = torch.zeros(shape)
         else:
             s = std
@@ -167,7 +193,7 @@ def initialize(model: torch.nn.Module, *, seed: int, std: float, num_layers: dic
                 s = std / math.sqrt(2.0 * num_layers[top])
             g = torch.Generator().manual_seed(_seed_for(seed, name))
             full = torch.randn(shape, generator=g) * s
-        p.copy_(_local_slice(full, p, tp_rank).to(p.dtype))
+        _write(p, _local_slice(full, p, tp_rank))
 
 
 def _gather_tp(t: torch.Tensor, dim: int, tp_group) -> torch.Tensor:

@@ -90,6 +90,27 @@ def resolve_resume_optimizer(optim: OptimConfig, saved: dict[str, Any], *, sourc
         "iteration, or --use-checkpoint-opt_param-scheduler to keep the checkpoint's")
 
 
+def zero3_construction(ds_config: dict[str, Any], cfg: RunConfig, dp_group):
+    """The context to build the model in: under ZeRO stage 3, DeepSpeed's ``zero.Init``, so that
+    each module's parameters are partitioned over the data-parallel ranks as soon as the
+    module is built and no rank holds the whole model (``model/weights.py`` writes each rank's
+    partition of the initial values); otherwise, and when ``--pretrained-checkpoint`` writes
+    whole weights into the built model before DeepSpeed starts, nothing
+    (``contextlib.nullcontext``)."""
+    import contextlib
+
+    if (ds_config.get("zero_optimization", {}).get("stage", 0) != 3
+            or cfg.train.pretrained_checkpoint):
+        return contextlib.nullcontext()
+    import deepspeed
+
+    # the dtype comes from the resolved ds_config's bf16 / fp16 sections (DeepSpeed 0.19.8's
+    # Init._set_dtype; an explicit dtype is ignored where the accelerator has no fp16, the
+    # CPU's). F.linear is left as it is: the model computes as it does without zero.Init.
+    return deepspeed.zero.Init(data_parallel_group=dp_group, config_dict_or_path=ds_config,
+                               mem_efficient_linear=False)
+
+
 def build_engine(model, cfg: RunConfig, ds_config: dict[str, Any], mpu, print_fn=None):
     """``deepspeed.initialize`` with our optimizer, schedule and groups. ``print_fn``: the
     logging rank's print, for the optimizer's one note (None on the other ranks).

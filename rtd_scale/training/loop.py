@@ -54,7 +54,8 @@ from rtd_scale.training.spikes import (CLIENT_KEY as SPIKES_KEY, LossSpikeRollba
                                        SpikeMonitor, SpikeRule, SpikeState)
 from rtd_scale.training.step import eval_step, train_step
 from rtd_scale.training.stragglers import StragglerMeter
-from rtd_scale.training.throughput import ThroughputMeter, loss_scale, memory_gib
+from rtd_scale.training.throughput import (ThroughputMeter, loss_scale, memory_gib,
+                                           peak_memory_gb)
 from rtd_scale.training.timers import PhaseTimers, timer_scalars
 
 
@@ -550,6 +551,7 @@ class Trainer:
         scalars.update(self.meter.scalars(steps=steps, seconds=elapsed, done=done))
         scalars.update(timer_scalars(self.timers.read(steps)))  # CUDA: one synchronize
         scalars.update(memory_gib(ctx.device) or {})  # an all-reduce on CUDA
+        scalars.update(peak_memory_gb(ctx.device))  # an all-reduce
         scale = loss_scale(engine)
         if scale is not None:
             scalars["optim/loss_scale"] = scale

@@ -13,7 +13,8 @@ validation split under valid/ (valid/loss/mlm, valid/loss/rtd, valid/loss/total,
 valid/mlm/accuracy, valid/rtd/...) and valid/rtd/auc (the discriminator's held-out ROC AUC).
 From training/throughput.py: throughput/tflops_per_device, throughput/mfu (a fraction; with a
 known peak), memory/allocated_gib, memory/reserved_gib, memory/peak_allocated_gib (CUDA; max over
-ranks), time/eta_s, and optim/loss_scale under fp16. From training/timers.py, with
+ranks), memory/peak_gb (any device: the largest rank's measured peak, rtd_scale/memory.py),
+time/eta_s, and optim/loss_scale under fp16. From training/timers.py, with
 --timing-log-level 1 or 2: timers/<phase>_ms (milliseconds per iteration of each phase). From
 training/loop.py at a loss spike (training/spikes.py): loss_spike/ratio, and at a rollback
 loss_spike/rollbacks, loss_spike/rolled_back_to_iteration, loss_spike/skipped_samples. Text:
@@ -202,6 +203,8 @@ def _throughput_fields(scalars: dict[str, float]) -> str:
         out += (" memory GiB (max over ranks) allocated/reserved/peak: "
                 f"{scalars['memory/allocated_gib']:.2f}/{scalars['memory/reserved_gib']:.2f}/"
                 f"{scalars['memory/peak_allocated_gib']:.2f} |")
+    if "memory/peak_gb" in scalars:
+        out += f" peak memory per rank (GB): {scalars['memory/peak_gb']:.2f} |"
     if "optim/loss_scale" in scalars:
         out += f" loss scale: {scalars['optim/loss_scale']:.1f} |"
     if "time/eta_s" in scalars:

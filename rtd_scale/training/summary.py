@@ -106,6 +106,9 @@ def summary_text(summary: dict) -> str:
                        "tokens from original ones (AUC within 3 chance standard deviations of "
                        "0.5); train longer (see docs/main-job.md#what-the-main-job-shows)")
         lines.append(f"  verdict: {verdict}")
+    memory = summary.get("memory")
+    if memory:
+        lines.append(memory_line(memory))
     stragglers = summary_line(summary.get("stragglers"))
     if stragglers:
         lines.append(stragglers)
@@ -121,6 +124,19 @@ def summary_text(summary: dict) -> str:
     if summary.get("export_hint"):
         lines.append(f"  export:      {summary['export_hint']}")
     return "\n".join(lines)
+
+
+def memory_line(memory: dict) -> str:
+    """The summary's memory line: the largest rank's measured peak and the estimate
+    (``rtd_scale/memory.py``) of the same quantity."""
+    what = ("max_memory_allocated" if memory.get("device") == "cuda"
+            else "peak resident size")
+    line = f"  memory per rank: peak {memory['memory/peak_gb']:.2f} GB ({what}, largest rank)"
+    estimate = memory.get("estimate_gb")
+    if estimate:
+        line += (f", estimate {estimate:.2f} GB "
+                 f"({100 * (memory['memory/peak_gb'] / estimate - 1):+.0f}%)")
+    return line
 
 
 # The figure: tools/plot_run.py's, a file of the repository beside the package, not in it

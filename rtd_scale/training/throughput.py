@@ -11,6 +11,10 @@
   the bf16 figure whatever the run's precision (an fp32 run's MFU is against bf16's peak).
 - Memory (CUDA only): allocated, reserved and peak allocated bytes of each rank, the maximum over
   all ranks (the rank nearest to running out), in GiB; one all-reduce at the log interval.
+- Peak memory per rank (every device): the most any rank has held, in GB, the maximum over all
+  ranks — CUDA's ``max_memory_allocated`` on a GPU, the process's peak resident size on the CPU
+  (``rtd_scale/memory.py``'s ``peak_bytes``, what its estimate is checked against); one
+  all-reduce at the log interval.
 - ETA: the steps left × the mean seconds per step of this run's training so far (validation and
   checkpoint time excluded).
 """
@@ -95,6 +99,21 @@ def memory_gib(device) -> Optional[dict[str, float]]:
     allocated, reserved, peak = (t / 2**30).tolist()
     return {"memory/allocated_gib": allocated, "memory/reserved_gib": reserved,
             "memory/peak_allocated_gib": peak}
+
+
+def peak_memory_gb(device) -> dict[str, float]:
+    """``{"memory/peak_gb": …}``: the largest measured peak of any rank
+    (``memory.peak_bytes``), in GB. Collective over the default group: every rank must call
+    it."""
+    import torch
+    import torch.distributed as dist
+
+    from rtd_scale.memory import peak_bytes
+
+    t = torch.tensor([peak_bytes(device)], dtype=torch.float64, device=device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return {"memory/peak_gb": float(t.item()) / 1e9}
 
 
 def loss_scale(engine) -> Optional[float]:

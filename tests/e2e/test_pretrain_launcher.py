@@ -7,7 +7,8 @@ import pytest
 
 from rtd_scale.training import digest
 from tests.helpers.images import png_size
-from tests.helpers.launcher import TAGS, common, launch, repeated_lines, scalars
+from tests.helpers.launcher import (TAGS, common, launch, memory_estimate_and_peak,
+                                   repeated_lines, scalars)
 
 pytestmark = pytest.mark.e2e
 
@@ -24,11 +25,19 @@ def test_zero3_two_ranks_train_checkpoint_and_resume_exactly(wiki_shards, tmp_pa
     assert "ZeRO stage 3" in r.stdout and "world 2 = TP 1 × PP 1 × DP 2" in r.stdout
     assert "micro-batch 4 × accumulation 2 × DP 2 = global 16" in r.stdout
     assert "data train: 1 × wiki_text_document" in r.stdout
+    # memory per rank (rtd_scale/memory.py): the estimate at start names ZeRO-3's parts and the
+    # runtime; the largest rank's measured peak (resident size) is within 20% of it
+    estimate, peak = memory_estimate_and_peak(r.stdout)
+    assert "ZeRO-3 live parameters" in r.stdout and "not ours runtime" in r.stdout
+    assert abs(peak / estimate - 1) <= 0.2, (estimate, peak)
+    assert r.stdout.count("peak memory per rank (GB): ") == 6  # every log line
     assert r.stdout.count(" validation at iteration ") == 3
     assert repeated_lines(r) == {}  # each line from one rank (tests/e2e/test_offload_fp16.py too)
     s = scalars(str(straight / "tensorboard"))
     assert TAGS <= set(s)
     assert sorted(s["loss/total"]) == [1, 2, 3, 4, 5, 6]
+    peaks = [s["memory/peak_gb"][k] for k in sorted(s["memory/peak_gb"])]
+    assert peaks == sorted(peaks) and 0 < peaks[0] and peaks[-1] <= peak + 0.01  # a running max
     assert sorted(s["valid/loss/mlm"]) == [2, 4, 6]
     assert {"valid/loss/rtd", "valid/loss/total", "valid/mlm/accuracy"} <= set(s)
     # GDES: E_D = E_G + E_Δ starts equal to E_G (row-wise cosine 1, the same Table-1 average),

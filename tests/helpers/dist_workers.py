@@ -333,7 +333,10 @@ def pipeline_tied_after_training(ctx, steps: int, attention: str = "bert"):
 def post_ln_zero_steps(ctx, stages, steps: int, attention: str = "bert"):
     """Per ZeRO stage in ``stages``: ``steps`` DeepSpeed optimizer steps of a fresh
     post-LayerNorm model (GDES, projected E != H; ``attention`` "bert" or "disentangled"), each
-    data-parallel rank on its own 2 samples; this rank's losses by stage."""
+    data-parallel rank on its own 2 samples; this rank's losses by stage. Stage "3-init": ZeRO-3
+    with the model built as pretrain.py builds it, under DeepSpeed's zero.Init
+    (``engine.zero3_construction``); its entry "3-init-held" is (elements this rank held once
+    built, the model's elements)."""
     if attention == "both":
         return {a: post_ln_zero_steps(ctx, stages, steps, a) for a in ("bert", "disentangled")}
     from rtd_scale import distributed
@@ -346,11 +349,18 @@ def post_ln_zero_steps(ctx, stages, steps: int, attention: str = "bert"):
     mine = slice(2 * ctx.dp_rank, 2 * ctx.dp_rank + 2)
     out = {}
     for stage in stages:
-        model = build(cfg, ctx.tp_size)
-        distributed.seed_after_build(ctx, 7)
-        ds = engine_mod.resolve_ds_config({"zero_optimization": {"stage": stage}}, cfg,
-                                          data_parallel_size=ctx.dp_size,
+        ds = engine_mod.resolve_ds_config({"zero_optimization": {"stage": int(str(stage)[0])}},
+                                          cfg, data_parallel_size=ctx.dp_size,
                                           gradient_accumulation_steps=1)
+        if stage == "3-init":
+            with engine_mod.zero3_construction(ds, cfg, ctx.dp_group):
+                model = build(cfg, ctx.tp_size)
+            params = {id(p): p for p in model.parameters()}.values()
+            out["3-init-held"] = (sum(p.numel() + p.ds_tensor.numel() for p in params),
+                                  sum(p.ds_numel for p in params))
+        else:
+            model = build(cfg, ctx.tp_size)
+        distributed.seed_after_build(ctx, 7)
         eng = engine_mod.build_engine(model, cfg, ds, distributed.DeepSpeedMpu())
         losses = []
         for step in range(steps):

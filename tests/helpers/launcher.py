@@ -20,7 +20,21 @@ NO_DROPOUT = [f"--set=model.{m}.{d}=0.0" for m in ("generator", "discriminator")
 TAGS = {"loss/mlm", "loss/rtd", "loss/total", "mlm/accuracy", "rtd/replaced_fraction",
         "rtd/accuracy_replaced", "rtd/accuracy_original", "optim/lr", "optim/grad_norm",
         "throughput/tokens_per_s", "embedding/avg_cosine_generator",
-        "embedding/avg_cosine_discriminator", "embedding/rowwise_cosine_generator_discriminator"}
+        "embedding/avg_cosine_discriminator", "embedding/rowwise_cosine_generator_discriminator",
+        "memory/peak_gb"}
+
+
+def memory_estimate_and_peak(stdout: str) -> tuple[float, float]:
+    """(the ``memory per rank: estimate`` GB that pretrain.py prints at start, the summary's
+    measured peak GB of the largest rank)."""
+    import re
+
+    estimate = re.search(r"^memory per rank: estimate ([0-9.]+) GB = ", stdout, re.M)
+    peak = re.search(r"^  memory per rank: peak ([0-9.]+) GB \(peak resident size, largest "
+                     r"rank\), estimate ([0-9.]+) GB", stdout, re.M)
+    assert estimate and peak, stdout[-3000:]
+    assert float(peak.group(2)) == float(estimate.group(1))  # the summary repeats the start's
+    return float(estimate.group(1)), float(peak.group(1))
 
 
 def _deepspeed_bin() -> str:
