@@ -279,7 +279,7 @@ def decide(save: str, failure: Failure, *, restarts_done: int, max_restarts: int
     if failure.cause == "user-error":
         action = "stop"
         line = (f"error: not restarting: {failure.what}; fix it and resubmit "
-                f"(the run directory is as it was)")
+                f"(its checkpoints are as they were)")
     elif max_same and same >= max_same:
         action = "stop"
         at = (f"iteration {failure.iteration}" if failure.iteration is not None

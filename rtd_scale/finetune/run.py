@@ -60,6 +60,20 @@ def check_model_dir(model_dir: Path) -> None:
     if not (model_dir / "config.json").is_file():
         raise UserInputError(f"EXPORT {model_dir}: no config.json there; pass a tools/export_hf.py output "
                              "(its top directory, or generator/) or a Hugging Face encoder directory")
+    try:
+        config = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise UserInputError(f"EXPORT {model_dir}/config.json: not readable JSON ({e}); pass a "
+                             "tools/export_hf.py output or a Hugging Face encoder directory") from None
+    if isinstance(config, dict) and "model_type" not in config and "train" in config:
+        # a pretraining run's own config.json (rtd_scale/config.py's sections), not transformers'
+        raise UserInputError(f"EXPORT {model_dir}: a pretraining run directory, not an export; export it "
+                             f"first: python tools/export_hf.py --load {model_dir} --output "
+                             f"hf/{model_dir.name}, then pass hf/{model_dir.name}")
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise UserInputError(f"EXPORT {model_dir}/config.json: no model_type, so transformers cannot "
+                             "build it; pass a tools/export_hf.py output or a Hugging Face encoder "
+                             "directory")
 
 
 def load_tokenizer(model_dir: Path, token_level: bool):

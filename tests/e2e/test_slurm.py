@@ -340,7 +340,7 @@ def test_a_user_error_and_a_crash_loop_stop_the_job_in_one_line(slurm_shards, tm
     user = out["user"]
     assert user.count("] running: srun") == 1 and "] restart " not in user
     assert "error: not restarting: the run stopped on a user-input error (exit status 2: its " \
-        "error line is above); fix it and resubmit (the run directory is as it was)" in user
+        "error line is above); fix it and resubmit (its checkpoints are as they were)" in user
     assert len([line for line in user.splitlines() if "--mask-prob" in line
                 and line.startswith("error: ")]) == 1, user[-3000:]
     loop = out["loop"]

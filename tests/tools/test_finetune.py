@@ -190,6 +190,8 @@ def _bad_inputs(tmp_path, export):
     d = tmp_path / "bad"
     d.mkdir()
     (d / "empty").mkdir()
+    (d / "run").mkdir()  # a pretraining run's own config.json: rtd_scale's sections, no model_type
+    (d / "run" / "config.json").write_text('{"preset": "tiny", "model": {}, "train": {}}')
     _write_tsv(d / "nolabel.tsv", ["sentence", "y"], [("a b", 1)])
     _write_tsv(d / "words.tsv", ["sentence", "label"], [("a b", "pos")])
     (d / "tags.txt").write_text("The/at dog/nn\nThe/at dog\n")
@@ -198,6 +200,9 @@ def _bad_inputs(tmp_path, export):
         ([str(d / "empty"), "--task", "brown-pos"],
          f"error: EXPORT {d / 'empty'}: no config.json there; pass a tools/export_hf.py output "
          "(its top directory, or generator/) or a Hugging Face encoder directory"),
+        ([str(d / "run"), "--task", "brown-pos"],
+         f"error: EXPORT {d / 'run'}: a pretraining run directory, not an export; export it "
+         f"first: python tools/export_hf.py --load {d / 'run'} --output hf/run, then pass hf/run"),
         ([str(export), "--task", "brown-pos", "--brown-dir", str(d / "nothing")],
          f"error: --brown-dir {d / 'nothing'}: no such directory; pass the directory of the Brown "
          "corpus files (ca01 … cr09), or leave it out to fetch them"),

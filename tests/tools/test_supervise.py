@@ -72,8 +72,8 @@ def test_a_user_error_is_not_restarted(tmp_path):
     assert r.returncode == 2
     assert r.stderr == "error: --mask-prob 2: must be in (0, 1)\n"
     assert _lines(r) == ["error: not restarting: the run stopped on a user-input error (exit "
-                         "status 2: its error line is above); fix it and resubmit (the run "
-                         "directory is as it was)"]
+                         "status 2: its error line is above); fix it and resubmit (its "
+                         "checkpoints are as they were)"]
     assert (tmp_path / "run" / "starts").read_text() == "-\n"  # one start, no restart
 
 
