@@ -343,10 +343,11 @@ def estimate(cfg, mine: ParameterCounts, layout: RankLayout, *,
         else:
             parts["gradients"] = 4 * p
             parts["optimizer"] = 8 * p
-            if n > 1:
-                parts["all-reduce bucket"] = bucket(STAGE0_ALLREDUCE_BUCKET, 4)
-            # NonFiniteSkippingAdamW: an update and its where() per tensor
-            parts["optimizer step"] = 3 * 4 * float(mine.largest)
+            # after the backward pass the gradients are flattened into all-reduce buckets, then
+            # NonFiniteSkippingAdamW computes an update and its where() per tensor: one phase
+            # after the other, so the larger of the two
+            reduce = bucket(STAGE0_ALLREDUCE_BUCKET, 4) if n > 1 else 0.0
+            parts["all-reduce bucket / optimizer step"] = max(reduce, 3 * 4 * float(mine.largest))
     else:
         grads_alive = w * p if z.stage == 1 else 0.0  # stage 1 reduces after the backward pass
         grad_partition = 4 * p / n
