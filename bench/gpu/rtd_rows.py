@@ -35,26 +35,19 @@ def micro_batches(cfg, s: Settings):
     return [mb.pin_memory() for mb in out] if s.cuda else out
 
 
-def _build_with_core(cfg, s: Settings, core: str):
-    """``common.build_rtd_model`` with attention ``core`` (``workloads.CORES``; "" the
-    product's own choice) and a note for the row; the modern block's choice is an environment
-    switch read at every forward, so it comes back as ``env`` for the step to set.
-
-    Raises:
-        RowSkipped: the core does not exist for this layout, or not on this machine."""
+def _check_core(cfg, s: Settings, core: str) -> None:
+    """Raises RowSkipped where attention ``core`` does not exist for the layout or cannot run
+    here — before any parallel state is made, so a skipped row leaves the process as it was."""
     import importlib.util
-    import os
-    from unittest import mock
 
     from bench.gpu.timing import RowSkipped
     from bench.gpu.workloads import CORES
-    from rtd_scale.model import document_mask, specs
-    from rtd_scale.model.disentangled import IMPLEMENTATIONS, DisentangledCoreAttention
+    from rtd_scale.model import specs
+    from rtd_scale.model.disentangled import IMPLEMENTATIONS
 
     layout = cfg.model.attention_type.value
-    env = {}
     if not core:
-        return common.build_rtd_model(cfg, s.device), env, ""
+        return
     if core not in CORES.get(layout, ()):
         raise RowSkipped(f"core {core!r} is not one of {layout} attention's "
                          f"{', '.join(CORES.get(layout, ()))}")
@@ -66,6 +59,26 @@ def _build_with_core(cfg, s: Settings, core: str):
         raise RowSkipped("flashdeberta does not import (pip install .[gpu])")
     if core in ("flex", "flash") and not s.cuda:
         raise RowSkipped(f"the {core} core trains on CUDA only")
+
+
+def _build_with_core(cfg, s: Settings, core: str):
+    """``common.build_rtd_model`` with attention ``core`` (``workloads.CORES``; "" the
+    product's own choice) and a note for the row; the modern block's choice is an environment
+    switch read at every forward, so it comes back as ``env`` for the step to set.
+
+    Raises:
+        RowSkipped: the core does not exist for this layout, or not on this machine."""
+    import os
+    from unittest import mock
+
+    from rtd_scale.model import document_mask, specs
+    from rtd_scale.model.disentangled import DisentangledCoreAttention
+
+    layout = cfg.model.attention_type.value
+    env = {}
+    if not core:
+        return common.build_rtd_model(cfg, s.device), env, ""
+    _check_core(cfg, s, core)
     # every core but "te" on megatron-core's local linears, whatever is installed
     with mock.patch.object(specs, "_have_transformer_engine", lambda: core == "te"):
         model = common.build_rtd_model(cfg, s.device)
@@ -95,6 +108,7 @@ def rtd_engine_step(cfg, s: Settings, zero_stage: int, core: str = "") -> tuple[
     from rtd_scale.training.engine import build_engine, resolve_ds_config
     from rtd_scale.training.step import train_step
 
+    _check_core(cfg, s, core)  # a skipped core makes no parallel state
     ctx = parallel_context(s)
     model, env, core_note = _build_with_core(cfg, s, core)
     ds = resolve_ds_config({"zero_optimization": {"stage": zero_stage}}, cfg,

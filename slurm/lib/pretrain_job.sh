@@ -147,6 +147,7 @@ rtd_pretrain_main() {
   # same save as a preemption, passed on as SIGUSR1 (the tasks' --exit-signal), but no requeue
   # and no restart: one line names the checkpoint, and this shell exits 128 + the signal.
   local stopped_by=""
+  # shellcheck disable=SC2317  # invoked by the traps below
   rtd_stop_trap() {  # SIGNAL: the name of the stop signal this shell got
     stopped_by="${stopped_by:-$1}"
     signals=$((signals + 1))

@@ -142,7 +142,10 @@ def test_ctrl_c_saves_and_names_the_checkpoint_to_load(wiki_shards, tmp_path):
     if "Traceback (most recent call last)" in out:
         tb = out[out.index("Traceback (most recent call last)"):]
         assert tb.splitlines()[1].strip().startswith(f'File "{_deepspeed_bin()}"'), tb[:1000]
-        assert "rtd_scale" not in tb.split("KeyboardInterrupt")[0], tb[:2000]
+        # no frame of the package (the checkout's own folder may be named rtd_scale, and its
+        # .venv holds DeepSpeed's runner)
+        frames = re.findall(r'File "([^"]*)"', tb.split("KeyboardInterrupt")[0])
+        assert not [f for f in frames if re.search(r"/rtd_scale/(?!\.venv/)", f)], tb[:2000]
     assert "Main process received SIGINT" in out  # launch.py's, after the ranks exited
 
 
