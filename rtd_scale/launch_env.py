@@ -181,10 +181,39 @@ def slurm_port(job_id: int) -> int:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on now (the kernel's choice)."""
+    """A TCP port nothing listens on now, drawn at random in 20000 up to the start of the
+    kernel's ephemeral range (/proc/sys/net/ipv4/ip_local_port_range, 32768 on Linux): a port of
+    that range (the kernel's own pick for port 0) is also what every outgoing connection on the
+    machine takes (gloo's pairs, a TCPStore client), so one can be taken between this choice and
+    the moment rank 0 listens on it. Where the range starts below 20000, the kernel's choice."""
+    import random
+
+    low = _ephemeral_start()
+    if low > _FREE_PORT_FLOOR:
+        draw = random.SystemRandom()
+        for _ in range(64):
+            port = draw.randrange(_FREE_PORT_FLOOR, low)
+            with socket.socket() as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+            return port
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+_FREE_PORT_FLOOR = 20000  # above slurm_port(job id) for ids below 10000, below Linux's 32768
+
+
+def _ephemeral_start() -> int:
+    """The first port of the kernel's ephemeral range (0 where it cannot be read)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def start_forked_workers(fn, args: tuple, nprocs: int, preload: Sequence[str]):

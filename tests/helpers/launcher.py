@@ -68,22 +68,30 @@ PORT_TRIES = 3
 def launch_together(jobs: list[list[str]], timeout: int = 300) -> list[subprocess.CompletedProcess]:
     """One-rank ``launch`` of each ARGS in ``jobs``, all at once, the machine's cores shared
     among them (OMP_NUM_THREADS): tiny models do not use a second core, so two one-thread runs
-    on two cores finish in about the time of one."""
+    on two cores finish in about the time of one. A run refused because its port was taken
+    before rank 0 listened (``launch``'s rule) is launched again, with the others so refused,
+    up to PORT_TRIES times."""
     cores = len(os.sched_getaffinity(0))
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, cores // len(jobs)))}
-    procs = [subprocess.Popen([_deepspeed_bin(), "--num_gpus", "1", "--master_port",
-                               str(free_port()), "rtd_scale/pretrain.py", *args], cwd=REPO,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-             for args in jobs]
-    out = []
-    for proc, args in zip(procs, jobs):
-        try:
-            stdout, stderr = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            raise
-        out.append(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr))
+    out: list[subprocess.CompletedProcess | None] = [None] * len(jobs)
+    todo = list(range(len(jobs)))
+    for _ in range(PORT_TRIES):
+        procs = [subprocess.Popen([_deepspeed_bin(), "--num_gpus", "1", "--master_port",
+                                   str(free_port()), "rtd_scale/pretrain.py", *jobs[i]],
+                                  cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, env=env)
+                 for i in todo]
+        for proc, i in zip(procs, todo):
+            try:
+                stdout, stderr = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                for p in procs:
+                    p.kill()
+                raise
+            out[i] = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+        todo = [i for i in todo if out[i].returncode != 0 and PORT_TAKEN.search(out[i].stderr)]
+        if not todo:
+            break
     return out
 
 

@@ -101,6 +101,16 @@ def test_single_process_gets_a_free_port():
         s.bind(("127.0.0.1", got.master_port))
 
 
+def test_a_free_port_is_drawn_below_the_kernels_ephemeral_range():
+    """Ports of the ephemeral range are what outgoing connections take (gloo, TCPStore clients),
+    so a listener's port drawn there can be taken before rank 0 listens on it."""
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    assert low > 20000  # Linux's default 32768
+    ports = {launch_env.free_port() for _ in range(50)}
+    assert all(20000 <= p < low for p in ports), sorted(ports)
+    assert len(ports) > 40  # drawn, not one port over and over
+
+
 @pytest.mark.parametrize("environ,cores,want", [
     ({"LOCAL_SIZE": "2"}, 2, 1),                       # deepspeed: two ranks on two cores
     ({"LOCAL_WORLD_SIZE": "2", "LOCAL_SIZE": "9"}, 16, 8),  # torchrun's variable first
