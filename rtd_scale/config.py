@@ -19,7 +19,7 @@ import math
 import typing
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 from rtd_scale.cli_errors import UserInputError
 
@@ -1171,8 +1171,9 @@ def _build(kind: type, values: Any, path: str) -> Any:
     fields = {f.name: f for f in dataclasses.fields(kind)}
     unknown = [name for name in values if name not in fields]
     if unknown:
-        raise ConfigError(f"{{0}}: no such field; {path or 'the config'} has "
-                          f"{', '.join(fields)}", _dotted(path, unknown[0]))
+        raise ConfigError(f"{{0}}: no such field{_did_you_mean(unknown[0], fields)}; "
+                          f"{path or 'the config'} has {', '.join(fields)}",
+                          _dotted(path, unknown[0]))
     hints = typing.get_type_hints(kind)
     kwargs = {name: (_build(hints[name], value, _dotted(path, name))
                      if dataclasses.is_dataclass(hints[name])
@@ -1261,6 +1262,15 @@ def _parse_value(kind: Any, raw: str) -> Any:
     return raw
 
 
+def _did_you_mean(name: str, known: Iterable[str]) -> str:
+    """`` (did you mean X?)`` for the known name closest to a mistyped one (difflib's ratio at
+    least 0.6, as git and argparse suggest), else ``""``."""
+    import difflib
+
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
 def apply_override(cfg: RunConfig, assignment: str) -> str:
     """Apply one ``section.field=value`` override (``--set``), the value typed as a config
     file's is (:func:`_typed`). Returns the field's dotted name.
@@ -1276,12 +1286,18 @@ def apply_override(cfg: RunConfig, assignment: str) -> str:
     obj: Any = cfg
     for p in parts[:-1]:
         if not dataclasses.is_dataclass(obj) or not hasattr(obj, p):
-            raise ConfigError(f"--set {key}: no config section {p!r}")
+            sections = ([f.name for f in dataclasses.fields(obj)
+                         if dataclasses.is_dataclass(getattr(obj, f.name))]
+                        if dataclasses.is_dataclass(obj) else [])
+            raise ConfigError(f"--set {key}: no config section {p!r}"
+                              f"{_did_you_mean(p, sections)}"
+                              + (f"; sections: {', '.join(sections)}" if sections else ""))
         obj = getattr(obj, p)
     name = parts[-1]
     fields = {f.name: f for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj) else {}
     if name not in fields or dataclasses.is_dataclass(getattr(obj, name)):
-        raise ConfigError(f"--set {key}: unknown field; known: {', '.join(fields) or 'none'}")
+        raise ConfigError(f"--set {key}: unknown field{_did_you_mean(name, fields)}; "
+                          f"known: {', '.join(fields) or 'none'}")
     kind = typing.get_type_hints(type(obj))[name]
     try:
         value = _typed(kind, raw, key)

@@ -88,8 +88,18 @@ def test_overrides_convert_types_and_reject_unknown():
     apply_override(cfg, "train.precision=bf16")
     assert cfg.model.sharing is Sharing.NES and cfg.rtd.disallow_correct is True
     assert cfg.train.precision is Precision.BF16
-    with pytest.raises(ConfigError, match="unknown field"):
+    with pytest.raises(ConfigError) as e:
         apply_override(cfg, "rtd.lamda=3")
+    assert str(e.value).startswith("--set rtd.lamda: unknown field (did you mean rtd_lambda?); "
+                                   "known: rtd_lambda, mask_prob, ")
+    with pytest.raises(ConfigError) as e:
+        apply_override(cfg, "rtd.zzz=3")
+    assert str(e.value).startswith("--set rtd.zzz: unknown field; known: rtd_lambda, ")
+    with pytest.raises(ConfigError) as e:
+        apply_override(cfg, "trian.seed=3")
+    assert str(e.value) == ("--set trian.seed: no config section 'trian' (did you mean train?); "
+                            "sections: model, rtd, data, parallel, optim, train, monitor, "
+                            "fault_tolerance")
     with pytest.raises(ConfigError, match="expected a value of type int"):
         apply_override(cfg, "train.train_iters=many")
     with pytest.raises(ConfigError, match="unknown; choose one of"):

@@ -145,7 +145,9 @@ def test_flags_beside_the_file_override_it(tmp_path):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("rtd:\n  mask_probb: 0.2\n", "rtd.mask_probb: no such field; rtd has rtd_lambda, "),
+    ("rtd:\n  mask_probb: 0.2\n", "rtd.mask_probb: no such field (did you mean mask_prob?); "
+                                    "rtd has rtd_lambda, "),
+    ("rtd:\n  zzz: 0.2\n", "rtd.zzz: no such field; rtd has rtd_lambda, "),
     ("rtd:\n  mask_prob: 1.5\n", "rtd.mask_prob must be in [0, 1], got 1.5"),
     ("train:\n  train_iters: ten\n", "train.train_iters 'ten': expected a value of type int"),
     ("model:\n  sharing: xes\n", "model.sharing 'xes': expected one of es, nes, gdes"),
