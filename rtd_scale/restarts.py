@@ -374,9 +374,12 @@ def command_with_load(cmd: Sequence[str], save: str, *, replace: bool) -> list[s
     """``cmd`` with exactly one ``--load SAVE`` when SAVE holds a complete checkpoint (a fresh
     start must not pass one: it would refuse an empty directory). A ``--load`` of the command's
     own (``--load X`` or ``--load=X``) is kept on the first start and replaced by SAVE when
-    ``replace`` (a restart or a resume: the newest checkpoint is in SAVE)."""
+    ``replace`` (a restart or a resume: the newest checkpoint is in SAVE). The ``--load`` is
+    spelled as the command spells its ``--save`` (a relative ``--save runs/x`` gets
+    ``--load runs/x``, resolved in the same working directory), SAVE where it has none."""
     cmd = list(cmd)
-    has_load = command_flags(cmd).load is not None
+    flags = command_flags(cmd)
+    has_load = flags.load is not None
     if _checkpoint(save)[0] is None or (has_load and not replace):
         return cmd
     start, out, skip = _script_args(cmd), cmd[:_script_args(cmd)], False
@@ -387,7 +390,7 @@ def command_with_load(cmd: Sequence[str], save: str, *, replace: bool) -> list[s
             skip = True
         elif not word.startswith("--load="):
             out.append(word)
-    return [*out, "--load", save]
+    return [*out, "--load", flags.save or save]
 
 
 def _zombie_status(pid: int) -> Optional[int]:

@@ -127,6 +127,17 @@ def test_save_and_load_are_read_as_pretrain_reads_them(tmp_path):
                         [f"--save={run}", "--lr", "1e-3", "--load", str(run)]]
 
 
+def test_a_relative_save_is_resumed_by_the_same_relative_load(tmp_path):
+    """The restart's ``--load`` is spelled as the command's ``--save`` (here relative to the
+    supervisor's working directory, the run's too), not the supervisor's absolute path of it."""
+    r = _supervise(tmp_path, "1,0", command=["--save", "run", "--lr", "1e-3"],
+                   env={"STAND_IN_CHECKPOINT": "1", "STAND_IN_REPO": str(REPO)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    commands = [json.loads(x) for x in (tmp_path / "run" / "commands").read_text().splitlines()]
+    assert commands == [["--save", "run", "--lr", "1e-3"],
+                        ["--save", "run", "--lr", "1e-3", "--load", "run"]]
+
+
 def test_a_command_without_save_is_refused(tmp_path):
     r = subprocess.run([sys.executable, str(REPO / "tools" / "supervise.py"), "--", "true"],
                        capture_output=True, text=True, timeout=60)
