@@ -47,8 +47,9 @@ def export_hf(engine, model, cfg: RunConfig, ctx, tokenizer, print_fn) -> None:
     torch.distributed.barrier()
 
 
-def export_hint(cfg: RunConfig) -> Optional[str]:
-    """The summary's line that exports this run to Hugging Face, and what the export loads as
+def export_hint(cfg: RunConfig, exported: bool = False) -> Optional[str]:
+    """The summary's line that exports this run to Hugging Face, and what the export loads as;
+    with ``exported`` (``--export-hf`` wrote it at the end of this run), where it is
     (``rtd_scale.hf.adapters.adapter_for``); None without ``--save``, for a layout no Hugging
     Face class holds (no entry in ``hf/adapters.py``'s ``ADAPTERS``, e.g. disentangled attention
     with ``--layernorm-position pre``); "none: " and the reason for a model its adapter refuses
@@ -57,9 +58,10 @@ def export_hint(cfg: RunConfig) -> Optional[str]:
     from rtd_scale.hf.adapters import ADAPTERS, adapter_for, key_of
     from rtd_scale.hf.common import RTD_HEAD_FILE, ExportError
 
-    if not cfg.train.save or key_of(cfg.model) not in ADAPTERS:
+    if not (cfg.train.save or exported) or key_of(cfg.model) not in ADAPTERS:
         return None
-    out = os.path.join("hf", os.path.basename(os.path.normpath(cfg.train.save)))
+    out = (cfg.train.export_hf if exported
+           else os.path.join("hf", os.path.basename(os.path.normpath(cfg.train.save))))
     adapter = adapter_for(cfg.model)
     try:
         adapter.check_exportable(cfg.model)
@@ -68,5 +70,8 @@ def export_hint(cfg: RunConfig) -> Optional[str]:
     disc = adapter.discriminator_class
     head = ("RTD head included" if adapter.rtd_head_in_model
             else f"its RTD head in {out}/{RTD_HEAD_FILE}")
+    if exported:
+        return (f"written to {out} by --export-hf (loads as {disc}, {head}; the generator in "
+                f"{out}/generator)")
     return (f"python tools/export_hf.py --load {cfg.train.save} --output {out}   "
             f"(loads as {disc}, {head}; the generator in {out}/generator)")

@@ -259,7 +259,8 @@ def finish(cfg: RunConfig, ctx, eng, model, prep: Prepared, result, start_step: 
                "interrupted": result.interrupted, "last_step": result.last_step,
                "stragglers": result.stragglers,
                "tensorboard_dir": cfg.train.tensorboard_dir, "start_step": start_step,
-               "export_hint": export_hint(cfg),
+               "export_hint": export_hint(cfg, exported=bool(cfg.train.export_hf)
+                                          and not result.interrupted),
                "memory": {**peak_memory_gb(ctx.device),  # collective
                           "estimate_gb": (plan.measured_as(ctx.device.type) / 1e9
                                           if plan is not None else None),

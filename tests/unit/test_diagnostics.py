@@ -150,8 +150,14 @@ def test_summary_names_the_export_command_of_its_own_run(preset, flags, cls, hea
                     f"(loads as {cls}, {head}; the generator in hf/my-run/generator)")
     text = summary_text({**_summary([0.6]), "export_hint": hint})
     assert text.splitlines()[-1] == f"  export:      {hint}"
+    cfg.train.export_hf = "exports/my-run"  # written at the end of the run: where it is
+    head = head.replace("hf/my-run", "exports/my-run")
+    assert export_hint(cfg, exported=True) == (
+        f"written to exports/my-run by --export-hf (loads as {cls}, {head}; the generator in "
+        "exports/my-run/generator)")
     cfg.train.save = None
     assert export_hint(cfg) is None
+    assert export_hint(cfg, exported=True).startswith("written to exports/my-run by --export-hf")
 
 
 def test_summary_offers_no_export_its_adapter_would_refuse():
