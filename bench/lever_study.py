@@ -61,7 +61,7 @@ if str(REPO) not in sys.path:
 if str(REPO / "tools") not in sys.path:  # tools/curves.py, tools/plot_run.py's figure
     sys.path.append(str(REPO / "tools"))
 
-from bench.runs import child_env, logger, run_logged, tokenized  # noqa: E402
+from bench.runs import child_env, logger, run_logged, sample_data  # noqa: E402
 from rtd_scale.atomic import write_atomic  # noqa: E402
 from rtd_scale.cli_errors import OneLineArgumentParser, run_cli  # noqa: E402
 
@@ -108,19 +108,6 @@ def run_key(lever: str, seed: int) -> str:
 
 
 log = logger("levers")
-
-
-def sample_data(work: Path, vocab_size: int) -> tuple[str, str]:
-    """The main job's sample corpus, tokenized at ``vocab_size``; (tokenizer, dataset prefix).
-    The 8,000-piece set is README command 1's own ``data/sample`` when it exists."""
-    main = REPO / "data" / "sample"
-    corpus = main / "corpus.jsonl"
-    logs = work / "logs" / "data.log"
-    if not corpus.exists():
-        run_logged([sys.executable, "tools/build_sample_corpus.py", "--output", str(corpus)], logs,
-                   log=log)
-    data = main if vocab_size == 8000 else work / "data" / f"vocab{vocab_size}"
-    return tokenized(corpus, data, "wiki", vocab_size, log_path=logs, log=log)
 
 
 def command(args, flags: tuple[str, ...], steps: int, spm: str, prefix: str,
@@ -238,7 +225,7 @@ def main(argv=None) -> None:
             if not finished(run_dir, steps):
                 if run_dir.exists():
                     raise SystemExit(f"{run_dir}: an unfinished run; delete it to run {key} again")
-                spm, prefix = sample_data(work, vocab)
+                spm, prefix = sample_data(work, vocab, log)
                 t0 = time.time()
                 seed_flags = () if seed == 1234 else ("--seed", str(seed))
                 run_logged(command(args, flags + seed_flags, steps, spm, prefix, run_dir),

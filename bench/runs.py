@@ -73,3 +73,17 @@ def tokenized(corpus: Path, data: Path, name: str, vocab_size: int, *, log_path:
                     "--output-prefix", str(data / name), "--workers", "2", "--overwrite"],
                    log_path, log=log)
     return str(spm), str(prefix)
+
+
+def sample_data(work: Path, vocab_size: int, log: Log) -> tuple[str, str]:
+    """The main job's sample corpus (``tools/build_sample_corpus.py``), tokenized at
+    ``vocab_size``; (tokenizer, dataset prefix). The 8,000-piece set is README command 1's own
+    ``data/sample`` when it exists, another size goes under ``work/data``."""
+    main = REPO / "data" / "sample"
+    corpus = main / "corpus.jsonl"
+    logs = work / "logs" / "data.log"
+    if not corpus.exists():
+        run_logged([sys.executable, "tools/build_sample_corpus.py", "--output", str(corpus)], logs,
+                   log=log)
+    data = main if vocab_size == 8000 else work / "data" / f"vocab{vocab_size}"
+    return tokenized(corpus, data, "wiki", vocab_size, log_path=logs, log=log)
