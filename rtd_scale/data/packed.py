@@ -31,9 +31,11 @@ Sample index (Megatron-LM's ``sample_idx`` idea): for each split the stream posi
 sample start as (document, offset) pairs, int64 [N + 1, 2], plus each document's first token in
 the dataset's token coordinates, int64 [D + 1]. Both are built once and cached as ``.npy`` files
 (loaded with ``mmap_mode="r"``) under the cache directory — ``--data-cache-path``, by default
-``index-cache/`` next to the first shard — keyed by a fingerprint of the shards (path, size and
-mtime of every ``.bin``/``.idx``), seq_length, the split and the tokenizer's [CLS] / [SEP] / [PAD]
-ids (``Tokenizer.specials``), so changed shards are re-indexed.
+``index-cache/`` next to the first shard — keyed by the shards' identity (``ShardIndex.identity``: path, and of every ``.bin``/``.idx``
+device, inode, size, mtime and change time, which any write changes, even one that keeps size
+and mtime as ``cp -p`` and ``rsync -t`` do), seq_length, the split and the tokenizer's [CLS] /
+[SEP] / [PAD] ids (``Tokenizer.specials``), so changed shards are re-indexed (and a copy of
+them, a new inode, indexed once more).
 Files are written under a unique temporary name and renamed, so ranks building the same index at
 once are safe. An unwritable cache directory falls back to memory with one warning.
 A build that takes longer than ``PROGRESS_INTERVAL_S`` prints progress lines on stderr (rank 0
@@ -174,16 +176,9 @@ class ShardIndex:
                             _plain(np.memmap(self.bin_path, dtype=self.dtype, mode="r")))
         return self._tokens
 
-    def fingerprint(self) -> list:
-        """What the cache key records of this shard: path, sizes and mtimes of both files."""
-        out: list = [os.path.abspath(self.prefix)]
-        for p in (self.bin_path, self.idx_path):
-            st = os.stat(p)
-            out += [st.st_size, st.st_mtime_ns]
-        return out
-
     def identity(self) -> list:
-        """What the content cache trusts of this shard's files: their path, and of each its
+        """What the caches trust of this shard's files (the sample index's key, the content
+        hash's): their path, and of each its
         device, inode, size, mtime and change time (``st_ctime_ns``). Tools that copy or restore
         a file's times (``cp -p``, ``rsync -t``, ``touch -r``, ``os.utime``) set its mtime, never
         its ctime: the kernel sets ctime to the present at every write and every change of the
@@ -385,12 +380,12 @@ class PackedDataset:
         docs = np.array([s.num_documents for s in self.shards], np.int64)
         self._doc_base = np.concatenate([[0], np.cumsum(docs)])
         shard_key = _digest({"format": _INDEX_FORMAT,
-                             "shards": [s.fingerprint() for s in self.shards]})
+                             "shards": [s.identity() for s in self.shards]})
         n_docs = int(docs.sum())
         progress = BuildProgress(f"the sample index of {self.name} ({_PART_NAMES[part]})")
         self._doc_starts = self.cache.get(
             f"{self.name}.{shard_key}.doc_starts.npy", lambda: self._build_doc_starts(progress),
-            {"shards": [s.fingerprint() for s in self.shards]},
+            {"shards": [s.identity() for s in self.shards]},
             valid=lambda a: a.shape == (n_docs + 1,) and a[0] == 0)
         self._token_base = self._doc_starts[self._doc_base]  # int64 [S + 1]
         self.total_documents = int(self._doc_base[-1])
@@ -413,7 +408,7 @@ class PackedDataset:
             self._samples = self.cache.get(
                 f"{self.name}.{self._index_key}.samples.npy",
                 lambda: self._build_samples(progress),
-                {"shards": [s.fingerprint() for s in self.shards], "seq_length": seq_length,
+                {"shards": [s.identity() for s in self.shards], "seq_length": seq_length,
                  "split": list(self.split), "part": part, "documents": [lo, hi]},
                 valid=lambda a: (a.ndim == 2 and a.shape[0] >= 2 and a.shape[1] == 2
                                  and tuple(a[0]) == (lo, 0)))

@@ -165,6 +165,25 @@ def test_index_is_cached_once_and_rebuilt_when_the_shards_change(tmp_path):
     assert len(list(cache.glob("*.samples.npy"))) == 2  # a new index beside the old one
 
 
+def test_a_shard_rewritten_with_its_size_and_mtime_kept_is_indexed_again(tmp_path):
+    """``cp -p`` / ``rsync -t`` of other documents over a shard keep both files' sizes and
+    mtimes: the cached index of the old documents' lengths must not be read for the new ones."""
+    import os
+
+    prefix = str(tmp_path / "corpus")
+    _write_shard(prefix, [np.arange(5, 5 + n) for n in (7, 3, 11, 5)])
+    old = PackedDataset([prefix], seq_length=6)
+    times = {p: os.stat(p) for p in (f"{prefix}.bin", f"{prefix}.idx")}
+    _write_shard(prefix, [np.arange(40, 40 + n) for n in (11, 5, 7, 3)])  # same sizes
+    for p, st in times.items():
+        assert os.path.getsize(p) == st.st_size
+        os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+    new = PackedDataset([prefix], seq_length=6)
+    np.testing.assert_array_equal(_contents(new), _stream(prefix))  # every document whole
+    np.testing.assert_array_equal(_contents(new)[:12], [*range(40, 51), 2])
+    assert not np.array_equal(new._samples, old._samples)  # the new lengths' sample starts
+
+
 def test_unwritable_cache_directory_falls_back_to_memory(wiki_shards, tmp_path):
     _, prefix = wiki_shards
     blocker = tmp_path / "a_file"
