@@ -463,13 +463,16 @@ class ModelConfig(_Section):
                           f"{self.attention_type.value} attention is not disentangled")
             return
         if core in (DisentangledCore.FLEX, DisentangledCore.FLASH):
-            for name, enc in (("generator", self.generator),
-                              ("discriminator", self.discriminator)):
+            # the discriminator first: --attention-dropout sets it, and the generator follows
+            for name, enc in (("discriminator", self.discriminator),
+                              ("generator", self.generator)):
                 if enc.attention_dropout > 0:
+                    fix = ("--generator-attention-dropout 0" if name == "generator" else
+                           "--attention-dropout 0 (the generator follows it unless "
+                           "--generator-attention-dropout is given)")
                     raise ConfigError(
                         f"model.disentangled_core {core.value!r} has no attention-probability "
-                        f"dropout, but {{0}} is {enc.attention_dropout}: pass "
-                        f"--attention-dropout 0 (both encoders), or --set "
+                        f"dropout, but {{0}} is {enc.attention_dropout}: pass {fix}, or --set "
                         f"model.disentangled_core=sdpa",
                         f"model.{name}.attention_dropout")
 

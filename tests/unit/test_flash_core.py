@@ -64,8 +64,16 @@ def test_dropout_is_refused_in_one_line():
         cfg.model.validate()
     assert str(e.value) == (
         "model.disentangled_core 'flash' has no attention-probability dropout, but "
-        "model.generator.attention_dropout is 0.1: pass --attention-dropout 0 (both encoders), "
-        "or --set model.disentangled_core=sdpa")
+        "model.discriminator.attention_dropout is 0.1: pass --attention-dropout 0 (the generator "
+        "follows it unless --generator-attention-dropout is given), or --set "
+        "model.disentangled_core=sdpa")
+    cfg.model.discriminator.attention_dropout = 0.0  # the generator's alone: its own flag
+    with pytest.raises(ConfigError) as e:
+        cfg.model.validate()
+    assert str(e.value) == (
+        "model.disentangled_core 'flash' has no attention-probability dropout, but "
+        "model.generator.attention_dropout is 0.1: pass --generator-attention-dropout 0, or --set "
+        "model.disentangled_core=sdpa")
     _tiny_deberta("flash").model.validate()  # without dropout: accepted
     _tiny_deberta("sdpa", dropout=0.1).model.validate()
     q = torch.zeros(1, 1, 4, 16)
