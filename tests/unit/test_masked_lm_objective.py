@@ -1,0 +1,109 @@
+"""``rtd.objective=mlm``: the masked-LM control (BERT arXiv 1810.04805 §3.1) — one encoder of the
+discriminator's shape, its MLM head tied to its own token table, L_MLM the whole loss."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rtd_scale.config import ConfigError, Objective, apply_override
+from rtd_scale.model.rtd import RTDModel
+from rtd_scale.presets import preset
+from tests.helpers.sync import SyncRecorder
+
+SPECIAL = (0, 1, 2, 3, 4)
+
+
+def _cfg(objective="mlm"):
+    cfg = preset("tiny")  # generator 2 layers, discriminator 4
+    cfg.model.vocab_size = 300
+    for m in ("generator", "discriminator"):
+        setattr(cfg.model, m, dataclasses.replace(getattr(cfg.model, m), hidden_size=32,
+                                                  ffn_hidden_size=64, hidden_dropout=0.0,
+                                                  attention_dropout=0.0))
+    cfg.model.embedding_size = 32
+    apply_override(cfg, f"rtd.objective={objective}")
+    cfg.validate()
+    return cfg
+
+
+def _model(cfg):
+    return RTDModel(cfg.model, cfg.rtd, tensor_model_parallel_size=1, special_ids=SPECIAL,
+                    pad_id=0, mask_id=4, seed=3)
+
+
+def _ids(b=4, s=64):
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, 300, (b, s), generator=g)
+    ids[:, 0], ids[:, -1] = 1, 2
+    ids[3, 40:] = 0  # padding too
+    return ids
+
+
+def test_the_field_takes_the_two_objectives_and_names_itself_otherwise():
+    cfg = preset("tiny")
+    assert cfg.rtd.objective is Objective.RTD  # the default
+    apply_override(cfg, "rtd.objective=mlm")
+    assert cfg.rtd.objective is Objective.MLM
+    with pytest.raises(ConfigError) as e:
+        apply_override(cfg, "rtd.objective=bert")
+    assert str(e.value) == ("--set rtd.objective=bert: expected one of rtd, mlm, e.g. "
+                            "--set rtd.objective=mlm")
+
+
+def test_label_shuffling_is_refused_under_mlm_in_one_line():
+    cfg = _cfg()
+    cfg.rtd.shuffle_labels = True
+    with pytest.raises(ConfigError) as e:
+        cfg.validate()
+    assert str(e.value) == ("rtd.shuffle_labels permutes RTD labels, which rtd.objective=mlm has "
+                            "none of; drop it or use rtd.objective=rtd")
+
+
+def test_pipeline_divisibility_reads_the_one_encoder():
+    """tiny's generator has 2 layers, its discriminator 4: PP 4 fits the masked LM alone."""
+    cfg = _cfg("rtd")
+    apply_override(cfg, "parallel.pipeline_model_parallel_size=4")
+    with pytest.raises(ConfigError, match="model.generator.num_layers"):
+        cfg.validate()
+    apply_override(cfg, "rtd.objective=mlm")
+    cfg.validate()
+
+
+def test_one_encoder_of_the_discriminator_shape_with_its_head_tied(single_process_group):
+    cfg = _cfg()
+    model = _model(cfg)
+    names = {n.split(".")[0] for n, _ in model.named_parameters()}
+    assert names == {"generator", "mlm_head"}  # no discriminator, no RTD head, no sampler
+    assert len(model.generator.block.layers) == cfg.model.discriminator.num_layers == 4
+    assert model.mlm_head.table is model.generator_table  # tied: the one table object
+    assert model.encoders() == [model.generator]
+    # the RTD model of the same config has both, the generator at its own depth
+    rtd = _model(_cfg("rtd"))
+    assert len(rtd.generator.block.layers) == 2 and len(rtd.discriminator.block.layers) == 4
+
+
+def test_the_loss_is_the_masked_cross_entropy_and_never_waits(single_process_group):
+    model = _model(_cfg())
+    ids = _ids()
+    rec = SyncRecorder()
+    with rec:
+        out = model(ids, torch.arange(4), step=7)
+        out.loss.backward()
+    assert rec.ops == []
+    # the reference: the head on every position, cross-entropy at the masked ones
+    m = model.mask(ids, torch.arange(4))
+    with torch.no_grad():
+        hidden = model.generator(m.generator_input, ids == 0)  # [s, b, H]
+        logits = model.mlm_head(hidden.transpose(0, 1)[m.masked])  # [n, V]
+        ref = F.cross_entropy(logits, ids[m.masked])
+    assert out.loss.item() == pytest.approx(ref.item(), rel=1e-5)
+    assert out.mlm_loss is out.loss and out.rtd_loss.item() == 0.0
+    assert out.counts["masked"].item() == m.masked.sum().item() > 0
+    assert out.counts["tokens"].item() == (ids != 0).sum().item()
+    assert out.counts["replaced"].item() == 0.0 and out.rtd_logits is None
+    assert torch.equal(out.corrupted_ids, ids)
+    # L_MLM reaches the tied table through both its uses (input and output)
+    assert model.generator_table.weight.grad.abs().sum() > 0
