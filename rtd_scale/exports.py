@@ -39,10 +39,12 @@ def export_hf(engine, model, cfg: RunConfig, ctx, tokenizer, print_fn) -> None:
     out = cfg.train.export_hf
     state = gather_full_state(engine, model, ctx, cfg.model.vocab_size)
     if ctx.rank == 0:  # every rank holds the state; transformers saves on rank 0 only
-        write_export(state, cfg.model, out, pad_id=tokenizer.pad_id, cls_id=tokenizer.cls_id,
-                     sep_id=tokenizer.sep_id, tokenizer_model=cfg.data.tokenizer_model,
-                     flag="--export-hf", note=print_fn)
-        print_fn(f"exported to Hugging Face: {out} (discriminator), {out}/generator")
+        write_export(state, cfg.trained_model(), out, pad_id=tokenizer.pad_id,
+                     cls_id=tokenizer.cls_id, sep_id=tokenizer.sep_id,
+                     tokenizer_model=cfg.data.tokenizer_model, flag="--export-hf",
+                     note=print_fn, masked_lm=model.masked_lm_only)
+        print_fn(f"exported to Hugging Face: {out} (the masked LM)" if model.masked_lm_only
+                 else f"exported to Hugging Face: {out} (discriminator), {out}/generator")
     del state
     torch.distributed.barrier()
 
@@ -65,6 +67,9 @@ def export_hint(cfg: RunConfig) -> Optional[str]:
         adapter.check_exportable(cfg.model)
     except ExportError as e:  # say why, rather than offer a command that refuses
         return f"none: {e}"
+    if cfg.rtd.objective.value == "mlm":
+        return (f"python tools/export_hf.py --load {cfg.train.save} --output {out}   "
+                f"(loads as {adapter.generator_class}, the masked LM with its head)")
     disc = adapter.discriminator_class
     head = ("RTD head included" if adapter.rtd_head_in_model
             else f"its RTD head in {out}/{RTD_HEAD_FILE}")

@@ -180,7 +180,7 @@ class Runs:
                 "--set=rtd.mask_token_prob=1.0", "--set=rtd.random_token_prob=0.0",
                 "--log-interval", "100", "--eval-interval", str(iters), "--eval-iters", "2",
                 "--save-interval", str(iters), "--seed", "3", *MODEL, *NO_DROPOUT,
-                *RUNS[name][0]]
+                *RUNS[name][0], *(["--export-hf", str(save / "hf")] if name == "mlm" else [])]
 
     def _score(self, name, r) -> dict:
         _, lang, token_to_word = self.corpus
@@ -193,6 +193,7 @@ class Runs:
                    "mlm_bar": MLM_BAR_OF_UNIGRAM * lang.unigram_entropy()}
             print(f"[known answer] {name}: " + ", ".join(f"{k} {v:.4f}" for k, v in got.items()))
             got["tags"] = set(tb)
+            got["export"] = save / "hf"
             return got
         dump = torch.load(save / "dumps" / f"valid_iter{iters}_dp0.pt")
         got = score_known_answer(lang, token_to_word, dump)
@@ -264,6 +265,10 @@ def test_the_masked_lm_control_learns_the_language(runs):
     # the masked LM alone: its logs hold L_MLM and no RTD scalar
     assert "valid/loss/mlm" in got["tags"] and "loss/mlm" in got["tags"]
     assert not [t for t in got["tags"] if "rtd" in t], got["tags"]
+    # --export-hf: the one model as DeBERTa's masked-LM class, its head included
+    config = json.loads((got["export"] / "config.json").read_text())
+    assert config["architectures"] == ["DebertaV2ForMaskedLM"]
+    assert not (got["export"] / "generator").exists()
 
 
 @MLM_GROUP
