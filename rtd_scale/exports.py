@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from rtd_scale.config import RunConfig
+from rtd_scale.config import Objective, RunConfig
 
 
 def export_consolidated(engine, model, cfg: RunConfig, ctx, path: str) -> None:
@@ -64,10 +64,10 @@ def export_hint(cfg: RunConfig) -> Optional[str]:
     out = os.path.join("hf", os.path.basename(os.path.normpath(cfg.train.save)))
     adapter = adapter_for(cfg.model)
     try:
-        adapter.check_exportable(cfg.model)
+        adapter.check_exportable(cfg.trained_model())
     except ExportError as e:  # say why, rather than offer a command that refuses
         return f"none: {e}"
-    if cfg.rtd.objective.value == "mlm":
+    if cfg.rtd.objective is Objective.MLM:  # one model, the masked LM
         return (f"python tools/export_hf.py --load {cfg.train.save} --output {out}   "
                 f"(loads as {adapter.generator_class}, the masked LM with its head)")
     disc = adapter.discriminator_class

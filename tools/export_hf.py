@@ -56,6 +56,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     import warnings
 
     warnings.filterwarnings("ignore")
+    from rtd_scale.config import Objective
     from rtd_scale.data.tokenizer import Tokenizer
     from rtd_scale.hf import convert
     from rtd_scale.hf.consolidate import consolidate_checkpoint, read_run
@@ -71,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(line)
     state, cfg, tag = consolidate_checkpoint(args.load, tag, args.tokenizer_model)
     tok = Tokenizer(cfg.data.tokenizer_model)
-    masked_lm = cfg.rtd.objective.value == "mlm"  # the masked-LM control: one model
+    masked_lm = cfg.rtd.objective is Objective.MLM  # the masked-LM control: one model
     write_export(state, cfg.trained_model(), args.output, pad_id=tok.pad_id, cls_id=tok.cls_id,
                  sep_id=tok.sep_id, tokenizer_model=cfg.data.tokenizer_model,
                  overwrite_flag=overwrite_flag, masked_lm=masked_lm)

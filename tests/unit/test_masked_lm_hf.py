@@ -14,13 +14,13 @@ import pytest
 import torch
 
 from rtd_scale.cli_errors import UserInputError
-from rtd_scale.config import Objective
+from rtd_scale.config import Objective, Sharing
 from rtd_scale.hf.export import write_export
 from rtd_scale.hf.pretrained import load_pretrained
 from tests.helpers.hf_deberta import _assert_bitwise, _tensors
 from tests.helpers.hf_models import (DISENTANGLED, POST, PRE, ROTARY, TOL, build_model,
                                      canonical_state, layout_config, load_checked, perturb,
-                                     real_batch)
+                                     real_batch, tiny_config)
 
 CLASSES = {POST: "ElectraForMaskedLM", PRE: "RobertaPreLayerNormForMaskedLM",
            DISENTANGLED: "DebertaV2ForMaskedLM", ROTARY: "ModernBertForMaskedLM"}
@@ -34,8 +34,11 @@ def tok(wiki_shards):
     return Tokenizer(wiki_shards[0])
 
 
-def mlm_config(layout, vocab_size: int):
-    cfg = layout_config(layout, vocab_size)
+def mlm_config(layout, vocab_size: int, projected: bool = False):
+    """``layout_config`` under rtd.objective=mlm; ``projected``: ELECTRA's table narrower than
+    the encoder (24 → 32, ``embeddings_project``)."""
+    cfg = tiny_config(POST, Sharing.GDES, True, vocab_size) if projected else \
+        layout_config(layout, vocab_size)
     cfg.rtd.objective = Objective.MLM
     cfg.validate()
     return cfg
@@ -72,11 +75,13 @@ def theirs(path, layout, ids, pad_id):
             hf(ids, attention_mask=attention, **kw).logits)
 
 
-@pytest.mark.parametrize("layout", LAYOUTS, ids=[l.value for l in LAYOUTS])
+@pytest.mark.parametrize("layout,projected", [(l, False) for l in LAYOUTS] + [(POST, True)],
+                         ids=[l.value for l in LAYOUTS] + ["post-E!=H"])
 def test_export_is_the_masked_lm_class_and_imports_back_bitwise(single_process_group, tok,
-                                                                 tmp_path, layout):
+                                                                 tmp_path, layout, projected):
     ctx = single_process_group
-    cfg = mlm_config(layout, tok.vocab_size)
+    cfg = mlm_config(layout, tok.vocab_size, projected)
+    assert (cfg.model.embedding_size != cfg.model.discriminator.hidden_size) == projected
     first = build_model(cfg, ctx, tok, seed=3)
     perturb(first)
     export(first, cfg, ctx, tok, tmp_path / "a")

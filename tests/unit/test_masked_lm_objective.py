@@ -107,3 +107,13 @@ def test_the_loss_is_the_masked_cross_entropy_and_never_waits(single_process_gro
     assert torch.equal(out.corrupted_ids, ids)
     # L_MLM reaches the tied table through both its uses (input and output)
     assert model.generator_table.weight.grad.abs().sum() > 0
+
+
+def test_the_summary_offers_the_masked_lm_export():
+    from rtd_scale.exports import export_hint
+
+    cfg = preset("debertav3-tiny")
+    cfg.train.save = "runs/mlm"
+    apply_override(cfg, "rtd.objective=mlm")
+    assert export_hint(cfg) == ("python tools/export_hf.py --load runs/mlm --output hf/mlm   "
+                                "(loads as DebertaV2ForMaskedLM, the masked LM with its head)")
