@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from rtd_scale.config import Objective
 from rtd_scale.training.diagnostics import (AVG_COSINE_DISCRIMINATOR, AVG_COSINE_GENERATOR,
                                             VALID_AUC, VALID_AUC_CHANCE_SD, prior_bce)
 from rtd_scale.training.stragglers import summary_line
@@ -23,7 +24,9 @@ def start_lines(cfg, ctx, model, ds_config: dict, dp: int, gas: int, data: dict)
     split (``BlendedDataset.describe``)."""
     n_params = sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel()
                    for p in {id(p): p for p in model.parameters()}.values())
-    lines = [f"rtd_scale: preset {cfg.preset}, sharing {cfg.model.sharing.value}, "
+    objective = ("objective mlm (the masked LM alone)" if cfg.rtd.objective is Objective.MLM
+                 else f"sharing {cfg.model.sharing.value}")
+    lines = [f"rtd_scale: preset {cfg.preset}, {objective}, "
              f"{cfg.model.attention_type.value} attention, "
              f"{cfg.model.layernorm_position.value}-LN layers, "
              f"{n_params / 1e6:.2f}M parameters on this rank's model-parallel shard, vocab "

@@ -117,3 +117,24 @@ def test_the_summary_offers_the_masked_lm_export():
     apply_override(cfg, "rtd.objective=mlm")
     assert export_hint(cfg) == ("python tools/export_hf.py --load runs/mlm --output hf/mlm   "
                                 "(loads as DebertaV2ForMaskedLM, the masked LM with its head)")
+
+
+def test_the_log_lines_and_summary_hold_the_masked_lm_alone():
+    from rtd_scale.training.loop import format_valid_line
+    from rtd_scale.training.metrics import format_log_line
+    from rtd_scale.training.summary import summary_text
+
+    first = {"loss/mlm": 4.25, "loss/total": 4.25, "mlm/accuracy": 0.006}
+    last = {"loss/mlm": 0.5, "loss/total": 0.5, "mlm/accuracy": 0.81}
+    valid = {"valid/loss/mlm": 0.37, "valid/loss/total": 0.37, "valid/mlm/accuracy": 0.84}
+    text = summary_text({"history": [(1, first), (500, last)], "valid_history": [(500, valid)]})
+    assert text.splitlines()[1:5] == [
+        "MLM pretraining summary",
+        "  L_MLM  first 4.2500 (iteration 1)  →  last 0.5000 (iteration 500)",
+        "  MLM accuracy 0.006 → 0.810",
+        "  validation L_MLM 0.3700 (iteration 500) → 0.3700 (iteration 500), MLM accuracy 0.840"]
+    assert "rtd" not in format_valid_line(500, 64, valid)
+    line = format_log_line(500, 500, 16000, 53.1, dict(last, **{
+        "optim/lr": 3e-3, "optim/grad_norm": 1.4, "throughput/tokens_per_s": 38583.0}), 32)
+    assert "mlm loss: 5.000000E-01 | total loss: 5.000000E-01 | mlm acc: 0.8100 | grad norm" in line
+    assert "rtd" not in line and "replaced" not in line
