@@ -1112,7 +1112,11 @@ class RunConfig(_Section):
         self.monitor.validate(self.train.train_iters)
         self.fault_tolerance.validate()
         train = self.train
-        if train.eval_dump_dir and not self.dumps_evaluations():
+        if train.eval_dump_dir and self.rtd.objective is Objective.MLM:
+            warnings.warn(f"--eval-dump-dir {train.eval_dump_dir} has no effect under "
+                          "rtd.objective=mlm: the dumps hold the discriminator's replacements "
+                          "and logits, which a masked LM has none of; drop the flag")
+        elif train.eval_dump_dir and not self.dumps_evaluations():
             warnings.warn(f"--eval-dump-dir {train.eval_dump_dir} has no effect: validation is "
                           f"off (--eval-interval {train.eval_interval}, --eval-iters "
                           f"{train.eval_iters}); pass both > 0 to write the dumps")

@@ -138,3 +138,13 @@ def test_the_log_lines_and_summary_hold_the_masked_lm_alone():
         "optim/lr": 3e-3, "optim/grad_norm": 1.4, "throughput/tokens_per_s": 38583.0}), 32)
     assert "mlm loss: 5.000000E-01 | total loss: 5.000000E-01 | mlm acc: 0.8100 | grad norm" in line
     assert "rtd" not in line and "replaced" not in line
+
+
+def test_an_evaluation_dump_is_said_to_have_no_effect():
+    cfg = _cfg()
+    cfg.train.eval_dump_dir = "dumps"
+    with pytest.warns(UserWarning) as got:
+        cfg.validate()
+    assert [str(w.message) for w in got] == [
+        "--eval-dump-dir dumps has no effect under rtd.objective=mlm: the dumps hold the "
+        "discriminator's replacements and logits, which a masked LM has none of; drop the flag"]
