@@ -553,7 +553,6 @@ class RTDConfig(_Section):
 
     SECTION = "rtd"
 
-    objective: Objective = Objective.RTD
     # arXiv 2111.09543 §3.1 / ELECTRA use λ = 50; DeBERTa's released code defaults to 10.
     rtd_lambda: float = 50.0
     mask_prob: float = 0.15
@@ -569,6 +568,8 @@ class RTDConfig(_Section):
     # span lengths in words: P(l) ∝ p·(1-p)^(l-1) for l = 1..span_max_words (SpanBERT §3.1)
     span_geometric_p: float = 0.2
     span_max_words: int = 10
+    # what the run trains (Objective): the RTD pair, or the masked-LM control ("mlm")
+    objective: Objective = Objective.RTD
 
     def validate(self) -> None:
         if not 0 < self.span_geometric_p <= 1:

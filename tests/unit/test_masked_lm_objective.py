@@ -148,3 +148,30 @@ def test_an_evaluation_dump_is_said_to_have_no_effect():
     assert [str(w.message) for w in got] == [
         "--eval-dump-dir dumps has no effect under rtd.objective=mlm: the dumps hold the "
         "discriminator's replacements and logits, which a masked LM has none of; drop the flag"]
+
+
+def test_load_refuses_a_checkpoint_of_the_other_objective(tmp_path):
+    """--load of an RTD checkpoint under rtd.objective=mlm (and back) is another model, named in
+    one line; under mlm the generator's fields shape nothing, so they may differ."""
+    import json
+
+    from rtd_scale.cli_errors import UserInputError
+    from rtd_scale.training.checkpoint.compat import check_compatible
+    from rtd_scale.training.checkpoint.files import META_FILE
+
+    def saved(cfg) -> str:
+        (tmp_path / "global_step1").mkdir(exist_ok=True)
+        (tmp_path / "global_step1" / META_FILE).write_text(json.dumps(
+            {"layout": {"world_size": 1}, "config": cfg.to_dict()}))
+        return str(tmp_path)
+
+    run = saved(preset("tiny"))
+    mlm = preset("tiny")
+    apply_override(mlm, "rtd.objective=mlm")
+    with pytest.raises(UserInputError) as e:
+        check_compatible(run, "global_step1", mlm, {"world_size": 1})
+    assert str(e.value).startswith(f"--load {run}: global_step1 holds another model "
+                                   "(rtd.objective rtd → mlm, model.generator.num_layers 2 → 4")
+    run = saved(mlm)
+    apply_override(mlm, "model.generator.num_layers=1")  # no effect under mlm
+    check_compatible(run, "global_step1", mlm, {"world_size": 1})
