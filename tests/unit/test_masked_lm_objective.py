@@ -42,11 +42,18 @@ def _ids(b=4, s=64):
     return ids
 
 
-def test_the_field_takes_the_two_objectives_and_names_itself_otherwise():
+def test_the_field_takes_the_two_objectives_and_names_itself_otherwise(tmp_path):
     cfg = preset("tiny")
     assert cfg.rtd.objective is Objective.RTD  # the default
     apply_override(cfg, "rtd.objective=mlm")
     assert cfg.rtd.objective is Objective.MLM
+    # --config FILE: the file's field, typed as the flag's
+    from rtd_scale import config_file
+
+    path = tmp_path / "run.yaml"
+    path.write_text("preset: debertav3-tiny\nrtd:\n  objective: mlm\n  mask_prob: 0.3\n")
+    from_file, _ = config_file.read(str(path))
+    assert from_file.rtd.objective is Objective.MLM and from_file.rtd.mask_prob == 0.3
     with pytest.raises(ConfigError) as e:
         apply_override(cfg, "rtd.objective=bert")
     assert str(e.value) == ("--set rtd.objective=bert: expected one of rtd, mlm, e.g. "
