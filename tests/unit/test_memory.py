@@ -51,6 +51,13 @@ def test_the_masked_lm_control_counts_its_one_encoder(single_process_group):
     rtd = memory.estimate(cfg, one, layout).parts
     assert mlm["activations"] < rtd["activations"]
     assert mlm["MLM logits"] == rtd["MLM logits"]  # the same masked positions and table
+    # exactly one stack: with the generator at the discriminator's shape, the RTD pair holds
+    # two stacks and the outside term, the masked LM one stack and the same outside term, so
+    # 2·mlm − rtd is the outside term alone: C_OUTSIDE · s · b · h (fp32: 4 bytes)
+    cfg.model.generator = cfg.model.discriminator
+    twin = memory.estimate(cfg, one, layout).parts["activations"]
+    outside = memory.C_OUTSIDE * 128 * 8 * cfg.model.discriminator.hidden_size * 4
+    assert 2 * mlm["activations"] - twin == pytest.approx(outside, rel=1e-12)
 
 
 def test_debertav3_base_at_the_sample_tokenizers_padded_table(single_process_group):
