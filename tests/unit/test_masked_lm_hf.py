@@ -109,23 +109,25 @@ def test_export_is_the_masked_lm_class_and_imports_back_bitwise(single_process_g
         assert (x[keep] - y[keep]).abs().max() < 1e-5
 
 
+@pytest.mark.parametrize("layout", LAYOUTS, ids=[l.value for l in LAYOUTS])
 def test_an_rtd_run_starts_its_discriminator_from_a_masked_lm(single_process_group, tok,
-                                                              tmp_path):
-    """ModernBertForMaskedLM → an RTD run: the encoder is the discriminator's, the note says
-    that the MLM head is set aside; the generator keeps its own weights."""
+                                                              tmp_path, layout):
+    """A masked-LM class's directory (ModernBertForMaskedLM, …) → an RTD run: the encoder is
+    the discriminator's, the note says that the MLM head is set aside; the generator keeps its
+    own weights."""
     ctx = single_process_group
-    cfg = mlm_config(ROTARY, tok.vocab_size)
+    cfg = mlm_config(layout, tok.vocab_size)
     mlm = build_model(cfg, ctx, tok, seed=3)
     perturb(mlm)
     export(mlm, cfg, ctx, tok, tmp_path / "mlm")
-    rtd_cfg = layout_config(ROTARY, tok.vocab_size)
+    rtd_cfg = layout_config(layout, tok.vocab_size)
     rtd_cfg.model.discriminator = cfg.model.discriminator
     rtd = build_model(rtd_cfg, ctx, tok, seed=4)
     fresh = canonical_state(rtd, ctx)
     notes = []
     load_pretrained(rtd, str(tmp_path / "mlm"), rtd_cfg.model, pad_id=tok.pad_id,
                     tp_group=ctx.tp_group, tp_rank=0, print_fn=notes.append)
-    assert (f"note: {tmp_path / 'mlm'} holds a ModernBertForMaskedLM: its encoder starts the "
+    assert (f"note: {tmp_path / 'mlm'} holds a {CLASSES[layout]}: its encoder starts the "
             "discriminator and its MLM head is set aside (--set rtd.objective=mlm continues it "
             "as a masked LM, head included)") in notes
     got, src = canonical_state(rtd, ctx), canonical_state(mlm, ctx)
