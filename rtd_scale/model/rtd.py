@@ -246,15 +246,9 @@ class RTDModel(torch.nn.Module):
             normaliser: [2] fp32 (``micro_batch_normaliser``) or None (this micro-batch alone).
         """
         rtd = self.rtd_cfg
-        b, s = input_ids.shape
-        # static shapes, no host sync: every sample's masked positions in k slots (k = the
-        # masking's per-sample maximum), unused slots marked invalid and given no weight
-        k = prediction_budget(rtd.mask_prob, s, rtd.mask_strategy)
-        positions, valid = masked_positions(masked, k)  # [b, k] each
-        rows = torch.arange(b, device=input_ids.device).view(b, 1).expand(b, k).reshape(-1)
-        cols, valid = positions.view(-1), valid.view(-1)  # [n = b·k]
-        logits = self.mlm_head(gen_hidden[cols, rows])  # [n, V_local]
-        targets = input_ids[rows, cols]  # [n]
+        logits, targets, positions, valid, rows, cols = self._masked_logits(gen_hidden, input_ids,
+                                                                            masked)
+        b, k = positions.shape
         sampled = self.sampler(logits, step, sample_index[rows], cols, targets)  # [n]
         filled = torch.zeros_like(input_ids).scatter_add_(
             1, positions, torch.where(valid, sampled, 0).view(b, k))
@@ -267,6 +261,20 @@ class RTDModel(torch.nn.Module):
             logits, targets, valid, None if normaliser is None else normaliser[MLM_COUNT])
         return GeneratorResult(l_mlm, corrupted, labels, mlm_correct, masked)
 
+    def _masked_logits(self, hidden: torch.Tensor, input_ids: torch.Tensor,
+                       masked: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The MLM head at the masked positions, in static shapes (no host sync): every
+        sample's masked positions in k slots (k = the masking's per-sample maximum), unused
+        slots marked invalid and given no weight. Returns logits [n = b·k, V_local], targets [n],
+        positions [b, k], valid [n], rows [n], cols [n] (hidden is [s, b, H])."""
+        b, s = input_ids.shape
+        k = prediction_budget(self.rtd_cfg.mask_prob, s, self.rtd_cfg.mask_strategy)
+        positions, valid = masked_positions(masked, k)  # [b, k] each
+        rows = torch.arange(b, device=input_ids.device).view(b, 1).expand(b, k).reshape(-1)
+        cols, valid = positions.view(-1), valid.view(-1)  # [n = b·k]
+        logits = self.mlm_head(hidden[cols, rows])  # [n, V_local]
+        return logits, input_ids[rows, cols], positions, valid, rows, cols
+
     def masked_lm_head(self, hidden: torch.Tensor, input_ids: torch.Tensor, masked: torch.Tensor,
                        pad: torch.Tensor, normaliser: Optional[torch.Tensor] = None) -> RTDOutput:
         """The step's end under ``rtd.objective=mlm`` (last stage): L_MLM at the masked
@@ -276,15 +284,9 @@ class RTDModel(torch.nn.Module):
             hidden: [s, b, H] the encoder's final hidden states; input_ids, masked, pad: [b, s].
             normaliser: [2] fp32 (``micro_batch_normaliser``) or None (this micro-batch alone).
         """
-        b, s = input_ids.shape
-        k = prediction_budget(self.rtd_cfg.mask_prob, s, self.rtd_cfg.mask_strategy)
-        positions, valid = masked_positions(masked, k)  # [b, k] each
-        rows = torch.arange(b, device=input_ids.device).view(b, 1).expand(b, k).reshape(-1)
-        cols, valid = positions.view(-1), valid.view(-1)  # [n = b·k]
-        logits = self.mlm_head(hidden[cols, rows])  # [n, V_local]
+        logits, targets, _, valid, _, _ = self._masked_logits(hidden, input_ids, masked)
         l_mlm, mlm_correct = self.mlm_criterion(
-            logits, input_ids[rows, cols], valid,
-            None if normaliser is None else normaliser[MLM_COUNT])
+            logits, targets, valid, None if normaliser is None else normaliser[MLM_COUNT])
         with torch.no_grad():
             zero = l_mlm.new_zeros(())
             counts = {key: zero.float() for key in COUNT_KEYS}
