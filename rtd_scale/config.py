@@ -411,6 +411,13 @@ class ModelConfig(_Section):
             return self.max_relative_positions
         return self.max_position_embeddings
 
+    def masked_lm(self) -> "ModelConfig":
+        """The model ``rtd.objective=mlm`` builds: one encoder of the discriminator's shape in
+        the generator's place (the masked LM; its MLM head tied to its own table), so the model
+        code, the pipeline's generator pass and the export of a generator serve it unchanged.
+        The sharing fields have nothing to share and no effect."""
+        return dataclasses.replace(self, generator=dataclasses.replace(self.discriminator))
+
     def shares_embedding_layer(self) -> bool:
         """Whether the sharing reaches past the token table: ES or GDES with scope "embeddings"
         and absolute positions (``model/sharing.py`` says what each mode shares)."""
@@ -528,6 +535,21 @@ class MaskStrategy(str, enum.Enum):
     SPAN = "span"
 
 
+class Objective(str, enum.Enum):
+    """What a run trains (``rtd.objective``).
+
+    RTD: the generator + discriminator pair, L_MLM + rtd_lambda · L_RTD (arXiv 2111.09543 §3.1).
+    MLM: one encoder of the discriminator's shape with the masked-LM loss alone and its MLM head
+    tied to its own token table (BERT, arXiv 1810.04805 §3.1; ModernBERT, arXiv 2412.13663, masks
+    30%: ``rtd.mask_prob=0.3``) — the masked-LM control at equal compute. The encoder takes the
+    generator's place in the model (``generator.*``, ``mlm_head.*``; ``ModelConfig.masked_lm``),
+    so it exports as its layout's masked-LM class, as a generator does.
+    """
+
+    RTD = "rtd"
+    MLM = "mlm"
+
+
 @dataclass(kw_only=True)
 class RTDConfig(_Section):
     """The objective (arXiv 2111.09543 §3.1)."""
@@ -549,6 +571,8 @@ class RTDConfig(_Section):
     # span lengths in words: P(l) ∝ p·(1-p)^(l-1) for l = 1..span_max_words (SpanBERT §3.1)
     span_geometric_p: float = 0.2
     span_max_words: int = 10
+    # what the run trains (Objective): the RTD pair, or the masked-LM control ("mlm")
+    objective: Objective = Objective.RTD
 
     def validate(self) -> None:
         if not 0 < self.span_geometric_p <= 1:
@@ -569,6 +593,9 @@ class RTDConfig(_Section):
             raise ConfigError(
                 "rtd.mask_token_prob + rtd.random_token_prob must be <= 1, got "
                 f"{self.mask_token_prob} + {self.random_token_prob}")
+        if self.objective is Objective.MLM and self.shuffle_labels:
+            raise ConfigError("{0} permutes RTD labels, which rtd.objective=mlm has none of; "
+                              "drop it or use rtd.objective=rtd", "rtd.shuffle_labels")
 
 
 def parse_blend(tokens: Sequence[str], flag: str) -> list[tuple[float, list[str]]]:
@@ -1066,6 +1093,13 @@ class RunConfig(_Section):
     def __post_init__(self) -> None:
         self.validate()
 
+    def trained_model(self) -> ModelConfig:
+        """The model the run builds: ``model``, or under ``rtd.objective=mlm`` its masked LM
+        alone (``ModelConfig.masked_lm``: the discriminator's shape in the generator's place).
+        What counts the step (``flops.py``, ``memory.py``) and what an export's classes are
+        made from read this one."""
+        return self.model.masked_lm() if self.rtd.objective is Objective.MLM else self.model
+
     def dumps_evaluations(self) -> bool:
         """Whether ``--eval-dump-dir`` is ever written: by a validation, or by the test
         evaluation after the last step (``--test-data-path`` with ``--eval-iters`` > 0, run
@@ -1076,13 +1110,17 @@ class RunConfig(_Section):
         self.model.validate()
         self.rtd.validate()
         self.data.validate(self.model)
-        self.parallel.validate(self.model)
+        self.parallel.validate(self.trained_model())
         self.optim.validate()
         self.train.validate()
         self.monitor.validate(self.train.train_iters)
         self.fault_tolerance.validate()
         train = self.train
-        if train.eval_dump_dir and not self.dumps_evaluations():
+        if train.eval_dump_dir and self.rtd.objective is Objective.MLM:
+            warnings.warn(f"--eval-dump-dir {train.eval_dump_dir} has no effect under "
+                          "rtd.objective=mlm: the dumps hold the discriminator's replacements "
+                          "and logits, which a masked LM has none of; drop the flag")
+        elif train.eval_dump_dir and not self.dumps_evaluations():
             warnings.warn(f"--eval-dump-dir {train.eval_dump_dir} has no effect: validation is "
                           f"off (--eval-interval {train.eval_interval}, --eval-iters "
                           f"{train.eval_iters}); pass both > 0 to write the dumps")

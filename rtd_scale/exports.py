@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from rtd_scale.config import RunConfig
+from rtd_scale.config import Objective, RunConfig
 
 
 def export_consolidated(engine, model, cfg: RunConfig, ctx, path: str) -> None:
@@ -39,10 +39,12 @@ def export_hf(engine, model, cfg: RunConfig, ctx, tokenizer, print_fn) -> None:
     out = cfg.train.export_hf
     state = gather_full_state(engine, model, ctx, cfg.model.vocab_size)
     if ctx.rank == 0:  # every rank holds the state; transformers saves on rank 0 only
-        write_export(state, cfg.model, out, pad_id=tokenizer.pad_id, cls_id=tokenizer.cls_id,
-                     sep_id=tokenizer.sep_id, tokenizer_model=cfg.data.tokenizer_model,
-                     flag="--export-hf", note=print_fn)
-        print_fn(f"exported to Hugging Face: {out} (discriminator), {out}/generator")
+        write_export(state, cfg.trained_model(), out, pad_id=tokenizer.pad_id,
+                     cls_id=tokenizer.cls_id, sep_id=tokenizer.sep_id,
+                     tokenizer_model=cfg.data.tokenizer_model, flag="--export-hf",
+                     note=print_fn, masked_lm=model.masked_lm_only)
+        print_fn(f"exported to Hugging Face: {out} (the masked LM)" if model.masked_lm_only
+                 else f"exported to Hugging Face: {out} (discriminator), {out}/generator")
     del state
     torch.distributed.barrier()
 
@@ -64,9 +66,12 @@ def export_hint(cfg: RunConfig, exported: bool = False) -> Optional[str]:
            else os.path.join("hf", os.path.basename(os.path.normpath(cfg.train.save))))
     adapter = adapter_for(cfg.model)
     try:
-        adapter.check_exportable(cfg.model)
+        adapter.check_exportable(cfg.trained_model())
     except ExportError as e:  # say why, rather than offer a command that refuses
         return f"none: {e}"
+    if cfg.rtd.objective is Objective.MLM:  # one model, the masked LM
+        return (f"python tools/export_hf.py --load {cfg.train.save} --output {out}   "
+                f"(loads as {adapter.generator_class}, the masked LM with its head)")
     disc = adapter.discriminator_class
     head = ("RTD head included" if adapter.rtd_head_in_model
             else f"its RTD head in {out}/{RTD_HEAD_FILE}")

@@ -51,6 +51,12 @@ forward + backward (× 3) of:
         dense h_g → E (2·h_g·E) and the tied vocabulary projection E → V (2·E·V);
     the discriminator's RTD head at every token: dense h_d → h_d (2h_d²) and h_d → 1 (2h_d).
 
+The masked-LM control (``rtd.objective=mlm``, ``RTDDims.masked_lm_only``) counts one encoder of the
+discriminator's shape (in the generator's entries, where the model holds it), its embedding
+projection and its MLM head at the masked positions; the discriminator's entries and the RTD
+head are 0. An RTD run and an MLM run of equal compute take steps in the inverse ratio of their
+per-token counts (``tools/estimate_cost.py`` prints it).
+
 Not counted: embedding lookups (gathers, no multiply-adds), biases, LayerNorm, GELU, softmax,
 dropout, losses, the sampler and the optimizer — elementwise work, small next to the matmuls and
 not "model FLOPs" — and disentangled attention's gathers of the c2p / p2c scores. V is the real
@@ -93,6 +99,7 @@ class RTDDims:
     mask_prob: float  # fraction of tokens that reach the MLM head
     relative_rows: int = 0  # R of disentangled attention; 0 for BERT attention
     window_size: int = -1  # w of the local layers (EncoderDims.local_layers); -1: none
+    masked_lm_only: bool = False  # rtd.objective=mlm: the generator's entries alone, no RTD head
 
 
 def attended_keys(seq_length: int, window_size: int = -1) -> float:
@@ -146,15 +153,20 @@ def rtd_flops_breakdown(d: RTDDims) -> dict[str, float]:
     """Forward + backward model FLOPs of one RTD step per input token, by component (see the
     module docstring)."""
     g, disc, e, v = d.generator, d.discriminator, d.embedding_size, d.vocab_size
+    encoders = (("generator", g),) if d.masked_lm_only else (("generator", g),
+                                                            ("discriminator", disc))
     out: dict[str, float] = {}
-    for name, enc in (("generator", g), ("discriminator", disc)):
-        mm, att = _stack_flops(enc, d.seq_length, d.relative_rows, d.window_size)
+    for name in ("generator", "discriminator"):
+        enc = dict(encoders).get(name)
+        mm, att = (0, 0) if enc is None else _stack_flops(enc, d.seq_length, d.relative_rows,
+                                                          d.window_size)
         out[f"{name}_matmul"] = float(mm)
         out[f"{name}_attention"] = float(att)
     out["embedding_projection"] = float(
-        sum(3 * 2 * e * enc.hidden_size for enc in (g, disc) if enc.hidden_size != e))
+        sum(3 * 2 * e * enc.hidden_size for _, enc in encoders if enc.hidden_size != e))
     out["mlm_head"] = 3 * (2 * g.hidden_size * e + 2 * e * v) * d.mask_prob
-    out["rtd_head"] = float(3 * (2 * disc.hidden_size * disc.hidden_size + 2 * disc.hidden_size))
+    out["rtd_head"] = 0.0 if d.masked_lm_only else float(
+        3 * (2 * disc.hidden_size * disc.hidden_size + 2 * disc.hidden_size))
     return out
 
 
@@ -167,8 +179,12 @@ def rtd_flops_per_token(d: RTDDims) -> float:
 
 
 def dims_of(cfg, *, seq_length=None, vocab_size=None, mask_prob=None) -> RTDDims:
-    """The RTDDims of a ``rtd_scale.config.RunConfig`` (overrides default to the config's)."""
-    m = cfg.model
+    """The RTDDims of a ``rtd_scale.config.RunConfig`` (overrides default to the config's): of
+    the model it builds (``RunConfig.trained_model``; under ``rtd.objective=mlm`` the masked LM
+    alone, ``masked_lm_only``)."""
+    from rtd_scale.config import Objective
+
+    m = cfg.trained_model()
     gated = m.mlp_activation.gated
 
     def enc(e):
@@ -181,7 +197,8 @@ def dims_of(cfg, *, seq_length=None, vocab_size=None, mask_prob=None) -> RTDDims
                    embedding_size=m.embedding_size, vocab_size=vocab_size or m.vocab_size,
                    seq_length=seq_length,
                    mask_prob=cfg.rtd.mask_prob if mask_prob is None else mask_prob,
-                   relative_rows=relative_rows(m, seq_length), window_size=m.window_size)
+                   relative_rows=relative_rows(m, seq_length), window_size=m.window_size,
+                   masked_lm_only=cfg.rtd.objective is Objective.MLM)
 
 
 def relative_rows(model_cfg, seq_length: int) -> int:

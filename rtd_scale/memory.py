@@ -271,16 +271,20 @@ class MemoryEstimate:
 
 
 def _activations(cfg, layout: RankLayout, b_act: int) -> tuple[float, float]:
-    """(saved activations of one micro-batch on this rank's layers, MLM logits) in bytes."""
+    """(saved activations of one micro-batch on this rank's layers, MLM logits) in bytes; under
+    ``rtd.objective=mlm`` of the one encoder the run builds (``RunConfig.trained_model``)."""
     from rtd_scale import flops
+    from rtd_scale.config import Objective
 
-    m = cfg.model
+    m = cfg.trained_model()
+    encoders = ((m.generator,) if cfg.rtd.objective is Objective.MLM
+                else (m.generator, m.discriminator))
     family = m.attention_type.value
     s, b = layout.seq_length, layout.micro_batch_size
     keys = flops.attended_keys(s, m.window_size)
     total = 0.0
     peak_layer = 0.0
-    for enc in (m.generator, m.discriminator):
+    for enc in encoders:
         h, heads = enc.hidden_size, enc.num_attention_heads
         ffn = enc.ffn_hidden_size * (2 if m.mlp_activation.gated else 1)
         per_layer_elems = s * b * h * (C_HIDDEN[family] + C_FFN[family] * ffn / h) / layout.tp

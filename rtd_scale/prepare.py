@@ -124,7 +124,7 @@ def prepare(cfg: RunConfig, world_size: int, print_fn=None) -> Prepared:
     if cfg.train.export_hf:  # a shape Hugging Face cannot hold fails now, not after training
         from rtd_scale.hf import convert, export as hf_export
 
-        convert.check_exportable(cfg.model)
+        convert.check_exportable(cfg.trained_model())
         hf_export.check_output_dir(cfg.train.export_hf, "--export-hf")
     if cfg.train.pretrained_checkpoint and not os.path.exists(cfg.train.pretrained_checkpoint):
         from rtd_scale.hf.adapters import import_sources

@@ -129,7 +129,8 @@ def set_up(cfg: RunConfig, ctx, prep: Prepared, print_fn) -> tuple[Any, Any, Opt
     if pretrained:  # weights only, before DeepSpeed partitions them
         from rtd_scale.hf.pretrained import load_pretrained
 
-        load_pretrained(model, cfg.train.pretrained_checkpoint, cfg.model, pad_id=tok.pad_id,
+        load_pretrained(model, cfg.train.pretrained_checkpoint, cfg.trained_model(),
+                        pad_id=tok.pad_id,
                         tp_group=ctx.tp_group, tp_rank=ctx.tp_rank, pp_group=ctx.pp_group,
                         print_fn=print_fn if ctx.is_logging_rank else None)
     distributed.seed_after_build(ctx, cfg.train.seed)

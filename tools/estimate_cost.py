@@ -32,6 +32,11 @@ inputs and to weights), so every matmul costs 6 × (its weight count) per token 
   F_token = generator + discriminator + MLM head + RTD head
   F_step  = F_token · tokens_per_step;      F_total = F_step · steps
 
+The masked-LM control (--set rtd.objective=mlm) counts one encoder of the discriminator's shape
+(in the generator's row) and its MLM head: F_token = encoder + MLM head. For an RTD regime the
+tool also prints the steps a masked-LM run of the same shape takes for the same FLOPs (steps ×
+F_RTD / F_MLM): equal compute as a number.
+
 Both encoders run forward and backward every step: the generator is trained by L_MLM, the
 discriminator by λ·L_RTD, and the sampled replacements carry no gradient. Excluded, as in the
 usual model-FLOPs (MFU) convention: embedding lookups and their scatter-add gradients, layer
@@ -65,7 +70,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rtd_scale import flops  # noqa: E402
 from rtd_scale.cli_errors import OneLineArgumentParser  # noqa: E402
 from rtd_scale.batch import BatchNames  # noqa: E402
-from rtd_scale.config import RunConfig  # noqa: E402
+from rtd_scale.config import ConfigError, Objective, RunConfig, apply_override  # noqa: E402
 from rtd_scale.presets import PRESETS, preset  # noqa: E402
 from rtd_scale.batch import batch_layout as config_batch_layout  # noqa: E402
 
@@ -95,6 +100,16 @@ def rtd_flops_per_token(cfg: RunConfig, *, seq_length: Optional[int] = None,
     config's values."""
     return StepFlops(**flops.rtd_flops_breakdown(flops.dims_of(
         cfg, seq_length=seq_length, vocab_size=vocab_size, mask_prob=mask_prob)))
+
+
+def masked_lm_flops_per_token(cfg: RunConfig, **overrides) -> StepFlops:
+    """``rtd_flops_per_token`` of ``cfg`` under ``rtd.objective=mlm`` (``cfg`` is left as it
+    is): the masked-LM control of the same shape."""
+    import copy
+
+    mlm = copy.deepcopy(cfg)
+    mlm.rtd.objective = Objective.MLM
+    return rtd_flops_per_token(mlm, **overrides)
 
 
 def gpu_hours(total_flops: float, total_tokens: float, *, tokens_per_s: Optional[float] = None,
@@ -178,6 +193,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--seq-length", type=_positive(int), help="default: the preset's")
     p.add_argument("--vocab-size", type=_positive(int), help="default: the preset's")
     p.add_argument("--mask-prob", type=float, help="default: the preset's")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config field, as pretrain.py's --set (e.g. rtd.objective=mlm: the "
+                        "masked-LM control); repeatable")
     p.add_argument("--tokens-per-step", type=_product,
                    help="e.g. 8192*512; default: the preset's global batch × sequence length")
     p.add_argument("--steps", type=_positive(int), help="default: the preset's train_iters")
@@ -294,6 +312,13 @@ def memory_plan(cfg: RunConfig, *, gpus: int, gpu_memory_gb: float, tp: int, glo
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     cfg = preset(args.preset)
+    try:
+        for assignment in args.set:
+            apply_override(cfg, assignment)
+        cfg.validate()
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     seq = args.seq_length or cfg.data.seq_length
     per_token = rtd_flops_per_token(cfg, seq_length=seq, vocab_size=args.vocab_size,
                                     mask_prob=args.mask_prob)
@@ -311,9 +336,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     total_tokens = float(tokens_per_step) * steps
     total = per_token.total * total_tokens
     m = cfg.model
-    print(f"{args.preset}: generator {m.generator.num_layers} × {m.generator.hidden_size} "
-          f"(FFN {m.generator.ffn_hidden_size}), discriminator {m.discriminator.num_layers} × "
-          f"{m.discriminator.hidden_size} (FFN {m.discriminator.ffn_hidden_size}), table width "
+    masked_lm = cfg.rtd.objective is Objective.MLM
+    models = (f"masked LM (rtd.objective=mlm) {m.discriminator.num_layers} × "
+              f"{m.discriminator.hidden_size} (FFN {m.discriminator.ffn_hidden_size})"
+              if masked_lm else
+              f"generator {m.generator.num_layers} × {m.generator.hidden_size} "
+              f"(FFN {m.generator.ffn_hidden_size}), discriminator {m.discriminator.num_layers} × "
+              f"{m.discriminator.hidden_size} (FFN {m.discriminator.ffn_hidden_size})")
+    print(f"{args.preset}: {models}, table width "
           f"{m.embedding_size}, vocab {args.vocab_size or m.vocab_size}, sequence {seq}, mask "
           f"{cfg.rtd.mask_prob if args.mask_prob is None else args.mask_prob:g}")
     dims = flops.dims_of(cfg, seq_length=seq)
@@ -331,6 +361,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"per step:  {tokens_per_step:,} tokens × {per_token.total:.4e} = "
           f"{per_token.total * tokens_per_step:.4e} FLOPs")
     print(f"regime:    {steps:,} steps, {total_tokens:.4e} tokens, {total:.4e} FLOPs")
+    if not masked_lm:
+        mlm = masked_lm_flops_per_token(cfg, seq_length=seq, vocab_size=args.vocab_size,
+                                        mask_prob=args.mask_prob)
+        print(f"equal compute: the masked-LM control (--set rtd.objective=mlm, "
+              f"{mlm.total:.4e} FLOPs per token) takes {steps * per_token.total / mlm.total:,.0f} "
+              f"steps of {tokens_per_step:,} tokens for these {total:.4e} FLOPs")
     if layout is not None:
         world, dp, gas = layout
         print(f"layout:    {args.nodes} node(s) × {args.gpus_per_node} GPUs = {world} ranks = "

@@ -12,8 +12,11 @@ processes on CPU, each loads its own DeepSpeed files, and they gather one consol
                      tokenizer files; ElectraForPreTraining (post-LayerNorm runs),
                      RobertaPreLayerNormModel + rtd_head.safetensors (pre-LayerNorm runs) or
                      DebertaV2Model + rtd_head.safetensors (--attention-type disentangled)
-    DIR/generator/   the generator: ElectraForMaskedLM, RobertaPreLayerNormForMaskedLM or
-                     DebertaV2ForMaskedLM
+    DIR/generator/   the generator: ElectraForMaskedLM, RobertaPreLayerNormForMaskedLM,
+                     DebertaV2ForMaskedLM or ModernBertForMaskedLM
+
+A run of the masked-LM control (--set rtd.objective=mlm) has one model: DIR holds it as its
+layout's masked-LM class (the generator's above, at the discriminator's shape, its head kept).
 
 Both load offline with ``AutoTokenizer.from_pretrained(DIR)`` and
 ``AutoModel….from_pretrained(DIR)``, under transformers 4.x and 5.x. See rtd_scale/hf/adapters.py
@@ -53,6 +56,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     import warnings
 
     warnings.filterwarnings("ignore")
+    from rtd_scale.config import Objective
     from rtd_scale.data.tokenizer import Tokenizer
     from rtd_scale.hf import convert
     from rtd_scale.hf.consolidate import consolidate_checkpoint, read_run
@@ -62,16 +66,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     check_output_dir(args.output, "--output", overwrite_flag=overwrite_flag)
     notes: list[str] = []
     cfg, _, _, tag = read_run(args.load, args.tag, note=notes.append)
-    convert.check_exportable(cfg.model)  # before the ranks start: a shape HF cannot hold
+    convert.check_exportable(cfg.trained_model())  # before the ranks start: a shape HF cannot hold
     print(f"exporting {tag} from {args.load}")
     for line in notes:
         print(line)
     state, cfg, tag = consolidate_checkpoint(args.load, tag, args.tokenizer_model)
     tok = Tokenizer(cfg.data.tokenizer_model)
-    write_export(state, cfg.model, args.output, pad_id=tok.pad_id, cls_id=tok.cls_id,
+    masked_lm = cfg.rtd.objective is Objective.MLM  # the masked-LM control: one model
+    write_export(state, cfg.trained_model(), args.output, pad_id=tok.pad_id, cls_id=tok.cls_id,
                  sep_id=tok.sep_id, tokenizer_model=cfg.data.tokenizer_model,
-                 overwrite_flag=overwrite_flag)
-    disc, gen = convert.class_names(cfg.model)
+                 overwrite_flag=overwrite_flag, masked_lm=masked_lm)
+    disc, gen = convert.class_names(cfg.trained_model())
+    if masked_lm:
+        print(f"exported {args.load}/{tag}: {args.output} ({gen}, the masked LM)")
+        return
     print(f"exported {args.load}/{tag}: {args.output} ({disc}), "
           f"{args.output}/{convert.GENERATOR_DIR} ({gen})")
 

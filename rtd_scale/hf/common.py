@@ -310,20 +310,22 @@ def padded_rows(vocab_size: int, multiple: int = 128) -> int:
 
 
 def check_config(adapter: Adapter, src: HFSource, model: ModelConfig, which: str, *,
-                 flag: str) -> list[str]:
+                 flag: str, fields_of: Optional[str] = None) -> list[str]:
     """Refuse a Hugging Face config this model cannot take; return notes for harmless
-    differences.
+    differences. ``fields_of``: the encoder whose config fields set ``which``'s shape, when
+    another (``rtd.objective=mlm``: the discriminator's set its one encoder's).
 
     Raises:
         UserInputError: one line naming the field, both values and the ``--set`` that fixes it.
     """
     enc: EncoderConfig = getattr(model, which)
     c = src.config
-    checks = [("num_hidden_layers", enc.num_layers, f"model.{which}.num_layers"),
-              ("hidden_size", enc.hidden_size, f"model.{which}.hidden_size"),
+    own = fields_of or which
+    checks = [("num_hidden_layers", enc.num_layers, f"model.{own}.num_layers"),
+              ("hidden_size", enc.hidden_size, f"model.{own}.hidden_size"),
               ("num_attention_heads", enc.num_attention_heads,
-               f"model.{which}.num_attention_heads"),
-              ("intermediate_size", enc.ffn_hidden_size, f"model.{which}.ffn_hidden_size")]
+               f"model.{own}.num_attention_heads"),
+              ("intermediate_size", enc.ffn_hidden_size, f"model.{own}.ffn_hidden_size")]
     adapter.check_source(src, model, f"{flag} {src.where}: the {which}'s")
     if adapter.checks_embedding_size:
         checks.append(("embedding_size", model.embedding_size, "model.embedding_size"))
@@ -350,6 +352,6 @@ def check_config(adapter: Adapter, src: HFSource, model: ModelConfig, which: str
             f"(an export holds it: tokenizer.json / spm.model in {src.where})")
     if abs(getattr(c, "layer_norm_eps", enc.layernorm_epsilon) - enc.layernorm_epsilon) > 0:
         notes.append(f"the {which}'s layer_norm_eps is {c.layer_norm_eps} there, "
-                     f"{enc.layernorm_epsilon} here (--set model.{which}.layernorm_epsilon="
+                     f"{enc.layernorm_epsilon} here (--set model.{own}.layernorm_epsilon="
                      f"{c.layer_norm_eps} to keep it)")
     return notes

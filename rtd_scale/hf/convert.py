@@ -43,6 +43,10 @@ Rules, each exact (a renaming or a reshaping, never an approximation):
 - **Heads.** RTD head = ELECTRA's ``discriminator_predictions`` (dense H→H, GELU, dense H→1),
   in the class (ELECTRA) or beside it in ``rtd_head.safetensors`` under those names. MLM head:
   each target's (its module), the decoder tied to the generator's table.
+- **The masked-LM control** (``rtd.objective=mlm``): its one encoder sits in the generator's
+  place (``generator.*``, ``mlm_head.*``), so ``masked_lm_to_hf`` / ``masked_lm_from_hf`` are the
+  generator's half alone, as the layout's masked-LM class (``Adapter.generator_class``) at the
+  discriminator's shape (``ModelConfig.masked_lm``); no sharing rule applies.
 """
 from __future__ import annotations
 
@@ -149,19 +153,91 @@ def to_hf(state: dict[str, torch.Tensor], model: ModelConfig, *, pad_id: int,
         extra = {RTD_HEAD_FILE: rtd_head}
     disc = HFModel(adapter.discriminator_class, hf_config(model, "discriminator", **ids),
                    hf["discriminator"], extra_files=extra, model_kwargs=dict(adapter.model_kwargs))
-    g_state = hf["generator"]
+    gen = _masked_lm_model(adapter, state, take, hf["generator"], model, ids)
+    _check_all_used(state, used)
+    return disc, gen
+
+
+def _masked_lm_model(adapter, state, take, g_state: dict[str, torch.Tensor], model: ModelConfig,
+                     ids: dict) -> HFModel:
+    """The generator class's model: ``g_state`` (its encoder, Hugging Face's names) with the
+    MLM head and the tied copies of the table and bias."""
     head = {theirs: take(f"mlm_head.{ours}") for ours, theirs in adapter.mlm_head_maps[0].items()}
     adapter.mlm_head_to_hf(head, state["generator.embeddings.table.weight"], model)
     g_state.update(head)
     g_state.update({name: state["generator.embeddings.table.weight"]
                     for name in adapter.tied_to_table})
     g_state.update({name: state["mlm_head.bias"] for name in adapter.tied_to_bias})
-    gen = HFModel(adapter.generator_class, hf_config(model, "generator", **ids), g_state)
+    return HFModel(adapter.generator_class, hf_config(model, "generator", **ids), g_state)
+
+
+def _check_all_used(state: dict[str, torch.Tensor], used: set[str]) -> None:
     left = sorted(set(state) - used)
     if left:
         raise ValueError(f"no Hugging Face target for {left}; extend its adapter "
                          "(rtd_scale/hf/adapters.py)")
-    return disc, gen
+
+
+def masked_lm_to_hf(state: dict[str, torch.Tensor], model: ModelConfig, *, pad_id: int,
+                    cls_id: Optional[int] = None, sep_id: Optional[int] = None) -> HFModel:
+    """The Hugging Face masked-LM model (``Adapter.generator_class``: ``ElectraForMaskedLM``,
+    ``RobertaPreLayerNormForMaskedLM``, ``DebertaV2ForMaskedLM``, ``ModernBertForMaskedLM``) of
+    an ``rtd.objective=mlm`` run's canonical state.
+
+    Args:
+        state: ``full_state_dict`` of the whole model: ``generator.*`` and ``mlm_head.*``.
+        model: ``RunConfig.trained_model()`` (the discriminator's shape in the generator's place).
+    Raises:
+        ExportError: a shape the target class cannot hold.
+        ValueError: ``state`` holds a tensor no target takes (never dropped silently).
+    """
+    adapter = adapter_for(model)
+    adapter.check_exportable(model)
+    state = unfused_names(state)
+    used: set[str] = set()
+
+    def take(name: str) -> torch.Tensor:
+        used.add(name)
+        return state[name]
+
+    enc = model.generator
+    tensors = encoder_to_hf(adapter, lambda n: take(f"generator.{n}"), enc,
+                            model.embedding_size != enc.hidden_size, pad_id,
+                            has=lambda n: f"generator.{n}" in state)
+    g_state = {adapter.generator_base + k: v for k, v in tensors.items()}
+    out = _masked_lm_model(adapter, state, take, g_state, model,
+                           dict(pad_id=pad_id, cls_id=cls_id, sep_id=sep_id))
+    _check_all_used(state, used)
+    return out
+
+
+def _mlm_head_from_hf(adapter, source: HFSource, model: ModelConfig) -> dict[str, torch.Tensor]:
+    """Our ``mlm_head.*`` from a generator class's state (either of its head layouts)."""
+    gs = adapter.mlm_head_from_hf(source.state, model)
+    names = next((m for m in adapter.mlm_head_maps if m["bias"] in gs), adapter.mlm_head_maps[0])
+    out = {f"mlm_head.{ours}": gs[theirs] for ours, theirs in names.items()}
+    out["mlm_head.bias"] = out["mlm_head.bias"][:model.vocab_size]  # padding rows dropped
+    return out
+
+
+def masked_lm_from_hf(model: ModelConfig, source: HFSource, *, pad_id: int,
+                      flag: str = "--pretrained-checkpoint"
+                      ) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """Inverse of ``masked_lm_to_hf``: the canonical state of an ``rtd.objective=mlm`` model
+    (``model``: ``RunConfig.trained_model()``) from a masked-LM class's model, its MLM head
+    kept, and notes for the user.
+
+    Raises:
+        UserInputError: a config this model cannot take (naming the discriminator's field: the
+            shape ``rtd.objective=mlm`` builds).
+    """
+    adapter = adapter_for(model)
+    notes = check_config(adapter, source, model, "generator", flag=flag,
+                         fields_of="discriminator")
+    out = encoder_from_hf(adapter, source, adapter.generator_base, "generator", model, pad_id,
+                          notes)
+    out.update(_mlm_head_from_hf(adapter, source, model))
+    return {k: v.detach().float().contiguous() for k, v in out.items()}, notes
 
 
 def from_hf(model: ModelConfig, *, discriminator: HFSource, generator: Optional[HFSource],
@@ -194,11 +270,7 @@ def from_hf(model: ModelConfig, *, discriminator: HFSource, generator: Optional[
         notes += check_config(adapter, generator, model, "generator", flag=flag)
         out.update(encoder_from_hf(adapter, generator, adapter.generator_base, "generator",
                                    model, pad_id, notes))
-        gs = adapter.mlm_head_from_hf(generator.state, model)
-        names = next((m for m in adapter.mlm_head_maps if m["bias"] in gs),
-                     adapter.mlm_head_maps[0])
-        out.update({f"mlm_head.{ours}": gs[theirs] for ours, theirs in names.items()})
-        out["mlm_head.bias"] = out["mlm_head.bias"][:model.vocab_size]  # padding rows dropped
+        out.update(_mlm_head_from_hf(adapter, generator, model))
     rule, scope, relative = _sharing(model)
     try:
         out = rule.import_state(out, scope, relative, with_generator=generator is not None)

@@ -29,6 +29,9 @@ class Electra(Adapter):
     mlm_head_maps = (mlm_head_names("generator_predictions", "LayerNorm",
                                     "generator_lm_head.bias"),)
     tied_to_table = ("generator_lm_head.weight",)
+    # an ElectraForMaskedLM directory read as the discriminator: its MLM head is left aside
+    # (a note says so, ``pretrained.read_pretrained``)
+    ignored_heads = ("generator_predictions.", "generator_lm_head.")
 
     def hf_config(self, model, which, *, pad_id, cls_id, sep_id):
         from transformers import ElectraConfig

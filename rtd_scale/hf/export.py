@@ -22,6 +22,11 @@ A target whose discriminator class has no RTD head (``Adapter.rtd_head_in_model`
 under ELECTRA's names (``discriminator_predictions.{dense,dense_prediction}.{weight,bias}``).
 ``DIR/rtd_scale.json`` records the rtd_scale model config the export came from.
 
+A run of the masked-LM control (``rtd.objective=mlm``, ``masked_lm=True``) exports its one model
+at ``DIR`` as its layout's masked-LM class (``ElectraForMaskedLM``, ``RobertaPreLayerNormForMaskedLM``,
+``DebertaV2ForMaskedLM``, ``ModernBertForMaskedLM``; ``convert.masked_lm_to_hf``), with no
+``generator/`` and no RTD head; ``rtd_scale.json`` names it under "masked_lm".
+
 The directory is written under a temporary name beside ``DIR`` and renamed into place; an existing
 ``DIR`` is replaced only when it is itself an export (it has ``config.json``), and only after the
 new one is complete: a failure on the way leaves the old export as it was.
@@ -116,10 +121,12 @@ def write_export(state: dict[str, torch.Tensor], model: ModelConfig, output_dir:
                  pad_id: int, cls_id: Optional[int] = None, sep_id: Optional[int] = None,
                  tokenizer_model: Optional[str] = None, flag: str = "--output",
                  overwrite_flag: Optional[str] = None,
-                 note: Callable[[str], None] = print) -> None:
+                 note: Callable[[str], None] = print, masked_lm: bool = False) -> None:
     """Write the export of canonical ``state`` (a whole model) to ``output_dir``. Under
     torch.distributed, call it on global rank 0: transformers' ``save_pretrained`` writes there
-    only. ``overwrite_flag``: as :func:`check_output_dir`.
+    only. ``overwrite_flag``: as :func:`check_output_dir`. ``masked_lm``: the state is an
+    ``rtd.objective=mlm`` run's (``model``: ``RunConfig.trained_model()``), written as one
+    masked-LM model.
 
     Raises:
         ExportError: a shape the target class cannot hold (nothing is written).
@@ -131,7 +138,11 @@ def write_export(state: dict[str, torch.Tensor], model: ModelConfig, output_dir:
     import torch.distributed as dist
 
     assert not dist.is_initialized() or dist.get_rank() == 0, "write_export runs on rank 0"
-    disc, gen = convert.to_hf(state, model, pad_id=pad_id, cls_id=cls_id, sep_id=sep_id)
+    ids = dict(pad_id=pad_id, cls_id=cls_id, sep_id=sep_id)
+    if masked_lm:
+        disc, gen = None, convert.masked_lm_to_hf(state, model, **ids)
+    else:
+        disc, gen = convert.to_hf(state, model, **ids)
     check_output_dir(output_dir, flag, overwrite_flag=overwrite_flag)
     out = os.path.abspath(output_dir)
     tmp = f"{out}.tmp{os.getpid()}"
@@ -139,7 +150,9 @@ def write_export(state: dict[str, torch.Tensor], model: ModelConfig, output_dir:
     os.makedirs(tmp)
     try:
         adapter = adapter_for(model)
-        for m, where in ((disc, tmp), (gen, os.path.join(tmp, GENERATOR_DIR))):
+        models = ([(gen, tmp)] if masked_lm else
+                  [(disc, tmp), (gen, os.path.join(tmp, GENERATOR_DIR))])
+        for m, where in models:
             hf_model = build_hf_model(m)
             hf_model.save_pretrained(where)
             for name, tensors in m.extra_files.items():
@@ -147,10 +160,13 @@ def write_export(state: dict[str, torch.Tensor], model: ModelConfig, output_dir:
                           os.path.join(where, name), metadata={"format": "pt"})
             _save_tokenizer(tokenizer_model, where, model.max_position_embeddings, adapter, note)
             del hf_model
-        manifest = {"format": "rtd_scale hf export 1", "discriminator": disc.class_name,
-                    "generator": gen.class_name, "generator_dir": GENERATOR_DIR,
-                    "rtd_head_file": RTD_HEAD_FILE if disc.extra_files else None,
-                    "pad_id": pad_id, "model": _model_dict(model)}
+        manifest = ({"format": "rtd_scale hf export 1", "objective": "mlm",
+                     "masked_lm": gen.class_name, "pad_id": pad_id, "model": _model_dict(model)}
+                    if masked_lm else
+                    {"format": "rtd_scale hf export 1", "discriminator": disc.class_name,
+                     "generator": gen.class_name, "generator_dir": GENERATOR_DIR,
+                     "rtd_head_file": RTD_HEAD_FILE if disc.extra_files else None,
+                     "pad_id": pad_id, "model": _model_dict(model)})
         with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:
             json.dump(manifest, f, indent=2, sort_keys=True)
             f.write("\n")

@@ -12,6 +12,13 @@ PATH may be
   GDES its table starts as the discriminator's;
 - an ``--export`` .pt file (``{"config", "model"}``, our canonical state).
 
+Under ``rtd.objective=mlm`` (the masked-LM control, one encoder in the generator's place) PATH is
+a directory of the layout's masked-LM class (``ElectraForMaskedLM``,
+``RobertaPreLayerNormForMaskedLM``, ``DebertaV2ForMaskedLM``, ``ModernBertForMaskedLM``: an
+``rtd.objective=mlm`` export, a released checkpoint, or an RTD export's ``generator/``), its MLM
+head kept; or an ``--export`` .pt file of such a run. An RTD run started from a masked-LM
+directory takes its encoder as the discriminator and says that the MLM head is set aside.
+
 The weights go into the model before ``deepspeed.initialize`` (every rank reads PATH and keeps its
 own tensor-parallel slice, ``rtd_scale.model.weights.load_full_state_dict``); the optimizer and
 the learning-rate schedule start fresh. Everything is checked on every rank alike before a tensor
@@ -84,10 +91,39 @@ def _load_hf(cls_name: str, path: str, fresh_ok: tuple[str, ...] = (),
     return HFSource(config=hf.config, state=state, where=path)
 
 
-def read_pretrained(path: str, model: ModelConfig, *, pad_id: int
+def _architecture(path: str) -> str:
+    """The first class named by PATH/config.json's "architectures" ("" if none)."""
+    import json
+
+    with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+        return (json.load(f).get("architectures") or [""])[0]
+
+
+def _read_masked_lm(path: str, adapter: Adapter, model: ModelConfig, pad_id: int
+                    ) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """``rtd.objective=mlm`` from a masked-LM class's directory, its MLM head kept."""
+    cls_name = adapter.generator_class
+    if _architecture(path) != cls_name:
+        gen = os.path.join(path, GENERATOR_DIR)
+        hint = (f"; its generator is {gen}" if os.path.isfile(os.path.join(gen, "config.json"))
+                else "")
+        raise UserInputError(f"{FLAG} {path}: rtd.objective=mlm starts from a {cls_name} "
+                             f"directory (the masked LM and its head), not a "
+                             f"{_architecture(path) or 'model without architectures'}{hint}; "
+                             f"pass a {cls_name} directory or use rtd.objective=rtd")
+    src = _load_hf(cls_name, path)
+    try:
+        return convert.masked_lm_from_hf(model, src, pad_id=pad_id, flag=FLAG)
+    except KeyError as e:
+        raise UserInputError(f"{FLAG} {path}: tensor {e.args[0]} is missing; pass a complete "
+                             f"{cls_name} directory") from None
+
+
+def read_pretrained(path: str, model: ModelConfig, *, pad_id: int, masked_lm: bool = False
                     ) -> tuple[dict[str, torch.Tensor], list[str]]:
     """The canonical state PATH holds (possibly without the generator or the RTD head: those
-    start fresh) and notes for the user.
+    start fresh) and notes for the user. ``masked_lm``: the run is ``rtd.objective=mlm``
+    (``model``: ``RunConfig.trained_model()``).
 
     Raises:
         UserInputError: PATH is none of the accepted forms, or holds another model.
@@ -113,6 +149,8 @@ def read_pretrained(path: str, model: ModelConfig, *, pad_id: int
             att = old.attention_type.value
             raise UserInputError(f"{FLAG} {path}: saved with --attention-type {att}; pass "
                                  f"--attention-type {att}")
+        if masked_lm:  # one encoder: no sharing to agree on
+            return unfused_names(blob["model"]), []
         if old.sharing is not model.sharing:
             raise UserInputError(f"{FLAG} {path}: saved with --sharing {old.sharing.value}; pass "
                                  f"--sharing {old.sharing.value} (or load its Hugging Face "
@@ -138,6 +176,8 @@ def read_pretrained(path: str, model: ModelConfig, *, pad_id: int
     with open(config_path, encoding="utf-8") as f:
         model_type = json.load(f).get("model_type", "")
     adapter = _hf_adapter(model_type, path, model)
+    if masked_lm:
+        return _read_masked_lm(path, adapter, model, pad_id)
     disc_cls = adapter.discriminator_class
     disc = _load_hf(disc_cls, path, fresh_ok=(RTD_HEAD_PREFIX,), ignored=adapter.ignored_heads,
                     **adapter.model_kwargs)
@@ -157,15 +197,20 @@ def read_pretrained(path: str, model: ModelConfig, *, pad_id: int
                              f"{disc_cls} directory") from None
     if gen is None:
         notes.append("no generator/ beside the discriminator: the generator starts fresh")
+    if _architecture(path) == adapter.generator_class != disc_cls:
+        notes.append(f"{path} holds a {adapter.generator_class}: its encoder starts the "
+                     "discriminator and its MLM head is set aside (--set rtd.objective=mlm "
+                     "continues it as a masked LM, head included)")
     return state, notes
 
 
 _LAYER = re.compile(r"^(generator|discriminator)\.block\.layers\.(\d+)\.")
 
 
-def _fix_for(name: str, shape: tuple[int, ...]) -> str:
-    """The flag or config field that sets this tensor's shape."""
-    enc = name.split(".", 1)[0]
+def _fix_for(name: str, shape: tuple[int, ...], masked_lm: bool = False) -> str:
+    """The flag or config field that sets this tensor's shape (``masked_lm``: under
+    ``rtd.objective=mlm`` the discriminator's fields shape the one encoder)."""
+    enc = "discriminator" if masked_lm else name.split(".", 1)[0]
     if ".embeddings.table." in name or name == "mlm_head.bias":
         return "--tokenizer-model (the vocabulary is the tokenizer's)"
     if ".embeddings.position." in name:
@@ -177,7 +222,7 @@ def _fix_for(name: str, shape: tuple[int, ...]) -> str:
     if ".mlp.linear_fc2." in name:
         return f"--set model.{enc}.ffn_hidden_size={shape[-1]}"
     if name.startswith("mlm_head."):
-        return "--set model.generator.hidden_size / model.embedding_size"
+        return f"--set model.{enc}.hidden_size / model.embedding_size"
     if name.startswith("rtd_head."):
         return f"--set model.discriminator.hidden_size={shape[-1]}"
     return f"--set model.{enc}.hidden_size (the preset it was trained with)"
@@ -189,8 +234,10 @@ def _num_layers(names, enc: str) -> int:
 
 
 def check_against(state: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]],
-                  model: ModelConfig, path: str, may_start_fresh: Callable[[str], bool]) -> None:
-    """Refuse a state that does not fit the whole model (``expected``: name → full shape).
+                  model: ModelConfig, path: str, may_start_fresh: Callable[[str], bool],
+                  masked_lm: bool = False) -> None:
+    """Refuse a state that does not fit the whole model (``expected``: name → full shape;
+    ``masked_lm``: the model is ``rtd.objective=mlm``'s, whose fields are the discriminator's).
 
     Raises:
         UserInputError: one line naming the tensor (or layer count) and the flag to fix.
@@ -198,8 +245,9 @@ def check_against(state: dict[str, torch.Tensor], expected: dict[str, tuple[int,
     for enc in ("discriminator", "generator"):
         theirs, ours = _num_layers(state, enc), getattr(model, enc).num_layers
         if theirs and theirs != ours:
-            raise UserInputError(f"{FLAG} {path}: the {enc} has {theirs} layers there, {ours} "
-                                 f"here; pass --set model.{enc}.num_layers={theirs}")
+            raise UserInputError(f"{FLAG} {path}: the {'masked LM' if masked_lm else enc} has {theirs} layers there, {ours} "
+                                 f"here; pass --set model."
+                                 f"{'discriminator' if masked_lm else enc}.num_layers={theirs}")
     for name, shape in expected.items():
         if name not in state:
             if may_start_fresh(name):
@@ -210,7 +258,7 @@ def check_against(state: dict[str, torch.Tensor], expected: dict[str, tuple[int,
         have = tuple(state[name].shape)
         if have != tuple(shape):
             raise UserInputError(f"{FLAG} {path}: {name} has shape {have} there but "
-                                 f"{tuple(shape)} in this model; pass {_fix_for(name, have)}")
+                                 f"{tuple(shape)} in this model; pass {_fix_for(name, have, masked_lm)}")
     extra = sorted(set(state) - set(expected))
     if extra:
         raise UserInputError(f"{FLAG} {path}: tensor {extra[0]} has no place in this model "
@@ -242,7 +290,8 @@ def load_pretrained(model: torch.nn.Module, path: str, model_cfg: ModelConfig, *
         shares = [None] * dist.get_world_size(pp_group)
         dist.all_gather_object(shares, shapes, group=pp_group)
         shapes = {k: v for share in shares for k, v in share.items()}
-    state, notes = read_pretrained(path, model_cfg, pad_id=pad_id)
+    masked_lm = getattr(model, "masked_lm_only", False)  # rtd.objective=mlm
+    state, notes = read_pretrained(path, model_cfg, pad_id=pad_id, masked_lm=masked_lm)
     has_generator = any(k.startswith("generator.block.") for k in state)
     has_head = any(k.startswith("rtd_head.") for k in state)
 
@@ -251,7 +300,7 @@ def load_pretrained(model: torch.nn.Module, path: str, model_cfg: ModelConfig, *
             return not has_head
         return not has_generator and (name.startswith(("generator.", "mlm_head.")))
 
-    check_against(state, shapes, model_cfg, path, may_start_fresh)
+    check_against(state, shapes, model_cfg, path, may_start_fresh, masked_lm)
     mine = {k: (state[k] if k in state else fresh[k]) for k in fresh}
     if uses_te:
         back = {v: k for k, v in TE_NAMES.items()}

@@ -40,7 +40,9 @@ class RobertaPreLayerNorm(Adapter):
     tied_to_table = ("lm_head.decoder.weight",)
     tied_to_bias = ("lm_head.decoder.bias",)
     checks_embedding_size = False  # no embedding_size: E = H
-    ignored_heads = ("pooler.",)  # RobertaPreLayerNormModel's pooler, which the export drops
+    # RobertaPreLayerNormModel's pooler, which the export drops, and the MLM head of a
+    # RobertaPreLayerNormForMaskedLM directory read as the discriminator (a note says so)
+    ignored_heads = ("pooler.", "lm_head.")
 
     def check_exportable(self, model):
         for name in ("discriminator", "generator"):

@@ -4,6 +4,10 @@ One forward computes, in order (STYLE rule 5):
   mask → generator forward → L_MLM at masked positions → sample replacements (no grad)
   → discriminator forward → L_RTD over non-pad tokens → L = L_MLM + rtd_lambda · L_RTD.
 The caller (``training/``) runs backward and the optimizer step.
+
+Under ``rtd.objective=mlm`` the model is the masked LM alone (``config.Objective``): one encoder of
+the discriminator's shape in the generator's place, its MLM head tied to its own table, and the
+step is mask → encoder forward → L_MLM (``masked_lm_head``): no sampling, no discriminator.
 """
 from __future__ import annotations
 
@@ -11,11 +15,12 @@ from typing import NamedTuple, Optional, Sequence
 
 import torch
 
-from rtd_scale.config import DisentangledCore, LayerNormPosition, ModelConfig, RTDConfig
+from rtd_scale.config import (DisentangledCore, LayerNormPosition, ModelConfig, Objective,
+                              RTDConfig)
 from megatron.core import parallel_state
 
 from rtd_scale.model.embeddings import TiedOutputTable, TokenTable
-from rtd_scale.model.sharing import embedding_pair
+from rtd_scale.model.sharing import embedding_pair, generator_embeddings
 from rtd_scale.model import weights
 from rtd_scale.model.encoder import Encoder, transformer_config
 from rtd_scale.model.heads import (MLMCriterion, MLMHead, RTDCriterion, RTDHead,
@@ -34,7 +39,9 @@ COUNT_KEYS = ("masked", "mlm_correct", "tokens", "replaced", "rtd_correct_replac
 class RTDOutput(NamedTuple):
     """What one RTD forward returns (a NamedTuple, so DeepSpeed ZeRO-3 sees its tensors).
 
-    loss: scalar, L_MLM + rtd_lambda · L_RTD (differentiable).
+    loss: scalar, L_MLM + rtd_lambda · L_RTD (differentiable); L_MLM under
+        ``rtd.objective=mlm``, where ``rtd_loss`` is 0, the RTD counts are 0, ``corrupted_ids``
+        the input and ``rtd_logits`` None.
     mlm_loss: scalar, this micro-batch's summed CE over masked positions / its normaliser
         (``objectives/losses.py``: the global batch's masked positions / its micro-batches;
         without one, the micro-batch's mean); part of ``loss``'s graph.
@@ -102,6 +109,9 @@ class RTDModel(torch.nn.Module):
                  recompute_activations: bool = False,
                  word_start_table: Sequence[bool] | torch.Tensor | None = None):
         super().__init__()
+        self.masked_lm_only = rtd.objective is Objective.MLM
+        if self.masked_lm_only:  # one encoder, the discriminator's shape, as the generator
+            model = model.masked_lm()
         self.cfg, self.rtd_cfg = model, rtd
         self.special_ids, self.pad_id, self.mask_id, self.seed = tuple(special_ids), pad_id, mask_id, seed
         self.pre_process, self.post_process = pre_process, post_process
@@ -117,7 +127,9 @@ class RTDModel(torch.nn.Module):
 
         post_ln = model.layernorm_position is LayerNormPosition.POST
         gen_emb = disc_emb = None
-        if pre_process:  # both embedding layers, shared per model.sharing / sharing_scope
+        if pre_process and self.masked_lm_only:
+            gen_emb = generator_embeddings(model, gen_tc, self.padded_vocab_size)
+        elif pre_process:  # both embedding layers, shared per model.sharing / sharing_scope
             gen_emb, disc_emb = embedding_pair(model, gen_tc, disc_tc, self.padded_vocab_size)
         enc = dict(layernorm_position=model.layernorm_position,
                    attention_type=model.attention_type, position_buckets=model.position_buckets,
@@ -127,18 +139,21 @@ class RTDModel(torch.nn.Module):
                    rotary_base=model.rotary_base, local_rotary_base=model.local_rotary_base,
                    norm_bias=model.norm_bias, pre_process=pre_process, post_process=post_process)
         self.generator = Encoder(gen_emb, gen_tc, **enc)
-        self.discriminator = Encoder(disc_emb, disc_tc, **enc)
+        if not self.masked_lm_only:
+            self.discriminator = Encoder(disc_emb, disc_tc, **enc)
         if post_process:
             output_table = (gen_emb.table if pre_process else
                             TiedOutputTable(self.padded_vocab_size, model.embedding_size, gen_tc))
             self.mlm_head = MLMHead(model.generator.hidden_size, output_table, model.vocab_size,
                                     model.generator.layernorm_epsilon, std)
-            self.sampler = ReplacementSampler(output_table, model.vocab_size, self.special_ids,
-                                              seed=seed, temperature=rtd.temperature,
-                                              disallow_correct=rtd.disallow_correct)
             self.mlm_criterion = MLMCriterion(output_table)
-            self.rtd_head = RTDHead(model.discriminator.hidden_size, std)
-            self.rtd_criterion = RTDCriterion()
+            if not self.masked_lm_only:
+                self.sampler = ReplacementSampler(output_table, model.vocab_size,
+                                                  self.special_ids, seed=seed,
+                                                  temperature=rtd.temperature,
+                                                  disallow_correct=rtd.disallow_correct)
+                self.rtd_head = RTDHead(model.discriminator.hidden_size, std)
+                self.rtd_criterion = RTDCriterion()
         weights.initialize(self, seed=seed, std=std,
                            tp_rank=parallel_state.get_tensor_model_parallel_rank(),
                            tp_size=tensor_model_parallel_size, vocab_size=model.vocab_size,
@@ -146,9 +161,14 @@ class RTDModel(torch.nn.Module):
                                        "discriminator": model.discriminator.num_layers},
                            scaled_output={"generator": not post_ln, "discriminator": not post_ln})
         if model.compile_layers:  # in place: module names and weights stay as they are
-            for encoder in (self.generator, self.discriminator):
+            for encoder in self.encoders():
                 for layer in encoder.block.layers:
                     layer.compile()
+
+    def encoders(self) -> list[Encoder]:
+        """This stage's encoders: the generator and the discriminator, or under
+        ``rtd.objective=mlm`` the one encoder."""
+        return [self.generator] + ([] if self.masked_lm_only else [self.discriminator])
 
     # The tables, by role (tests and the embedding-similarity metric read these; first stage).
     @property
@@ -173,8 +193,7 @@ class RTDModel(torch.nn.Module):
     def pipeline_replicated_parameters(self) -> list[torch.nn.Parameter]:
         """Parameters every pipeline stage holds a copy of — both encoders' relative tables and
         their norms (disentangled attention) — whose gradients the pipeline group sums."""
-        return (self.generator.pipeline_replicated_parameters()
-                + self.discriminator.pipeline_replicated_parameters())
+        return [p for e in self.encoders() for p in e.pipeline_replicated_parameters()]
 
     def foreign_parameters(self) -> list[tuple[torch.nn.Module, torch.nn.Parameter]]:
         """(module, parameter) pairs where a module reads a parameter it does not own — the tied
@@ -183,7 +202,7 @@ class RTDModel(torch.nn.Module):
         pairs = []
         if self.post_process and self.pre_process:
             pairs += [(self.mlm_head, p) for p in self.mlm_head.foreign_parameters()]
-        if self.pre_process:
+        if self.pre_process and not self.masked_lm_only:
             pairs += self.discriminator.embeddings.foreign_parameters()
         return pairs
 
@@ -227,15 +246,9 @@ class RTDModel(torch.nn.Module):
             normaliser: [2] fp32 (``micro_batch_normaliser``) or None (this micro-batch alone).
         """
         rtd = self.rtd_cfg
-        b, s = input_ids.shape
-        # static shapes, no host sync: every sample's masked positions in k slots (k = the
-        # masking's per-sample maximum), unused slots marked invalid and given no weight
-        k = prediction_budget(rtd.mask_prob, s, rtd.mask_strategy)
-        positions, valid = masked_positions(masked, k)  # [b, k] each
-        rows = torch.arange(b, device=input_ids.device).view(b, 1).expand(b, k).reshape(-1)
-        cols, valid = positions.view(-1), valid.view(-1)  # [n = b·k]
-        logits = self.mlm_head(gen_hidden[cols, rows])  # [n, V_local]
-        targets = input_ids[rows, cols]  # [n]
+        logits, targets, positions, valid, rows, cols = self._masked_logits(gen_hidden, input_ids,
+                                                                            masked)
+        b, k = positions.shape
         sampled = self.sampler(logits, step, sample_index[rows], cols, targets)  # [n]
         filled = torch.zeros_like(input_ids).scatter_add_(
             1, positions, torch.where(valid, sampled, 0).view(b, k))
@@ -247,6 +260,40 @@ class RTDModel(torch.nn.Module):
         l_mlm, mlm_correct = self.mlm_criterion(  # after sampling: it consumes the logits
             logits, targets, valid, None if normaliser is None else normaliser[MLM_COUNT])
         return GeneratorResult(l_mlm, corrupted, labels, mlm_correct, masked)
+
+    def _masked_logits(self, hidden: torch.Tensor, input_ids: torch.Tensor,
+                       masked: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The MLM head at the masked positions, in static shapes (no host sync): every
+        sample's masked positions in k slots (k = the masking's per-sample maximum), unused
+        slots marked invalid and given no weight. Returns logits [n = b·k, V_local], targets [n],
+        positions [b, k], valid [n], rows [n], cols [n] (hidden is [s, b, H])."""
+        b, s = input_ids.shape
+        k = prediction_budget(self.rtd_cfg.mask_prob, s, self.rtd_cfg.mask_strategy)
+        positions, valid = masked_positions(masked, k)  # [b, k] each
+        rows = torch.arange(b, device=input_ids.device).view(b, 1).expand(b, k).reshape(-1)
+        cols, valid = positions.view(-1), valid.view(-1)  # [n = b·k]
+        logits = self.mlm_head(hidden[cols, rows])  # [n, V_local]
+        return logits, input_ids[rows, cols], positions, valid, rows, cols
+
+    def masked_lm_head(self, hidden: torch.Tensor, input_ids: torch.Tensor, masked: torch.Tensor,
+                       pad: torch.Tensor, normaliser: Optional[torch.Tensor] = None) -> RTDOutput:
+        """The step's end under ``rtd.objective=mlm`` (last stage): L_MLM at the masked
+        positions (static shapes, as ``generator_head``), the loss itself; no sampling.
+
+        Args:
+            hidden: [s, b, H] the encoder's final hidden states; input_ids, masked, pad: [b, s].
+            normaliser: [2] fp32 (``micro_batch_normaliser``) or None (this micro-batch alone).
+        """
+        logits, targets, _, valid, _, _ = self._masked_logits(hidden, input_ids, masked)
+        l_mlm, mlm_correct = self.mlm_criterion(
+            logits, targets, valid, None if normaliser is None else normaliser[MLM_COUNT])
+        with torch.no_grad():
+            zero = l_mlm.new_zeros(())
+            counts = {key: zero.float() for key in COUNT_KEYS}
+            counts.update(masked=masked.sum().float(), mlm_correct=mlm_correct.sum().float(),
+                          tokens=(~pad).sum().float())
+        return RTDOutput(loss=l_mlm, mlm_loss=l_mlm, rtd_loss=zero.detach(), counts=counts,
+                         corrupted_ids=input_ids, masked=masked)
 
     def discriminator_head(self, disc_hidden: torch.Tensor, gen: GeneratorResult,
                            pad: torch.Tensor,
@@ -316,6 +363,8 @@ class RTDModel(torch.nn.Module):
         m = masks if masks is not None else self.mask(input_ids, sample_index)  # 1. mask
         gen_hidden = self.generator(m.generator_input, attn_pad,
                                     document_ids)  # 2. generator  [s, b, Hg]
+        if self.masked_lm_only:  # rtd.objective=mlm: L_MLM is the loss
+            return self.masked_lm_head(gen_hidden, input_ids, m.masked, pad, norm)
         gen = self.generator_head(gen_hidden, input_ids, sample_index, m.masked, step,
                                   norm)  # 3–4. MLM head and L_MLM, sample (no grad)
         disc_hidden = self.discriminator(gen.corrupted_ids, attn_pad,

@@ -372,22 +372,35 @@ def discriminator_shared(sharing: Sharing, scope: SharingScope,
     return {k: v for k, v in shared.items() if v is not None}
 
 
+def _embedding_kwargs(model: ModelConfig) -> dict:
+    """What both encoders' embedding layers are built with, from the model's layout."""
+    post = model.layernorm_position is LayerNormPosition.POST
+    relative = not model.attention_type.absolute_positions  # DeBERTa's layer
+    rotary = model.attention_type.rotary  # ModernBERT's layer, no positions
+    return dict(embedding_size=model.embedding_size,
+                max_positions=model.max_position_embeddings, init_std=model.init_method_std,
+                token_type=post and not relative, relative=relative, rotary=rotary,
+                **(dict(normalization=model.normalization, norm_bias=model.norm_bias)
+                   if rotary else {}))
+
+
+def generator_embeddings(model: ModelConfig, generator_config: TransformerConfig,
+                         padded_vocab_size: int) -> EncoderEmbeddings:
+    """The generator's embedding layer alone (its own table): the one encoder of
+    ``rtd.objective=mlm``, which shares with nothing (first pipeline stage only)."""
+    table = TokenTable(padded_vocab_size, model.embedding_size, generator_config)
+    return EncoderEmbeddings(table, model.generator, **_embedding_kwargs(model))
+
+
 def embedding_pair(model: ModelConfig, generator_config: TransformerConfig,
                    discriminator_config: TransformerConfig,
                    padded_vocab_size: int) -> tuple[EncoderEmbeddings, EncoderEmbeddings]:
     """(generator, discriminator) embedding layers, shared as ``model.sharing`` and
     ``model.sharing_scope`` say (first pipeline stage only)."""
     sharing, scope = model.sharing, model.sharing_scope
-    post = model.layernorm_position is LayerNormPosition.POST
-    relative = not model.attention_type.absolute_positions  # DeBERTa's layer
-    rotary = model.attention_type.rotary  # ModernBERT's layer, no positions
-    common = dict(embedding_size=model.embedding_size,
-                  max_positions=model.max_position_embeddings, init_std=model.init_method_std,
-                  token_type=post and not relative, relative=relative, rotary=rotary,
-                  **(dict(normalization=model.normalization, norm_bias=model.norm_bias)
-                     if rotary else {}))
-    gen_table = TokenTable(padded_vocab_size, model.embedding_size, generator_config)
-    gen = EncoderEmbeddings(gen_table, model.generator, **common)
+    common = _embedding_kwargs(model)
+    gen = generator_embeddings(model, generator_config, padded_vocab_size)
+    gen_table = gen.table
     disc_table = discriminator_table(sharing, gen_table, padded_vocab_size,
                                      model.embedding_size, discriminator_config)
     shared = discriminator_shared(sharing, scope, gen)

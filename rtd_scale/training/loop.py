@@ -215,10 +215,11 @@ def evaluate(cfg: RunConfig, ctx: ParallelContext, engine, loader,
     ``sample_index``): the run's own replacements, for offline analysis (e.g. an oracle
     discriminator's AUC on them, ``verify/known_answer.py``).
     """
-    acc = MetricAccumulator(ctx.device)
+    masked_lm_only = engine.module.masked_lm_only  # rtd.objective=mlm: no AUC, no dump
+    acc = MetricAccumulator(ctx.device, masked_lm_only)
     _, gas = rank_share(cfg.train.global_batch_size, cfg.train.micro_batch_size, ctx.dp_size)
     pad_id = engine.module.pad_id
-    auc_here = ctx.is_last_stage and ctx.tp_rank == 0
+    auc_here = ctx.is_last_stage and ctx.tp_rank == 0 and not masked_lm_only
     scores, labels = [], []
     dump: Optional[dict[str, list]] = ({k: [] for k in _DUMP_KEYS}
                                        if cfg.train.eval_dump_dir and auc_here else None)
@@ -256,6 +257,8 @@ def evaluate(cfg: RunConfig, ctx: ParallelContext, engine, loader,
                     {k: torch.cat(v) for k, v in dump.items()})
     scalars = acc.reduce(ctx.dp_group)
     out = {f"{split}/{k}": v for k, v in scalars.items() if not k.startswith("_")}
+    if masked_lm_only:
+        return out
     auc, auc_sd = (VALID_AUC.replace("valid/", f"{split}/", 1),
                    VALID_AUC_CHANCE_SD.replace("valid/", f"{split}/", 1))
     out[auc], out[auc_sd] = float("nan"), float("nan")
@@ -291,12 +294,14 @@ def format_valid_line(step: int, samples: int, scalars: dict[str, float],
     v = {k.split("/", 1)[1]: x for k, x in scalars.items() if k.startswith(f"{split}/")}
     return (f" {'validation' if split == 'valid' else split} at iteration {step:8d} | "
             f"samples: {samples} | "
-            f"mlm loss: {v['loss/mlm']:.6E} | rtd loss: {v['loss/rtd']:.6E} | "
-            f"total loss: {v['loss/total']:.6E} | "
-            f"mlm acc: {v['mlm/accuracy']:.4f} | "
-            f"rtd acc replaced: {v['rtd/accuracy_replaced']:.4f} | "
+            f"mlm loss: {v['loss/mlm']:.6E} | "
+            + ("" if "loss/rtd" not in v else f"rtd loss: {v['loss/rtd']:.6E} | ")
+            + f"total loss: {v['loss/total']:.6E} | "
+            f"mlm acc: {v['mlm/accuracy']:.4f} |"
+            + ("" if "rtd/accuracy_replaced" not in v else  # rtd.objective=mlm: none
+               f" rtd acc replaced: {v['rtd/accuracy_replaced']:.4f} | "
             f"rtd acc original: {v['rtd/accuracy_original']:.4f} | "
-            f"rtd auc: {v.get('rtd/auc', float('nan')):.4f} |")
+            f"rtd auc: {v.get('rtd/auc', float('nan')):.4f} |"))
 
 
 def short_validation_note(t, start_step: int, available: int) -> Optional[str]:
@@ -394,7 +399,7 @@ class Trainer:
         self.step, self.consumed = start_step, consumed_samples  # steps done, samples read
         self.result = TrainResult(first_step=start_step + 1, last_step=t.train_iters)
         _, self.gas = rank_share(t.global_batch_size, t.micro_batch_size, ctx.dp_size)
-        self.acc = MetricAccumulator(ctx.device)
+        self.acc = MetricAccumulator(ctx.device, self.model.masked_lm_only)
         self.last_log, self.steps_since_log = time.perf_counter(), 0
         self.norm, self.lr_used = None, None  # read for the next log line
         self.own_norm = engine.zero_optimization_stage() == 0  # DeepSpeed keeps none at stage 0
@@ -555,8 +560,9 @@ class Trainer:
         scale = loss_scale(engine)
         if scale is not None:
             scalars["optim/loss_scale"] = scale
-        scalars.update(table_cosines(self.model, ctx.tp_group,
-                                     zero3=engine.zero_optimization_stage() == 3) or {})
+        if not self.model.masked_lm_only:  # arXiv 2111.09543 Table 1 compares two tables
+            scalars.update(table_cosines(self.model, ctx.tp_group,
+                                         zero3=engine.zero_optimization_stage() == 3) or {})
         slow = self.stragglers.gather(1000.0 * elapsed / steps, scalars) \
             if self.stragglers else ""  # an all-gather of 2 floats per rank
         if self.say:

@@ -35,10 +35,13 @@ from rtd_scale.training.timers import format_timer_fields
 
 
 class MetricAccumulator:
-    """Sums losses and counts over micro-batches without a host sync (STYLE rule 9)."""
+    """Sums losses and counts over micro-batches without a host sync (STYLE rule 9).
 
-    def __init__(self, device: torch.device):
-        self.device = device
+    ``masked_lm_only``: the run's ``rtd.objective`` is mlm: ``reduce`` leaves out loss/rtd and
+    the rtd/* ratios (no discriminator computes them)."""
+
+    def __init__(self, device: torch.device, masked_lm_only: bool = False):
+        self.device, self.masked_lm_only = device, masked_lm_only
         self.reset()
 
     def reset(self) -> None:
@@ -71,7 +74,7 @@ class MetricAccumulator:
         def ratio(a: float, b: float) -> float:
             return a / b if b > 0 else float("nan")
 
-        return {
+        out = {
             "loss/mlm": v[0] / mb,
             "loss/rtd": v[1] / mb,
             "loss/total": v[2] / mb,
@@ -81,6 +84,9 @@ class MetricAccumulator:
             "rtd/accuracy_original": ratio(c["rtd_correct_original"], c["original"]),
             "_tokens": c["tokens"],
         }
+        if self.masked_lm_only:
+            return {k: x for k, x in out.items() if k != "loss/rtd" and not k.startswith("rtd/")}
+        return out
 
 
 @torch.no_grad()
@@ -181,10 +187,12 @@ def format_log_line(step: int, train_iters: int, consumed: int, ms_per_step: flo
         f" iteration {step:8d}/{train_iters:8d} | consumed samples: {consumed:12d} | "
         f"elapsed time per iteration (ms): {ms_per_step:.1f} | "
         f"learning rate: {scalars['optim/lr']:.3E} | global batch size: {global_batch_size:5d} | "
-        f"mlm loss: {scalars['loss/mlm']:.6E} | rtd loss: {scalars['loss/rtd']:.6E} | "
-        f"total loss: {scalars['loss/total']:.6E} | mlm acc: {scalars['mlm/accuracy']:.4f} | "
-        f"replaced: {scalars['rtd/replaced_fraction']:.4f} | "
-        f"grad norm: {scalars['optim/grad_norm']:.3f} | "
+        f"mlm loss: {scalars['loss/mlm']:.6E} | "
+        + (f"rtd loss: {scalars['loss/rtd']:.6E} | " if "loss/rtd" in scalars else "")
+        + f"total loss: {scalars['loss/total']:.6E} | mlm acc: {scalars['mlm/accuracy']:.4f} | "
+        + (f"replaced: {scalars['rtd/replaced_fraction']:.4f} | "
+           if "rtd/replaced_fraction" in scalars else "")
+        + f"grad norm: {scalars['optim/grad_norm']:.3f} | "
         f"tokens/s: {scalars['throughput/tokens_per_s']:.0f} | "
         f"number of skipped iterations: {int(scalars.get('optim/skipped_iters', 0)):3d} |"
         + _throughput_fields(scalars) + format_timer_fields(scalars)

@@ -29,6 +29,9 @@ The schedule is handed the raw modules (``engine.module``'s encoders), so DeepSp
 per-micro-batch hooks never run and gradients accumulate in ``param.grad`` (measured to match
 PP = 1; see tests/multiproc/test_pipeline_parallel.py).
 
+Under ``rtd.objective=mlm`` (``RTDModel.masked_lm_only``) the step is pass 1 alone, its loss
+L_MLM (``RTDModel.masked_lm_head``): no sampling, no hand-over, no discriminator pass.
+
 Validation (``pipeline_forward``) runs the same two passes with ``forward_only=True`` under
 ``torch.no_grad()``: no backward, no gradients, no optimizer step.
 """
@@ -108,14 +111,22 @@ def pipeline_forward_backward(model: RTDModel, micro_batches: Sequence[MicroBatc
                          _attention_pad(mb, pad, model.pad_id), documents[j])
 
         def loss_func(output):
+            if model.masked_lm_only:
+                out = model.masked_lm_head(output, ids, m.masked, pad, normaliser)
+                outputs[j] = out._replace(loss=out.loss.detach(),
+                                          mlm_loss=out.mlm_loss.detach())
+                return out.loss.clone(), {}  # the schedule divides it in place
             gen = model.generator_head(output, ids, idx, m.masked, step, normaliser)
             gen_results[j] = gen
             return gen.mlm_loss.clone(), {}  # the schedule divides it in place
 
         return hidden, loss_func
 
+    outputs: list[RTDOutput | None] = [None] * n
     with timers(PHASE_PIPELINE_GENERATOR_PASS), timed_parts(model, timers):
         _schedule(model.generator, generator_step, micro_batches, seq_length, forward_only)
+    if model.masked_lm_only:
+        return [o for o in outputs if o is not None]
 
     # 2. corrupted ids: last stage -> every stage of this pipeline (stage 0 needs them)
     with timers(PHASE_PIPELINE_ID_HANDOVER):
@@ -125,8 +136,6 @@ def pipeline_forward_backward(model: RTDModel, micro_batches: Sequence[MicroBatc
             corrupted.copy_(torch.stack([g.corrupted_ids for g in gen_results]))
         if ctx.pp_size > 1:
             dist.broadcast(corrupted, src=ctx.last_stage_global_rank, group=ctx.pp_group)
-
-    outputs: list[RTDOutput | None] = [None] * n
 
     def discriminator_step(data_iterator, encoder):
         j, mb = next(data_iterator)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from rtd_scale.config import Objective
 from rtd_scale.training.diagnostics import (AVG_COSINE_DISCRIMINATOR, AVG_COSINE_GENERATOR,
                                             VALID_AUC, VALID_AUC_CHANCE_SD, prior_bce)
 from rtd_scale.training.stragglers import summary_line
@@ -23,7 +24,9 @@ def start_lines(cfg, ctx, model, ds_config: dict, dp: int, gas: int, data: dict)
     split (``BlendedDataset.describe``)."""
     n_params = sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel()
                    for p in {id(p): p for p in model.parameters()}.values())
-    lines = [f"rtd_scale: preset {cfg.preset}, sharing {cfg.model.sharing.value}, "
+    objective = ("objective mlm (the masked LM alone)" if cfg.rtd.objective is Objective.MLM
+                 else f"sharing {cfg.model.sharing.value}")
+    lines = [f"rtd_scale: preset {cfg.preset}, {objective}, "
              f"{cfg.model.attention_type.value} attention, "
              f"{cfg.model.layernorm_position.value}-LN layers, "
              f"{n_params / 1e6:.2f}M parameters on this rank's model-parallel shard, vocab "
@@ -48,6 +51,50 @@ def summary_text(summary: dict) -> str:
     validation): learning; more than 3σ above 0.5 but not rising: above chance, on a plateau;
     within 3σ of 0.5: on the prior plateau (a discriminator that knows only the replaced
     fraction); more than 3σ below: below chance (a fault)."""
+    hist = summary["history"]
+    lines = (_rtd_lines(summary) if "rtd/replaced_fraction" in hist[-1][1]
+             else _masked_lm_lines(summary))
+    memory = summary.get("memory")
+    if memory:
+        lines.append(memory_line(memory))
+    stragglers = summary_line(summary.get("stragglers"))
+    if stragglers:
+        lines.append(stragglers)
+    test = summary.get("test")
+    if test:
+        lines.append(f"  test (--test-data-path) L_MLM {test['test/loss/mlm']:.4f}" + (
+            "" if "test/loss/rtd" not in test else  # rtd.objective=mlm: L_MLM alone
+            f", L_RTD {test['test/loss/rtd']:.4f}, RTD AUC "
+            f"{test.get('test/rtd/auc', math.nan):.4f}"))
+    if summary.get("tensorboard_dir"):
+        lines.append(f"  TensorBoard: tensorboard --logdir {summary['tensorboard_dir']}")
+    if summary.get("checkpoint_dir"):
+        lines.append(f"  checkpoint:  {summary['checkpoint_dir']}")
+    if summary.get("export_hint"):
+        lines.append(f"  export:      {summary['export_hint']}")
+    return "\n".join(lines)
+
+
+def _masked_lm_lines(summary: dict) -> list[str]:
+    """The summary's head for ``rtd.objective=mlm``: L_MLM and MLM accuracy, train and held out
+    (its logs hold no rtd/* scalar)."""
+    hist = summary["history"]
+    (s0, first), (s1, last) = hist[0], hist[-1]
+    lines = ["", "MLM pretraining summary",
+             f"  L_MLM  first {first['loss/mlm']:.4f} (iteration {s0})  →  last "
+             f"{last['loss/mlm']:.4f} (iteration {s1})",
+             f"  MLM accuracy {first['mlm/accuracy']:.3f} → {last['mlm/accuracy']:.3f}"]
+    valid = list(summary.get("valid_history") or [])
+    if valid:
+        (v0, a), (v1, b) = valid[0], valid[-1]
+        lines.append(f"  validation L_MLM {a['valid/loss/mlm']:.4f} (iteration {v0}) → "
+                     f"{b['valid/loss/mlm']:.4f} (iteration {v1}), MLM accuracy "
+                     f"{b['valid/mlm/accuracy']:.3f}")
+    return lines
+
+
+def _rtd_lines(summary: dict) -> list[str]:
+    """The summary's head for the RTD objective: losses, cosines, AUC and its verdict."""
     hist = summary["history"]
     (s0, first), (s1, last) = hist[0], hist[-1]
     p = last["rtd/replaced_fraction"]
@@ -106,24 +153,7 @@ def summary_text(summary: dict) -> str:
                        "tokens from original ones (AUC within 3 chance standard deviations of "
                        "0.5); train longer (see docs/main-job.md#what-the-main-job-shows)")
         lines.append(f"  verdict: {verdict}")
-    memory = summary.get("memory")
-    if memory:
-        lines.append(memory_line(memory))
-    stragglers = summary_line(summary.get("stragglers"))
-    if stragglers:
-        lines.append(stragglers)
-    test = summary.get("test")
-    if test:
-        lines.append(f"  test (--test-data-path) L_MLM {test['test/loss/mlm']:.4f}, L_RTD "
-                     f"{test['test/loss/rtd']:.4f}, RTD AUC "
-                     f"{test.get('test/rtd/auc', math.nan):.4f}")
-    if summary.get("tensorboard_dir"):
-        lines.append(f"  TensorBoard: tensorboard --logdir {summary['tensorboard_dir']}")
-    if summary.get("checkpoint_dir"):
-        lines.append(f"  checkpoint:  {summary['checkpoint_dir']}")
-    if summary.get("export_hint"):
-        lines.append(f"  export:      {summary['export_hint']}")
-    return "\n".join(lines)
+    return lines
 
 
 def memory_line(memory: dict) -> str:

@@ -10,7 +10,9 @@ once under 4.57.3 (a virtual environment built once and cached, ``tests/helpers/
 its own process. Asserted: 4.x names the tokenizer ``PreTrainedTokenizerFast``; both give the
 pipeline's ids (``[CLS] + encode(text) + [SEP]``) for real sentences and the same ids for a pair;
 both load the models with no missing or unexpected keys; the discriminator's and generator's
-hidden states and logits agree within 1e-5 at every non-pad position; the DebertaV2 export's own
+hidden states and logits agree within 1e-5 at every non-pad position, and so do those of the
+same layout's masked-LM control (``rtd.objective=mlm``: one model, its layout's ``…ForMaskedLM``
+class, loaded in the same worker); the DebertaV2 export's own
 tokenizer class, ``DebertaV2Tokenizer`` (under 4.x the slow SentencePiece one, built from
 ``spm.model``), gives the pipeline's ids too, on Austen's paragraphs, NFD text and control
 characters as well. ``Tokenizer.save_pretrained`` alone (outside an export) loads under 4.x as
@@ -23,6 +25,7 @@ cannot be reached.
 """
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -30,7 +33,7 @@ import sys
 import pytest
 import torch
 
-from rtd_scale.config import AttentionType, LayerNormPosition
+from rtd_scale.config import AttentionType, LayerNormPosition, Objective
 from rtd_scale.hf import convert
 from rtd_scale.hf.export import write_export
 from tests.helpers.byo_tokenizers import normalisation_texts
@@ -89,9 +92,19 @@ def test_export_loads_under_transformers_4_as_under_5(single_process_group, wiki
     texts = _texts()
     disc, gen = convert.to_hf(state, cfg.model, pad_id=tok.pad_id, cls_id=tok.cls_id,
                               sep_id=tok.sep_id)  # the classes and kwargs users load them with
+    # the masked-LM control of the same layout: one model, its layout's ForMaskedLM class
+    mlm_cfg = copy.deepcopy(cfg)
+    mlm_cfg.rtd.objective = Objective.MLM
+    mlm_model = build_model(mlm_cfg, single_process_group, tok)
+    perturb(mlm_model)
+    mlm_export = tmp_path / "export_mlm"
+    write_export(canonical_state(mlm_model, single_process_group), mlm_cfg.trained_model(),
+                 str(mlm_export), pad_id=tok.pad_id, cls_id=tok.cls_id, sep_id=tok.sep_id,
+                 note=lambda m: None, masked_lm=True)
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"texts": texts, "discriminator": [disc.class_name, disc.model_kwargs],
                                 "generator": [gen.class_name, gen.model_kwargs],
+                                "masked_lm": [gen.class_name, {}, str(mlm_export)],
                                 "tokenizer_texts": normalisation_texts()}), encoding="utf-8")
     v5 = _load(sys.executable, export, spec, tmp_path / "v5.pt")
     v4 = _load(hf4, export, spec, tmp_path / "v4.pt")
@@ -114,7 +127,7 @@ def test_export_loads_under_transformers_4_as_under_5(single_process_group, wiki
     keep = v5["attention_mask"].bool()
     assert torch.equal(v4["attention_mask"], v5["attention_mask"]) and not keep.all()
     diffs = {}
-    for role in ("discriminator", "generator"):
+    for role in ("discriminator", "generator", "masked_lm"):
         assert v4[f"{role}_loading_info"] == v5[f"{role}_loading_info"] == clean, role
         assert sorted(v4[role]) == sorted(v5[role])
         for name in v5[role]:

@@ -42,6 +42,13 @@ second layer (the first is global), so local attention sees a quarter of each 64
 passes the same bars with the same 500 steps: seeds 3 and 4 gave L_MLM 0.556 and 0.559 against
 bars of 2.05, AUC 0.835 and 0.804 against 0.723 and 0.730.
 
+The masked-LM control (``rtd.objective=mlm``: the discriminator's shape, L_MLM alone, its head
+tied to its table) runs the same knobs for the same 500 steps and must bring its held-out L_MLM
+to at most half the unigram entropy (≈ 1.95 nats, under the generators' bar of ≈ 2.05); its
+negative control is the same run on a shuffled corpus (every split's words permuted over the
+whole split, document lengths kept), where no context predicts a word, so the best a model can
+do is the unigram entropy and the same bar must fail. (It measured 1.86 at step 100.)
+
 The TP=2 and PP=2 runs are the GDES run's configuration at another layout, for its first 100
 steps: the same run at step 1 and within 1% at step 100. That is where they stop: past step 100
 float reassociation, amplified by the steep part of learning, moves them apart (up to 7% in
@@ -106,8 +113,37 @@ RUNS = {"gdes": (("--sharing", "gdes"), 1, ITERS), "es": (("--sharing", "es"), 1
         "shuffled": (("--set=rtd.shuffle_labels=true",), 1, ITERS),
         "tp2": (("--sharing", "gdes", "--tensor-model-parallel-size", "2"), 2, EARLY),
         "pp2": (("--sharing", "gdes", "--pipeline-model-parallel-size", "2"), 2, EARLY),
-        "modern": (MODERN, 1, ITERS)}
-PAIRS = (("gdes", "es"), ("nes", "lambda0", "shuffled", "modern"))
+        "modern": (MODERN, 1, ITERS),
+        "mlm": (("--set=rtd.objective=mlm",), 1, ITERS),
+        "mlm_shuffled_corpus": (("--set=rtd.objective=mlm",), 1, ITERS)}
+PAIRS = (("gdes", "es"), ("nes", "lambda0", "shuffled", "modern"), ("mlm", "mlm_shuffled_corpus"))
+MLM_BAR_OF_UNIGRAM = 0.5  # the masked-LM control's bar: L_MLM <= this × H_unigram
+
+
+def shuffled_corpus(out: Path) -> Path:
+    """``out``'s train and valid text with each split's words permuted over the whole split
+    (document lengths kept; seeded), preprocessed with the same vocabulary, under
+    ``out/shuffled``: the unigram distribution stays, the chain's context is gone."""
+    import numpy as np
+
+    dest = out / "shuffled"
+    dest.mkdir(exist_ok=True)
+    rng = np.random.default_rng(7)
+    for split in ("train", "valid"):
+        docs = [json.loads(line)["text"].split()
+                for line in (out / f"{split}.jsonl").read_text().splitlines() if line.strip()]
+        words = [w for d in docs for w in d]
+        words = [words[i] for i in rng.permutation(len(words))]
+        lines, at = [], 0
+        for d in docs:
+            lines.append(json.dumps({"text": " ".join(words[at:at + len(d)])}))
+            at += len(d)
+        (dest / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
+        subprocess.run([sys.executable, str(REPO / "tools" / "preprocess_data.py"), "--input",
+                        str(dest / f"{split}.jsonl"), "--tokenizer-model", str(out / "vocab.txt"),
+                        "--output-prefix", str(dest / split)], cwd=REPO, check=True,
+                       capture_output=True, text=True)
+    return dest
 
 
 class Runs:
@@ -130,12 +166,14 @@ class Runs:
 
     def _args(self, name) -> list[str]:
         out, iters = self.corpus[0], RUNS[name][2]
+        text = shuffled_corpus(out) if name == "mlm_shuffled_corpus" else out
         save = self.root / name
         return ["--ds_config", "ds_configs/zero1.json", "--preset", "debertav3-tiny",
                 "--tokenizer-model", str(out / "vocab.txt"),
-                "--data-path", str(out / "train_text_document"),
-                "--valid-data-path", str(out / "valid_text_document"),
-                "--save", str(save), "--eval-dump-dir", str(save / "dumps"),
+                "--data-path", str(text / "train_text_document"),
+                "--valid-data-path", str(text / "valid_text_document"),
+                "--save", str(save),
+                *([] if name.startswith("mlm") else ["--eval-dump-dir", str(save / "dumps")]),
                 "--train-iters", str(iters), "--seq-length", "64",
                 "--micro-batch-size", "32", "--global-batch-size", "32",
                 "--lr", "3e-3", "--lr-warmup-iters", "20", "--lr-decay-style", "constant",
@@ -143,12 +181,21 @@ class Runs:
                 "--set=rtd.mask_token_prob=1.0", "--set=rtd.random_token_prob=0.0",
                 "--log-interval", "100", "--eval-interval", str(iters), "--eval-iters", "2",
                 "--save-interval", str(iters), "--seed", "3", *MODEL, *NO_DROPOUT,
-                *RUNS[name][0]]
+                *RUNS[name][0], *(["--export-hf", str(save / "hf")] if name == "mlm" else [])]
 
     def _score(self, name, r) -> dict:
         _, lang, token_to_word = self.corpus
         save, iters = self.root / name, RUNS[name][2]
         assert r.returncode == 0, f"{name} exited {r.returncode}:\n" + (r.stdout + r.stderr)[-6000:]
+        if name.startswith("mlm"):  # no discriminator: no AUC and no dump to score
+            tb = scalars(str(save / "tensorboard"))
+            got = {"mlm_loss": tb["valid/loss/mlm"][iters],
+                   "unigram_entropy": lang.unigram_entropy(),
+                   "mlm_bar": MLM_BAR_OF_UNIGRAM * lang.unigram_entropy()}
+            print(f"[known answer] {name}: " + ", ".join(f"{k} {v:.4f}" for k, v in got.items()))
+            got["tags"] = set(tb)
+            got["export"] = save / "hf"
+            return got
         dump = torch.load(save / "dumps" / f"valid_iter{iters}_dp0.pt")
         got = score_known_answer(lang, token_to_word, dump)
         tb = scalars(str(save / "tensorboard"))
@@ -207,3 +254,27 @@ def test_negative_controls_fail_the_auc_bar(runs, name):
     got = runs.get(name)
     assert got["auc"] < got["auc_bar"], got  # the bar can fail
     assert got["mlm_loss"] <= got["mlm_bar"], got  # its generator still learns
+
+
+MLM_GROUP = pytest.mark.xdist_group("known-answer-mlm")
+
+
+@MLM_GROUP
+def test_the_masked_lm_control_learns_the_language(runs):
+    got = runs.get("mlm")
+    assert got["mlm_loss"] <= got["mlm_bar"], got
+    # the masked LM alone: its logs hold L_MLM and no RTD scalar
+    assert "valid/loss/mlm" in got["tags"] and "loss/mlm" in got["tags"]
+    assert not [t for t in got["tags"] if "rtd" in t], got["tags"]
+    # --export-hf: the one model as DeBERTa's masked-LM class, its head included
+    config = json.loads((got["export"] / "config.json").read_text())
+    assert config["architectures"] == ["DebertaV2ForMaskedLM"]
+    assert not (got["export"] / "generator").exists()
+
+
+@MLM_GROUP
+def test_the_masked_lm_control_fails_on_a_shuffled_corpus(runs):
+    got = runs.get("mlm_shuffled_corpus")
+    assert got["mlm_loss"] > got["mlm_bar"], got  # the bar can fail
+    # without context the best is the unigram entropy (the model cannot go far below it)
+    assert got["mlm_loss"] >= got["unigram_entropy"] - 0.25, got

@@ -4,6 +4,7 @@ resumed steps 4–6 repeat the uninterrupted run's losses, learning rate and gra
 1e-5 relative, and its final fp32 weights (and, where the layout changes tensor or pipeline
 parallelism, both AdamW moments) too: DP 2 ZeRO-3 ↔ DP 1 ZeRO-1, TP 2 × DP 2 ZeRO-3 → TP 1 ZeRO-0,
 PP 2 ZeRO-1 → PP 1 ZeRO-2, TP 1 → TP 2 ZeRO-1, DeBERTa's layout TP 1 → TP 2 ZeRO-3; and a
+masked-LM control (``rtd.objective=mlm``, DeBERTa's layout) TP 1 → TP 2 ZeRO-3; and a
 ZeRO-Offload checkpoint resumed without offload at ZeRO-1, ZeRO-2 and on another rank count
 (tests/multiproc/test_layout_free.py takes every pair of ds_configs/ files through the same state).
 The route has a control: the converted AdamW moments zeroed, step 5 (the first update) differs.
@@ -31,6 +32,7 @@ pytestmark = pytest.mark.e2e
 REL = 1e-5
 POST_LN = ["--layernorm-position", "post"]
 DEBERTA = ["--attention-type", "disentangled", "--layernorm-position", "post"]
+MLM = ["--set=rtd.objective=mlm"]
 
 
 def _args(wiki_shards, save, iters, zero, extra=(), layout=POST_LN, tp=1, pp=1):
@@ -88,12 +90,23 @@ def deberta(wiki_shards, tmp_path_factory):
             _canonical(run, "global_step6", tmp_path_factory))
 
 
+@pytest.fixture(scope="module")
+def deberta_mlm(wiki_shards, tmp_path_factory):
+    """As ``deberta``, for the masked-LM control (``rtd.objective=mlm``)."""
+    run = tmp_path_factory.mktemp("layout") / "deberta_mlm"
+    r = launch(_args(wiki_shards, run, 6, 1, MLM, layout=DEBERTA), ranks=1)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    return (run, scalars(str(run / "tensorboard")),
+            _canonical(run, "global_step6", tmp_path_factory))
+
+
 def _assert_steps(r, run, ref: dict) -> None:
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert f"resumed from {run} at iteration 3 (48 samples consumed)" in r.stdout
     resumed = scalars(str(run / "tensorboard"))
     assert max(resumed["loss/mlm"]) == 6 and {4, 5, 6} <= set(resumed["loss/mlm"])
-    tags = ("loss/mlm", "loss/rtd", "optim/lr", "optim/grad_norm")
+    # rtd.objective=mlm logs no loss/rtd
+    tags = [t for t in ("loss/mlm", "loss/rtd", "optim/lr", "optim/grad_norm") if t in ref]
     worst = {tag: max(abs(resumed[tag][s] - ref[tag][s]) / abs(ref[tag][s]) for s in (4, 5, 6))
              for tag in tags}
     print(f"{run.name}: steps 4–6, largest relative difference: "
@@ -278,4 +291,19 @@ def test_deberta_tp1_resumes_at_tp2_zero3(wiki_shards, deberta, tmp_path, tmp_pa
     r = launch(_args(wiki_shards, run, 6, 3, ["--load", str(run)], layout=DEBERTA, tp=2),
                ranks=2)
     _assert_canonical_resume(r, run, deberta[1], deberta[2], tmp_path_factory,
+                             "TP 1 × PP 1 × DP 1, ZeRO-1", "TP 2 × PP 1 × DP 1, ZeRO-3", before)
+
+
+def test_masked_lm_tp1_resumes_at_tp2_zero3(wiki_shards, deberta_mlm, tmp_path,
+                                           tmp_path_factory):
+    """The masked-LM control (``rtd.objective=mlm``: one encoder, its tied head) in DeBERTa's
+    layout: TP 1 ZeRO-1 → TP 2 × DP 1 ZeRO-3 to step 6, its weights and AdamW moments too."""
+    run, ref, state = deberta_mlm
+    assert "loss/rtd" not in ref and not [n for n in state["fp32"]
+                                          if n.startswith("discriminator.")]
+    run = cut_back(run, tmp_path / "mlm_tp1_to_tp2", 3)
+    before = file_digests(run / "global_step3")
+    r = launch(_args(wiki_shards, run, 6, 3, ["--load", str(run), *MLM], layout=DEBERTA, tp=2),
+               ranks=2)
+    _assert_canonical_resume(r, run, ref, state, tmp_path_factory,
                              "TP 1 × PP 1 × DP 1, ZeRO-1", "TP 2 × PP 1 × DP 1, ZeRO-3", before)

@@ -8,7 +8,7 @@ import shutil
 import torch
 import torch.distributed as dist
 
-from rtd_scale.config import Sharing
+from rtd_scale.config import Objective, Sharing
 from rtd_scale.presets import preset
 from tests.helpers import tiny_model
 from tests.helpers.tiny_model import tiny_config
@@ -40,10 +40,20 @@ def parity(ctx, cases, flash: bool = False):
     for name, sharing, embedding_size, layout, *attention in cases:
         cfg = tiny_config(sharing, embedding_size=embedding_size, layout=layout,
                           attention=attention[0] if attention else "bert")
+        if name.endswith("_mlm"):  # the masked-LM control: one encoder, L_MLM alone
+            cfg.rtd.objective = Objective.MLM
         model = build(cfg, ctx.tp_size)
         ids, idx = fixed_batch()
         res = model(ids, idx, step=3)
         res.loss.backward()
+        if name.endswith("_mlm"):
+            out[name] = {"corrupted": res.corrupted_ids, "masked": res.masked,
+                         "mlm": res.mlm_loss.item(), "rtd": res.rtd_loss.item(),
+                         "mlm_correct": res.counts["mlm_correct"].item(),
+                         "grads": weights.full_state_dict(model, tp_group=ctx.tp_group,
+                                                          vocab_size=cfg.model.vocab_size,
+                                                          grads=True)}
+            continue
         # GDES / NES / ES gradient paths, measured on this rank's shard and summed over TP
         e_g = model.generator_table.weight
         e_d = getattr(model.discriminator_table, "delta", None)
@@ -275,6 +285,8 @@ def pipeline_parity(ctx, cases):
     out = {}
     for name, sharing, layout, *attention in cases:
         cfg = _pp_config(sharing, layout, *attention)
+        if name.endswith("_mlm"):  # the masked-LM control: one encoder, one pass
+            cfg.rtd.objective = Objective.MLM
         model = _build_stage(ctx, cfg)
         mbs = _pp_micro_batches(documents=name.endswith("_docs"))
         if ctx.pp_size == 1:  # the global batch's normaliser, as step.train_step

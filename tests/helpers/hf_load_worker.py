@@ -5,7 +5,9 @@ the interpreter of the transformers major under test (it imports neither rtd_sca
 
 SPEC_JSON: {"texts": [...], "discriminator": [class name, from_pretrained kwargs],
 "generator": [class name, kwargs], "tokenizer_texts": [...]}; without "discriminator" (a
-directory that holds only a tokenizer) the models are left out.
+directory that holds only a tokenizer) the models are left out. "masked_lm": [class name, kwargs,
+directory] adds an ``rtd.objective=mlm`` export (one model at that directory), run on the same
+batch.
 
 Writes, with ``torch.save``: the versions, the tokenizer's class, its ids for each text alone and
 for the first two as a pair, the loading info of each model, and in fp32 each model's last
@@ -52,8 +54,11 @@ def main(export, spec_json, out_path):
         result["input_names"] = sorted(batch)
         batch.pop("token_type_ids", None)  # one token type; 4.x returns it, 5.x does not
         result["attention_mask"] = batch["attention_mask"]
-        for role, where in (("discriminator", export), ("generator", os.path.join(export, "generator"))):
-            cls_name, kwargs = spec[role]
+        roles = [("discriminator", export), ("generator", os.path.join(export, "generator"))]
+        if "masked_lm" in spec:
+            roles.append(("masked_lm", spec["masked_lm"][2]))
+        for role, where in roles:
+            cls_name, kwargs = spec[role][:2]
             model, info = getattr(transformers, cls_name).from_pretrained(
                 where, output_loading_info=True, **kwargs)
             result[f"{role}_loading_info"] = {k: sorted(map(str, v)) for k, v in info.items()}

@@ -18,7 +18,8 @@ pytestmark = pytest.mark.dist
 CASES = (("es", Sharing.ES, "pre"), ("nes", Sharing.NES, "pre"), ("gdes", Sharing.GDES, "pre"),
          ("post_es", Sharing.ES, "post"), ("deberta_gdes", Sharing.GDES, "post", "disentangled"),
          ("modern_gdes", Sharing.GDES, "pre", "rotary"),
-         ("modern_docs", Sharing.GDES, "pre", "rotary"))
+         ("modern_docs", Sharing.GDES, "pre", "rotary"),
+         ("deberta_mlm", Sharing.GDES, "post", "disentangled"))  # rtd.objective=mlm: one pass
 
 
 def _merge(results, case):
@@ -56,8 +57,12 @@ def test_pipeline_equals_one_stage(reference, tp, pp):
         assert any(n.endswith("rel_embeddings.weight") for n in grads) == \
             case.startswith("deberta")
         if case.startswith("deberta"):  # each stage's copy holds the gradient of all layers
-            copies = [r[case]["grads"]["discriminator.rel_embeddings.weight"] for r in results]
+            encoder = "generator" if case.endswith("_mlm") else "discriminator"
+            copies = [r[case]["grads"][f"{encoder}.rel_embeddings.weight"] for r in results]
             assert all(torch.equal(c, copies[0]) for c in copies) and copies[0].abs().sum() > 0
+        if case.endswith("_mlm"):  # the one encoder (4 layers, 2 per stage), no discriminator
+            assert "generator.block.layers.3.mlp.linear_fc1.weight" in grads
+            assert not [n for n in grads if n.startswith(("discriminator.", "rtd_head."))]
         assert last["mlm"] == pytest.approx(ref["mlm"], abs=1e-5)
         assert last["rtd"] == pytest.approx(ref["rtd"], abs=1e-5)
         for a, b in zip(last["corrupted"], ref["corrupted"]):

@@ -15,7 +15,8 @@ CASES = [("es", Sharing.ES, 48, "pre"), ("nes", Sharing.NES, 48, "pre"),
          ("post_gdes", Sharing.GDES, 48, "post"),  # BERT / ELECTRA post-LayerNorm layers
          ("post_electra_es", Sharing.ES, 16, "post"),
          ("deberta_gdes", Sharing.GDES, 48, "post", "disentangled"),  # DeBERTa's attention
-         ("modern_gdes", Sharing.GDES, 48, "pre", "rotary")]  # the modern block (GeGLU, windows)
+         ("modern_gdes", Sharing.GDES, 48, "pre", "rotary"),  # the modern block (GeGLU, windows)
+         ("deberta_mlm", Sharing.GDES, 48, "post", "disentangled")]  # rtd.objective=mlm
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +50,12 @@ def test_tp2_equals_tp1(parity_runs, case):
         for name, g in ref["grads"].items():
             diff = (got["grads"][name] - g).abs().max().item()
             assert diff <= 1e-5, f"{case}: gradient of {name} differs by {diff:.3g}"
+    if case.endswith("_mlm"):  # the masked LM alone: the discriminator's shape, no L_RTD
+        assert ref["rtd"] == 0.0 and torch.equal(ref["corrupted"], workers.fixed_batch()[0])
+        assert not [n for n in ref["grads"] if n.startswith(("discriminator.", "rtd_head."))]
+        assert "generator.block.layers.1.mlp.linear_fc1.weight" in ref["grads"]  # 2 layers
+        assert ref["grads"]["generator.embeddings.table.weight"].shape[1] == 48
+        return
     # the batch really exercised the loss: replacements happened, padding was present
     assert (ref["corrupted"] != workers.fixed_batch()[0]).any()
 

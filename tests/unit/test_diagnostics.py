@@ -194,3 +194,7 @@ def test_the_start_line_says_whether_samples_are_document_masked():
     assert "preset modernbert-tiny, sharing gdes, rotary attention, pre-LN layers, 0.00M" in modern
     plain = start_lines(presets.preset("debertav3-tiny"), ctx, model, ds, 1, 2, {})[0]
     assert plain.endswith(", fp32, packed samples of 128 tokens, 0 loader workers"), plain
+    mlm = presets.preset("debertav3-tiny")
+    mlm.rtd.objective = "mlm"  # the masked-LM control: no sharing to speak of
+    assert ("preset debertav3-tiny, objective mlm (the masked LM alone), disentangled attention"
+            in start_lines(mlm, ctx, model, ds, 1, 2, {})[0])

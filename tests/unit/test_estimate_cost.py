@@ -96,3 +96,41 @@ def test_modernbert_base_gated_ffn_and_local_layers_by_hand():
     # a window that holds the sequence: every layer attends to all s keys (the control)
     whole = estimate_cost.rtd_flops_per_token(preset("modernbert-base"), seq_length=64)
     assert whole.discriminator_attention == 22 * 12 * 64 * h
+
+
+def test_masked_lm_control_by_hand_and_equal_compute():
+    """rtd.objective=mlm: debertav3-large's discriminator (24 × 1024) and its MLM head alone;
+    an RTD step's FLOPs buy 1.4762 of its steps."""
+    from rtd_scale.config import apply_override
+
+    h, f, s, v, p, r = 1024, 4096, 512, 128_100, 0.15, 511
+    layer = 6 * (4 * h * h + 2 * h * f) + 12 * (s + r) * h
+    hand = 24 * layer + p * 6 * (h * h + h * v)
+    assert hand == pytest.approx(2_232_634_982.4)
+    cfg = preset("debertav3-large")
+    apply_override(cfg, "rtd.objective=mlm")
+    got = estimate_cost.rtd_flops_per_token(cfg)
+    assert got.generator_matmul == 24 * 6 * (4 * h * h + 2 * h * f)  # the one encoder
+    assert got.discriminator_matmul == got.discriminator_attention == got.rtd_head == 0
+    assert got.total == pytest.approx(hand)
+    mlm = estimate_cost.masked_lm_flops_per_token(preset("debertav3-large"))
+    assert mlm.total == pytest.approx(hand)
+    rtd = estimate_cost.rtd_flops_per_token(preset("debertav3-large"))
+    assert rtd.total / mlm.total == pytest.approx(3_295_749_734.4 / 2_232_634_982.4)
+    assert rtd.total / mlm.total == pytest.approx(1.4762, abs=1e-4)
+
+
+def test_equal_compute_line_and_a_bad_objective(capsys):
+    assert estimate_cost.main(["--preset", "debertav3-large"]) == 0
+    out = capsys.readouterr().out
+    # 500,000 × 3,295,749,734.4 / 2,232,634,982.4 steps
+    assert ("equal compute: the masked-LM control (--set rtd.objective=mlm, 2.2326e+09 FLOPs "
+            "per token) takes 738,085 steps of 4,194,304 tokens for these 6.9117e+21 FLOPs"
+            ) in out
+    assert estimate_cost.main(["--preset", "debertav3-large", "--set", "rtd.objective=mlm"]) == 0
+    out = capsys.readouterr().out
+    assert "masked LM (rtd.objective=mlm) 24 × 1024 (FFN 4096)" in out
+    assert "regime:    500,000 steps, 2.0972e+12 tokens, 4.6822e+21 FLOPs" in out
+    assert "equal compute" not in out
+    assert estimate_cost.main(["--set", "rtd.objective=bert"]) == 2
+    assert "--set rtd.objective=bert: expected one of rtd, mlm" in capsys.readouterr().err

@@ -31,6 +31,35 @@ def test_parameter_counts_are_the_built_models(single_process_group, name):
     assert counts.vocab == tables * rows * e + rows
 
 
+def test_the_masked_lm_control_counts_its_one_encoder(single_process_group):
+    """rtd.objective=mlm: the parameters of the model it builds (the discriminator's shape,
+    one table, the MLM bias) and the activations of one encoder, fewer than the RTD pair's."""
+    from rtd_scale.config import apply_override
+
+    cfg = preset("debertav3-tiny")
+    cfg.model.vocab_size = 1000
+    rtd_counts = memory.config_parameter_counts(cfg)
+    apply_override(cfg, "rtd.objective=mlm")
+    counts = memory.config_parameter_counts(cfg)
+    model = build(cfg, seed=1)
+    assert counts == memory.count_parameters(model) and counts.total < rtd_counts.total
+    assert counts.vocab == model.padded_vocab_size * (cfg.model.embedding_size + 1)
+    layout = memory.RankLayout(micro_batch_size=8, seq_length=128)
+    one = memory.ParameterCounts(vocab=0, layers=1, other=0, largest=0)
+    mlm = memory.estimate(cfg, one, layout).parts
+    apply_override(cfg, "rtd.objective=rtd")
+    rtd = memory.estimate(cfg, one, layout).parts
+    assert mlm["activations"] < rtd["activations"]
+    assert mlm["MLM logits"] == rtd["MLM logits"]  # the same masked positions and table
+    # exactly one stack: with the generator at the discriminator's shape, the RTD pair holds
+    # two stacks and the outside term, the masked LM one stack and the same outside term, so
+    # 2·mlm − rtd is the outside term alone: C_OUTSIDE · s · b · h (fp32: 4 bytes)
+    cfg.model.generator = cfg.model.discriminator
+    twin = memory.estimate(cfg, one, layout).parts["activations"]
+    outside = memory.C_OUTSIDE * 128 * 8 * cfg.model.discriminator.hidden_size * 4
+    assert 2 * mlm["activations"] - twin == pytest.approx(outside, rel=1e-12)
+
+
 def test_debertav3_base_at_the_sample_tokenizers_padded_table(single_process_group):
     """The count the start-up line printed for debertav3-base at DeBERTaV3's 128,128 rows."""
     cfg = preset("debertav3-base")

@@ -134,9 +134,11 @@ def check_compatible(load_dir: str, tag: str, config: RunConfig,
     check_convertible(load_dir, tag, meta.get("layout") or {}, layout,
                       saved_precision=saved.train.precision.value,
                       precision=config.train.precision.value)
-    old, new = saved.model, config.model
-    diffs = [f"model.{k} {_shown(getattr(old, k))} → {_shown(getattr(new, k))}"
-             for k in _SHAPE_FIELDS if getattr(old, k) != getattr(new, k)]
+    old, new = saved.trained_model(), config.trained_model()  # rtd.objective=mlm: one encoder
+    diffs = ([] if saved.rtd.objective is config.rtd.objective else
+             [f"rtd.objective {saved.rtd.objective.value} → {config.rtd.objective.value}"])
+    diffs += [f"model.{k} {_shown(getattr(old, k))} → {_shown(getattr(new, k))}"
+              for k in _SHAPE_FIELDS if getattr(old, k) != getattr(new, k)]
     if not diffs and _sharing_scope(old) is not _sharing_scope(new):
         diffs.append(f"model.sharing_scope {_sharing_scope(old).value} → "
                      f"{_sharing_scope(new).value}")
