@@ -75,7 +75,8 @@ def step_flops(arch: str, objective: str) -> tuple[float, int]:
     if objective == "mlm":
         apply_override(cfg, "rtd.objective=mlm")
         cfg.rtd.mask_prob = MLM_MASK_PROB[arch]
-    return flops.flops_per_token(cfg), cfg.train.global_batch_size * cfg.data.seq_length
+    return (flops.rtd_flops_per_token(flops.dims_of(cfg)),
+            cfg.train.global_batch_size * cfg.data.seq_length)
 
 
 def matched_steps(rtd_steps: int, rtd_flops: float, mlm_flops: float) -> int:

@@ -70,8 +70,10 @@ def export_hint(cfg: RunConfig, exported: bool = False) -> Optional[str]:
     except ExportError as e:  # say why, rather than offer a command that refuses
         return f"none: {e}"
     if cfg.rtd.objective is Objective.MLM:  # one model, the masked LM
-        return (f"python tools/export_hf.py --load {cfg.train.save} --output {out}   "
-                f"(loads as {adapter.generator_class}, the masked LM with its head)")
+        what = f"(loads as {adapter.generator_class}, the masked LM with its head)"
+        if exported:
+            return f"written to {out} by --export-hf {what}"
+        return f"python tools/export_hf.py --load {cfg.train.save} --output {out}   {what}"
     disc = adapter.discriminator_class
     head = ("RTD head included" if adapter.rtd_head_in_model
             else f"its RTD head in {out}/{RTD_HEAD_FILE}")

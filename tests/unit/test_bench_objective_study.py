@@ -39,6 +39,20 @@ def test_a_run_is_the_main_jobs_command_with_its_objectives_flags():
     assert study.save_points(5, 1) == [5] and study.save_points(2, 3) == [1, 2]
 
 
+def test_the_mlm_run_gets_the_rtd_runs_flops_per_preset():
+    """rtd_scale/flops.py at the presets' 32 × 128 tokens a step: debertav3-tiny's RTD step
+    (generator of half the depth + discriminator, mask 0.25) costs 1.53 of its masked LM's
+    (the discriminator's encoder, mask 0.15); modernbert-tiny's 1.13."""
+    rtd, tokens = study.step_flops("debertav3-tiny", "rtd")
+    mlm, same = study.step_flops("debertav3-tiny", "mlm")
+    assert tokens == same == 32 * 128
+    assert (round(rtd), round(mlm)) == (7_850_304, 5_118_566)
+    assert study.matched_steps(600, rtd, mlm) == 920
+    rtd, _ = study.step_flops("modernbert-tiny", "rtd")
+    mlm, _ = study.step_flops("modernbert-tiny", "mlm")
+    assert study.matched_steps(600, rtd, mlm) == 679
+
+
 def test_the_mlm_run_gets_the_rtd_runs_flops():
     # the generator (half the depth) + discriminator against the discriminator alone
     assert study.matched_steps(600, 3.0e6, 2.0e6) == 900

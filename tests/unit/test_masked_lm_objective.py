@@ -124,6 +124,10 @@ def test_the_summary_offers_the_masked_lm_export():
     apply_override(cfg, "rtd.objective=mlm")
     assert export_hint(cfg) == ("python tools/export_hf.py --load runs/mlm --output hf/mlm   "
                                 "(loads as DebertaV2ForMaskedLM, the masked LM with its head)")
+    cfg.train.export_hf = "exports/mlm"
+    assert export_hint(cfg, exported=True) == (
+        "written to exports/mlm by --export-hf (loads as DebertaV2ForMaskedLM, the masked LM "
+        "with its head)")
 
 
 def test_the_log_lines_and_summary_hold_the_masked_lm_alone():
