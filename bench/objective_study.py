@@ -128,7 +128,7 @@ def table(rows: list[dict], tasks: tuple[str, ...]) -> str:
              "|" + "---|" * (6 + len(tasks))]
     for r in rows:
         lines.append(f"| {r['arch']} | {r['objective'].upper()} | {r['point']} | {r['steps']} | "
-                     f"{r['flops'] / 1e15:.3f} | {len(r['scores'][tasks[0]])} | "
+                     f"{r['flops'] / 1e15:.3g} | {len(r['scores'][tasks[0]])} | "
                      + " | ".join(_cell(r["scores"][t]) for t in tasks) + " |")
     lines.append("")
     for arch in dict.fromkeys(r["arch"] for r in rows):
