@@ -91,8 +91,7 @@ def resolve_resume_optimizer(optim: OptimConfig, saved: dict[str, Any], *, sourc
 
 
 def zero3_construction(ds_config: dict[str, Any], cfg: RunConfig, dp_group):
-    """A context to build the model in (not yet used by pretrain.py: a run built so resumed at
-    ZeRO-3 from a ZeRO-1 checkpoint missed tests/e2e/test_resume_layout.py's tolerance): under
+    """The context pretrain.py builds the model in (``run.set_up``): under
     ZeRO stage 3, DeepSpeed's ``zero.Init``, so that
     each module's parameters are partitioned over the data-parallel ranks as soon as the
     module is built and no rank holds the whole model (``model/weights.py`` writes each rank's
