@@ -122,7 +122,8 @@ def set_up(cfg: RunConfig, ctx, prep: Prepared, print_fn) -> tuple[Any, Any, Opt
     from rtd_scale.training import engine
 
     tok = prep.tokenizer
-    model = build_model(cfg, ctx, tok)
+    with engine.zero3_construction(prep.ds_config, cfg, ctx.dp_group):  # ZeRO-3: partitioned
+        model = build_model(cfg, ctx, tok)
     pretrained, note = pretrained_weights(cfg)
     if note and ctx.is_logging_rank:
         print_fn(note)

@@ -192,7 +192,11 @@ def initialize(model: torch.nn.Module, *, seed: int, std: float, num_layers: dic
                     and scaled_output.get(top, True)):
                 s = std / math.sqrt(2.0 * num_layers[top])
             g = torch.Generator().manual_seed(_seed_for(seed, name))
-            full = torch.randn(shape, generator=g) * s
+            # torch.normal, not torch.randn (the same draw): DeepSpeed's zero.Init makes every
+            # randn in its context in the model's dtype on its device (0.19.8
+            # partition_parameters.py), so a bf16 model would get the draw rounded before the
+            # scaling, one bf16 step off the whole build's (test_post_ln_zero.py's bf16 case)
+            full = torch.normal(0.0, 1.0, size=shape, generator=g) * s
         _write(p, _local_slice(full, p, tp_rank))
 
 

@@ -91,8 +91,7 @@ def resolve_resume_optimizer(optim: OptimConfig, saved: dict[str, Any], *, sourc
 
 
 def zero3_construction(ds_config: dict[str, Any], cfg: RunConfig, dp_group):
-    """A context to build the model in (not yet used by pretrain.py: a run built so resumed at
-    ZeRO-3 from a ZeRO-1 checkpoint missed tests/e2e/test_resume_layout.py's tolerance): under
+    """The context pretrain.py builds the model in (``run.set_up``): under
     ZeRO stage 3, DeepSpeed's ``zero.Init``, so that
     each module's parameters are partitioned over the data-parallel ranks as soon as the
     module is built and no rank holds the whole model (``model/weights.py`` writes each rank's
@@ -109,8 +108,13 @@ def zero3_construction(ds_config: dict[str, Any], cfg: RunConfig, dp_group):
     # the dtype comes from the resolved ds_config's bf16 / fp16 sections (DeepSpeed 0.19.8's
     # Init._set_dtype; an explicit dtype is ignored where the accelerator has no fp16, the
     # CPU's). F.linear is left as it is: the model computes as it does without zero.Init.
+    # ``mpu``: the ds_config's batch arithmetic is checked over the data-parallel ranks, as
+    # deepspeed.initialize checks it (a DeepSpeedConfig without one counts every rank of the
+    # world, which refuses TP 2 × DP 2: tests/e2e/test_resume_layout.py)
+    from rtd_scale.distributed import DeepSpeedMpu
+
     return deepspeed.zero.Init(data_parallel_group=dp_group, config_dict_or_path=ds_config,
-                               mem_efficient_linear=False)
+                               mpu=DeepSpeedMpu(), mem_efficient_linear=False)
 
 
 def build_engine(model, cfg: RunConfig, ds_config: dict[str, Any], mpu, print_fn=None):

@@ -117,6 +117,8 @@ class MegatronLRScheduler(OptimizerParamScheduler):
                 self._pending = _DeviceFlag(self._flag_source.skipped)
                 return
             increment = self.samples_per_step
+        # paired by position: a group DeepSpeed dropped (an empty one) would shift the rest
+        assert len(self.optimizer.param_groups) == len(self._wd_mult), "param groups changed"
         for group, mult in zip(self.optimizer.param_groups, self._wd_mult):
             group["wd_mult"] = mult  # checkpointed param groups may predate the key
         super().step(increment)

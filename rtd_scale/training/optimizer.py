@@ -86,16 +86,25 @@ class NonFiniteSkippingAdamW(torch.optim.AdamW):
 
 def param_groups(model: torch.nn.Module, optim: OptimConfig) -> list[dict[str, Any]]:
     """Two AdamW groups: ``optim.weight_decay`` on the matrices, none on biases, norms and other
-    1-D parameters; a parameter shared by two modules (ES's one table) appears once."""
+    1-D parameters; a parameter shared by two modules (ES's one table) appears once. A parameter
+    built under DeepSpeed's ``zero.Init`` is judged by its whole shape ``ds_shape``: its own
+    ``data`` is then an empty 1-D placeholder (DeepSpeed 0.19.8 ``partition_parameters.py``),
+    which would put every matrix in the no-decay group
+    (tests/multiproc/test_post_ln_zero.py::test_zero_init_build_trains_like_the_whole_build).
+    An empty group is left out: DeepSpeed drops it from the optimizer (0.19.8 ``engine.py``
+    ``_configure_optimizer``), and the scheduler pairs its weight-decay multipliers with the
+    groups by position (``lr_schedule.MegatronLRScheduler``)."""
     decay, no_decay = [], []
     seen: set[int] = set()
     for name, p in model.named_parameters():
         if not p.requires_grad or id(p) in seen:
             continue
         seen.add(id(p))
-        (no_decay if p.ndim < 2 or "norm" in name else decay).append(p)
-    return [{"params": decay, "weight_decay": optim.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0}]
+        ndim = len(getattr(p, "ds_shape", p.shape))
+        (no_decay if ndim < 2 or "norm" in name else decay).append(p)
+    groups = [{"params": decay, "weight_decay": optim.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
 
 
 def build_optimizer(model: torch.nn.Module, optim: OptimConfig, *, checked: bool = False,

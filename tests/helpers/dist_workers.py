@@ -342,21 +342,30 @@ def pipeline_tied_after_training(ctx, steps: int, attention: str = "bert"):
             "relative": relative}
 
 
-def post_ln_zero_steps(ctx, stages, steps: int, attention: str = "bert"):
+def post_ln_zero_steps(ctx, stages, steps: int, attention: str = "bert", bf16: bool = False):
     """Per ZeRO stage in ``stages``: ``steps`` DeepSpeed optimizer steps of a fresh
     post-LayerNorm model (GDES, projected E != H; ``attention`` "bert" or "disentangled"), each
     data-parallel rank on its own 2 samples; this rank's losses by stage. Stage "3-init": ZeRO-3
     with the model built as pretrain.py builds it, under DeepSpeed's zero.Init
     (``engine.zero3_construction``); its entry "3-init-held" is (elements this rank held once
-    built, the model's elements)."""
+    built, the model's elements). Entry ``("weights", stage)``: every parameter's whole value after
+    the steps, by name (gathered under ZeRO-3); ``("no_decay", stage)``: the names
+    ``optimizer.param_groups`` puts in the group without weight decay, judged as built.
+    ``bf16``: in bf16 (DeepSpeed's fp32 masters)."""
     if attention == "both":
-        return {a: post_ln_zero_steps(ctx, stages, steps, a) for a in ("bert", "disentangled")}
+        return {a: post_ln_zero_steps(ctx, stages, steps, a, bf16) for a in ("bert", "disentangled")}
+    import deepspeed
+
     from rtd_scale import distributed
+    from rtd_scale.config import Precision
     from rtd_scale.training import engine as engine_mod
+    from rtd_scale.training.optimizer import param_groups
 
     cfg = tiny_config(Sharing.GDES, embedding_size=16, layout="post", attention=attention)
     cfg.train.micro_batch_size, cfg.train.global_batch_size = 2, 2 * ctx.dp_size
     cfg.optim.lr, cfg.optim.lr_warmup_iters = 1e-3, 0
+    if bf16:
+        cfg.train.precision = Precision.BF16
     ids, idx = fixed_batch(b=2 * ctx.dp_size)
     mine = slice(2 * ctx.dp_rank, 2 * ctx.dp_rank + 2)
     out = {}
@@ -372,6 +381,9 @@ def post_ln_zero_steps(ctx, stages, steps: int, attention: str = "bert"):
                                   sum(p.ds_numel for p in params))
         else:
             model = build(cfg, ctx.tp_size)
+        no_decay = {id(p) for g in param_groups(model, cfg.optim) if g["weight_decay"] == 0.0
+                    for p in g["params"]}
+        out[("no_decay", stage)] = {n for n, p in model.named_parameters() if id(p) in no_decay}
         distributed.seed_after_build(ctx, 7)
         eng = engine_mod.build_engine(model, cfg, ds, distributed.DeepSpeedMpu())
         losses = []
@@ -381,6 +393,10 @@ def post_ln_zero_steps(ctx, stages, steps: int, attention: str = "bert"):
             eng.step()
             losses.append(res.loss.item())
         out[stage] = losses
+        named = dict(model.named_parameters())
+        with deepspeed.zero.GatheredParameters(list(named.values()),
+                                               enabled=str(stage).startswith("3")):
+            out[("weights", stage)] = {n: p.detach().clone().float() for n, p in named.items()}
     return out
 
 
