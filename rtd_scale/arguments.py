@@ -437,7 +437,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         _section_timeouts(cfg, args.ft_rank_section_timeouts)
     origins.update(megatron_args.apply_model_args(cfg, args))  # before --set
     for assignment in args.set:
-        origins.pop(apply_override(cfg, assignment), None)  # --set has the last word
+        field = apply_override(cfg, assignment)  # --set has the last word
+        origins[field] = f"--set {field}"
     if left_out and (note := config_file.left_out_note(
             args.config, left_out, cfg, {p: f for f, p in reversed(FLAG_FIELDS.items())})):
         warnings.warn(note)  # printed once the run is validated (pretrain.py's HeldWarnings)

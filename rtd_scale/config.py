@@ -39,7 +39,8 @@ class ConfigError(UserInputError):
         ``"<name> (<field>)"`` (``names``: field → the flag that set it)."""
         if not self.fields:
             return self
-        shown = [f"{names[f]} ({f})" if f in names else f for f in self.fields]
+        shown = [(names[f] if names[f] == f"--set {f}" else f"{names[f]} ({f})")
+                 if f in names else f for f in self.fields]
         return ConfigError(self.template.format(*shown))
 
 
@@ -1312,6 +1313,33 @@ def _did_you_mean(name: str, known: Iterable[str]) -> str:
     return f" (did you mean {close[0]}?)" if close else ""
 
 
+def _closest_leaf(section: Any, path: list[str], name: str) -> str:
+    """`` (did you mean P?)`` for a mistyped ``--set`` field ``name`` under ``section`` (at the
+    dotted ``path``): the fields of the section and of the sections inside it, by their own
+    names (``model.hidden_size`` is ``model.discriminator.hidden_size``; ``objective`` is
+    ``rtd.objective``), exact names first, then difflib's closest, else ``""``."""
+    import difflib
+
+    leaves: dict[str, list[str]] = {}
+
+    def walk(obj: Any, where: list[str]) -> None:
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if dataclasses.is_dataclass(value):
+                walk(value, [*where, f.name])
+            else:
+                leaves.setdefault(f.name, []).append(".".join([*where, f.name]))
+
+    if not dataclasses.is_dataclass(section):
+        return ""
+    walk(section, path)
+    close = [name] if name in leaves else difflib.get_close_matches(name, list(leaves), n=1)
+    if not close:
+        return ""
+    found = sorted(leaves[close[0]], key=lambda p: (p.count("."), p))
+    return f" (did you mean {' or '.join(found)}?)"
+
+
 def apply_override(cfg: RunConfig, assignment: str) -> str:
     """Apply one ``section.field=value`` override (``--set``), the value typed as a config
     file's is (:func:`_typed`). Returns the field's dotted name.
@@ -1337,7 +1365,7 @@ def apply_override(cfg: RunConfig, assignment: str) -> str:
     name = parts[-1]
     fields = {f.name: f for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj) else {}
     if name not in fields or dataclasses.is_dataclass(getattr(obj, name)):
-        raise ConfigError(f"--set {key}: unknown field{_did_you_mean(name, fields)}; "
+        raise ConfigError(f"--set {key}: unknown field{_closest_leaf(obj, parts[:-1], name)}; "
                           f"known: {', '.join(fields) or 'none'}")
     kind = typing.get_type_hints(type(obj))[name]
     try:

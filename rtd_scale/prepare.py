@@ -39,6 +39,12 @@ class Prepared:
     meta: Optional[dict[str, Any]] = None
 
 
+def _within(path: str, directory: str) -> bool:
+    """Whether ``path`` is ``directory`` or lies inside it (symbolic links resolved)."""
+    path, directory = os.path.realpath(path), os.path.realpath(directory)
+    return os.path.commonpath([path, directory]) == directory
+
+
 def prepare(cfg: RunConfig, world_size: int, print_fn=None) -> Prepared:
     """Every check on user input that needs no process group (``Prepared``'s fields).
 
@@ -126,6 +132,11 @@ def prepare(cfg: RunConfig, world_size: int, print_fn=None) -> Prepared:
 
         convert.check_exportable(cfg.trained_model())
         hf_export.check_output_dir(cfg.train.export_hf, "--export-hf")
+        if cfg.train.save and _within(cfg.train.save, cfg.train.export_hf):
+            raise UserInputError(f"--export-hf {cfg.train.export_hf}: holds --save "
+                                 f"{cfg.train.save}, whose checkpoints the export would replace; "
+                                 "pass another directory, e.g. hf/"
+                                 + os.path.basename(os.path.normpath(cfg.train.save)))
     if cfg.train.pretrained_checkpoint and not os.path.exists(cfg.train.pretrained_checkpoint):
         from rtd_scale.hf.adapters import import_sources
 

@@ -59,19 +59,37 @@ def check_output_dir(path: str, flag: str, *, overwrite_flag: Optional[str] = No
     Raises:
         UserInputError: naming ``flag`` and the fix.
     """
+    from rtd_scale.training.checkpoint.files import holds_run
+
     if os.path.exists(path) and not os.path.isdir(path):
         raise UserInputError(f"{flag} {path}: exists and is not a directory; pass a new "
                              "directory for the Hugging Face export")
+    if os.path.isdir(path) and _holds_training_run(path):
+        # a run directory has a config.json too: replacing it would delete its checkpoints
+        run = holds_run(path)
+        raise UserInputError(f"{flag} {path}: holds a training run"
+                             + (f" ({run})" if run else "")
+                             + "; an export there would replace it: pass a new directory, "
+                             "e.g. hf/" + os.path.basename(os.path.normpath(path)))
     if os.path.isdir(path) and os.listdir(path) and not os.path.isfile(
-            os.path.join(path, "config.json")):
+            os.path.join(path, MANIFEST)):
         raise UserInputError(f"{flag} {path}: a non-empty directory that is not an export; "
                              "pass a new directory")
-    if overwrite_flag and os.path.isfile(os.path.join(path, "config.json")):
+    if overwrite_flag and os.path.isfile(os.path.join(path, MANIFEST)):
         raise UserInputError(f"{flag} {path}: already holds an export; pass {overwrite_flag} to "
                              "replace it, or a new directory")
     parent = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(parent) and not os.access(parent, os.W_OK):
         raise UserInputError(f"{flag} {path}: {parent} is not writable; pass a writable place")
+
+
+def _holds_training_run(path: str) -> bool:
+    """Whether ``path`` is (or was started as) a pretraining run's ``--save``: a checkpoint or
+    ``latest`` (``files.holds_run``), or what pretrain.py writes before its first save."""
+    from rtd_scale.training.checkpoint.files import holds_run
+
+    return holds_run(path) is not None or any(
+        os.path.exists(os.path.join(path, name)) for name in ("ds_config.json", "progress"))
 
 
 def build_hf_model(m: HFModel) -> torch.nn.Module:

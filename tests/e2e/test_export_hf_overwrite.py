@@ -78,4 +78,19 @@ def test_export_onto_an_earlier_export_needs_overwrite(wiki_shards, tmp_path):
                                f"{step2}"), err[0]
         assert "Traceback" not in r.stderr
     assert not (tmp_path / "hf2").exists()
+
+    # a run directory is never an export's: refused with --overwrite too, the run untouched;
+    # and --export-hf onto this run's own --save before anything is built
+    before = {p: p.stat().st_mtime_ns for p in run.rglob("*")}
+    r = _tool("--load", str(run), "--output", str(run), "--overwrite")
+    assert r.returncode == 1 and r.stderr == (
+        f"error: --output {run}: holds a training run (global_step3); an export there would "
+        "replace it: pass a new directory, e.g. hf/run\n")
+    mine = tmp_path / "mine"
+    r = launch(common(wiki_shards, mine, 1, ["--eval-iters", "0", "--export-hf", str(mine)],
+                      ds_config="ds_configs/zero1.json"), ranks=1)
+    assert r.returncode == 2 and (
+        f"error: --export-hf {mine}: holds --save {mine}, whose checkpoints the export would "
+        "replace; pass another directory, e.g. hf/mine\n") in r.stderr, r.stderr[-3000:]
+    assert {p: p.stat().st_mtime_ns for p in run.rglob("*")} == before
     assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == before  # nothing written

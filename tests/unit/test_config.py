@@ -90,8 +90,17 @@ def test_overrides_convert_types_and_reject_unknown():
     assert cfg.train.precision is Precision.BF16
     with pytest.raises(ConfigError) as e:
         apply_override(cfg, "rtd.lamda=3")
-    assert str(e.value).startswith("--set rtd.lamda: unknown field (did you mean rtd_lambda?); "
-                                   "known: rtd_lambda, mask_prob, ")
+    assert str(e.value).startswith("--set rtd.lamda: unknown field (did you mean "
+                                   "rtd.rtd_lambda?); known: rtd_lambda, mask_prob, ")
+    with pytest.raises(ConfigError) as e:  # a field of the sections inside, by its own name
+        apply_override(cfg, "model.hiden_size=10")
+    assert str(e.value).startswith("--set model.hiden_size: unknown field (did you mean "
+                                   "model.discriminator.hidden_size or "
+                                   "model.generator.hidden_size?); known: vocab_size, ")
+    with pytest.raises(ConfigError) as e:
+        apply_override(cfg, "objective=mlm")
+    assert str(e.value).startswith("--set objective: unknown field (did you mean "
+                                   "rtd.objective?); known: preset, model, rtd, ")
     with pytest.raises(ConfigError) as e:
         apply_override(cfg, "rtd.zzz=3")
     assert str(e.value).startswith("--set rtd.zzz: unknown field; known: rtd_lambda, ")

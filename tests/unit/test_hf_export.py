@@ -226,12 +226,50 @@ def test_export_tool_errors_are_one_line(tmp_path, capsys):
     assert capsys.readouterr().err == (f"error: --load {run}: no checkpoint (no global_step* "
                                        "directory); pass the --save directory of a run that "
                                        "saved one\n")
+    (run / "global_step1").mkdir()
+    assert run_cli(tool.main, ["--load", str(run), "--tag", "global_step3", "--output",
+                               str(tmp_path / "hf")]) == 1
+    assert capsys.readouterr().err == (f"error: --tag global_step3: {run} has no such "
+                                       "checkpoint; pass one of global_step1\n")
+    (run / "global_step1").rmdir()
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "notes.txt").write_text("mine")
     assert run_cli(tool.main, ["--load", str(run), "--output", str(tmp_path / "busy")]) == 1
     assert capsys.readouterr().err == (f"error: --output {tmp_path / 'busy'}: a non-empty "
                                        "directory that is not an export; pass a new directory\n")
     assert not (tmp_path / "hf").exists()
+
+
+def test_a_training_runs_directory_is_never_an_exports(tmp_path):
+    """A run's --save holds a config.json as an export does: an export onto it (--export-hf, or
+    tools/export_hf.py with or without --overwrite) would replace its checkpoints, so it is
+    refused in one line, from the moment pretrain.py started it (ds_config.json, progress/)."""
+    from rtd_scale.cli_errors import UserInputError
+    from rtd_scale.hf.export import MANIFEST, check_output_dir
+
+    run = tmp_path / "run"
+    (run / "global_step3").mkdir(parents=True)
+    (run / "latest").write_text("global_step3")
+    (run / "config.json").write_text("{}")
+    for overwrite in (None, "--overwrite"):
+        with pytest.raises(UserInputError) as e:
+            check_output_dir(str(run), "--output", overwrite_flag=overwrite)
+        assert str(e.value) == (f"--output {run}: holds a training run (global_step3); an export "
+                                "there would replace it: pass a new directory, e.g. hf/run")
+    started = tmp_path / "started"  # no checkpoint yet
+    (started / "progress").mkdir(parents=True)
+    (started / "config.json").write_text("{}")
+    with pytest.raises(UserInputError) as e:
+        check_output_dir(str(started), "--export-hf")
+    assert str(e.value) == (f"--export-hf {started}: holds a training run; an export there "
+                            "would replace it: pass a new directory, e.g. hf/started")
+    other = tmp_path / "other_hf"  # a transformers directory not written by us
+    other.mkdir()
+    (other / "config.json").write_text("{}")
+    with pytest.raises(UserInputError, match="a non-empty directory that is not an export"):
+        check_output_dir(str(other), "--export-hf")
+    (other / MANIFEST).write_text("{}")  # ours: replaced at the end of training
+    check_output_dir(str(other), "--export-hf")
 
 
 def _write(ctx, tok, spm_model, layout, out, **kwargs):

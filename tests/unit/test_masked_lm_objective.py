@@ -181,8 +181,14 @@ def test_load_refuses_a_checkpoint_of_the_other_objective(tmp_path):
     apply_override(mlm, "rtd.objective=mlm")
     with pytest.raises(UserInputError) as e:
         check_compatible(run, "global_step1", mlm, {"world_size": 1})
-    assert str(e.value).startswith(f"--load {run}: global_step1 holds another model "
-                                   "(rtd.objective rtd → mlm, model.generator.num_layers 2 → 4")
+    assert str(e.value) == (f"--load {run}: global_step1 was trained with rtd.objective rtd, "
+                            "this run has mlm; resume with --set rtd.objective=rtd, or start a "
+                            "new run from its export (tools/export_hf.py, then "
+                            "--pretrained-checkpoint)")
     run = saved(mlm)
+    with pytest.raises(UserInputError) as e:
+        check_compatible(run, "global_step1", preset("tiny"), {"world_size": 1})
+    assert str(e.value).startswith(f"--load {run}: global_step1 was trained with rtd.objective "
+                                   "mlm, this run has rtd; resume with --set rtd.objective=mlm")
     apply_override(mlm, "model.generator.num_layers=1")  # no effect under mlm
     check_compatible(run, "global_step1", mlm, {"world_size": 1})

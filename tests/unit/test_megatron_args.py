@@ -204,7 +204,9 @@ def test_bad_generator_flags_are_one_line_errors(argv, message):
     (["--hidden-dropout", "1.5", "--set", "model.generator.hidden_dropout=0.1"],
      "--hidden-dropout (model.discriminator.hidden_dropout) must be in [0, 1], got 1.5"),
     (["--set", "model.discriminator.hidden_dropout=1.5"],
-     "model.discriminator.hidden_dropout must be in [0, 1], got 1.5"),
+     "--set model.discriminator.hidden_dropout must be in [0, 1], got 1.5"),
+    (["--hidden-dropout", "0.1", "--set", "model.discriminator.hidden_dropout=1.5"],
+     "--set model.discriminator.hidden_dropout must be in [0, 1], got 1.5"),
 ])
 def test_a_bad_value_from_a_megatron_flag_names_the_flag(argv, message):
     with pytest.raises(ConfigError) as e:

@@ -231,6 +231,6 @@ def test_timing_log_level_is_checked():
     cfg = config_from_args(build_parser().parse_args(base + ["--timing-log-level", "2"]))
     assert cfg.train.timing_log_level == 2
     assert config_from_args(build_parser().parse_args(base)).train.timing_log_level == 0
-    with pytest.raises(ConfigError, match=r"^train.timing_log_level must be 0 \(no timers\), 1 "
+    with pytest.raises(ConfigError, match=r"^--set train.timing_log_level must be 0 \(no timers\), 1 "
                                           r".* or 2 \(also the forward's phases\), got 3$"):
         config_from_args(build_parser().parse_args(base + ["--set", "train.timing_log_level=3"]))

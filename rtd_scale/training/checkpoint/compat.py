@@ -135,9 +135,14 @@ def check_compatible(load_dir: str, tag: str, config: RunConfig,
                       saved_precision=saved.train.precision.value,
                       precision=config.train.precision.value)
     old, new = saved.trained_model(), config.trained_model()  # rtd.objective=mlm: one encoder
-    diffs = ([] if saved.rtd.objective is config.rtd.objective else
-             [f"rtd.objective {saved.rtd.objective.value} → {config.rtd.objective.value}"])
-    diffs += [f"model.{k} {_shown(getattr(old, k))} → {_shown(getattr(new, k))}"
+    if saved.rtd.objective is not config.rtd.objective:
+        # the shapes of one encoder and of a generator + discriminator are not comparable
+        raise UserInputError(
+            f"--load {load_dir}: {tag} was trained with rtd.objective "
+            f"{saved.rtd.objective.value}, this run has {config.rtd.objective.value}; resume "
+            f"with --set rtd.objective={saved.rtd.objective.value}, or start a new run from its "
+            f"export (tools/export_hf.py, then --pretrained-checkpoint)")
+    diffs = [f"model.{k} {_shown(getattr(old, k))} → {_shown(getattr(new, k))}"
               for k in _SHAPE_FIELDS if getattr(old, k) != getattr(new, k)]
     if not diffs and _sharing_scope(old) is not _sharing_scope(new):
         diffs.append(f"model.sharing_scope {_sharing_scope(old).value} → "

@@ -61,6 +61,11 @@ def read_run(run_dir: str, tag: Optional[str], note: Optional[Callable[[Any], No
     if tag is None and not files.list_tags(run_dir):
         raise UserInputError(f"--load {run_dir}: no checkpoint (no global_step* directory); "
                              "pass the --save directory of a run that saved one")
+    if tag is not None and not os.path.isdir(os.path.join(run_dir, tag)):
+        tags = files.list_tags(run_dir)
+        raise UserInputError(f"--tag {tag}: {run_dir} has no such checkpoint; pass one of "
+                             f"{', '.join(tags)}" if tags else
+                             f"--tag {tag}: {run_dir} has no checkpoint")
     choice = load.take(os.path.join(run_dir, tag) if tag else run_dir)
     if note is not None:
         note(choice)
