@@ -191,6 +191,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--master-port", type=int, default=29573)
     args = p.parse_args(argv)
+    if Path(args.work_dir).exists() and not Path(args.work_dir).is_dir():
+        p.error(f"--work-dir {args.work_dir}: exists and is not a directory; pass a directory")
     for flag in ("steps", "points", "finetune_max_steps", "ranks"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")

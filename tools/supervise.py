@@ -42,6 +42,8 @@ from rtd_scale.restarts import (DEFAULT_BACKOFF_S, DEFAULT_MAX_RESTARTS,  # noqa
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "--" not in argv and any(a in ("-h", "--help") for a in argv):
+        argv = [*argv, "--"]  # the help, without a command to supervise
     if "--" not in argv:
         print("error: expected `tools/supervise.py [options] -- COMMAND ...` (the deepspeed "
               "command after --)", file=sys.stderr)

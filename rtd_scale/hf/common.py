@@ -321,19 +321,20 @@ def check_config(adapter: Adapter, src: HFSource, model: ModelConfig, which: str
     enc: EncoderConfig = getattr(model, which)
     c = src.config
     own = fields_of or which
+    label = "masked LM" if fields_of else which  # rtd.objective=mlm: one encoder, not a generator
     checks = [("num_hidden_layers", enc.num_layers, f"model.{own}.num_layers"),
               ("hidden_size", enc.hidden_size, f"model.{own}.hidden_size"),
               ("num_attention_heads", enc.num_attention_heads,
                f"model.{own}.num_attention_heads"),
               ("intermediate_size", enc.ffn_hidden_size, f"model.{own}.ffn_hidden_size")]
-    adapter.check_source(src, model, f"{flag} {src.where}: the {which}'s")
+    adapter.check_source(src, model, f"{flag} {src.where}: the {label}'s")
     if adapter.checks_embedding_size:
         checks.append(("embedding_size", model.embedding_size, "model.embedding_size"))
     for key, ours, field_name in checks:
         theirs = getattr(c, key, c.hidden_size if key == "embedding_size" else None)
         if theirs != ours:
             raise UserInputError(
-                f"{flag} {src.where}: the {which}'s {key} is {theirs} there but {ours} in this "
+                f"{flag} {src.where}: the {label}'s {key} is {theirs} there but {ours} in this "
                 f"model; pass --set {field_name}={theirs} (or the preset it was trained with)")
     if getattr(c, "hidden_act", "gelu") != "gelu":
         raise UserInputError(f"{flag} {src.where}: hidden_act {c.hidden_act!r}; rtd_scale's "

@@ -138,6 +138,12 @@ def test_a_relative_save_is_resumed_by_the_same_relative_load(tmp_path):
                         ["--save", "run", "--lr", "1e-3", "--load", "run"]]
 
 
+def test_help_needs_no_command():
+    r = subprocess.run([sys.executable, str(REPO / "tools" / "supervise.py"), "--help"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("usage: tools/supervise.py [-h] "), r.stderr
+
+
 def test_a_command_without_save_is_refused(tmp_path):
     r = subprocess.run([sys.executable, str(REPO / "tools" / "supervise.py"), "--", "true"],
                        capture_output=True, text=True, timeout=60)

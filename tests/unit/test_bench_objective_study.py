@@ -87,3 +87,14 @@ def test_the_figure_is_drawn(tmp_path):
              "scores": {"brown-pos": [0.5, 0.6]}} for o in ("rtd", "mlm")]
     study.figure(rows, ("brown-pos",), tmp_path / "f.png")
     assert (tmp_path / "f.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_work_dir_that_is_a_file_is_one_line(tmp_path, capsys):
+    import pytest
+
+    (tmp_path / "f").write_text("")
+    with pytest.raises(SystemExit) as e:
+        study.parse_args(["--work-dir", str(tmp_path / "f")])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.startswith(
+        f"error: --work-dir {tmp_path / 'f'}: exists and is not a directory; pass a directory")

@@ -169,3 +169,23 @@ def test_a_shape_mismatch_names_the_discriminators_field(single_process_group, t
         load(big, big_cfg, ctx, tok, tmp_path / "small.pt")
     assert str(e.value) == (f"--pretrained-checkpoint {tmp_path / 'small.pt'}: the masked LM "
                             "has 2 layers there, 3 here; pass --set model.discriminator.num_layers=2")
+
+
+def test_a_masked_lm_directory_of_another_depth_is_named_as_the_masked_lm(
+        single_process_group, tok, tmp_path):
+    """The same from a Hugging Face masked-LM directory: its config is the masked LM's (not a
+    generator's), and the fix is the discriminator's field."""
+    ctx = single_process_group
+    cfg = mlm_config(DISENTANGLED, tok.vocab_size)
+    export(build_model(cfg, ctx, tok, seed=3), cfg, ctx, tok, tmp_path / "mlm")
+    big_cfg = mlm_config(DISENTANGLED, tok.vocab_size)
+    layers = cfg.model.discriminator.num_layers
+    big_cfg.model.discriminator = dataclasses.replace(big_cfg.model.discriminator,
+                                                      num_layers=layers + 1)
+    big = build_model(big_cfg, ctx, tok, seed=4)
+    with pytest.raises(UserInputError) as e:
+        load(big, big_cfg, ctx, tok, tmp_path / "mlm")
+    assert str(e.value) == (f"--pretrained-checkpoint {tmp_path / 'mlm'}: the masked LM's "
+                            f"num_hidden_layers is {layers} there but {layers + 1} in this model; "
+                            f"pass --set model.discriminator.num_layers={layers} (or the preset "
+                            "it was trained with)")
