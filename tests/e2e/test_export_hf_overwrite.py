@@ -7,7 +7,9 @@ temporary sibling left) and says, once, that it exports global_step1 and that a 
 checkpoint exists — in export words, none of ``--load``'s words about resuming training. Then a
 NaN written into global_step2 in place (the file keeps its size) makes its export refuse in one
 line naming the damaged file and the fix, writing nothing, as training's ``--load`` does (both
-run ``training/checkpoint/checks.py``'s ``CHECKS``).
+run ``training/checkpoint/checks.py``'s ``CHECKS``). Last, a run directory is never taken for
+an export (it holds a ``config.json`` too): ``--output RUN --overwrite`` is refused, and so is
+``--export-hf`` onto the run's own ``--save``, before anything is built, the run untouched.
 """
 from __future__ import annotations
 
@@ -78,10 +80,11 @@ def test_export_onto_an_earlier_export_needs_overwrite(wiki_shards, tmp_path):
                                f"{step2}"), err[0]
         assert "Traceback" not in r.stderr
     assert not (tmp_path / "hf2").exists()
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == before  # nothing written
 
     # a run directory is never an export's: refused with --overwrite too, the run untouched;
     # and --export-hf onto this run's own --save before anything is built
-    before = {p: p.stat().st_mtime_ns for p in run.rglob("*")}
+    kept = {p: p.stat().st_mtime_ns for p in run.rglob("*")}
     r = _tool("--load", str(run), "--output", str(run), "--overwrite")
     assert r.returncode == 1 and r.stderr == (
         f"error: --output {run}: holds a training run (global_step3); an export there would "
@@ -92,5 +95,4 @@ def test_export_onto_an_earlier_export_needs_overwrite(wiki_shards, tmp_path):
     assert r.returncode == 2 and (
         f"error: --export-hf {mine}: holds --save {mine}, whose checkpoints the export would "
         "replace; pass another directory, e.g. hf/mine\n") in r.stderr, r.stderr[-3000:]
-    assert {p: p.stat().st_mtime_ns for p in run.rglob("*")} == before
-    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == before  # nothing written
+    assert {p: p.stat().st_mtime_ns for p in run.rglob("*")} == kept
