@@ -1,8 +1,10 @@
-"""tests/helpers/launcher.launch when the port it found free is taken before rank 0 listens
-(another pytest-xdist worker's process took it): the run refused for that alone, in its one line
-(rtd_scale/distributed.py), is launched again on another port and trains."""
+"""tests/helpers/launcher.launch (and launch_together) when the port it found free is taken
+before rank 0 listens (another pytest-xdist worker's process took it): the run refused for that
+alone, in its one line (rtd_scale/distributed.py), is launched again on another port and
+trains."""
 from __future__ import annotations
 
+import contextlib
 import socket
 
 import pytest
@@ -14,19 +16,26 @@ from tests.helpers.launcher import common, launch, launch_together, scalars
 pytestmark = pytest.mark.e2e
 
 
-def test_a_port_taken_before_rank_0_listens_is_retried_on_another(wiki_shards, tmp_path,
-                                                                 monkeypatch):
+@contextlib.contextmanager
+def first_port_taken(monkeypatch):
+    """``launcher.free_port`` gives, first, a port a listener holds for the block, then free
+    ones; yields (the held port, every port drawn)."""
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
-        taken = held.getsockname()[1]
-        drawn = []
+        taken, drawn = held.getsockname()[1], []
 
         def ports():
             drawn.append(taken if not drawn else free_port())
             return drawn[-1]
 
         monkeypatch.setattr(launcher, "free_port", ports)
+        yield taken, drawn
+
+
+def test_a_port_taken_before_rank_0_listens_is_retried_on_another(wiki_shards, tmp_path,
+                                                                 monkeypatch):
+    with first_port_taken(monkeypatch) as (taken, drawn):
         r = launch(common(wiki_shards, tmp_path / "run", 1, ["--eval-iters", "0"],
                           save_interval=None), ranks=1)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
@@ -38,17 +47,7 @@ def test_launch_together_retries_only_the_run_whose_port_was_taken(wiki_shards, 
                                                                  monkeypatch):
     """The same for runs launched side by side: the one refused is launched again (CI lost a
     module of tests/e2e/test_resume_changes.py to a port taken between the draw and listen)."""
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
-        held.listen()
-        taken = held.getsockname()[1]
-        drawn = []
-
-        def ports():
-            drawn.append(taken if not drawn else free_port())
-            return drawn[-1]
-
-        monkeypatch.setattr(launcher, "free_port", ports)
+    with first_port_taken(monkeypatch) as (taken, drawn):
         jobs = [common(wiki_shards, tmp_path / name, 1, ["--eval-iters", "0"], save_interval=None)
                 for name in ("a", "b")]
         results = launch_together(jobs)
