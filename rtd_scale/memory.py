@@ -20,8 +20,13 @@ weights) and what DeepSpeed 0.19.8 allocates beside them, read from its source:
   ``stage3_max_live_parameters`` gathered (DeepSpeed's default 1e9 keeps a base or large model
   whole), ``stage3_prefetch_bucket_size`` more ahead of use; a parameter under
   ``stage3_param_persistence_threshold`` elements stays gathered on every rank.
-- bf16 at stage 0 is DeepSpeed's ``BF16_Optimizer``: fp32 masters and moments sharded over the
-  data-parallel ranks (ZeRO 1's layout) and a whole fp32 gradient accumulator.
+- bf16 at stage 0 (gradients accumulated in bf16, rtd_scale's ds_config sets no
+  ``grad_accum_dtype`` there) is DeepSpeed's ``FP16_UnfusedOptimizer`` around the client AdamW
+  (``engine._do_optimizer_sanity_check``: ``DDP_BFLOAT16``): an fp32 copy of every weight and
+  both moments on every rank, not sharded, and at the step an fp32 ``.grad`` of every weight
+  beside the bf16 one — 20 bytes a parameter, more than fp32's 16. With pipeline parallelism it
+  is ``BF16_Optimizer``: fp32 masters and moments sharded over the data-parallel ranks (ZeRO 1's
+  layout) and a whole bf16 gradient accumulator.
 - ZeRO-Offload (``offload_optimizer``) moves the fp32 masters, moments and gradient partition to
   host memory; ``offload_param`` (stage 3) the weights' partition.
 
@@ -341,8 +346,15 @@ def estimate(cfg, mine: ParameterCounts, layout: RankLayout, *,
         live = min(p, z.max_live_parameters + z.prefetch_bucket_size)
         parts["ZeRO-3 live parameters"] = w * live
     if z.stage == 0:
-        if layout.bf16:  # BF16_Optimizer: bf16 .grad, a whole fp32 accumulator
+        if layout.bf16 and layout.pp == 1:
+            # FP16_UnfusedOptimizer around the client AdamW: a whole fp32 copy of every weight
+            # and both moments, not sharded (12); the bf16 .grad, and at the step an fp32 .grad
+            # of every weight made before the client steps (unfused_optimizer.py ``step``)
             parts["gradients"] = (w + 4) * p
+            parts["optimizer"] = 12 * p
+            parts["optimizer step"] = 3 * 4 * float(mine.largest)
+        elif layout.bf16:  # BF16_Optimizer: a bf16 .grad and a whole bf16 accumulator
+            parts["gradients"] = 2 * w * p
             parts["optimizer"] = 12 * p / n
         else:
             parts["gradients"] = 4 * p

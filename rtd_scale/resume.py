@@ -53,14 +53,15 @@ def convert_for_layout(choice, ctx, meta: dict, layout: dict, precision: str, pr
     result: list = [None]
     if ctx.rank == 0:
         try:
-            root, seconds, fresh = convert.convert(choice.load_dir, choice.tag, tokenizer_model)
+            root, seconds, fresh, peak = convert.convert(choice.load_dir, choice.tag,
+                                                         tokenizer_model)
             convert.check_safe(root)
-            result = [(root, seconds, fresh, None)]
+            result = [(root, seconds, fresh, peak, None)]
         except UserInputError as e:
-            result = [(None, 0.0, False, str(e))]
+            result = [(None, 0.0, False, None, str(e))]
     if dist.is_initialized():
         dist.broadcast_object_list(result, src=0)
-    root, seconds, fresh, error = result[0]
+    root, seconds, fresh, peak, error = result[0]
     if error is not None:
         raise UserInputError(error)
     if print_fn:
@@ -68,7 +69,12 @@ def convert_for_layout(choice, ctx, meta: dict, layout: dict, precision: str, pr
         changed = old != precision
         was = compat.describe_layout(meta["layout"], old if changed else None)
         now = compat.describe_layout(layout, precision if changed else None)
-        how = f"in {seconds:.1f} s" if fresh else "reusing the conversion made earlier"
+        how = "reusing the conversion made earlier"
+        if fresh:
+            how = f"in {seconds:.1f} s"
+            if peak is not None:  # the restarted world's largest process (convert.run_world)
+                how += (f", {meta['layout']['world_size']} processes at its layout, the largest "
+                        f"{peak:.2f} GB resident at its peak")
         print_fn(f"converted {choice.path} from {was} to {now} (layout-free state {root}) {how}")
     return root
 

@@ -121,9 +121,17 @@ def _conversion_seconds(r, run, was: str, now: str) -> float:
     assert len(lines) == 1, lines
     what = rf"layout-free state {re.escape(str(run))}/global_step3_canonical"
     m = re.fullmatch(rf"converted {re.escape(str(run))}/global_step3 from {re.escape(was)} to "
-                     rf"{re.escape(now)} \({what}\) in (\d+\.\d) s", lines[0])
+                     rf"{re.escape(now)} \({what}\) in (\d+\.\d) s, (\d) processes at its "
+                     r"layout, the largest (\d+\.\d\d) GB resident at its peak", lines[0])
     assert m, lines[0]
-    print(f"{run.name}: conversion {was} -> {now}: {m.group(1)} s")
+    # the checkpoint's own world restarted; a tiny model's process is its runtime, under 2 GB
+    assert int(m.group(2)) == int(re.search(r"DP (\d)", was).group(1)) * int(
+        re.search(r"TP (\d)", was).group(1)) * int(re.search(r"PP (\d)", was).group(1))
+    assert 0.1 < float(m.group(3)) < 2.0, lines[0]
+    # the one-kind-at-a-time gather's files (layout_free.write) are gone
+    assert sorted(p.name for p in (run / "global_step3_canonical").iterdir()) == [
+        "rtd_canonical_complete", "state.pt", "training_state.json"]
+    print(f"{run.name}: conversion {was} -> {now}: {m.group(1)} s, peak {m.group(3)} GB")
     return float(m.group(1))
 
 

@@ -138,4 +138,4 @@ def test_a_complete_conversion_is_reused_and_is_converted_says_so(tmp_path):
     (canonical / convert.DONE_FILE).write_text("global_step3\n")
     assert convert.is_converted(str(tmp_path), "global_step3")
     assert convert.convert(str(tmp_path), "global_step3", write=never) == (
-        str(canonical), 0.0, False)
+        str(canonical), 0.0, False, None)

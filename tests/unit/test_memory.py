@@ -68,12 +68,13 @@ def test_debertav3_base_at_the_sample_tokenizers_padded_table(single_process_gro
         2 * 128_128 * 768 + 128_128) // 2
 
 
-def _parts(stage: int, *, bf16: bool, dp: int, offload: bool = False, **zero) -> tuple:
+def _parts(stage: int, *, bf16: bool, dp: int, offload: bool = False, pp: int = 1,
+           **zero) -> tuple:
     cfg = preset("tiny")
     p = 1_000_000_000  # 1e9 parameters: the buckets and live limits stay below it
     counts = memory.ParameterCounts(vocab=0, layers=p, other=0, largest=0)
     z = memory.ZeroSettings(stage=stage, offload_optimizer=offload, **zero)
-    est = memory.estimate(cfg, counts, memory.RankLayout(dp=dp, zero=z, bf16=bf16,
+    est = memory.estimate(cfg, counts, memory.RankLayout(pp=pp, dp=dp, zero=z, bf16=bf16,
                                                           micro_batch_size=1, seq_length=8))
     per = {k: v / p for k, v in est.parts.items()}
     return per, {k: v / p for k, v in est.host.items()}
@@ -83,10 +84,14 @@ def test_zero_stages_in_bytes_per_parameter():
     # ZeRO-0, fp32: 4 (weights) + 4 (gradients) + 8 (Adam's two moments)
     per, _ = _parts(0, bf16=False, dp=1)
     assert (per["weights"], per["gradients"], per["optimizer"]) == (4, 4, 8)
-    # bf16 at stage 0 is DeepSpeed's BF16_Optimizer: fp32 masters and moments (12) over DP, a
-    # bf16 .grad and a whole fp32 accumulator
+    # bf16 at stage 0 is DeepSpeed's FP16_UnfusedOptimizer: fp32 masters and moments (12) on
+    # every rank, a bf16 .grad and, at the step, an fp32 .grad: 20, more than fp32's 16
     per, _ = _parts(0, bf16=True, dp=4)
-    assert (per["weights"], per["gradients"], per["optimizer"]) == (2, 6, 3)
+    assert (per["weights"], per["gradients"], per["optimizer"]) == (2, 6, 12)
+    # with pipeline parallelism it is BF16_Optimizer: masters and moments over DP, a bf16
+    # .grad and a whole bf16 accumulator
+    per, _ = _parts(0, bf16=True, dp=4, pp=2)
+    assert (per["weights"], per["gradients"], per["optimizer"]) == (2, 4, 3)
     # ZeRO-1, bf16, N = 64: 2 + 2 (every gradient alive until the reduction) + 12 / 64 + the
     # fp32 partition of the gradients 4 / 64, and the fp32 staging bucket of 5e8 elements
     per, _ = _parts(1, bf16=True, dp=64)

@@ -174,17 +174,22 @@ def _worker(rank: int, world_size: int, port: int, run_dir: str, tag: str, cfg_d
         result = ("user", str(e))
     except BaseException:  # noqa: BLE001 — reported to the parent
         result = ("error", traceback.format_exc())
+    import resource
+
+    # this process's peak resident size (Linux: kilobytes), what the conversion costs a rank
+    peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w", encoding="utf-8") as f:
-        json.dump(result, f)
+        json.dump([*result, peak_gb], f)
 
 
 def run_world(run_dir: str, tag: str, cfg: RunConfig, layout: dict[str, Any],
               ds_config: dict[str, Any], out_dir: str, *, what: str, earlier: str,
-              timeout_s: float = 3600.0) -> None:
+              timeout_s: float = 3600.0) -> float:
     """Start the checkpoint's world (``layout["world_size"]`` local gloo processes), each loading
     its own files; ``what``: "training" writes the layout-free state (``layout_free.write``),
     "weights" the canonical fp32 weights alone (``state.pt``), into ``out_dir``. ``earlier``:
-    how a refusal tells the user to take another checkpoint. Raises what any worker raised."""
+    how a refusal tells the user to take another checkpoint. Returns the largest process's peak
+    resident size in GB. Raises what any worker raised."""
     from rtd_scale.launch_env import free_port, start_forked_workers
 
     world = int(layout["world_size"])
@@ -197,23 +202,27 @@ def run_world(run_dir: str, tag: str, cfg: RunConfig, layout: dict[str, Any],
             for p in procs.processes:
                 p.kill()
             break
+    peak = 0.0
     for r in range(world):
         path = os.path.join(out_dir, f"rank{r}.json")
         if not os.path.isfile(path):
             raise RuntimeError(f"checkpoint worker {r} of {world} produced no result")
         with open(path, encoding="utf-8") as f:
-            status, detail = json.load(f)
+            status, detail, peak_gb = json.load(f)
         os.remove(path)
         if status == "user":
             raise UserInputError(detail)
         if status != "ok":
             raise RuntimeError(f"checkpoint worker {r} failed:\n{detail}")
+        peak = max(peak, peak_gb)
+    return peak
 
 
 def write_training_state(run_dir: str, tag: str, out_dir: str,
-                         tokenizer_model: Optional[str] = None) -> None:
+                         tokenizer_model: Optional[str] = None) -> float:
     """Write ``run_dir``'s checkpoint ``tag`` as one layout-free training state into
-    ``out_dir``, read by restarting its recorded world (:func:`run_world`).
+    ``out_dir``, read by restarting its recorded world (:func:`run_world`). Returns the largest
+    of its processes' peak resident size (GB).
 
     Raises:
         UserInputError: a missing or foreign checkpoint, a tokenizer that cannot be found, a
@@ -222,8 +231,8 @@ def write_training_state(run_dir: str, tag: str, out_dir: str,
     from rtd_scale.training.checkpoint.checks import RESUME_EARLIER
 
     cfg, layout, ds_config, tag = read_run_with_tokenizer(run_dir, tag, tokenizer_model)
-    run_world(run_dir, tag, cfg, layout, ds_config, out_dir, what="training",
-              earlier=RESUME_EARLIER)
+    return run_world(run_dir, tag, cfg, layout, ds_config, out_dir, what="training",
+                     earlier=RESUME_EARLIER)
 
 
 # ------------------------------------------------------------- beside the checkpoint ----
@@ -244,11 +253,13 @@ def _line(e: BaseException) -> str:
 
 
 def convert(load_dir: str, tag: str, tokenizer_model: Optional[str] = None,
-            write: Callable[..., None] = write_training_state) -> tuple[str, float, bool]:
+            write: Callable[..., Optional[float]] = write_training_state
+            ) -> tuple[str, float, bool, Optional[float]]:
     """Write (or reuse) the layout-free training state of ``<load_dir>/<tag>``; one process
     only. Returns (its directory, seconds spent, whether it was converted now rather than
-    reused). ``write(load_dir, tag, tmp, tokenizer_model)`` fills the temporary directory
-    (:func:`write_training_state`).
+    reused, the largest converting process's peak resident size in GB or None).
+    ``write(load_dir, tag, tmp, tokenizer_model)`` fills the temporary directory
+    (:func:`write_training_state`) and returns that peak.
 
     Raises:
         UserInputError: the conversion failed or the directory is not writable; nothing is
@@ -256,14 +267,14 @@ def convert(load_dir: str, tag: str, tokenizer_model: Optional[str] = None,
     """
     final = root(load_dir, tag)
     if is_converted(load_dir, tag):
-        return final, 0.0, False
+        return final, 0.0, False, None
     start = time.perf_counter()
     tmp = os.path.join(load_dir, f".{os.path.basename(final)}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         os.makedirs(tmp)
         try:
-            write(load_dir, tag, tmp, tokenizer_model)
+            peak = write(load_dir, tag, tmp, tokenizer_model)
         except UserInputError:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -283,7 +294,7 @@ def convert(load_dir: str, tag: str, tokenizer_model: Optional[str] = None,
             f"--load {load_dir}: cannot write the layout-free state of {tag} beside it "
             f"({e.strerror or e}); resume at the checkpoint's layout, or make {load_dir} "
             "writable") from None
-    return final, time.perf_counter() - start, True
+    return final, time.perf_counter() - start, True, peak
 
 
 def check_safe(converted: str) -> None:

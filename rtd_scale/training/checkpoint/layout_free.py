@@ -172,12 +172,26 @@ def _adam_step(engine) -> float:
 
 def write(engine, model, ctx, vocab_size: int, out_dir: str, rank: int) -> None:
     """Gather the layout-free state (collective); rank 0 writes ``STATE_FILE`` and
-    ``INFO_FILE`` into ``out_dir``."""
-    from rtd_scale.training.checkpoint.files import torch_save
+    ``INFO_FILE`` into ``out_dir``.
 
-    state = {"fp32": gather_full_state(engine, model, ctx, vocab_size)}
-    for key in ADAM_STATE_KEYS:
-        state[key] = gather_full_state(engine, model, ctx, vocab_size, state_key=key)
+    One kind at a time (the weights, then each moment; every rank receives each whole): the
+    other ranks drop it at once, rank 0 writes it to a file in ``out_dir`` and maps it back
+    (``torch.load(mmap=True)``: file pages the kernel can reclaim, not the heap), so no rank
+    holds more than one whole kind (4 bytes a parameter) beside its engine, where all three
+    (12) made a large model's conversion the largest memory of its resume."""
+    from rtd_scale.training.checkpoint.files import safe_load, torch_save
+
+    state, spilled = {}, []
+    for key in ("fp32", *ADAM_STATE_KEYS):
+        full = gather_full_state(engine, model, ctx, vocab_size,
+                                 state_key=None if key == "fp32" else key)
+        if rank == 0:
+            spilled.append(os.path.join(out_dir, f".{key}.pt"))
+            torch_save(full, spilled[-1])
+            del full
+            state[key] = safe_load(spilled[-1], mmap=True)
+        else:
+            del full
     scaler = getattr(engine.optimizer, "loss_scaler", None)
     info = {"adam_step": _adam_step(engine),
             "loss_scaler": {k: getattr(scaler, k) for k in
@@ -185,6 +199,9 @@ def write(engine, model, ctx, vocab_size: int, out_dir: str, rank: int) -> None:
                             if isinstance(getattr(scaler, k, None), (int, float))}}
     if rank == 0:
         torch_save(state, os.path.join(out_dir, STATE_FILE))
+        del state
+        for path in spilled:
+            os.remove(path)
         with open(os.path.join(out_dir, INFO_FILE), "w", encoding="utf-8") as f:
             json.dump(info, f, indent=1, sort_keys=True)
 
