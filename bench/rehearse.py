@@ -40,6 +40,9 @@ LAYOUTS = (
 PEAK = re.compile(r"memory per rank: peak ([0-9.]+) GB")
 ESTIMATE = re.compile(r"memory per rank: estimate ([0-9.]+) GB")
 STEP_MS = re.compile(r"elapsed time per iteration \(ms\): ([0-9.]+)")
+# the resume's conversion to the layout-free state (rtd_scale/resume.py's line)
+CONVERTED = re.compile(r"in ([0-9.]+) s, \d+ processes at its layout, the largest ([0-9.]+) GB "
+                       r"resident at its peak")
 
 
 def available_gb() -> float:
@@ -139,9 +142,12 @@ def main(argv=None) -> int:
         rc, text, _ = run([ds_bin, "--num_gpus", "2", "--master_port", str(args.port + 1),
                            *common, "--ds_config", load_ds, *load_flags, "--load", str(save),
                            "--train-iters", "3"], out / "resume.log")
+        conversion = CONVERTED.findall(text)
         result.update(resume_rc=rc, resume_peak=_last(PEAK, text),
                       resume_estimate=_last(ESTIMATE, text),
-                      resumed="resumed from" in text)
+                      resumed="resumed from" in text,
+                      conversion_s=float(conversion[-1][0]) if conversion else None,
+                      conversion_peak=float(conversion[-1][1]) if conversion else None)
     export = out / "hf"
     if rc == 0:
         rc, text, _ = run([sys.executable, "tools/export_hf.py", "--load", str(save), "--output",
@@ -161,11 +167,13 @@ def main(argv=None) -> int:
         return f"{v:.2f}" if isinstance(v, float) else "—"
 
     print("| preset | layout (train → resume) | estimate GB per rank | peak GB per rank "
-          "(train, resume) | s/step | checkpoint GB | export GB | transformers |")
-    print("|---|---|---|---|---|---|---|---|")
+          "(train, resume) | conversion s, peak GB per process | s/step | checkpoint GB | "
+          "export GB | transformers |")
+    print("|---|---|---|---|---|---|---|---|---|")
     print(f"| {args.preset} | {result['layout']} | {gb(result.get('train_estimate'))}, "
           f"{gb(result.get('resume_estimate'))} | {gb(result.get('train_peak'))}, "
-          f"{gb(result.get('resume_peak'))} | {gb(result.get('s_step'))} | "
+          f"{gb(result.get('resume_peak'))} | {gb(result.get('conversion_s'))}, "
+          f"{gb(result.get('conversion_peak'))} | {gb(result.get('s_step'))} | "
           f"{gb(result.get('checkpoint_gb'))} | {gb(result.get('export_gb'))} | "
           f"{result.get('load', 'not reached')} |")
     return 0 if rc == 0 else 1

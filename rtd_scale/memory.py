@@ -54,7 +54,7 @@ GB = 1e9
 # stage-0 all-reduce bucket (runtime/engine.py, MEMORY_OPT_ALLREDUCE_SIZE).
 DS_DEFAULTS = {"reduce_bucket_size": 5e8, "allgather_bucket_size": 5e8,
                "stage3_prefetch_bucket_size": 5e7, "stage3_max_live_parameters": 1e9,
-               "stage3_param_persistence_threshold": 1e5}
+               "stage3_param_persistence_threshold": 1e5, "sub_group_size": 1e9}
 STAGE0_ALLREDUCE_BUCKET = 5e8
 _ALIASES = {"prefetch_bucket_size": "stage3_prefetch_bucket_size",
             "max_live_parameters": "stage3_max_live_parameters",
@@ -200,6 +200,7 @@ class ZeroSettings:
     prefetch_bucket_size: float = DS_DEFAULTS["stage3_prefetch_bucket_size"]
     max_live_parameters: float = DS_DEFAULTS["stage3_max_live_parameters"]
     param_persistence_threshold: float = DS_DEFAULTS["stage3_param_persistence_threshold"]
+    sub_group_size: float = DS_DEFAULTS["sub_group_size"]
 
     @classmethod
     def from_ds_config(cls, ds_config: dict) -> "ZeroSettings":
@@ -218,7 +219,8 @@ class ZeroSettings:
                        ("allgather_bucket_size", "allgather_bucket_size"),
                        ("prefetch_bucket_size", "stage3_prefetch_bucket_size"),
                        ("max_live_parameters", "stage3_max_live_parameters"),
-                       ("param_persistence_threshold", "stage3_param_persistence_threshold"))})
+                       ("param_persistence_threshold", "stage3_param_persistence_threshold"),
+                       ("sub_group_size", "sub_group_size"))})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -352,7 +354,6 @@ def estimate(cfg, mine: ParameterCounts, layout: RankLayout, *,
             # of every weight made before the client steps (unfused_optimizer.py ``step``)
             parts["gradients"] = (w + 4) * p
             parts["optimizer"] = 12 * p
-            parts["optimizer step"] = 3 * 4 * float(mine.largest)
         elif layout.bf16:  # BF16_Optimizer: a bf16 .grad and a whole bf16 accumulator
             parts["gradients"] = 2 * w * p
             parts["optimizer"] = 12 * p / n
@@ -385,6 +386,20 @@ def estimate(cfg, mine: ParameterCounts, layout: RankLayout, *,
     acts, logits = _activations(cfg, layout, b_act)
     parts["activations"] = acts
     parts["MLM logits"] = logits
+    # torch's AdamW unfused (on the CPU; fused on a GPU) makes two temporaries the size of the
+    # tensor it steps (√v and the denominator: torch/optim/adam.py ``_single_tensor_adam``); a
+    # ZeRO-1/2 optimizer steps the rank's flat fp32 partition at once, ZeRO-3 its sub-groups of
+    # ``sub_group_size``, ZeRO-0 one parameter at a time. They live after the backward pass has
+    # freed the activations, so only what they add beyond those counts (measured: electra-large
+    # ZeRO-2 bf16 with recompute on 2 CPU ranks, bench/rehearse.py). DeepSpeed's CPU Adam
+    # (offload) updates in place; ZeRO-0 in fp32 has its own step above.
+    if cpu and not z.offload_optimizer and (z.stage > 0 or layout.bf16):
+        per_tensor = z.stage == 0 and layout.pp == 1  # BF16_Optimizer (PP) steps a partition
+        stepped = (float(mine.largest) if per_tensor else
+                   p / n if z.stage < 3 else min(p / n, z.sub_group_size))
+        extra = 2 * 4 * stepped - acts - logits
+        if extra > 0:
+            parts["optimizer step"] = extra
     not_ours = {"runtime": runtime_bytes} if runtime_bytes else {}
     if cpu and z.stage == 3:
         # ZeRO-3's gathers on the CPU: the freed gathered copies stay in the C heap (glibc keeps

@@ -114,6 +114,31 @@ def test_zero_stages_in_bytes_per_parameter():
     assert "optimizer" not in per and host["optimizer (offloaded)"] == pytest.approx(16 / 64)
 
 
+def test_the_cpu_optimizer_steps_temporaries_count_beyond_the_freed_activations():
+    """torch's unfused AdamW makes two temporaries of the tensor it steps (the flat partition
+    at ZeRO-1/2, a sub-group at ZeRO-3, the largest parameter at ZeRO-0), after the backward
+    pass has freed the activations: only their excess is added, on the CPU only."""
+    cfg = preset("tiny")
+    p = 1_000_000_000
+    counts = memory.ParameterCounts(vocab=0, layers=p, other=0, largest=10_000_000)
+
+    def parts(stage, device, **kw):
+        z = memory.ZeroSettings(stage=stage, **kw)
+        return memory.estimate(cfg, counts, memory.RankLayout(
+            dp=2, zero=z, bf16=True, micro_batch_size=1, seq_length=8, device=device)).parts
+
+    cpu = parts(2, "cpu")
+    assert cpu["optimizer step"] == pytest.approx(
+        2 * 4 * p / 2 - cpu["activations"] - cpu["MLM logits"])
+    assert "optimizer step" not in parts(2, "cuda")  # fused on a GPU: in place
+    sub = parts(3, "cpu", sub_group_size=1e8)
+    assert sub["optimizer step"] == pytest.approx(
+        2 * 4 * 1e8 - sub["activations"] - sub["MLM logits"])
+    assert parts(0, "cpu")["optimizer step"] == pytest.approx(
+        2 * 4 * 10_000_000 - cpu["activations"] - cpu["MLM logits"])
+    assert "optimizer step" not in parts(2, "cpu", offload_optimizer=True)  # CPU Adam
+
+
 def test_stage3_config_sets_the_regimes_limits():
     z = memory.ZeroSettings.from_ds_config(json.loads(
         (REPO / "ds_configs" / "zero3.json").read_text()))
