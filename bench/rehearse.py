@@ -7,13 +7,15 @@
 1. train 2 steps at sequence 512, micro-batch 1, global batch 2, the sample tokenizer padded to
    the preset's real table (``--make-vocab-size-divisible-by`` the preset's padded vocabulary:
    128,128 rows for DeBERTaV3, 30,592 for ELECTRA, 50,432 for ModernBERT), ``--save``;
-2. ``--load`` it at another layout (ZeRO stage or offload) and train a third step;
+2. ``--load`` it at another layout (ZeRO stage or offload on 2 ranks, or, where no second
+   layout fits 2 ranks, one rank) and train a third step;
 3. ``tools/export_hf.py`` the checkpoint;
 4. load the export with transformers (``AutoModel.from_pretrained``).
 
 The layouts are the two cheapest of ``LAYOUTS`` whose estimate (rtd_scale/memory.py, the function
 pretrain.py prints at start) for 2 ranks fits the memory the machine has available now, less
-``--reserve-gb`` for others. Prints one table row: preset, layouts, estimated and measured peak
+``--reserve-gb`` for others; when only one fits 2 ranks, the resume takes the cheapest that fits
+one rank. Prints one table row: preset, layouts, estimated and measured peak
 per rank (the largest rank's resident size), s/step, checkpoint and export sizes, the load.
 Every command and its output go to ``--log-dir``.
 """
@@ -36,6 +38,14 @@ LAYOUTS = (
      ["--bf16", "--recompute-activations"]),
     ("ZeRO-2 bf16 recompute", "ds_configs/zero2.json", ["--bf16", "--recompute-activations"]),
     ("ZeRO-1 bf16 recompute", "ds_configs/zero1.json", ["--bf16", "--recompute-activations"]),
+    # each rank half of every matrix and table (TP 2 × DP 1: ZeRO has one rank to shard over)
+    ("TP 2 ZeRO-1 bf16 recompute", "ds_configs/zero1.json",
+     ["--bf16", "--recompute-activations", "--tensor-model-parallel-size", "2"]),
+    ("TP 2 ZeRO-3 + offload bf16 recompute", "ds_configs/zero3_offload.json",
+     ["--bf16", "--recompute-activations", "--tensor-model-parallel-size", "2"]),
+    # each rank one pipeline stage (DP 1): half the layers, the tables on the first
+    ("PP 2 ZeRO-1 bf16 recompute", "ds_configs/zero1.json",
+     ["--bf16", "--recompute-activations", "--pipeline-model-parallel-size", "2"]),
 )
 PEAK = re.compile(r"memory per rank: peak ([0-9.]+) GB")
 ESTIMATE = re.compile(r"memory per rank: estimate ([0-9.]+) GB")
@@ -53,8 +63,9 @@ def available_gb() -> float:
     raise RuntimeError("no MemAvailable in /proc/meminfo")
 
 
-def estimate_gb(cfg, ds_file: str, flags: list[str], runtime_gb: float) -> float:
-    """One rank's estimate (GB) at 2 ranks, micro-batch 1, sequence 512, with ``flags``."""
+def estimate_gb(cfg, ds_file: str, flags: list[str], runtime_gb: float, ranks: int = 2) -> float:
+    """One rank's estimate (GB) at ``ranks`` ranks, micro-batch 1, sequence 512, with
+    ``flags``."""
     import json
 
     from rtd_scale import memory
@@ -64,8 +75,18 @@ def estimate_gb(cfg, ds_file: str, flags: list[str], runtime_gb: float) -> float
     cfg.train.micro_batch_size, cfg.data.seq_length = 1, 512
     with open(REPO / ds_file) as f:
         ds = json.load(f)
-    counts = memory.config_parameter_counts(cfg)
-    est = memory.estimate(cfg, counts, memory.layout_of(cfg, ds, dp=2, device="cpu"),
+    counts = memory.config_parameter_counts(cfg)  # the whole model
+    pp = 2 if "--pipeline-model-parallel-size" in flags else 1
+    tp = 2 if "--tensor-model-parallel-size" in flags else 1
+    if ranks < tp * pp:
+        return float("inf")
+    cfg.parallel.pipeline_model_parallel_size = pp
+    cfg.parallel.tensor_model_parallel_size = tp
+    # the largest rank's share: half of every matrix and table at TP 2; the first pipeline
+    # stage's tables and half the layers at PP 2
+    counts = counts.per_rank(tp, pp)
+    est = memory.estimate(cfg, counts, memory.layout_of(cfg, ds, dp=ranks // (tp * pp),
+                                                        device="cpu"),
                           runtime_bytes=runtime_gb * 1e9)
     return est.total / 1e9
 
@@ -114,6 +135,15 @@ def main(argv=None) -> int:
         if 2 * est <= room:
             fits.append((name, ds_file, flags, est))
     fits.sort(key=lambda f: f[3])  # the two cheapest that fit
+    load_ranks = 2
+    if len(fits) == 1:  # the resume on one rank (another layout: DP 2 → 1), the cheapest
+        one = sorted(((name, ds_file, flags,
+                       estimate_gb(preset(args.preset), ds_file, flags, args.runtime_gb, 1))
+                      for name, ds_file, flags in LAYOUTS), key=lambda f: f[3])
+        print(f"one rank: {', '.join(f'{f[0]} {f[3]:.2f} GB' for f in one)}", flush=True)
+        if one[0][3] <= room:
+            fits.append((f"{one[0][0]}, 1 rank", *one[0][1:]))
+            load_ranks = 1
     if len(fits) < 2:
         print(f"error: fewer than two layouts fit in {room:.1f} GB now; free memory or lower "
               "--reserve-gb", file=sys.stderr)
@@ -139,7 +169,8 @@ def main(argv=None) -> int:
                   checkpoint_gb=size_gb(save / "global_step2") if (save / "global_step2").is_dir()
                   else None)
     if rc == 0:
-        rc, text, _ = run([ds_bin, "--num_gpus", "2", "--master_port", str(args.port + 1),
+        rc, text, _ = run([ds_bin, "--num_gpus", str(load_ranks), "--master_port",
+                           str(args.port + 1),
                            *common, "--ds_config", load_ds, *load_flags, "--load", str(save),
                            "--train-iters", "3"], out / "resume.log")
         conversion = CONVERTED.findall(text)

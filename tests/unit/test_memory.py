@@ -139,6 +139,24 @@ def test_the_cpu_optimizer_steps_temporaries_count_beyond_the_freed_activations(
     assert "optimizer step" not in parts(2, "cpu", offload_optimizer=True)  # CPU Adam
 
 
+def test_zero3_offloads_optimizer_set_up_buffer_counts_beyond_the_activations():
+    """ZeRO-3 with an offloaded optimizer steps once on an fp32 buffer of the largest
+    sub-group at set-up, beside the gradient partition it keeps, before any activation."""
+    cfg = preset("tiny")
+    p = 1_000_000_000
+    counts = memory.ParameterCounts(vocab=0, layers=p, other=0, largest=0)
+    for device in ("cpu", "cuda"):
+        est = memory.estimate(cfg, counts, memory.RankLayout(
+            dp=4, zero=memory.ZeroSettings(stage=3, offload_optimizer=True, sub_group_size=1e8),
+            bf16=True, micro_batch_size=1, seq_length=8, device=device))
+        assert est.host["optimizer set-up"] == pytest.approx(
+            4 * 1e8 - est.parts["activations"] - est.parts["MLM logits"])
+        assert est.host["optimizer (offloaded)"] == pytest.approx(16 * p / 4)
+    est = memory.estimate(cfg, counts, memory.RankLayout(
+        dp=4, zero=memory.ZeroSettings(stage=3), bf16=True, micro_batch_size=1, seq_length=8))
+    assert "optimizer set-up" not in est.host
+
+
 def test_stage3_config_sets_the_regimes_limits():
     z = memory.ZeroSettings.from_ds_config(json.loads(
         (REPO / "ds_configs" / "zero3.json").read_text()))
