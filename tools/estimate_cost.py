@@ -355,8 +355,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               "discriminator layers")
     print("model FLOPs per token (forward + backward):")
     for f in fields(per_token):
-        value = getattr(per_token, f.name)
-        print(f"  {f.name:<24} {value:12.4e}  {100 * value / per_token.total:5.1f}%")
+        value, name = getattr(per_token, f.name), f.name
+        if masked_lm:  # one encoder (in the generator's slot), no discriminator or RTD head
+            if name.startswith("discriminator") or name == "rtd_head":
+                continue
+            name = name.replace("generator", "encoder")
+        print(f"  {name:<24} {value:12.4e}  {100 * value / per_token.total:5.1f}%")
     print(f"  {'total':<24} {per_token.total:12.4e}")
     print(f"per step:  {tokens_per_step:,} tokens × {per_token.total:.4e} = "
           f"{per_token.total * tokens_per_step:.4e} FLOPs")

@@ -45,3 +45,17 @@ def test_usage_errors_are_one_line(argv, message):
     r = subprocess.run([sys.executable, "tools/estimate_cost.py", *argv], cwd=REPO,
                        capture_output=True, text=True, timeout=60)
     assert (r.returncode, r.stdout, r.stderr.strip()) == (2, "", message)
+
+
+def test_the_masked_lm_breakdown_names_one_encoder():
+    """Under ``--set rtd.objective=mlm`` the breakdown lists the one encoder's rows (it sits in
+    the generator's slot) and no discriminator or RTD head rows."""
+    r = subprocess.run([sys.executable, "tools/estimate_cost.py", "--preset", "debertav3-tiny",
+                        "--set", "rtd.objective=mlm"],
+                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    rows = [line.split()[0] for line in r.stdout.splitlines() if line.startswith("  ")]
+    assert rows == ["encoder_matmul", "encoder_attention", "embedding_projection", "mlm_head",
+                    "total"], r.stdout
+    assert "  encoder_matmul             2.6542e+06   47.5%" in r.stdout
+    assert "  total                      5.5849e+06" in r.stdout
