@@ -142,6 +142,12 @@ def prepare(cfg: RunConfig, world_size: int, print_fn=None) -> Prepared:
 
         raise UserInputError(f"--pretrained-checkpoint {cfg.train.pretrained_checkpoint}: no such "
                              f"file or directory; pass {import_sources()}")
+    if cfg.train.pretrained_checkpoint and not cfg.train.load:  # its type and layout, now
+        from rtd_scale.config import Objective
+        from rtd_scale.hf.pretrained import check_directory
+
+        check_directory(cfg.train.pretrained_checkpoint, cfg.trained_model(),
+                        masked_lm=cfg.rtd.objective is Objective.MLM)
     if cfg.train.save:
         save = cfg.train.save
         if os.path.exists(save) and not os.path.isdir(save):

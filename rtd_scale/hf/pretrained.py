@@ -102,8 +102,42 @@ def _architecture(path: str) -> str:
 def _read_masked_lm(path: str, adapter: Adapter, model: ModelConfig, pad_id: int
                     ) -> tuple[dict[str, torch.Tensor], list[str]]:
     """``rtd.objective=mlm`` from a masked-LM class's directory, its MLM head kept."""
-    cls_name = adapter.generator_class
-    if _architecture(path) != cls_name:
+    cls_name = adapter.generator_class  # the class itself: check_directory
+    src = _load_hf(cls_name, path)
+    try:
+        return convert.masked_lm_from_hf(model, src, pad_id=pad_id, flag=FLAG)
+    except KeyError as e:
+        raise UserInputError(f"{FLAG} {path}: tensor {e.args[0]} is missing; pass a complete "
+                             f"{cls_name} directory") from None
+
+
+def check_directory(path: str, model: ModelConfig, *, masked_lm: bool = False
+                    ) -> Optional[Adapter]:
+    """What can be checked of a Hugging Face directory PATH without reading its weights: its
+    config.json, a model type and layout this run reads, and under ``masked_lm`` the masked-LM
+    class. ``prepare.prepare`` calls it before anything is written, so a mismatch leaves no
+    empty ``--save`` behind; returns the adapter (None when PATH is not a directory: a file
+    is read whole by :func:`read_pretrained`).
+
+    Raises:
+        UserInputError: no config.json, another model type or layout, or not the masked LM.
+    """
+    if not os.path.isdir(path):
+        return None
+    config_path = os.path.join(path, "config.json")
+    if not os.path.isfile(config_path):
+        hint = (f" (a run directory: to continue it, at any TP, PP or DP size, pass --load {path}; "
+                f"for its weights alone, export it first with tools/export_hf.py --load {path} "
+                "--output DIR)" if os.path.isfile(os.path.join(path, "latest")) else "")
+        raise UserInputError(f"{FLAG} {path}: no config.json{hint}; pass "
+                             f"{adapters.import_sources()}")
+    import json
+
+    with open(config_path, encoding="utf-8") as f:
+        model_type = json.load(f).get("model_type", "")
+    adapter = _hf_adapter(model_type, path, model)
+    if masked_lm and _architecture(path) != adapter.generator_class:
+        cls_name = adapter.generator_class
         gen = os.path.join(path, GENERATOR_DIR)
         hint = (f"; its generator is {gen}" if os.path.isfile(os.path.join(gen, "config.json"))
                 else "")
@@ -111,12 +145,7 @@ def _read_masked_lm(path: str, adapter: Adapter, model: ModelConfig, pad_id: int
                              f"directory (the masked LM and its head), not a "
                              f"{_architecture(path) or 'model without architectures'}{hint}; "
                              f"pass a {cls_name} directory or use rtd.objective=rtd")
-    src = _load_hf(cls_name, path)
-    try:
-        return convert.masked_lm_from_hf(model, src, pad_id=pad_id, flag=FLAG)
-    except KeyError as e:
-        raise UserInputError(f"{FLAG} {path}: tensor {e.args[0]} is missing; pass a complete "
-                             f"{cls_name} directory") from None
+    return adapter
 
 
 def read_pretrained(path: str, model: ModelConfig, *, pad_id: int, masked_lm: bool = False
@@ -162,20 +191,9 @@ def read_pretrained(path: str, model: ModelConfig, *, pad_id: int, masked_lm: bo
                                  f"--sharing-scope {scope} (or load its Hugging Face export, "
                                  "which converts between sharing scopes)")
         return unfused_names(blob["model"]), []
-    if not os.path.isdir(path):
+    adapter = check_directory(path, model, masked_lm=masked_lm)
+    if adapter is None:
         raise UserInputError(f"{FLAG} {path}: no such file or directory")
-    config_path = os.path.join(path, "config.json")
-    if not os.path.isfile(config_path):
-        hint = (f" (a run directory: to continue it, at any TP, PP or DP size, pass --load {path}; "
-                f"for its weights alone, export it first with tools/export_hf.py --load {path} "
-                "--output DIR)" if os.path.isfile(os.path.join(path, "latest")) else "")
-        raise UserInputError(f"{FLAG} {path}: no config.json{hint}; pass "
-                             f"{adapters.import_sources()}")
-    import json
-
-    with open(config_path, encoding="utf-8") as f:
-        model_type = json.load(f).get("model_type", "")
-    adapter = _hf_adapter(model_type, path, model)
     if masked_lm:
         return _read_masked_lm(path, adapter, model, pad_id)
     disc_cls = adapter.discriminator_class

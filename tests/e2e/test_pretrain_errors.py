@@ -246,3 +246,25 @@ def test_unusable_save_and_bad_zero_stage(wiki_shards, tmp_path, capsys, monkeyp
     argv[1] = str(ds)
     assert "zero_optimization.stage is 7; DeepSpeed's stages are 0, 1, 2 and 3" in _error(
         capsys, argv, monkeypatch)
+
+
+def test_a_pretrained_checkpoint_of_another_model_is_refused_before_save_is_made(
+        wiki_shards, tmp_path, capsys, monkeypatch):
+    """What config.json alone says (another attention family, no config.json at all) refuses the
+    run before --save is created, where it used to be found after the model was built."""
+    deberta = tmp_path / "deberta"
+    deberta.mkdir()
+    (deberta / "config.json").write_text(json.dumps({"model_type": "deberta-v2",
+                                                     "architectures": ["DebertaV2Model"]}))
+    save = tmp_path / "out" / "run"
+    msg = _error(capsys, _args(wiki_shards, save, "--pretrained-checkpoint", str(deberta)),
+                 monkeypatch)
+    assert msg == (f"error: --pretrained-checkpoint {deberta}: a deberta-v2 checkpoint has "
+                   "disentangled attention; pass --attention-type disentangled")
+    assert not (tmp_path / "out").exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    msg = _error(capsys, _args(wiki_shards, save, "--pretrained-checkpoint", str(empty)),
+                 monkeypatch)
+    assert msg.startswith(f"error: --pretrained-checkpoint {empty}: no config.json; pass ")
+    assert not (tmp_path / "out").exists()
