@@ -955,6 +955,10 @@ class TrainConfig(_Section):
         if self.save_interval < 0:
             raise ConfigError(f"{{0}} must be >= 0, got {self.save_interval}",
                               "train.save_interval")
+        if not 0 <= self.seed <= 2**32 - 1:
+            # numpy's seeds (the masking streams' default_rng, transformers.set_seed) are
+            # non-negative; 2**32 - 1 is the legacy np.random.seed bound Megatron-LM's seeds keep
+            raise ConfigError(f"{{0}} must be in [0, 2**32 - 1], got {self.seed}", "train.seed")
         if self.max_consecutive_nonfinite_iters < 0:
             raise ConfigError("{0} must be >= 0 (0: never stop), "
                               f"got {self.max_consecutive_nonfinite_iters}",

@@ -59,6 +59,26 @@ def _positive(kind):
     return parse
 
 
+def _at_least_zero(kind):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}") from None
+        if not value >= 0:
+            raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+        return value
+    return parse
+
+
+def _seed(text: str) -> int:
+    # transformers.set_seed seeds numpy, whose seeds are 0 … 2**32 - 1
+    value = _at_least_zero(int)(text)
+    if value > 2**32 - 1:
+        raise argparse.ArgumentTypeError(f"must be at most 2**32 - 1 = {2**32 - 1}, got {text}")
+    return value
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = OneLineArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -92,14 +112,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     hf("--max-train-samples", type=_positive(int), help="use the first N training examples "
        "(the Brown tasks: after a shuffle with seed 0)")
     hf("--max-eval-samples", type=_positive(int))
-    hf("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one fine-tuning run each")
+    hf("--seeds", type=_seed, nargs="+", default=[0, 1, 2], help="one fine-tuning run each")
     hf("--learning-rate", type=_positive(float), default=5e-5)
     hf("--num-train-epochs", type=_positive(float), default=3.0)
     hf("--max-steps", type=_positive(int), help="overrides --num-train-epochs")
     hf("--per-device-train-batch-size", type=_positive(int), default=8)
     hf("--per-device-eval-batch-size", type=_positive(int), default=64)
-    hf("--weight-decay", type=float, default=0.0)
-    hf("--warmup-steps", type=int, default=0)
+    hf("--weight-decay", type=_at_least_zero(float), default=0.0)
+    hf("--warmup-steps", type=_at_least_zero(int), default=0)
     hf("--max-seq-length", type=_positive(int), default=128, help="pieces a sequence keeps")
     hf("--metric", help="the task's metric (bold in the table; default: accuracy, or pearson "
        "for regression)")

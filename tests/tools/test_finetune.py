@@ -206,6 +206,14 @@ def _bad_inputs(tmp_path, export):
         ([str(export), "--task", "brown-pos", "--brown-dir", str(d / "nothing")],
          f"error: --brown-dir {d / 'nothing'}: no such directory; pass the directory of the Brown "
          "corpus files (ca01 … cr09), or leave it out to fetch them"),
+        ([str(export), "--task", "brown-pos", "--seeds", "0", "-1"],
+         "error: argument --seeds: must be >= 0, got -1; finetune.py --help lists every flag"),
+        ([str(export), "--task", "brown-pos", "--seeds", "4294967296"],
+         "error: argument --seeds: must be at most 2**32 - 1 = 4294967295, got 4294967296; "
+         "finetune.py --help lists every flag"),
+        ([str(export), "--task", "brown-pos", "--warmup-steps", "-5"],
+         "error: argument --warmup-steps: must be >= 0, got -5; finetune.py --help lists every "
+         "flag"),
         ([str(export), "--task", "sst2"],
          "error: argument --task: invalid choice: 'sst2' (choose from 'classification', "
          "'regression', 'token-classification', 'brown-pos', 'brown-genre'); finetune.py --help "

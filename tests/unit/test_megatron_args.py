@@ -220,6 +220,9 @@ def test_a_bad_value_from_a_megatron_flag_names_the_flag(argv, message):
     (["--mask-prob", "1.5"], "--mask-prob (rtd.mask_prob) must be in [0, 1], got 1.5"),
     (["--rtd-lambda", "-1"], "--rtd-lambda (rtd.rtd_lambda) must be >= 0, got -1.0"),
     (["--seq-length", "0"], "--seq-length (data.seq_length) must be > 0, got 0"),
+    # the masking streams' numpy.random.default_rng refused it in the first step, after --save
+    (["--seed", "-1"], "--seed (train.seed) must be in [0, 2**32 - 1], got -1"),
+    (["--seed", str(2**32)], "--seed (train.seed) must be in [0, 2**32 - 1], got 4294967296"),
 ])
 def test_a_bad_value_from_any_flag_names_the_flag(argv, message):
     with pytest.raises(ConfigError) as e:
