@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import resource
 import shutil
 import sys
 import time
@@ -174,8 +175,6 @@ def _worker(rank: int, world_size: int, port: int, run_dir: str, tag: str, cfg_d
         result = ("user", str(e))
     except BaseException:  # noqa: BLE001 — reported to the parent
         result = ("error", traceback.format_exc())
-    import resource
-
     # this process's peak resident size (Linux: kilobytes), what the conversion costs a rank
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w", encoding="utf-8") as f:

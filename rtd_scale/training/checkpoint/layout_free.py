@@ -188,10 +188,9 @@ def write(engine, model, ctx, vocab_size: int, out_dir: str, rank: int) -> None:
         if rank == 0:
             spilled.append(os.path.join(out_dir, f".{key}.pt"))
             torch_save(full, spilled[-1])
-            del full
+        del full  # before the next kind is gathered; rank 0 maps its copy back from the file
+        if rank == 0:
             state[key] = safe_load(spilled[-1], mmap=True)
-        else:
-            del full
     scaler = getattr(engine.optimizer, "loss_scaler", None)
     info = {"adam_step": _adam_step(engine),
             "loss_scaler": {k: getattr(scaler, k) for k in
