@@ -210,13 +210,18 @@ def _gather_tp(t: torch.Tensor, dim: int, tp_group) -> torch.Tensor:
 
 @torch.no_grad()
 def full_state_dict(model: torch.nn.Module, *, tp_group, vocab_size: int,
-                    grads: bool = False) -> dict[str, torch.Tensor]:
+                    grads: bool = False, source=None, keep: bool = True
+                    ) -> dict[str, torch.Tensor]:
     """TP-agnostic fp32 CPU copies of the parameters (or their gradients, ``grads=True``):
     tensor-parallel shards gathered, vocabulary padding removed. Collective over ``tp_group``;
-    every rank gets the result. Shared parameters appear once, under their first name."""
+    every rank gets the result. Shared parameters appear once, under their first name.
+
+    ``source``: instead of the parameter, ``source(p)`` (this TP rank's whole tensor for it; may
+    itself be collective, called for every parameter in the same order on every rank), made one
+    parameter at a time. ``keep=False``: take part in the collectives, return nothing."""
     out = {}
     for name, p in _named_unique_parameters(model):
-        t = p.grad if grads else p
+        t = source(p) if source is not None else (p.grad if grads else p)
         if t is None:
             t = torch.zeros_like(p)
         vocab_dim = getattr(p, VOCAB_DIM_ATTR, None)
@@ -227,7 +232,9 @@ def full_state_dict(model: torch.nn.Module, *, tp_group, vocab_size: int,
                            for h in t.chunk(2, p.partition_dim)], p.partition_dim)
         elif _is_tp(p):
             t = _gather_tp(t, p.partition_dim, tp_group)
-        out[name] = t.detach().float().cpu().clone()
+        if keep:
+            out[name] = t.detach().float().cpu().clone()
+        del t
     return out
 
 

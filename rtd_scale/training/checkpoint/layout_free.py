@@ -3,7 +3,7 @@ under canonical names, plus the AdamW step and the loss scaler — what a run at
 size, ZeRO stage 0–3, with or without ZeRO-Offload, in fp32, bf16 or fp16, is sliced from.
 
 ``gather_full_state`` (collective, on a live engine) gathers ZeRO partitions (DeepSpeed's
-``GatheredParameters``, ``safe_get_full_fp32_param`` / ``safe_get_full_optimizer_state``), tensor-
+``safe_get_full_fp32_param`` / ``safe_get_full_optimizer_state``, one parameter at a time), tensor-
 parallel shards and pipeline stages into ``model.weights.full_state_dict``'s form: vocabulary-
 parallel rows gathered and their padding dropped (a multiple of ``make_vocab_size_divisible_by``
 × TP, so it differs by TP size), column-parallel tensors (megatron-core's ``linear_qkv`` too: its
@@ -63,23 +63,38 @@ _DEEPSPEED_KEYS = frozenset({
 
 @torch.no_grad()
 def gather_full_state(engine, model: torch.nn.Module, ctx, vocab_size: int,
-                      state_key: Optional[str] = None) -> dict[str, torch.Tensor]:
-    """The whole model's canonical fp32 CPU state, on every rank. Collective: every rank of the
-    world calls it (ZeRO-3 gathers over data parallel, TP shards over tensor parallel, stages
-    over pipeline parallel). Under bf16 or fp16 the weights are the optimizer's fp32 masters.
+                      state_key: Optional[str] = None, keep: bool = True
+                      ) -> dict[str, torch.Tensor]:
+    """The whole model's canonical fp32 CPU state, on every rank (``keep=False``: this rank
+    takes part and gets ``{}``). Collective: every rank of the world calls it (ZeRO-3 gathers
+    over data parallel, TP shards over tensor parallel, stages over pipeline parallel). Under
+    bf16 or fp16 the weights are the optimizer's fp32 masters.
 
     ``state_key``: instead of the weights, that AdamW state of every parameter (``exp_avg`` or
     ``exp_avg_sq``, one of ``ADAM_STATE_KEYS``), in the same canonical names and full shapes
     (the vocabulary's padding rows dropped like the weights')."""
-    import deepspeed
     import torch.distributed as dist
 
     from rtd_scale.model import weights
 
-    zero3 = engine is not None and engine.zero_optimization_stage() == 3
+    if engine is not None and engine.zero_optimization_stage() == 3:
+        # one parameter at a time from the optimizer's fp32 partitions (its masters, in fp32
+        # too): DeepSpeed's ``safe_get_*`` accessors gather a ZeRO-3 parameter's partitions
+        # themselves, so no process holds more of the model than what it keeps plus one
+        # parameter, where gathering the whole model first (``GatheredParameters``) held its
+        # 16-bit weights and an fp32 copy on every process beside the engine (ZeRO-3 has no
+        # pipeline parallelism: no stages to merge)
+        from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+        def source(p: torch.nn.Parameter) -> torch.Tensor:
+            t = (safe_get_full_fp32_param(p) if state_key is None
+                 else safe_get_full_optimizer_state(p, state_key))
+            return torch.zeros(p.ds_shape) if t is None else t.reshape(p.ds_shape)
+
+        return weights.full_state_dict(model, tp_group=ctx.tp_group, vocab_size=vocab_size,
+                                       source=source, keep=keep)
     params = list({id(p): p for p in model.parameters()}.values())
-    gather = deepspeed.zero.GatheredParameters(params) if zero3 else contextlib.nullcontext()
-    with gather, _master_weights(engine, params, state_key):
+    with _master_weights(engine, params, state_key):
         state = weights.full_state_dict(model, tp_group=ctx.tp_group, vocab_size=vocab_size)
     if ctx.pp_size > 1:  # every stage's share, merged by canonical (stage-independent) names
         shares = [None] * ctx.pp_size
@@ -184,7 +199,7 @@ def write(engine, model, ctx, vocab_size: int, out_dir: str, rank: int) -> None:
     state, spilled = {}, []
     for key in ("fp32", *ADAM_STATE_KEYS):
         full = gather_full_state(engine, model, ctx, vocab_size,
-                                 state_key=None if key == "fp32" else key)
+                                 state_key=None if key == "fp32" else key, keep=rank == 0)
         if rank == 0:
             spilled.append(os.path.join(out_dir, f".{key}.pt"))
             torch_save(full, spilled[-1])
