@@ -47,28 +47,27 @@ from rtd_scale.finetune.brown import DEFAULT_CACHE  # noqa: E402
 from rtd_scale.finetune.tasks import TABLE_SUFFIXES, TAGGED_SUFFIXES, TASKS  # noqa: E402
 
 
-def _positive(kind):
+def _number(kind, bound: str):
+    """An argparse type: a ``kind`` that is ``bound`` ("> 0" or ">= 0")."""
+    holds = {"> 0": lambda v: v > 0, ">= 0": lambda v: v >= 0}[bound]
+
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        if not holds(value):
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
         return value
     return parse
+
+
+def _positive(kind):
+    return _number(kind, "> 0")
 
 
 def _at_least_zero(kind):
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}") from None
-        if not value >= 0:
-            raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-        return value
-    return parse
+    return _number(kind, ">= 0")
 
 
 def _seed(text: str) -> int:
