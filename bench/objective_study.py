@@ -89,10 +89,25 @@ def save_points(steps: int, points: int) -> list[int]:
     return sorted({max(1, round(steps * (k + 1) / points)) for k in range(points)})
 
 
+def prune(run_dir: Path, points: list[int]) -> list[str]:
+    """Remove the run's checkpoints at steps other than ``points`` (the --save-interval that
+    reaches every point, their gcd, is 1 where they share no factor: 307, 613, 920 for
+    debertav3-tiny's MLM run, 14 MB a step); returns the names removed."""
+    import shutil
+
+    keep = {f"global_step{p}" for p in points}
+    gone = sorted(d.name for d in run_dir.glob("global_step*")
+                  if d.is_dir() and d.name not in keep)
+    for name in gone:
+        shutil.rmtree(run_dir / name)
+    return gone
+
+
 def command(args, flags: tuple[str, ...], steps: int, seed: int, spm: str, prefix: str,
             run_dir: Path) -> list[str]:
     """The main job's launcher command (tools/run_default.sh) for one run, saving at every
-    point (``--save-interval``: the points are equal fractions, so their gcd)."""
+    point (``--save-interval``: the points are equal fractions, so their gcd; :func:`prune`
+    removes the others after the run)."""
     interval = math.gcd(*save_points(steps, args.points))
     deepspeed = str(Path(sys.executable).with_name("deepspeed"))
     return [deepspeed, "--num_gpus", str(args.ranks), "--master_port", str(args.master_port),
@@ -240,6 +255,7 @@ def main(argv=None) -> None:
                     run_logged(command(args, objective_flags(arch, obj), steps[obj], seed, spm,
                                        prefix, run_dir), work / "logs" / f"{key}.log", log=log,
                                env=child_env())
+                prune(run_dir, points)
                 for p in points:
                     export = work / "exports" / f"{key}-step{p}"
                     if not (export / "config.json").exists():

@@ -39,6 +39,19 @@ def test_a_run_is_the_main_jobs_command_with_its_objectives_flags():
     assert study.save_points(5, 1) == [5] and study.save_points(2, 3) == [1, 2]
 
 
+def test_a_run_keeps_only_its_points(tmp_path):
+    """Saving every step to reach 307, 613 and 920 filled the disk (14 MB a step × 920 per MLM
+    run): after each run only the points' checkpoints stay."""
+    run = tmp_path / "run"
+    for step in range(1, 8):
+        (run / f"global_step{step}").mkdir(parents=True)
+        (run / f"global_step{step}" / "mp_rank_00_model_states.pt").write_bytes(b"x")
+    (run / "latest").write_text("global_step7")
+    assert study.prune(run, [3, 7]) == [f"global_step{s}" for s in (1, 2, 4, 5, 6)]
+    assert sorted(p.name for p in run.iterdir()) == ["global_step3", "global_step7", "latest"]
+    assert study.prune(run, [3, 7]) == []
+
+
 def test_the_mlm_run_gets_the_rtd_runs_flops_per_preset():
     """rtd_scale/flops.py at the presets' 32 × 128 tokens a step: debertav3-tiny's RTD step
     (generator of half the depth + discriminator, mask 0.25) costs 1.53 of its masked LM's
