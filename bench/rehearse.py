@@ -91,6 +91,16 @@ def estimate_gb(cfg, ds_file: str, flags: list[str], runtime_gb: float, ranks: i
     return est.total / 1e9
 
 
+def table_flags(rows: int, flags: list[str]) -> list[str]:
+    """``--make-vocab-size-divisible-by`` giving the preset's real table of ``rows`` at the
+    layout of ``flags``: Megatron-LM pads to a multiple of the flag × TP, so at TP 2 the flag is
+    half the rows (the whole of it there doubled the table: 256,256 rows for DeBERTaV3)."""
+    tp = 2 if "--tensor-model-parallel-size" in flags else 1
+    if rows % tp:
+        raise ValueError(f"{rows} rows do not split over TP {tp}")
+    return ["--make-vocab-size-divisible-by", str(rows // tp)]
+
+
 def run(cmd: list[str], log: Path) -> tuple[int, str, float]:
     start = time.perf_counter()
     with open(log, "w") as f:
@@ -156,12 +166,12 @@ def main(argv=None) -> int:
     ds_bin = str(Path(sys.executable).parent / "deepspeed")
     common = ["rtd_scale/pretrain.py", "--preset", args.preset, "--data-path", args.data_path,
               "--tokenizer-model", args.tokenizer_model, "--seq-length", "512",
-              "--micro-batch-size", "1", "--global-batch-size", "2",
-              "--make-vocab-size-divisible-by", str(rows), "--eval-iters", "0",
+              "--micro-batch-size", "1", "--global-batch-size", "2", "--eval-iters", "0",
               "--log-interval", "1", "--save", str(save), "--save-interval", "2"]
     result = {"preset": args.preset, "layout": f"{train_name} → {load_name}"}
     rc, text, _ = run([ds_bin, "--num_gpus", "2", "--master_port", str(args.port), *common,
-                       "--ds_config", train_ds, *train_flags, "--train-iters", "2"],
+                       "--ds_config", train_ds, *train_flags, *table_flags(rows, train_flags),
+                       "--train-iters", "2"],
                       out / "train.log")
     steps = [float(m) / 1000 for m in STEP_MS.findall(text)]
     result.update(train_rc=rc, train_peak=_last(PEAK, text), train_estimate=_last(ESTIMATE, text),
@@ -171,7 +181,8 @@ def main(argv=None) -> int:
     if rc == 0:
         rc, text, _ = run([ds_bin, "--num_gpus", str(load_ranks), "--master_port",
                            str(args.port + 1),
-                           *common, "--ds_config", load_ds, *load_flags, "--load", str(save),
+                           *common, "--ds_config", load_ds, *load_flags,
+                           *table_flags(rows, load_flags), "--load", str(save),
                            "--train-iters", "3"], out / "resume.log")
         conversion = CONVERTED.findall(text)
         result.update(resume_rc=rc, resume_peak=_last(PEAK, text),
