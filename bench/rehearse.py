@@ -127,6 +127,10 @@ def main(argv=None) -> int:
     p.add_argument("--runtime-gb", type=float, default=0.55,
                    help="one rank's process memory before the model (measured: 0.51 GB)")
     p.add_argument("--port", type=int, default=29900)
+    p.add_argument("--num-workers", type=int, default=None,
+                   help="pretrain.py's --num-workers (default: the preset's); the loader's "
+                        "workers are forked after the engine is built, so they share its pages "
+                        "copy-on-write and keep the old ones as the optimizer rewrites them")
     args = p.parse_args(argv)
 
     import warnings
@@ -167,6 +171,7 @@ def main(argv=None) -> int:
     common = ["rtd_scale/pretrain.py", "--preset", args.preset, "--data-path", args.data_path,
               "--tokenizer-model", args.tokenizer_model, "--seq-length", "512",
               "--micro-batch-size", "1", "--global-batch-size", "2", "--eval-iters", "0",
+              *(["--num-workers", str(args.num_workers)] if args.num_workers is not None else []),
               "--log-interval", "1", "--save", str(save), "--save-interval", "2"]
     result = {"preset": args.preset, "layout": f"{train_name} → {load_name}"}
     rc, text, _ = run([ds_bin, "--num_gpus", "2", "--master_port", str(args.port), *common,
@@ -182,7 +187,9 @@ def main(argv=None) -> int:
         rc, text, _ = run([ds_bin, "--num_gpus", str(load_ranks), "--master_port",
                            str(args.port + 1),
                            *common, "--ds_config", load_ds, *load_flags,
-                           *table_flags(rows, load_flags), "--load", str(save),
+                           # the checkpoint's own flag: --load refuses another (a model
+                           # setting), so a resume at TP 1 after TP 2 has half the rows
+                           *table_flags(rows, train_flags), "--load", str(save),
                            "--train-iters", "3"], out / "resume.log")
         conversion = CONVERTED.findall(text)
         result.update(resume_rc=rc, resume_peak=_last(PEAK, text),
