@@ -165,7 +165,8 @@ def _worker(rank: int, world_size: int, port: int, run_dir: str, tag: str, cfg_d
             if what == "training":
                 layout_free.write(eng, model, ctx, cfg.model.vocab_size, out_dir, rank)
             else:
-                state = layout_free.gather_full_state(eng, model, ctx, cfg.model.vocab_size)
+                state = layout_free.gather_full_state(eng, model, ctx, cfg.model.vocab_size,
+                                                      keep=rank == 0)
                 if rank == 0:
                     torch.save(state, os.path.join(out_dir, layout_free.STATE_FILE))
             result = ("ok", None)

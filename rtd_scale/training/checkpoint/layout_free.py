@@ -95,12 +95,14 @@ def gather_full_state(engine, model: torch.nn.Module, ctx, vocab_size: int,
                                        source=source, keep=keep)
     params = list({id(p): p for p in model.parameters()}.values())
     with _master_weights(engine, params, state_key):
-        state = weights.full_state_dict(model, tp_group=ctx.tp_group, vocab_size=vocab_size)
+        # every stage's share is merged on every rank below, so only PP 1 can drop it here
+        state = weights.full_state_dict(model, tp_group=ctx.tp_group, vocab_size=vocab_size,
+                                        keep=keep or ctx.pp_size > 1)
     if ctx.pp_size > 1:  # every stage's share, merged by canonical (stage-independent) names
         shares = [None] * ctx.pp_size
         dist.all_gather_object(shares, state, group=ctx.pp_group)
         state = {k: v for share in shares for k, v in share.items()}
-    return state
+    return state if keep else {}
 
 
 @contextlib.contextmanager
@@ -135,7 +137,7 @@ def _master_weights(engine, params: list[torch.nn.Parameter], state_key: Optiona
             master = copy if state_key is None else base.state[copy][state_key]
         elif state_key is None:
             master = safe_get_full_fp32_param(p)
-        elif hasattr(p, "ds_id") or hasattr(p, "_hp_mapping"):
+        elif hasattr(p, "_hp_mapping"):  # ZeRO-1/2, bf16 (ZeRO-3 reads its own above)
             master = safe_get_full_optimizer_state(p, state_key)
         else:  # ZeRO-0 in fp32: the client AdamW steps the model's own fp32 parameters
             if engine.fp16_enabled():
@@ -200,11 +202,10 @@ def write(engine, model, ctx, vocab_size: int, out_dir: str, rank: int) -> None:
     for key in ("fp32", *ADAM_STATE_KEYS):
         full = gather_full_state(engine, model, ctx, vocab_size,
                                  state_key=None if key == "fp32" else key, keep=rank == 0)
-        if rank == 0:
+        if rank == 0:  # the others got nothing (keep=False)
             spilled.append(os.path.join(out_dir, f".{key}.pt"))
             torch_save(full, spilled[-1])
-        del full  # before the next kind is gathered; rank 0 maps its copy back from the file
-        if rank == 0:
+            del full  # before the next kind is gathered: rank 0 maps its copy back
             state[key] = safe_load(spilled[-1], mmap=True)
     scaler = getattr(engine.optimizer, "loss_scaler", None)
     info = {"adam_step": _adam_step(engine),
