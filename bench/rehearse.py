@@ -128,9 +128,7 @@ def main(argv=None) -> int:
                    help="one rank's process memory before the model (measured: 0.51 GB)")
     p.add_argument("--port", type=int, default=29900)
     p.add_argument("--num-workers", type=int, default=None,
-                   help="pretrain.py's --num-workers (default: the preset's); the loader's "
-                        "workers are forked after the engine is built, so they share its pages "
-                        "copy-on-write and keep the old ones as the optimizer rewrites them")
+                   help="pretrain.py's --num-workers (default: the preset's)")
     args = p.parse_args(argv)
 
     import warnings

@@ -29,6 +29,7 @@ def run(cfg: RunConfig, print_fn=print, stop=None, validated=None) -> dict:
     schedule against ``--load``), before the process group starts; ``main`` shows the held
     configuration warnings then."""
     from rtd_scale import distributed
+    from rtd_scale.training.loop import start_loaders
 
     launch = launch_env.read()  # the launcher's variables, a Slurm step's, or one process
     prep = prepare(cfg, launch.world_size, print_fn if launch.rank == 0 else None)
@@ -40,18 +41,24 @@ def run(cfg: RunConfig, print_fn=print, stop=None, validated=None) -> dict:
     if validated:
         validated()
     ctx = distributed.initialize(cfg.parallel, seed=cfg.train.seed)
+    loaders = None
     try:
+        # the loaders' workers are forked before the model exists (training/loop.py)
+        loaders = start_loaders(cfg, ctx, prep.data)
         plan = memory_plan(cfg, ctx, prep, print_fn)
         model, eng, converted = set_up(cfg, ctx, prep, print_fn)
         resumed = resume(cfg, ctx, eng, model, prep, converted, schedule_note=schedule_note,
                          print_fn=print_fn)
         write_run_files(cfg, ctx, model, prep, prep.ds_config, print_fn)
-        result = train_phase(cfg, ctx, eng, prep, resumed, prep.ds_config, stop, print_fn,
+        result = train_phase(cfg, ctx, eng, prep, resumed, prep.ds_config, loaders, stop,
+                             print_fn,
                              reload=rollback_reload(cfg, ctx, eng, model, prep, converted,
                                                     resumed.resumed_from))
         return finish(cfg, ctx, eng, model, prep, result, resumed.start_step, print_fn,
                       plan=plan)
     finally:
+        if loaders is not None:
+            loaders.close()
         distributed.teardown()
 
 
@@ -185,7 +192,7 @@ def rollback_reload(cfg: RunConfig, ctx, eng, model, prep: Prepared, converted: 
 
 
 def train_phase(cfg: RunConfig, ctx, eng, prep: Prepared, resumed: Resumed, ds_config: dict,
-                stop, print_fn, reload=None):
+                loaders, stop, print_fn, reload=None):
     """The training loop (``training/loop.py``) with its TensorBoard, W&B and profiler sinks,
     the rank's heartbeat and the straggler meter, closed however it ends; a restarted run first
     writes its restart's event (``restarts.event``). ``reload``: how a loss-spike rollback loads
@@ -224,7 +231,7 @@ def train_phase(cfg: RunConfig, ctx, eng, prep: Prepared, resumed: Resumed, ds_c
         if restart is not None:  # at the resumed step, with the restart's line as text
             tb.write(start_step, restart[0])
             tb.write_text("restarts/cause", restart[1], start_step)
-        return train(cfg, ctx, eng, prep.data, start_step=start_step,
+        return train(cfg, ctx, eng, prep.data, loaders=loaders, start_step=start_step,
                      consumed_samples=resumed.consumed, tb=tb, print_fn=print_fn,
                      stop=stop, layout=prep.layout, resumed_from=resumed.resumed_from,
                      profiler=profiler, heartbeat=heartbeat,

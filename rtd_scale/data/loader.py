@@ -19,11 +19,11 @@ ranges every step reads [consumed, consumed + G), as above.
 Loading: a ``torch.utils.data.DataLoader`` over ``BlendedDataset.host_batch`` with the sampler
 yielding one micro-batch's indices at a time (``batch_size=None``), ``num_workers`` worker
 processes (``--num-workers``; each reopens the shard memory maps), ``prefetch_factor``
-micro-batches read ahead per worker, persistent workers, and pinned memory when the device is
-CUDA. Workers send numpy arrays (``HostBatch``), made tensors in the training process — or in the
-DataLoader's pin-memory thread when pinning. The loader gets its own ``torch.Generator``, so
-creating it draws nothing from the global RNG that dropout uses (a resumed run would otherwise
-diverge).
+micro-batches read ahead per worker, persistent workers — a training run forks them before it
+builds the model (``SplitLoaders``) — and pinned memory when the device is CUDA. Workers send
+numpy arrays (``HostBatch``), made tensors in the training process — or in the DataLoader's
+pin-memory thread when pinning. The loader gets its own ``torch.Generator``, so creating it draws
+nothing from the global RNG that dropout uses (a resumed run would otherwise diverge).
 """
 from __future__ import annotations
 
@@ -133,6 +133,15 @@ class DataParallelSampler:
         self.dp_rank, self.dp_size = dp_rank, dp_size
         self.skip = merge_ranges(skip)
 
+    def reposition(self, *, total_samples: int, consumed_samples: int,
+                   skip: Ranges = ()) -> None:
+        """Read from ``consumed_samples`` to ``total_samples`` (outside ``skip``) from the next
+        pass on: a loader whose workers already run (``SplitLoaders``) is pointed at a new
+        position without new processes."""
+        assert consumed_samples >= 0
+        self.total, self.consumed = total_samples, consumed_samples
+        self.skip = merge_ranges(skip)
+
     @property
     def steps(self) -> int:
         return max(0, (self.total - self.consumed) // self.global_batch_size)
@@ -209,3 +218,50 @@ def build_loader(dataset, sampler: DataParallelSampler, *, num_workers: int,
         _HostBatches(dataset), sampler=sampler, batch_size=None, collate_fn=_as_is,
         num_workers=num_workers, pin_memory=pin_memory,
         generator=torch.Generator().manual_seed(seed), **kw))
+
+
+class SplitLoaders:
+    """One loader per split (``train``, ``valid``, ``test``), each with its worker processes
+    started here — call it before the model and the DeepSpeed engine exist — and pointed at a
+    position by :meth:`get` whenever a pass begins.
+
+    Why before: a worker is a fork of its rank. Forked after the engine, it keeps, copy on write,
+    every page of the rank's memory that the rank later rewrites — under ZeRO with CPU offload,
+    the whole fp32 optimizer state each step — so each forked set of workers came to hold a stale
+    copy of it (measured: modernbert-large, ZeRO-3 + offload at 2 ranks, ranks at 8.1 GB each and
+    their four workers at 5.7 GB each when the kernel's OOM killer stopped the run;
+    bench/rehearse.py). Forked before, a worker shares only the imports and the datasets' memory
+    maps. The workers persist (``persistent_workers``); a new pass or a new position (a resume
+    or a loss-spike rollback) reuses them.
+
+    Args:
+        datasets: the splits to read, by name (``BlendedDataset`` each).
+        global_batch_size, micro_batch_size, dp_rank, dp_size: as ``DataParallelSampler``.
+        num_workers, pin_memory, prefetch_factor, seed: as ``build_loader``.
+    """
+
+    def __init__(self, datasets: dict, *, global_batch_size: int, micro_batch_size: int,
+                 dp_rank: int, dp_size: int, num_workers: int, pin_memory: bool,
+                 prefetch_factor: Optional[int] = 2, seed: int = 0):
+        self._loaders: dict[str, tuple[DataParallelSampler, MicroBatchLoader]] = {}
+        for split, data in datasets.items():
+            sampler = DataParallelSampler(total_samples=0, consumed_samples=0,
+                                          global_batch_size=global_batch_size,
+                                          micro_batch_size=micro_batch_size, dp_rank=dp_rank,
+                                          dp_size=dp_size)
+            loader = build_loader(data, sampler, num_workers=num_workers, pin_memory=pin_memory,
+                                  prefetch_factor=prefetch_factor, seed=seed)
+            if num_workers > 0:  # an empty first pass forks the persistent workers now
+                iter(loader.dataloader)
+            self._loaders[split] = (sampler, loader)
+
+    def get(self, split: str, *, consumed: int, total: int, skip: Ranges = ()) -> MicroBatchLoader:
+        """``split``'s loader, reading from sample ``consumed`` to ``total`` (outside ``skip``)
+        in the passes begun from now on."""
+        sampler, loader = self._loaders[split]
+        sampler.reposition(total_samples=total, consumed_samples=consumed, skip=skip)
+        return loader
+
+    def close(self) -> None:
+        """Drops the loaders; torch ends their workers with them."""
+        self._loaders.clear()

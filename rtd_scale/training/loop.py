@@ -35,7 +35,7 @@ from rtd_scale.cli_errors import UserInputError
 from rtd_scale.batch import rank_share
 from rtd_scale.config import LossSpikePolicy, RunConfig
 from rtd_scale.data.blend import BlendedDataset
-from rtd_scale.data.loader import DataParallelSampler, advance, build_loader, merge_ranges
+from rtd_scale.data.loader import SplitLoaders, advance, merge_ranges
 from rtd_scale.distributed import DeepSpeedMpu, ParallelContext
 from rtd_scale.phases import PHASE_DATA_WAIT
 from rtd_scale.training.checkpoint import load as checkpoint_load, save as checkpoint_save
@@ -178,17 +178,19 @@ class NonFiniteGuard:
         return c
 
 
-def make_loader(cfg: RunConfig, ctx: ParallelContext, data: BlendedDataset, *, consumed: int,
-                total: int, skip=()):
-    """The loader of ``data`` for this rank: (total − consumed) / G steps from sample
-    ``consumed``, never reading the ``skip`` ranges (``data/loader.py``)."""
-    sampler = DataParallelSampler(total_samples=total, consumed_samples=consumed,
-                                  global_batch_size=cfg.train.global_batch_size,
-                                  micro_batch_size=cfg.train.micro_batch_size,
-                                  dp_rank=ctx.dp_rank, dp_size=ctx.dp_size, skip=skip)
-    return build_loader(data, sampler, num_workers=cfg.data.num_workers,
+def start_loaders(cfg: RunConfig, ctx: ParallelContext,
+                  data: dict[str, BlendedDataset]) -> SplitLoaders:
+    """This rank's loaders of the splits the run reads — ``train``; ``valid`` when it evaluates;
+    ``test`` when it has one and ``eval_iters`` > 0 — with their workers started now, before the
+    model and the engine are built (``data/loader.py``, ``SplitLoaders``: why)."""
+    t = cfg.train
+    reads = {"train": True, "valid": t.evaluates, "test": t.eval_iters > 0}
+    return SplitLoaders({k: v for k, v in data.items() if reads.get(k)},
+                        global_batch_size=t.global_batch_size,
+                        micro_batch_size=t.micro_batch_size, dp_rank=ctx.dp_rank,
+                        dp_size=ctx.dp_size, num_workers=cfg.data.num_workers,
                         pin_memory=ctx.device.type == "cuda",
-                        prefetch_factor=cfg.data.prefetch_factor, seed=cfg.train.seed)
+                        prefetch_factor=cfg.data.prefetch_factor, seed=t.seed)
 
 
 def evaluate(cfg: RunConfig, ctx: ParallelContext, engine, loader,
@@ -331,7 +333,8 @@ def stop_line(reason: str, done: int, save: Optional[str], saved: Optional[str],
 
 
 def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedDataset], *,
-          start_step: int, consumed_samples: int, tb: MetricsLogger, print_fn=print,
+          loaders: SplitLoaders, start_step: int, consumed_samples: int, tb: MetricsLogger,
+          print_fn=print,
           stop: Optional[StopRequest] = None, layout: Optional[dict] = None,
           resumed_from: Optional[str] = None,
           profiler: Optional[StepProfiler] = None, heartbeat: Optional[Heartbeat] = None,
@@ -340,7 +343,8 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
           reload: Optional[Callable[[str], tuple[int, int]]] = None) -> TrainResult:
     """Run optimizer steps start_step … train_iters − 1 (0-based; logs count them from 1).
 
-    ``data["train"]`` is read from ``consumed_samples`` on; ``data["valid"]``, when present, is
+    ``data["train"]`` is read, through ``loaders`` (``start_loaders``, called before the engine
+    was built), from ``consumed_samples`` on; ``data["valid"]``, when present, is
     evaluated every ``eval_interval`` steps and after the last one. With ``stop`` (an entered
     ``signals.StopRequest``), a stop request on any rank — at any time since it was entered —
     makes every rank save a checkpoint after the current step and return with
@@ -369,7 +373,7 @@ def train(cfg: RunConfig, ctx: ParallelContext, engine, data: dict[str, BlendedD
             were skipped (checked at the log interval and before each save).
         LossSpikeRollbacksError: a spike after ``train.max_loss_spike_rollbacks`` rollbacks.
     """
-    return Trainer(cfg, ctx, engine, data, start_step=start_step,
+    return Trainer(cfg, ctx, engine, data, loaders=loaders, start_step=start_step,
                    consumed_samples=consumed_samples, tb=tb, print_fn=print_fn, stop=stop,
                    layout=layout, resumed_from=resumed_from, profiler=profiler,
                    heartbeat=heartbeat, stragglers=stragglers, spike_state=spike_state,
@@ -383,7 +387,8 @@ class Trainer:
     ``train``'s arguments, as its attributes (``t`` is ``cfg.train``)."""
 
     def __init__(self, cfg: RunConfig, ctx: ParallelContext, engine,
-                 data: dict[str, BlendedDataset], *, start_step: int, consumed_samples: int,
+                 data: dict[str, BlendedDataset], *, loaders: SplitLoaders,
+                 start_step: int, consumed_samples: int,
                  tb: MetricsLogger, print_fn, stop: Optional[StopRequest],
                  layout: Optional[dict], resumed_from: Optional[str],
                  profiler: Optional[StepProfiler], heartbeat: Optional[Heartbeat],
@@ -391,6 +396,7 @@ class Trainer:
                  reload: Optional[Callable[[str], tuple[int, int]]]):
         t = self.t = cfg.train
         self.cfg, self.ctx, self.engine, self.data, self.tb = cfg, ctx, engine, data, tb
+        self.loaders = loaders
         self.layout, self.profiler, self.heartbeat = layout, profiler, heartbeat
         self.stragglers, self.reload = stragglers, reload
         self.stop = stop or StopRequest((), watch_launcher=False)  # never entered: never stops
@@ -408,7 +414,7 @@ class Trainer:
         self.train_batches = self.loader_from(consumed_samples, start_step)
         self.valid_loader = None
         if "valid" in data and t.evaluates:
-            self.valid_loader = make_loader(cfg, ctx, data["valid"], consumed=0,
+            self.valid_loader = loaders.get("valid", consumed=0,
                                             total=t.eval_iters * t.global_batch_size)
             note = short_validation_note(t, start_step,
                                          sum(len(ds) for ds in data["valid"].datasets))
@@ -617,9 +623,9 @@ class Trainer:
         """The training batches from sample ``consumed`` on, for steps ``step`` … the last,
         never reading the skipped spikes' samples."""
         t = self.t
-        return iter(make_loader(self.cfg, self.ctx, self.data["train"], consumed=consumed,
-                                total=consumed + (t.train_iters - step) * t.global_batch_size,
-                                skip=self.spike.skipped))
+        return iter(self.loaders.get("train", consumed=consumed,
+                                     total=consumed + (t.train_iters - step) * t.global_batch_size,
+                                     skip=self.spike.skipped))
 
     def may_save(self, done: int, found: list[Spike], stopping: bool) -> bool:
         """Whether the checkpoint due at ``done`` may be written: never a spiked state the
@@ -679,8 +685,8 @@ class Trainer:
             self.heartbeat.enter("setup")  # the test split, then the run's end: no step budget
         self.result.stragglers = self.stragglers.summary() if self.stragglers else None
         if "test" in self.data and t.eval_iters > 0 and not self.result.interrupted:
-            test_loader = make_loader(self.cfg, self.ctx, self.data["test"], consumed=0,
-                                      total=t.eval_iters * t.global_batch_size)
+            test_loader = self.loaders.get("test", consumed=0,
+                                           total=t.eval_iters * t.global_batch_size)
             scalars = evaluate(self.cfg, self.ctx, self.engine, test_loader, split="test",
                                iteration=t.train_iters)
             if self.say:
