@@ -435,19 +435,26 @@ def layout_of(cfg, ds_config: dict, *, dp: int, device: str) -> RankLayout:
                       device=device)
 
 
+_cpu_peak = 0.0  # the largest resident size peak_bytes has seen in this process
+
+
 def peak_bytes(device) -> Optional[float]:
     """This rank's measured peak: CUDA's ``max_memory_allocated`` on a GPU (ours: the
     estimate's ``device_bytes``), the process's peak resident size (``ru_maxrss``) on the CPU
-    (everything: the estimate's ``total``)."""
+    (everything: the estimate's ``total``). Never smaller than an earlier call's."""
     if getattr(device, "type", device) == "cuda":
         import torch
 
         return float(torch.cuda.max_memory_allocated(device))
     import resource
 
-    # KiB on Linux; the kernel's high-water mark lags the resident size by a few pages
-    return max(float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024.0,
-               resident_bytes())
+    global _cpu_peak
+    # KiB on Linux. The kernel updates its high-water mark lazily (when the resident size
+    # shrinks), so the size now can exceed it; keep the largest either has shown
+    # (tests/e2e/test_pretrain_launcher.py: the logged peak is a running max)
+    _cpu_peak = max(_cpu_peak, float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024.0,
+                    resident_bytes())
+    return _cpu_peak
 
 
 def resident_bytes() -> float:

@@ -193,6 +193,16 @@ def test_peak_bytes_on_the_cpu_is_the_resident_peak():
     del block
 
 
+def test_peak_bytes_never_falls_when_the_resident_size_does(monkeypatch):
+    """The kernel's high-water mark (ru_maxrss) lags the resident size, so a peak read while the
+    size was above it must hold after the size falls (a logged peak fell 0.5614 → 0.5611 GB)."""
+    now = memory.peak_bytes(torch.device("cpu"))
+    monkeypatch.setattr(memory, "resident_bytes", lambda: now + 5e8)
+    assert memory.peak_bytes(torch.device("cpu")) == now + 5e8
+    monkeypatch.setattr(memory, "resident_bytes", lambda: 1.0)
+    assert memory.peak_bytes(torch.device("cpu")) == now + 5e8
+
+
 def test_estimate_cost_plans_each_zero_stage(single_process_group):
     tool = load_tool("estimate_cost")
     lines = []
