@@ -91,14 +91,14 @@ def two_datasets(tmp_path_factory):
     return blend_data.two_datasets(tmp_path_factory.mktemp("blend"))
 
 
-# Which tests share a worker under pytest-xdist (tools/run_tests.sh runs ``-n 2 --dist
+# Which tests share a worker under pytest-xdist (tools/run_tests.sh runs ``-n 3 --dist
 # loadgroup``). Every module is one group, so its module-scoped runs (one launch that several
 # tests read) happen once, on one worker. A module that takes a machine-wide resource (installs
 # Debian packages: apt's lock; starts Slurm daemons on fixed ports; holds port 29500, the
 # launcher's default) marks itself ``pytest.mark.xdist_group("machine-wide")`` instead, so that
 # no two of them run at once; a test's or module's own xdist_group marker is kept.
 # tryfirst: pytest-xdist's own hook (xdist/remote.py) reads the xdist_group markers to name each
-# item's group; a marker added after it is never seen, and a module's tests then spread over both
+# item's group; a marker added after it is never seen, and a module's tests then spread over the
 # workers, each running the module's shared runs again
 #
 # The order the groups are handed out in (tools/run_tests.sh passes --no-loadscope-reorder, so

@@ -43,11 +43,11 @@ def test_a_module_runs_on_one_worker_and_the_machine_wide_ones_on_the_same(tmp_p
     assert ran["wide_a"] == ran["wide_b"], ran
 
 
-def test_without_the_grouping_a_module_spreads_over_both_workers(tmp_path):
+def test_without_the_grouping_a_module_spreads_over_the_workers(tmp_path):
     """The control: the same modules without tests/conftest.py's hook are split, so the test
     above can fail."""
     ran = _workers(tmp_path, plugin=False)
-    assert len(ran["plain_a"]) == 2, ran
+    assert len(ran["plain_a"]) > 1, ran
 
 
 def _collected(tmp_path, plugin: bool) -> list[str]:
