@@ -132,12 +132,11 @@ def config_parameter_counts(cfg, ctx=None) -> ParameterCounts:
     stage; None: the whole model (TP 1, PP 1), in a one-process group of this process."""
     import copy
 
-    import torch
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
     from rtd_scale import cpu_compat
-    from rtd_scale.model.build import build_model
+    from rtd_scale.model.build import build_on_meta
 
     own_group = ctx is None and not dist.is_initialized()
     if own_group:
@@ -151,40 +150,12 @@ def config_parameter_counts(cfg, ctx=None) -> ParameterCounts:
             cfg = copy.deepcopy(cfg)
             cfg.parallel.tensor_model_parallel_size = 1
             cfg.parallel.pipeline_model_parallel_size = 1
-        meta = _MetaStage(ctx)
-        with torch.device("meta"):
-            model = build_model(cfg, meta, _MetaTokenizer(cfg.model.vocab_size))
+        model = build_on_meta(cfg, ctx)
         return count_parameters(model)
     finally:
         if own_group:
             ps.destroy_model_parallel()
             dist.destroy_process_group()
-
-
-class _MetaStage:
-    """What ``build_model`` reads of a ``ParallelContext``, on the meta device."""
-
-    def __init__(self, ctx=None):
-        import torch
-
-        self.pp_size = ctx.pp_size if ctx is not None else 1
-        self.is_first_stage = ctx.is_first_stage if ctx is not None else True
-        self.is_last_stage = ctx.is_last_stage if ctx is not None else True
-        self.device = torch.device("meta")
-
-
-class _MetaTokenizer:
-    """What ``build_model`` reads of a tokenizer (the ids do not change any shape)."""
-
-    special_ids, pad_id, mask_id = (0, 1, 2, 3, 4), 0, 4
-
-    def __init__(self, vocab_size: int):
-        self.vocab_size = vocab_size
-
-    def word_start_table(self):
-        import torch
-
-        return torch.zeros(self.vocab_size, dtype=torch.bool)
 
 
 @dataclass(frozen=True, kw_only=True)

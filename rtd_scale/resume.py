@@ -73,8 +73,8 @@ def convert_for_layout(choice, ctx, meta: dict, layout: dict, precision: str, pr
         if fresh:
             how = f"in {seconds:.1f} s"
             if peak is not None:  # the restarted world's largest process (convert.run_world)
-                how += (f", {meta['layout']['world_size']} processes at its layout, the largest "
-                        f"{peak:.2f} GB resident at its peak")
+                how += (f", {convert.readers(meta['layout'])}, the largest {peak:.2f} GB "
+                        "resident at its peak")
         print_fn(f"converted {choice.path} from {was} to {now} (layout-free state {root}) {how}")
     return root
 

@@ -3,7 +3,7 @@ discriminator pair, as ``pretrain.py`` trains it and ``hf/consolidate.py`` reads
 (tests that exercise the constructor itself call ``RTDModel`` directly)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
@@ -32,3 +32,34 @@ def build_model(cfg: RunConfig, ctx: "ParallelContext", tok: "Tokenizer") -> RTD
                     seed=cfg.train.seed,
                     word_start_table=(None if cfg.rtd.mask_strategy is MaskStrategy.TOKEN
                                       else tok.word_start_table())).to(ctx.device)
+
+
+def build_on_meta(cfg: RunConfig, ctx: Optional["ParallelContext"] = None) -> RTDModel:
+    """``cfg``'s model on the meta device (no memory): every parameter's shape and
+    tensor-parallel attributes, no values. ``ctx``: this rank's pipeline stage (None: the
+    whole model, one stage); the tensor-parallel size is ``cfg.parallel``'s, as
+    :func:`build_model`'s."""
+    with torch.device("meta"):
+        return build_model(cfg, _MetaStage(ctx), _MetaTokenizer(cfg.model.vocab_size))
+
+
+class _MetaStage:
+    """What :func:`build_model` reads of a ``ParallelContext``, on the meta device."""
+
+    def __init__(self, ctx=None):
+        self.pp_size = ctx.pp_size if ctx is not None else 1
+        self.is_first_stage = ctx.is_first_stage if ctx is not None else True
+        self.is_last_stage = ctx.is_last_stage if ctx is not None else True
+        self.device = torch.device("meta")
+
+
+class _MetaTokenizer:
+    """What :func:`build_model` reads of a tokenizer (the ids do not change any shape)."""
+
+    special_ids, pad_id, mask_id = (0, 1, 2, 3, 4), 0, 4
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+
+    def word_start_table(self):
+        return torch.zeros(self.vocab_size, dtype=torch.bool)

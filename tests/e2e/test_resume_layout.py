@@ -24,6 +24,7 @@ import re
 import pytest
 import torch
 
+from tests.helpers.damage import nan_into_first_float
 from tests.helpers.launcher import (NO_DROPOUT, assert_close, common, cut_back, file_digests,
                                     fp32_weights, launch, scalars)
 
@@ -121,17 +122,23 @@ def _conversion_seconds(r, run, was: str, now: str) -> float:
     assert len(lines) == 1, lines
     what = rf"layout-free state {re.escape(str(run))}/global_step3_canonical"
     m = re.fullmatch(rf"converted {re.escape(str(run))}/global_step3 from {re.escape(was)} to "
-                     rf"{re.escape(now)} \({what}\) in (\d+\.\d) s, (\d) processes at its "
-                     r"layout, the largest (\d+\.\d\d) GB resident at its peak", lines[0])
+                     rf"{re.escape(now)} \({what}\) in (\d+\.\d) s, (\d) processes (at its "
+                     r"layout|reading its ZeRO-3 partition files), the largest (\d+\.\d\d) GB "
+                     r"resident at its peak", lines[0])
     assert m, lines[0]
-    # the checkpoint's own world restarted; a tiny model's process is its runtime, under 2 GB
-    assert int(m.group(2)) == int(re.search(r"DP (\d)", was).group(1)) * int(
-        re.search(r"TP (\d)", was).group(1)) * int(re.search(r"PP (\d)", was).group(1))
-    assert 0.1 < float(m.group(3)) < 2.0, lines[0]
+    # the checkpoint's own world restarted, or under ZeRO-3 one process per TP rank reading
+    # the partition files (zero3_files.py); a tiny model's process is its runtime, under 2 GB
+    size = {d: int(re.search(rf"{d} (\d)", was).group(1)) for d in ("TP", "PP", "DP")}
+    if "ZeRO-3" in was:
+        assert (int(m.group(2)), m.group(3)) == (size["TP"], "reading its ZeRO-3 partition files")
+    else:
+        assert (int(m.group(2)), m.group(3)) == (size["TP"] * size["PP"] * size["DP"],
+                                                 "at its layout")
+    assert 0.1 < float(m.group(4)) < 2.0, lines[0]
     # the one-kind-at-a-time gather's files (layout_free.write) are gone
     assert sorted(p.name for p in (run / "global_step3_canonical").iterdir()) == [
         "rtd_canonical_complete", "state.pt", "training_state.json"]
-    print(f"{run.name}: conversion {was} -> {now}: {m.group(1)} s, peak {m.group(3)} GB")
+    print(f"{run.name}: conversion {was} -> {now}: {m.group(1)} s, peak {m.group(4)} GB")
     return float(m.group(1))
 
 
@@ -229,6 +236,34 @@ def test_offload_checkpoint_resumes_without_offload(wiki_shards, straight, offlo
     assert file_digests(run / "global_step3") == before
 
 
+def test_zero3_partition_files_read_as_its_engines_read_them(straight, straight_state,
+                                                            tmp_path):
+    """The reference's ZeRO-3 checkpoint (TP 1 × DP 2) read from its partition files, one
+    process and no engine (zero3_files.py), equals to the bit what its restarted world of
+    engines gathers (DeepSpeed's safe_get_full_fp32_param / safe_get_full_optimizer_state):
+    weights, both AdamW moments, the AdamW step and the loss scaler; a parameter of odd size
+    (the RTD head's bias) is padded in its partitions."""
+    import json
+
+    from rtd_scale.training.checkpoint.convert import write_training_state
+
+    write_training_state(str(straight[0]), "global_step6", str(tmp_path), engines=True)
+    engines = torch.load(tmp_path / "state.pt", weights_only=True)
+    assert sorted(engines) == sorted(straight_state) == ["exp_avg", "exp_avg_sq", "fp32"]
+    for kind, tensors in engines.items():
+        assert tensors.keys() == straight_state[kind].keys()
+        unequal = [n for n, t in tensors.items() if not torch.equal(t, straight_state[kind][n])]
+        assert not unequal, (kind, unequal[:3])
+    assert any(t.numel() % 2 for t in engines["fp32"].values())
+    assert all(t.abs().max() > 0 for t in engines["exp_avg_sq"].values())
+    info = json.loads((tmp_path / "training_state.json").read_text())
+    files = tmp_path / "files"
+    files.mkdir()
+    write_training_state(str(straight[0]), "global_step6", str(files))
+    assert json.loads((files / "training_state.json").read_text()) == info
+    assert info["adam_step"] == 6.0
+
+
 def test_zero3_two_ranks_resumes_at_zero1_one_rank(wiki_shards, straight, tmp_path):
     """DP 2 ZeRO-3 → DP 1 ZeRO-1; the original checkpoint's files stay byte-identical."""
     run = cut_back(straight[0], tmp_path / "z3_to_z1", 3)
@@ -268,6 +303,25 @@ def test_tp2_dp2_zero3_resumes_at_tp1_zero0_with_its_adam_moments(
         state[kind] = {n: torch.zeros_like(t) for n, t in state[kind].items()}
     torch.save(state, path)
     _zeroed_moments_part_at_step5(wiki_shards, zeroed, 0, straight[1])
+
+    # a partition file damaged in place (its size kept) is refused by every reading process in
+    # one line naming it, not merged and not left waiting: here tensor-parallel rank 1's second
+    # data-parallel file, which process 0 of the conversion never reads
+    from rtd_scale.cli_errors import UserInputError
+    from rtd_scale.training.checkpoint.convert import write_training_state
+
+    damaged = cut_back(run, tmp_path / "damaged", 3)
+    (bad,) = (damaged / "global_step3").glob("*zero_pp_rank_1_mp_rank_01_optim_states.pt")
+    nan_into_first_float(str(bad))
+    out = tmp_path / "damaged_out"
+    out.mkdir()
+    with pytest.raises(UserInputError) as e:
+        write_training_state(str(damaged), "global_step3", str(out))
+    assert str(e.value) == (
+        f"{bad}: damaged: it holds 1 inf/NaN value(s) although its size matches the completion "
+        "record (the loaded weights and AdamW moments hold 1); resume from an earlier "
+        f"checkpoint (--load DIR/global_stepN) or delete {damaged / 'global_step3'}")
+    assert not list(out.iterdir())
 
 
 def test_pp2_zero1_resumes_at_pp1_zero2(wiki_shards, straight, straight_state, tmp_path,

@@ -175,7 +175,7 @@ def check_finite_weights(engine, ckpt_dir: str, loaded: Optional[str] = None,
         f"completion record (the loaded weights hold {count}); {fix}")
 
 
-def _non_finite(value: Any) -> int:
+def non_finite(value: Any) -> int:
     """The inf and NaN values of every floating tensor in ``value`` (nested dicts, lists),
     each storage counted once: tensors sharing one (tied parameters, views) are one copy in
     the file (``torch.save`` writes each storage once)."""
@@ -207,7 +207,7 @@ def _damaged_file(engine) -> Optional[tuple[str, int]]:
     ce = getattr(engine, "checkpoint_engine", None)
     mine = None
     for path in getattr(ce, "read", []):
-        n = _non_finite(files.safe_load(path))
+        n = non_finite(files.safe_load(path))
         if n:
             mine = (path, n)
             break

@@ -10,7 +10,11 @@ megatron-core and DeepSpeed once). Each builds the model from the recorded confi
 DeepSpeed engine from the recorded ds_config, loads its own files exactly as ``--load`` at that
 layout would, through the same checks (``checks.CHECKS``: a checkpoint damaged in place is
 refused, not converted), and then they gather (``layout_free``). The cost is that restart
-(docs/resume.md#resume-at-another-size).
+(docs/resume.md#resume-at-another-size). A ZeRO-3 checkpoint is read without engines: one
+process per tensor-parallel rank maps its data-parallel ranks' partition files
+(``zero3_files``), with the same checks on them, and merges as the engines would, to the bit;
+an engine with its optimizer per rank was more memory than a large model's resume has beside
+its waiting ranks (bench/rehearse.py).
 
 What :func:`convert` writes, beside the checkpoint, which is only read: ``<load>/<tag>_canonical/``
 (``layout_free.STATE_FILE``, ``layout_free.INFO_FILE``), built under
@@ -41,7 +45,8 @@ WORKER_MODULES = ("rtd_scale.training.checkpoint.convert", "rtd_scale.distribute
                   "rtd_scale.data.tokenizer", "rtd_scale.model.build",
                   "rtd_scale.training.engine", "rtd_scale.training.checkpoint.load",
                   "rtd_scale.training.checkpoint.checks",
-                  "rtd_scale.training.checkpoint.layout_free")
+                  "rtd_scale.training.checkpoint.layout_free",
+                  "rtd_scale.training.checkpoint.zero3_files", "deepspeed.utils.zero_to_fp32")
 
 
 def read_run(run_dir: str, tag: Optional[str], note: Optional[Callable[[Any], None]] = None
@@ -54,7 +59,7 @@ def read_run(run_dir: str, tag: Optional[str], note: Optional[Callable[[Any], No
     Raises:
         UserInputError: no such run or checkpoint, or a checkpoint without its metadata.
     """
-    from rtd_scale.training.checkpoint import compat, files, load
+    from rtd_scale.training.checkpoint import files, load
 
     if not os.path.isdir(run_dir):
         raise UserInputError(f"--load {run_dir}: no such directory; pass the --save directory "
@@ -129,8 +134,104 @@ def read_run_with_tokenizer(run_dir: str, tag: Optional[str], tokenizer_model: O
 
 # ------------------------------------------------------------------- the restarted world ----
 
+def partition_files_dp(layout: dict[str, Any]) -> int:
+    """The data-parallel size whose ZeRO-3 partition files :func:`run_world` reads without an
+    engine (``zero3_files``), or 0 where it restarts the checkpoint's world with its engines
+    (ZeRO 0–2: DeepSpeed's flat fragments and per-parameter copies differ by stage and
+    precision, and their engines are the size of their model-states, which is small)."""
+    if int(layout["zero_stage"]) == 3 and int(layout["pipeline_model_parallel_size"]) == 1:
+        return int(layout["data_parallel_size"])
+    return 0
+
+
+def readers(layout: dict[str, Any]) -> str:
+    """How many processes :func:`run_world` starts for a checkpoint at ``layout``, and what
+    they do, in the words of the conversion's log line."""
+    if partition_files_dp(layout):
+        return (f"{layout['tensor_model_parallel_size']} processes reading its ZeRO-3 "
+                "partition files")
+    return f"{layout['world_size']} processes at its layout"
+
+
+def _from_partition_files(cfg: RunConfig, ctx, ckpt_dir: str, dp_size: int, out_dir: str,
+                          what: str, flag: str, earlier: str) -> None:
+    """One tensor-parallel rank's part of :func:`run_world` for a ZeRO-3 checkpoint: its
+    parameters from the partition files (``zero3_files``), merged over tensor parallel by
+    ``layout_free``'s rules on a model built on the meta device. The files' checks (present,
+    plain data, of this model, finite) run on every process before any merge, and every
+    process raises the lowest rank's refusal: none is left waiting in a collective."""
+    import torch
+    import torch.distributed as dist
+
+    from rtd_scale.model import weights
+    from rtd_scale.model.build import build_on_meta
+    from rtd_scale.training.checkpoint import layout_free
+    from rtd_scale.training.checkpoint.zero3_files import Zero3Partitions
+
+    model = build_on_meta(cfg, ctx)
+    names = {id(p): n for n, p in model.named_parameters()}
+    parts, refusal = None, None
+    try:
+        parts = Zero3Partitions(ckpt_dir, ctx.tp_rank, dp_size, flag=flag, earlier=earlier)
+        parts.check_fits({n: p.shape for n, p in model.named_parameters()})
+        parts.check_finite()
+    except UserInputError as e:
+        refusal = str(e)
+    refusals: list = [None] * dist.get_world_size()
+    dist.all_gather_object(refusals, refusal)
+    refusal = next((r for r in refusals if r), None)
+    if refusal:
+        raise UserInputError(refusal)
+
+    def gather(key: str, keep: bool) -> dict[str, torch.Tensor]:
+        return weights.full_state_dict(model, tp_group=ctx.tp_group,
+                                       vocab_size=cfg.model.vocab_size, keep=keep,
+                                       source=lambda p: parts.tensor(names[id(p)], key))
+
+    if what == "training":
+        layout_free.write_kinds(
+            gather, layout_free.training_info(parts.adam_step(), parts.loss_scaler()),
+            out_dir, ctx.rank)
+    else:
+        state = gather("fp32", ctx.rank == 0)
+        if ctx.rank == 0:
+            torch.save(state, os.path.join(out_dir, layout_free.STATE_FILE))
+
+
+def _from_engines(cfg: RunConfig, ctx, run_dir: str, tag: str, ds_config: dict, out_dir: str,
+                  what: str, earlier: str) -> None:
+    """One rank's part of :func:`run_world` in the checkpoint's restarted world: the model and
+    the DeepSpeed engine from the recorded config and ds_config, its own files loaded as
+    training's ``--load`` at that layout loads them, then the gather (``layout_free``)."""
+    import torch
+
+    from rtd_scale import distributed
+    from rtd_scale.data.tokenizer import Tokenizer
+    from rtd_scale.model.build import build_model
+    from rtd_scale.training import engine as engine_mod
+    from rtd_scale.training.checkpoint import layout_free, load
+
+    model = build_model(cfg, ctx, Tokenizer(cfg.data.tokenizer_model))
+    eng = engine_mod.build_engine(  # the CPU Adam note (ZeRO-Offload) from one worker
+        model, cfg, ds_config, distributed.DeepSpeedMpu(),
+        print_fn=functools.partial(print, file=sys.stderr, flush=True) if ctx.rank == 0
+        else None)
+    # the LOAD and AFTER_LOAD checks of training's --load: safe unpickling, the files found,
+    # the weights finite (a checkpoint damaged in place is refused)
+    load.load_checked(eng, run_dir, tag, flag=f"--load {run_dir}", earlier=earlier,
+                      load_lr_scheduler_states=False)
+    if what == "training":
+        layout_free.write(eng, model, ctx, cfg.model.vocab_size, out_dir, ctx.rank)
+    else:
+        state = layout_free.gather_full_state(eng, model, ctx, cfg.model.vocab_size,
+                                              keep=ctx.rank == 0)
+        if ctx.rank == 0:
+            torch.save(state, os.path.join(out_dir, layout_free.STATE_FILE))
+
+
 def _worker(rank: int, world_size: int, port: int, run_dir: str, tag: str, cfg_dict: dict,
-            ds_config: dict, out_dir: str, what: str, earlier: str, environ: dict) -> None:
+            ds_config: dict, out_dir: str, what: str, earlier: str, environ: dict,
+            partition_dp: int) -> None:
     os.environ.clear()  # the caller's environment at run_world, as spawn would give it
     os.environ.update(environ)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
@@ -144,31 +245,15 @@ def _worker(rank: int, world_size: int, port: int, run_dir: str, tag: str, cfg_d
     result: Any = None
     try:
         from rtd_scale import distributed
-        from rtd_scale.data.tokenizer import Tokenizer
-        from rtd_scale.model.build import build_model
-        from rtd_scale.training import engine as engine_mod
-        from rtd_scale.training.checkpoint import layout_free, load
 
         cfg = RunConfig.from_dict(cfg_dict)
-        tok = Tokenizer(cfg.data.tokenizer_model)
         ctx = distributed.initialize(cfg.parallel, seed=cfg.train.seed)
         try:
-            model = build_model(cfg, ctx, tok)
-            eng = engine_mod.build_engine(  # the CPU Adam note (ZeRO-Offload) from one worker
-                model, cfg, ds_config, distributed.DeepSpeedMpu(),
-                print_fn=functools.partial(print, file=sys.stderr, flush=True) if rank == 0
-                else None)
-            # the LOAD and AFTER_LOAD checks of training's --load: safe unpickling, the files
-            # found, the weights finite (a checkpoint damaged in place is refused)
-            load.load_checked(eng, run_dir, tag, flag=f"--load {run_dir}", earlier=earlier,
-                              load_lr_scheduler_states=False)
-            if what == "training":
-                layout_free.write(eng, model, ctx, cfg.model.vocab_size, out_dir, rank)
+            if partition_dp:
+                _from_partition_files(cfg, ctx, os.path.join(run_dir, tag), partition_dp,
+                                      out_dir, what, f"--load {run_dir}", earlier)
             else:
-                state = layout_free.gather_full_state(eng, model, ctx, cfg.model.vocab_size,
-                                                      keep=rank == 0)
-                if rank == 0:
-                    torch.save(state, os.path.join(out_dir, layout_free.STATE_FILE))
+                _from_engines(cfg, ctx, run_dir, tag, ds_config, out_dir, what, earlier)
             result = ("ok", None)
         finally:
             distributed.teardown()
@@ -176,7 +261,12 @@ def _worker(rank: int, world_size: int, port: int, run_dir: str, tag: str, cfg_d
         result = ("user", str(e))
     except BaseException:  # noqa: BLE001 — reported to the parent
         result = ("error", traceback.format_exc())
-    # this process's peak resident size (Linux: kilobytes), what the conversion costs a rank
+    _report(out_dir, rank, result)
+
+
+def _report(out_dir: str, rank: int, result: tuple) -> None:
+    """A worker's result for :func:`run_world`, with this process's peak resident size (Linux:
+    kilobytes), what the conversion costs a rank."""
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w", encoding="utf-8") as f:
         json.dump([*result, peak_gb], f)
@@ -184,45 +274,54 @@ def _worker(rank: int, world_size: int, port: int, run_dir: str, tag: str, cfg_d
 
 def run_world(run_dir: str, tag: str, cfg: RunConfig, layout: dict[str, Any],
               ds_config: dict[str, Any], out_dir: str, *, what: str, earlier: str,
-              timeout_s: float = 3600.0) -> float:
+              timeout_s: float = 3600.0, engines: bool = False) -> float:
     """Start the checkpoint's world (``layout["world_size"]`` local gloo processes), each loading
-    its own files; ``what``: "training" writes the layout-free state (``layout_free.write``),
-    "weights" the canonical fp32 weights alone (``state.pt``), into ``out_dir``. ``earlier``:
-    how a refusal tells the user to take another checkpoint. Returns the largest process's peak
-    resident size in GB. Raises what any worker raised."""
+    its own files into its engine — or, for a ZeRO-3 checkpoint, one process per
+    tensor-parallel rank reading the partition files without one (:func:`partition_files_dp`);
+    ``what``: "training" writes the layout-free state (``layout_free.write``), "weights" the
+    canonical fp32 weights alone (``state.pt``), into ``out_dir``. ``earlier``: how a refusal
+    tells the user to take another checkpoint. Returns the largest process's peak resident size
+    in GB. Raises what any worker raised. ``engines``: restart the world with its engines for
+    a ZeRO-3 checkpoint too (the route the partition files' reader is tested against)."""
     from rtd_scale.launch_env import free_port, start_forked_workers
 
-    world = int(layout["world_size"])
+    partition_dp = 0 if engines else partition_files_dp(layout)
+    world = int(layout["tensor_model_parallel_size"] if partition_dp else layout["world_size"])
     procs = start_forked_workers(
         _worker, (world, free_port(), os.path.abspath(run_dir), tag, cfg.to_dict(), ds_config,
-                  out_dir, what, earlier, dict(os.environ)), world, WORKER_MODULES)
+                  out_dir, what, earlier, dict(os.environ), partition_dp), world,
+        WORKER_MODULES)
     deadline = time.monotonic() + timeout_s
     while not procs.join(max(1.0, deadline - time.monotonic())):  # returns as each ends
         if time.monotonic() > deadline:
             for p in procs.processes:
                 p.kill()
             break
-    peak = 0.0
-    for r in range(world):
+    results = []
+    for r in range(world):  # every result file read and removed before any is raised
         path = os.path.join(out_dir, f"rank{r}.json")
-        if not os.path.isfile(path):
-            raise RuntimeError(f"checkpoint worker {r} of {world} produced no result")
-        with open(path, encoding="utf-8") as f:
-            status, detail, peak_gb = json.load(f)
-        os.remove(path)
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                results.append(json.load(f))
+            os.remove(path)
+        else:
+            results.append(["missing", None, 0.0])
+    for r, (status, detail, _) in enumerate(results):
         if status == "user":
             raise UserInputError(detail)
+        if status == "missing":
+            raise RuntimeError(f"checkpoint worker {r} of {world} produced no result")
         if status != "ok":
             raise RuntimeError(f"checkpoint worker {r} failed:\n{detail}")
-        peak = max(peak, peak_gb)
-    return peak
+    return max(peak for _, _, peak in results)
 
 
 def write_training_state(run_dir: str, tag: str, out_dir: str,
-                         tokenizer_model: Optional[str] = None) -> float:
+                         tokenizer_model: Optional[str] = None, *, engines: bool = False
+                         ) -> float:
     """Write ``run_dir``'s checkpoint ``tag`` as one layout-free training state into
-    ``out_dir``, read by restarting its recorded world (:func:`run_world`). Returns the largest
-    of its processes' peak resident size (GB).
+    ``out_dir``, read by restarting its recorded world (:func:`run_world`; ``engines`` as
+    there). Returns the largest of its processes' peak resident size (GB).
 
     Raises:
         UserInputError: a missing or foreign checkpoint, a tokenizer that cannot be found, a
@@ -232,7 +331,7 @@ def write_training_state(run_dir: str, tag: str, out_dir: str,
 
     cfg, layout, ds_config, tag = read_run_with_tokenizer(run_dir, tag, tokenizer_model)
     return run_world(run_dir, tag, cfg, layout, ds_config, out_dir, what="training",
-                     earlier=RESUME_EARLIER)
+                     earlier=RESUME_EARLIER, engines=engines)
 
 
 # ------------------------------------------------------------- beside the checkpoint ----

@@ -188,30 +188,45 @@ def _adam_step(engine) -> float:
 
 
 def write(engine, model, ctx, vocab_size: int, out_dir: str, rank: int) -> None:
-    """Gather the layout-free state (collective); rank 0 writes ``STATE_FILE`` and
-    ``INFO_FILE`` into ``out_dir``.
+    """Gather the layout-free state of a live engine (collective); rank 0 writes ``STATE_FILE``
+    and ``INFO_FILE`` into ``out_dir`` (:func:`write_kinds`)."""
+    def gather(key: str, keep: bool) -> dict[str, torch.Tensor]:
+        return gather_full_state(engine, model, ctx, vocab_size,
+                                 state_key=None if key == "fp32" else key, keep=keep)
 
-    One kind at a time (the weights, then each moment; every rank receives each whole): the
-    other ranks drop it at once, rank 0 writes it to a file in ``out_dir`` and maps it back
-    (``torch.load(mmap=True)``: file pages the kernel can reclaim, not the heap), so no rank
-    holds more than one whole kind (4 bytes a parameter) beside its engine, where all three
-    (12) made a large model's conversion the largest memory of its resume."""
+    write_kinds(gather, training_info(_adam_step(engine),
+                                      getattr(engine.optimizer, "loss_scaler", None)),
+                out_dir, rank)
+
+
+def training_info(adam_step: float, scaler) -> dict:
+    """``INFO_FILE``'s content: the AdamW step and the loss scaler's numbers (DeepSpeed's
+    ``LossScaler`` / ``DynamicLossScaler``, or None)."""
+    return {"adam_step": adam_step,
+            "loss_scaler": {k: getattr(scaler, k) for k in
+                            ("cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis")
+                            if isinstance(getattr(scaler, k, None), (int, float))}}
+
+
+def write_kinds(gather, info: dict, out_dir: str, rank: int) -> None:
+    """Rank 0 writes ``STATE_FILE`` (each kind from ``gather(key, keep)``: collective, the
+    whole kind on rank 0, ``{}`` elsewhere) and ``INFO_FILE`` (``info``) into ``out_dir``.
+
+    One kind at a time (the weights, then each moment): the other ranks drop it at once, rank 0
+    writes it to a file in ``out_dir`` and maps it back (``torch.load(mmap=True)``: file pages
+    the kernel can reclaim, not the heap), so no rank holds more than one whole kind (4 bytes a
+    parameter) beside what it reads from, where all three (12) made a large model's conversion
+    the largest memory of its resume."""
     from rtd_scale.training.checkpoint.files import safe_load, torch_save
 
     state, spilled = {}, []
     for key in ("fp32", *ADAM_STATE_KEYS):
-        full = gather_full_state(engine, model, ctx, vocab_size,
-                                 state_key=None if key == "fp32" else key, keep=rank == 0)
+        full = gather(key, rank == 0)
         if rank == 0:  # the others got nothing (keep=False)
             spilled.append(os.path.join(out_dir, f".{key}.pt"))
             torch_save(full, spilled[-1])
             del full  # before the next kind is gathered: rank 0 maps its copy back
             state[key] = safe_load(spilled[-1], mmap=True)
-    scaler = getattr(engine.optimizer, "loss_scaler", None)
-    info = {"adam_step": _adam_step(engine),
-            "loss_scaler": {k: getattr(scaler, k) for k in
-                            ("cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis")
-                            if isinstance(getattr(scaler, k, None), (int, float))}}
     if rank == 0:
         torch_save(state, os.path.join(out_dir, STATE_FILE))
         del state
