@@ -51,7 +51,7 @@ PEAK = re.compile(r"memory per rank: peak ([0-9.]+) GB")
 ESTIMATE = re.compile(r"memory per rank: estimate ([0-9.]+) GB")
 STEP_MS = re.compile(r"elapsed time per iteration \(ms\): ([0-9.]+)")
 # the resume's conversion to the layout-free state (rtd_scale/resume.py's line)
-CONVERTED = re.compile(r"in ([0-9.]+) s, \d+ processes [^,]+, the largest ([0-9.]+) GB "
+CONVERTED = re.compile(r"in ([0-9.]+) s, \d+ process(?:es)? [^,]+, the largest ([0-9.]+) GB "
                        r"resident at its peak")
 
 

@@ -122,7 +122,7 @@ def _conversion_seconds(r, run, was: str, now: str) -> float:
     assert len(lines) == 1, lines
     what = rf"layout-free state {re.escape(str(run))}/global_step3_canonical"
     m = re.fullmatch(rf"converted {re.escape(str(run))}/global_step3 from {re.escape(was)} to "
-                     rf"{re.escape(now)} \({what}\) in (\d+\.\d) s, (\d) processes (at its "
+                     rf"{re.escape(now)} \({what}\) in (\d+\.\d) s, (\d) process(?:es)? (at its "
                      r"layout|reading its ZeRO-3 partition files), the largest (\d+\.\d\d) GB "
                      r"resident at its peak", lines[0])
     assert m, lines[0]

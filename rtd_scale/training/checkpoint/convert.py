@@ -148,9 +148,10 @@ def readers(layout: dict[str, Any]) -> str:
     """How many processes :func:`run_world` starts for a checkpoint at ``layout``, and what
     they do, in the words of the conversion's log line."""
     if partition_files_dp(layout):
-        return (f"{layout['tensor_model_parallel_size']} processes reading its ZeRO-3 "
-                "partition files")
-    return f"{layout['world_size']} processes at its layout"
+        n = int(layout["tensor_model_parallel_size"])
+        return f"{n} process{'es' if n > 1 else ''} reading its ZeRO-3 partition files"
+    n = int(layout["world_size"])
+    return f"{n} process{'es' if n > 1 else ''} at its layout"
 
 
 def _from_partition_files(cfg: RunConfig, ctx, ckpt_dir: str, dp_size: int, out_dir: str,
