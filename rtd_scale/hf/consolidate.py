@@ -1,7 +1,8 @@
 """How ``tools/export_hf.py`` reads a run directory: the checkpoint's recorded world restarted as
 local gloo processes that load it exactly as ``--load`` would and gather one canonical fp32 state
 (``training/checkpoint/convert.py``, the same restart that converts a checkpoint for a resume at
-another layout; ``training/checkpoint/layout_free.py``, the same gather). Under ``--bf16`` (and
+another layout, which reads a ZeRO-3 checkpoint's partition files without engines;
+``training/checkpoint/layout_free.py``, the same gather). Under ``--bf16`` (and
 ``--fp16``) the gathered weights are the optimizer's fp32 master copy, not the 16-bit compute
 weights."""
 from __future__ import annotations

@@ -555,7 +555,7 @@ def test_elastic_requeue_continues_on_fewer_nodes(cluster, job_env, tmp_path_fac
     """TP 1 on 2 nodes × 2 tasks (DP 4, accumulation 1): SIGUSR1, save, requeue; while Slurm
     holds the requeued job it is shrunk to 1 node × 2 tasks (`scontrol update NumNodes=1
     NumTasks=2`). The same job id then redoes the batch arithmetic (DP 2, accumulation 2),
-    converts the checkpoint (its layout-free state, the 4-rank world restarted on the one node)
+    converts the checkpoint (its layout-free state, read from its 4 ranks' ZeRO-3 partition files)
     and continues at the saved step.
     Every step's losses equal an uninterrupted run's (2 local ranks) within 1e-5 relative; the
     two sizes sum the global batch's gradients in different orders. Dropout is off: at a new

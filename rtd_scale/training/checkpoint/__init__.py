@@ -35,8 +35,9 @@ Modules, one job each:
   shape, seed, data);
 - ``layout_free``: the layout-free training state (fp32 masters and both AdamW moments under
   canonical names), gathered from an engine and sliced into one at any layout;
-- ``convert``: a checkpoint's own world restarted to read it: its layout-free state beside it
-  for a resume at another layout or precision, its weights for the export;
+- ``convert``: a checkpoint's own world restarted to read it (a ZeRO-3 one's partition files
+  read without engines: ``zero3_files``): its layout-free state beside it for a resume at
+  another layout or precision, its weights for the export;
 - ``save``: the collective save;
 - ``load``: ``take`` (choose and check before anything is built), ``load_checked`` (DeepSpeed's
   load with the checks, training's and the export's alike) and training's ``load``.
