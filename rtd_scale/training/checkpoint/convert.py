@@ -147,11 +147,10 @@ def partition_files_dp(layout: dict[str, Any]) -> int:
 def readers(layout: dict[str, Any]) -> str:
     """How many processes :func:`run_world` starts for a checkpoint at ``layout``, and what
     they do, in the words of the conversion's log line."""
-    if partition_files_dp(layout):
-        n = int(layout["tensor_model_parallel_size"])
-        return f"{n} process{'es' if n > 1 else ''} reading its ZeRO-3 partition files"
-    n = int(layout["world_size"])
-    return f"{n} process{'es' if n > 1 else ''} at its layout"
+    files = partition_files_dp(layout)
+    n = int(layout["tensor_model_parallel_size"] if files else layout["world_size"])
+    what = "reading its ZeRO-3 partition files" if files else "at its layout"
+    return f"{n} {'processes' if n > 1 else 'process'} {what}"
 
 
 def _from_partition_files(cfg: RunConfig, ctx, ckpt_dir: str, dp_size: int, out_dir: str,
