@@ -15,6 +15,8 @@ import torch
 
 # How a refused export is told to take another checkpoint (tools/export_hf.py's flag).
 EXPORT_EARLIER = "export an earlier checkpoint (--tag global_stepN)"
+# ... and what it offers when the run has none (training's --load offers to start fresh).
+EXPORT_ANOTHER = "point --load at another run's --save directory"
 
 
 def read_run(run_dir: str, tag: Optional[str], note: Optional[Callable[[str], None]] = None
@@ -28,7 +30,7 @@ def read_run(run_dir: str, tag: Optional[str], note: Optional[Callable[[str], No
         for line in _export_notes(run_dir, choice) if note is not None else ():
             note(line)
 
-    return convert.read_run(run_dir, tag, tell)
+    return convert.read_run(run_dir, tag, tell, fresh=EXPORT_ANOTHER)
 
 
 def _export_notes(run_dir: str, choice) -> list[str]:

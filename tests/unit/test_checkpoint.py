@@ -157,6 +157,23 @@ def test_nothing_complete_is_an_error_naming_each_and_why(run):
     assert "global_step5: zero_pp_rank_1" in msg and "\n" not in msg
 
 
+def test_nothing_complete_offers_training_a_fresh_start_and_the_export_another_run(run):
+    """The same refusal in each reader's words: training's --load may start fresh, an export
+    (tools/export_hf.py --load) can only take another run."""
+    from rtd_scale.hf.consolidate import read_run
+
+    os.truncate(optim(run, 10), 1)
+    os.truncate(optim(run, 5), 1)
+    with pytest.raises(UserInputError) as e:
+        choose(str(run))
+    assert str(e.value).endswith("); restore one from a copy, or drop --load to start fresh")
+    with pytest.raises(UserInputError) as e:
+        read_run(str(run), None)
+    assert str(e.value).startswith(f"--load {run}: no complete checkpoint (global_step10: ")
+    assert str(e.value).endswith("); restore one from a copy, or point --load at another run's "
+                                 "--save directory"), str(e.value)
+
+
 def test_no_checkpoint_found_only_without_global_step_directories(tmp_path):
     (tmp_path / "latest").write_text("global_step5")
     with pytest.raises(UserInputError, match=r"no checkpoint found \(no global_step\* "

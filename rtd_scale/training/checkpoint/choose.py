@@ -36,9 +36,14 @@ def split_load(load: str) -> tuple[str, Optional[str]]:
     return load, None
 
 
-def choose(load: str) -> Choice:
+# How a refusal tells training's --load to go on without a checkpoint (the export passes its own).
+START_FRESH = "drop --load to start fresh"
+
+
+def choose(load: str, fresh: str = START_FRESH) -> Choice:
     """The checkpoint ``--load load`` resumes from: the newest complete one in the directory
-    (whatever ``latest`` says), or exactly the named ``DIR/global_stepN``.
+    (whatever ``latest`` says), or exactly the named ``DIR/global_stepN``. ``fresh``: what a
+    refusal offers besides restoring a checkpoint.
 
     Raises:
         UserInputError: no such directory; no complete checkpoint (naming each one and why);
@@ -47,7 +52,7 @@ def choose(load: str) -> Choice:
     load_dir, tag = split_load(load)
     if not os.path.isdir(load_dir):
         raise UserInputError(f"--load {load}: no such directory; point --load at a --save "
-                             "directory of an earlier run, or drop --load to start fresh")
+                             f"directory of an earlier run, or {fresh}")
     tags = list_tags(load_dir)
     verdicts = {t: checks.verdict(os.path.join(load_dir, t)) for t in tags}
     complete = [t for t in tags if verdicts[t] is None]
@@ -69,11 +74,11 @@ def choose(load: str) -> Choice:
                 f"and a later --load {load_dir} takes the newest complete one")
     elif not tags:
         raise UserInputError(f"--load {load}: no checkpoint found (no global_step* directory); "
-                             "drop --load to start fresh")
+                             f"{fresh}")
     elif not complete:
         why = "; ".join(f"{t}: {verdicts[t]}" for t in tags[:4])
         raise UserInputError(f"--load {load}: no complete checkpoint ({why}); restore one from "
-                             "a copy, or drop --load to start fresh")
+                             f"a copy, or {fresh}")
     else:
         tag = complete[0]
         choice = Choice(load_dir, tag)

@@ -38,6 +38,7 @@ from typing import Any, Callable, Optional
 from rtd_scale.cli_errors import UserInputError
 from rtd_scale.batch import rank_share
 from rtd_scale.config import Precision, RunConfig
+from rtd_scale.training.checkpoint.choose import START_FRESH
 
 DONE_FILE = "rtd_canonical_complete"
 # What a worker imports, loaded once by the forkserver that run_world forks its workers from.
@@ -49,12 +50,13 @@ WORKER_MODULES = ("rtd_scale.training.checkpoint.convert", "rtd_scale.distribute
                   "rtd_scale.training.checkpoint.zero3_files", "deepspeed.utils.zero_to_fp32")
 
 
-def read_run(run_dir: str, tag: Optional[str], note: Optional[Callable[[Any], None]] = None
-             ) -> tuple[RunConfig, dict[str, Any], dict[str, Any], str]:
+def read_run(run_dir: str, tag: Optional[str], note: Optional[Callable[[Any], None]] = None,
+             fresh: str = START_FRESH) -> tuple[RunConfig, dict[str, Any], dict[str, Any], str]:
     """(config, layout, the ds_config it was saved with, tag) of a run directory's checkpoint:
     ``tag``, or the one ``--load run_dir`` would resume from (``load.take``: the newest complete
     checkpoint, its files checked as training's ``--load`` checks them). ``note(choice)`` is
-    called with that choice (the export words its notes itself).
+    called with that choice (the export words its notes itself); ``fresh``: what a refusal
+    offers besides restoring a checkpoint (``choose.choose``'s; the export's own words).
 
     Raises:
         UserInputError: no such run or checkpoint, or a checkpoint without its metadata.
@@ -72,7 +74,7 @@ def read_run(run_dir: str, tag: Optional[str], note: Optional[Callable[[Any], No
         raise UserInputError(f"--tag {tag}: {run_dir} has no such checkpoint; pass one of "
                              f"{', '.join(tags)}" if tags else
                              f"--tag {tag}: {run_dir} has no checkpoint")
-    choice = load.take(os.path.join(run_dir, tag) if tag else run_dir)
+    choice = load.take(os.path.join(run_dir, tag) if tag else run_dir, fresh)
     if note is not None:
         note(choice)
     tag = choice.tag

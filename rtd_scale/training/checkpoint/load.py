@@ -9,18 +9,18 @@ from typing import Any, Optional
 
 from rtd_scale.training.checkpoint import checks
 from rtd_scale.training.checkpoint.checks import Moment
-from rtd_scale.training.checkpoint.choose import Choice, choose
+from rtd_scale.training.checkpoint.choose import START_FRESH, Choice, choose
 from rtd_scale.training.checkpoint.files import CheckpointReadError, rng_file, safe_load
 
 
-def take(load: str) -> Choice:
+def take(load: str, fresh: str = START_FRESH) -> Choice:
     """The checkpoint ``--load load`` takes (``choose.choose``: the CHOOSE checks), with the
     BEFORE_BUILD checks passed on its files. Needs no process group; every rank may call it.
 
     Raises:
         UserInputError: no complete checkpoint, or a file that is not plain data.
     """
-    choice = choose(load)
+    choice = choose(load, fresh)
     checks.run(Moment.BEFORE_BUILD, ckpt_dir=choice.path)
     return choice
 
