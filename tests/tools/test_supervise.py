@@ -16,7 +16,10 @@ import time
 from tests.helpers.env import REPO
 
 # each start, as the deepspeed launcher does: a child "rank 1" writes its progress (iteration 5)
-# and exits with the plan's next status; the launcher polls it once a second and exits with it
+# and exits with the plan's next status; the launcher reaps it after 2 s and exits with it
+# (DeepSpeed's launch.py polls once a second; with 1 s here, a supervisor still starting on a
+# loaded 2-core machine missed the exited rank's zombie, its 0.1 s watch not yet running, and
+# named the launcher instead: restarts.watch_ranks)
 STAND_IN = r"""
 import json, os, subprocess, sys, time
 save = next(a.split("=", 1)[1] if "=" in a else sys.argv[i + 1]
@@ -44,7 +47,7 @@ rank = ("import json, os, sys, time\n"
         f"open({os.path.join(save, 'progress', 'rank1.json')!r}, 'w'))\n"
         f"sys.exit({int(plan[n])})\n")
 child = subprocess.Popen([sys.executable, "-c", rank])
-time.sleep(1.0)
+time.sleep(2.0)
 status = child.wait()
 if status == 2:
     print("error: --mask-prob 2: must be in (0, 1)", file=sys.stderr)
